@@ -1,0 +1,438 @@
+//! Relay configuration: a TOML file plus `OUTBOX_RELAY__SECTION__KEY` environment overrides.
+//!
+//! Every section rejects unknown keys, so a typo (`bootstrap_server`) is an error at start-up
+//! instead of a silently ignored setting. Defaults are the values documented in the README's
+//! configuration reference and on each field below.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::Deserialize;
+
+use crate::error::RelayError;
+
+/// Environment variable prefix for overrides; nested keys are separated by `__`
+/// (`OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS=broker:9092`).
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Name of this connector. Keys its row in the checkpoint table, so two connectors with
+    /// different names can follow the same server independently. Default `outbox-relay`.
+    #[serde(default = "default_connector_name")]
+    pub connector_name: String,
+    /// Source server (MySQL or MariaDB) settings.
+    pub mysql: MysqlConfig,
+    /// Which tables are outboxes and how their columns map to the Kafka record.
+    pub outbox: OutboxConfig,
+    /// Kafka producer settings.
+    pub kafka: KafkaConfig,
+    /// Where and how often the checkpoint is written.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// Reconnect/backoff policy for MySQL and Kafka failures.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+fn default_connector_name() -> String {
+    "outbox-relay".to_owned()
+}
+
+/// `[mysql]`: the source server.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// Connection URL, `mysql://user:password@host:port/database`. The database part is where the
+    /// checkpoint table lives unless `checkpoint.table` names one. Never logged.
+    pub url: String,
+    /// The `server_id` this relay registers with as a replica (COM_REGISTER_SLAVE). Must differ
+    /// from every server and replica in the topology: the server drops an older connection that
+    /// uses the same id.
+    pub server_id: u32,
+}
+
+impl std::fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlConfig")
+            .field("url", &crate::redact_url(&self.url))
+            .field("server_id", &self.server_id)
+            .finish()
+    }
+}
+
+/// `[outbox]`: the outbox tables and their column mapping.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Outbox tables as `database.table`; at least one. Every INSERT committed on one of them
+    /// becomes one Kafka record. UPDATE and DELETE are ignored.
+    pub tables: Vec<String>,
+    /// Column mapping (defaults follow the common outbox shape).
+    #[serde(default)]
+    pub columns: ColumnMapping,
+    /// Topic template. `{aggregate_type}`, `{event_type}`, `{database}` and `{table}` are
+    /// replaced by the row's values. Default `outbox.event.{aggregate_type}` (the naming of
+    /// Debezium's outbox event router).
+    #[serde(default = "default_topic")]
+    pub topic: String,
+}
+
+fn default_topic() -> String {
+    "outbox.event.{aggregate_type}".to_owned()
+}
+
+/// `[outbox.columns]`: names of the outbox columns. Columns not named here (`status`,
+/// `retry_count`, …) are ignored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnMapping {
+    /// Event id; sent as header `id`. Default `id`.
+    pub id: String,
+    /// Aggregate type; used by the topic template and sent as header `aggregate_type`.
+    /// Default `aggregate_type`.
+    pub aggregate_type: String,
+    /// Aggregate id; the Kafka key (UTF-8 text). Default `aggregate_id`.
+    pub aggregate_id: String,
+    /// Event type; sent as header `event_type`. Default `event_type`.
+    pub event_type: String,
+    /// Consumers' idempotency key; sent as header `event_key`. Default `event_key`.
+    pub event_key: String,
+    /// Payload; the Kafka value, bytes as stored. Default `payload`.
+    pub payload: String,
+    /// Creation time (DATETIME or TIMESTAMP, read as UTC); the Kafka record timestamp. Set to
+    /// `""` to use the binlog event time instead. Default `created_at`.
+    pub created_at: String,
+}
+
+impl Default for ColumnMapping {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            event_key: "event_key".into(),
+            payload: "payload".into(),
+            created_at: "created_at".into(),
+        }
+    }
+}
+
+/// `[kafka]`: the producer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list (librdkafka `bootstrap.servers`).
+    pub bootstrap_servers: String,
+    /// Most records produced but not yet acknowledged; when reached, reading the binlog pauses
+    /// until Kafka acknowledges the oldest. Default 10000.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Extra librdkafka producer properties (`"linger.ms" = "5"`, `"compression.type" =
+    /// "zstd"`, security settings). They may not weaken the delivery guarantees:
+    /// `enable.idempotence`, `acks` and `partitioner` are fixed by the relay and rejected here.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_max_in_flight() -> usize {
+    10_000
+}
+
+/// `[checkpoint]`: the state table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Checkpoint table, `table` (in the database of `mysql.url`) or `database.table`.
+    /// Default `outbox_relay_checkpoint`. Create it with `migrations/0002_checkpoint.sql`.
+    pub table: String,
+    /// Least time between two checkpoint writes, in ms. Default 1000. A graceful stop always
+    /// writes the final checkpoint.
+    pub interval_ms: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            table: "outbox_relay_checkpoint".into(),
+            interval_ms: 1000,
+        }
+    }
+}
+
+/// `[retry]`: capped exponential backoff for lost MySQL or Kafka connections.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// First delay, in ms. Default 500.
+    pub initial_backoff_ms: u64,
+    /// Largest delay, in ms. Default 30000.
+    pub max_backoff_ms: u64,
+    /// Give up after this many consecutive failed attempts; 0 retries forever. Default 0.
+    pub max_attempts: usize,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial_backoff_ms: 500,
+            max_backoff_ms: 30_000,
+            max_attempts: 0,
+        }
+    }
+}
+
+/// A `database.table` name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableName {
+    /// Schema (database) name.
+    pub database: String,
+    /// Table name.
+    pub table: String,
+}
+
+impl TableName {
+    /// Parses `database.table`; with `default_db`, a bare `table` is accepted too.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] naming the bad value.
+    pub fn parse(s: &str, default_db: Option<&str>) -> Result<Self, RelayError> {
+        let parts: Vec<&str> = s.split('.').collect();
+        match (parts.as_slice(), default_db) {
+            ([db, t], _) if !db.is_empty() && !t.is_empty() => Ok(Self {
+                database: (*db).to_owned(),
+                table: (*t).to_owned(),
+            }),
+            ([t], Some(db)) if !t.is_empty() => Ok(Self {
+                database: db.to_owned(),
+                table: (*t).to_owned(),
+            }),
+            _ => Err(RelayError::Config(format!(
+                "table name {s:?} is not of the form database.table{}",
+                if default_db.is_some() {
+                    " or table"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
+    /// The name quoted for SQL: `` `db`.`table` ``.
+    pub fn quoted(&self) -> String {
+        format!(
+            "`{}`.`{}`",
+            self.database.replace('`', "``"),
+            self.table.replace('`', "``")
+        )
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.database, self.table)
+    }
+}
+
+/// Producer properties the relay sets itself; overriding them would break ordering or
+/// at-least-once delivery.
+pub const FIXED_PRODUCER_PROPERTIES: [&str; 5] = [
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "partitioner",
+    "bootstrap.servers",
+];
+
+impl RelayConfig {
+    /// Loads `path` (TOML) and applies `OUTBOX_RELAY__…` environment overrides, then validates.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] for a missing file, a TOML syntax error, an unknown key, a missing
+    /// required key or an invalid value; the message names the key.
+    pub fn load(path: &Path) -> Result<Self, RelayError> {
+        if !path.exists() {
+            return Err(RelayError::Config(format!(
+                "config file {} does not exist",
+                path.display()
+            )));
+        }
+        Self::from_figment(Figment::from(Toml::file_exact(path)))
+    }
+
+    /// Parses a TOML string (plus environment overrides) and validates it.
+    ///
+    /// # Errors
+    /// As [`RelayConfig::load`].
+    pub fn from_toml_str(toml: &str) -> Result<Self, RelayError> {
+        Self::from_figment(Figment::from(Toml::string(toml)))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, RelayError> {
+        let config: Self = figment
+            .merge(Env::prefixed(ENV_PREFIX).split("__"))
+            .extract()
+            .map_err(|e| {
+                RelayError::Config(
+                    e.into_iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), RelayError> {
+        let bad = |msg: String| Err(RelayError::Config(msg));
+        if self.connector_name.trim().is_empty() || self.connector_name.len() > 191 {
+            return bad("connector_name must be 1 to 191 characters".into());
+        }
+        if self.mysql.server_id == 0 {
+            return bad(
+                "mysql.server_id must be a non-zero replica id, unique in the topology".into(),
+            );
+        }
+        if self.outbox.tables.is_empty() {
+            return bad(
+                "outbox.tables must name at least one outbox table (database.table)".into(),
+            );
+        }
+        for t in &self.outbox.tables {
+            TableName::parse(t, None)?;
+        }
+        self.checkpoint_table()?;
+        crate::route::TopicTemplate::parse(&self.outbox.topic)?;
+        if self.kafka.max_in_flight == 0 {
+            return bad("kafka.max_in_flight must be at least 1".into());
+        }
+        for key in self.kafka.properties.keys() {
+            if FIXED_PRODUCER_PROPERTIES.contains(&key.as_str()) {
+                return bad(format!(
+                    "kafka.properties.{key:?} is set by the relay (idempotent producer, acks=all, \
+                     murmur2_random partitioner; bootstrap servers from kafka.bootstrap_servers); remove it"
+                ));
+            }
+        }
+        let c = &self.outbox.columns;
+        for (key, value) in [
+            ("id", &c.id),
+            ("aggregate_type", &c.aggregate_type),
+            ("aggregate_id", &c.aggregate_id),
+            ("event_type", &c.event_type),
+            ("event_key", &c.event_key),
+            ("payload", &c.payload),
+        ] {
+            if value.is_empty() {
+                return bad(format!("outbox.columns.{key} must name a column"));
+            }
+        }
+        if self.retry.initial_backoff_ms == 0
+            || self.retry.max_backoff_ms < self.retry.initial_backoff_ms
+        {
+            return bad("retry.initial_backoff_ms must be > 0 and <= retry.max_backoff_ms".into());
+        }
+        Ok(())
+    }
+
+    /// The outbox tables, parsed.
+    pub fn outbox_tables(&self) -> Vec<TableName> {
+        self.outbox
+            .tables
+            .iter()
+            .filter_map(|t| TableName::parse(t, None).ok())
+            .collect()
+    }
+
+    /// The database named in `mysql.url`, if any.
+    pub fn url_database(&self) -> Option<String> {
+        let opts = mysql_async::Opts::from_url(&self.mysql.url).ok()?;
+        opts.db_name().map(str::to_owned)
+    }
+
+    /// The checkpoint table, resolved against the URL's database.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] when the table has no database part and the URL names none.
+    pub fn checkpoint_table(&self) -> Result<TableName, RelayError> {
+        let db = self.url_database();
+        TableName::parse(&self.checkpoint.table, db.as_deref()).map_err(|_| {
+            RelayError::Config(format!(
+                "checkpoint.table {:?} needs a database: write it as database.table or add the \
+                 database to mysql.url (mysql://user@host:3306/database)",
+                self.checkpoint.table
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[mysql]
+url = "mysql://root@127.0.0.1:3306/shop"
+server_id = 4242
+[outbox]
+tables = ["shop.outbox"]
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+"#;
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = RelayConfig::from_toml_str(MINIMAL).expect("valid");
+        assert_eq!(c.connector_name, "outbox-relay");
+        assert_eq!(c.outbox.topic, "outbox.event.{aggregate_type}");
+        assert_eq!(c.outbox.columns.aggregate_id, "aggregate_id");
+        assert_eq!(c.kafka.max_in_flight, 10_000);
+        assert_eq!(c.checkpoint.interval_ms, 1000);
+        assert_eq!(
+            c.checkpoint_table().expect("resolves").to_string(),
+            "shop.outbox_relay_checkpoint"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_its_name() {
+        let toml = MINIMAL.replace("bootstrap_servers", "bootstrap_server");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("unknown key")
+            .to_string();
+        assert!(err.contains("bootstrap_server"), "{err}");
+    }
+
+    #[test]
+    fn fixed_producer_property_is_rejected() {
+        let toml = format!("{MINIMAL}\n[kafka.properties]\n\"acks\" = \"1\"\n");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("acks is fixed")
+            .to_string();
+        assert!(err.contains("acks"), "{err}");
+    }
+
+    #[test]
+    fn checkpoint_table_needs_a_database() {
+        let toml = MINIMAL.replace("3306/shop", "3306");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("no db")
+            .to_string();
+        assert!(err.contains("checkpoint.table"), "{err}");
+    }
+
+    #[test]
+    fn bad_outbox_table_name_is_rejected() {
+        let toml = MINIMAL.replace("\"shop.outbox\"", "\"outbox\"");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("bare name")
+            .to_string();
+        assert!(err.contains("database.table"), "{err}");
+    }
+}

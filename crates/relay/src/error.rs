@@ -1,0 +1,98 @@
+//! Errors, classified once: retry automatically, or stop and tell the operator what to do.
+
+use crate::position::BinlogPosition;
+
+/// Everything that can stop or interrupt the relay.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The configuration is invalid; the message names the key. Not retried.
+    #[error("configuration error: {0}")]
+    Config(String),
+
+    /// A server prerequisite is not met (a setting, a missing table, a privilege). Not retried:
+    /// the operator must change the server.
+    #[error(
+        "server prerequisite not met: {setting}: expected {expected}, found {found}. Fix: {fix}"
+    )]
+    Prerequisite {
+        /// The setting or object (`binlog_format`, `shop.outbox_relay_checkpoint`).
+        setting: String,
+        /// What the relay needs.
+        expected: String,
+        /// What the server has.
+        found: String,
+        /// How to fix it.
+        fix: String,
+    },
+
+    /// A row on an outbox table that cannot become a Kafka record. Not retried: retrying would
+    /// fail the same way, and skipping it would lose an event.
+    #[error("cannot relay the row at {position} in {table}: {reason}")]
+    Row {
+        /// Where the row's rows event ends in the binlog.
+        position: BinlogPosition,
+        /// `database.table`.
+        table: String,
+        /// What is wrong and, where known, how to fix it.
+        reason: String,
+    },
+
+    /// A MySQL/MariaDB error or lost connection. Retried with backoff from the last checkpoint.
+    #[error("MySQL: {0}")]
+    Mysql(String),
+
+    /// A Kafka error (unreachable broker, delivery failed after librdkafka's retries). Retried
+    /// with backoff from the last checkpoint.
+    #[error("Kafka: {0}")]
+    Kafka(String),
+
+    /// The binlog stream broke in a way that retrying cannot fix (an undecodable event, a
+    /// position the server no longer has).
+    #[error("binlog: {0}")]
+    Binlog(String),
+}
+
+impl RelayError {
+    /// `true` when the supervisor should reconnect and resume from the last checkpoint.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, Self::Mysql(_) | Self::Kafka(_))
+    }
+
+    /// Process exit code for this error (documented in the README): 2 configuration,
+    /// 3 server prerequisite, 1 anything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Config(_) => 2,
+            Self::Prerequisite { .. } => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// MySQL error 1236 (ER_MASTER_FATAL_ERROR_READING_BINLOG): the requested binlog position or
+/// GTID is not available (purged, or never existed).
+pub const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
+
+impl From<mysql_async::Error> for RelayError {
+    fn from(e: mysql_async::Error) -> Self {
+        match &e {
+            mysql_async::Error::Server(s) if s.code == ER_MASTER_FATAL_ERROR_READING_BINLOG => {
+                Self::Binlog(format!(
+                    "the server cannot send the requested binlog position (error 1236: {}). \
+                     The binlog file was probably purged or the server's binlog history was reset. \
+                     Check `SHOW BINARY LOGS`; to continue, move the checkpoint row of this connector \
+                     to an available position (events in between are not relayed)",
+                    s.message
+                ))
+            }
+            mysql_async::Error::Url(_) => Self::Config(format!("mysql.url: {e}")),
+            _ => Self::Mysql(crate::redact_error(&e.to_string())),
+        }
+    }
+}
+
+impl From<rdkafka::error::KafkaError> for RelayError {
+    fn from(e: rdkafka::error::KafkaError) -> Self {
+        Self::Kafka(e.to_string())
+    }
+}

@@ -1,0 +1,204 @@
+//! Start-up checks of the source server: binlog settings, outbox tables, current position.
+//!
+//! Each failed check names the setting, what the relay needs, what the server has, and the fix.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+
+use crate::config::{ColumnMapping, TableName};
+use crate::error::RelayError;
+use crate::position::BinlogPosition;
+use crate::source::Flavor;
+
+/// What the relay learned about the source server.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    /// MariaDB or MySQL.
+    pub flavor: Flavor,
+    /// `@@version`.
+    pub version: String,
+    /// `@@server_id`.
+    pub server_id: u32,
+    /// `@@server_uuid` (MySQL only).
+    pub server_uuid: Option<String>,
+}
+
+/// Reads the server's identity and checks `log_bin`, `binlog_format`, `binlog_row_image` and
+/// (where the server has it) `binlog_row_metadata`.
+///
+/// # Errors
+/// [`RelayError::Prerequisite`] for the first setting that is wrong; [`RelayError::Mysql`] when
+/// the server cannot be queried.
+pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
+    let version: String = conn
+        .query_first("SELECT @@version")
+        .await?
+        .unwrap_or_default();
+    let flavor = if version.to_ascii_lowercase().contains("mariadb") {
+        Flavor::MariaDb
+    } else {
+        Flavor::MySql
+    };
+    let server_id: u32 = conn.query_first("SELECT @@server_id").await?.unwrap_or(0);
+    let server_uuid: Option<String> = if flavor == Flavor::MySql {
+        conn.query_first("SELECT @@server_uuid").await?
+    } else {
+        None
+    };
+
+    let rows: Vec<Row> = conn
+        .query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
+             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata')",
+        )
+        .await?;
+    let vars: Vec<(String, String)> = rows
+        .into_iter()
+        .filter_map(|r| mysql_async::from_row_opt::<(String, String)>(r).ok())
+        .collect();
+    let get = |name: &str| {
+        vars.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.to_ascii_uppercase())
+    };
+    let cnf = if flavor == Flavor::MariaDb {
+        "[mariadbd]"
+    } else {
+        "[mysqld]"
+    };
+    let require = |name: &str, expected: &str, fix: String| -> Result<(), RelayError> {
+        let found = get(name).unwrap_or_else(|| "(not set)".into());
+        if found == expected {
+            Ok(())
+        } else {
+            Err(RelayError::Prerequisite {
+                setting: name.into(),
+                expected: expected.into(),
+                found,
+                fix,
+            })
+        }
+    };
+    require(
+        "log_bin",
+        "ON",
+        format!("enable the binary log: add log_bin (and a server_id) to {cnf} in the server's config and restart it"),
+    )?;
+    require(
+        "binlog_format",
+        "ROW",
+        format!(
+            "SET GLOBAL binlog_format=ROW and add binlog_format=ROW to {cnf}; sessions that are \
+             already connected keep their old format until they reconnect"
+        ),
+    )?;
+    require(
+        "binlog_row_image",
+        "FULL",
+        format!("SET GLOBAL binlog_row_image=FULL and add binlog_row_image=FULL to {cnf}"),
+    )?;
+    if get("binlog_row_metadata").is_some() {
+        require(
+            "binlog_row_metadata",
+            "FULL",
+            format!(
+                "SET GLOBAL binlog_row_metadata=FULL and add binlog_row_metadata=FULL to {cnf} \
+                 (the relay reads column names from the binlog's table map events)"
+            ),
+        )?;
+    }
+    Ok(ServerInfo {
+        flavor,
+        version,
+        server_id,
+        server_uuid,
+    })
+}
+
+/// The server's current end of binlog (`SHOW MASTER STATUS`, or `SHOW BINARY LOG STATUS` on
+/// MySQL 8.4+, where the old statement was removed).
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the statement fails or returns nothing (binary log off, or missing
+/// REPLICATION CLIENT privilege).
+pub async fn current_position(
+    conn: &mut Conn,
+    flavor: Flavor,
+) -> Result<BinlogPosition, RelayError> {
+    let row: Option<Row> = match conn.query_first("SHOW MASTER STATUS").await {
+        Ok(row) => row,
+        Err(_) if flavor == Flavor::MySql => conn.query_first("SHOW BINARY LOG STATUS").await?,
+        Err(e) => return Err(e.into()),
+    };
+    let row = row.ok_or_else(|| RelayError::Prerequisite {
+        setting: "SHOW MASTER STATUS".into(),
+        expected: "the current binlog file and position".into(),
+        found: "no rows".into(),
+        fix: "enable log_bin and grant the relay's user REPLICATION CLIENT".into(),
+    })?;
+    let file: Option<String> = row.get(0);
+    let pos: Option<u64> = row.get(1);
+    match (file, pos) {
+        (Some(file), Some(pos)) => Ok(BinlogPosition::new(file, pos)),
+        _ => Err(RelayError::Mysql(
+            "SHOW MASTER STATUS returned an unexpected row".into(),
+        )),
+    }
+}
+
+/// Checks that each outbox table exists and has the mapped columns.
+///
+/// # Errors
+/// [`RelayError::Prerequisite`] naming the table and the missing columns.
+pub async fn check_outbox_tables(
+    conn: &mut Conn,
+    tables: &[TableName],
+    columns: &ColumnMapping,
+) -> Result<(), RelayError> {
+    for table in tables {
+        let have: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (&table.database, &table.table),
+            )
+            .await?;
+        if have.is_empty() {
+            return Err(RelayError::Prerequisite {
+                setting: format!("outbox table {table}"),
+                expected: "an existing table".into(),
+                found: "no such table (or no SELECT privilege on it)".into(),
+                fix: "create it (migrations/0001_outbox.sql has the common shape), fix \
+                      outbox.tables, or grant SELECT on it"
+                    .into(),
+            });
+        }
+        let wanted = [
+            ("id", &columns.id),
+            ("aggregate_type", &columns.aggregate_type),
+            ("aggregate_id", &columns.aggregate_id),
+            ("event_type", &columns.event_type),
+            ("event_key", &columns.event_key),
+            ("payload", &columns.payload),
+            ("created_at", &columns.created_at),
+        ];
+        let missing: Vec<String> = wanted
+            .iter()
+            .filter(|(_, name)| !name.is_empty() && !have.iter().any(|h| h == *name))
+            .map(|(key, name)| format!("{name:?} (outbox.columns.{key})"))
+            .collect();
+        if !missing.is_empty() {
+            return Err(RelayError::Prerequisite {
+                setting: format!("outbox table {table}"),
+                expected: "the mapped columns".into(),
+                found: format!(
+                    "no column {}; it has {}",
+                    missing.join(", "),
+                    have.join(", ")
+                ),
+                fix: "map the table's column names in [outbox.columns]".into(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! Source: the binlog stream of one server, as a replica with its own `server_id`.
+//!
+//! [`BinlogSource`] registers as a replica (COM_REGISTER_SLAVE), asks for the binlog from a
+//! [`BinlogPosition`] (COM_BINLOG_DUMP, MySQL Internals "Replication Protocol"), and yields each
+//! event with the position right after it. It keeps the current file name from ROTATE events and
+//! the table maps (in mysql_async's stream reader), and treats a silence longer than the read
+//! timeout as a dead connection: the server sends heartbeats while idle, so silence means the
+//! TCP connection is gone even if no error arrived.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mysql_async::binlog::events::{Event, RotateEvent, TableMapEvent};
+use mysql_async::binlog::EventType;
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+
+use crate::error::RelayError;
+use crate::position::BinlogPosition;
+
+/// One binlog event and where it ends.
+#[derive(Debug)]
+pub struct SourceEvent {
+    /// The event (header, body without checksum).
+    pub event: Event,
+    /// Position right after this event: the dump resumes here.
+    pub position: BinlogPosition,
+    /// Event timestamp, seconds since the Unix epoch (when the statement began on the primary).
+    pub timestamp: u32,
+}
+
+/// Server flavor; decides the dump options and some statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// MariaDB (version string contains `MariaDB`).
+    MariaDb,
+    /// Oracle MySQL (or Percona).
+    MySql,
+}
+
+/// A live binlog dump connection.
+pub struct BinlogSource {
+    stream: BinlogStream,
+    file: String,
+    read_timeout: Duration,
+}
+
+/// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
+/// (the first ROTATE of a dump); its `log_pos` is meaningless.
+const LOG_EVENT_ARTIFICIAL_F: u16 = 0x20;
+
+/// `MARIA_SLAVE_CAPABILITY_GTID`: without it MariaDB sends GTID and annotate events as
+/// placeholder QUERY events.
+const MARIA_SLAVE_CAPABILITY_GTID: u32 = 4;
+
+impl BinlogSource {
+    /// Connects, registers as replica `server_id` and starts the dump at `start`.
+    ///
+    /// `heartbeat` is the period the server is asked to send heartbeats at when idle; the stream
+    /// is considered dead after three periods of silence.
+    ///
+    /// # Errors
+    /// [`RelayError::Mysql`] when the server cannot be reached or refuses the dump.
+    pub async fn connect(
+        opts: Opts,
+        server_id: u32,
+        flavor: Flavor,
+        start: &BinlogPosition,
+        heartbeat: Duration,
+    ) -> Result<Self, RelayError> {
+        let mut conn = Conn::new(opts).await?;
+        if flavor == Flavor::MariaDb {
+            conn.query_drop(format!(
+                "SET @mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_GTID}"
+            ))
+            .await?;
+        }
+        // Heartbeat period is in nanoseconds (MySQL Internals, COM_BINLOG_DUMP).
+        conn.query_drop(format!(
+            "SET @master_heartbeat_period = {}",
+            heartbeat.as_nanos()
+        ))
+        .await?;
+        let request = BinlogStreamRequest::new(server_id)
+            .with_filename(start.file.as_bytes())
+            .with_pos(start.pos);
+        let stream = conn.get_binlog_stream(request).await?;
+        Ok(Self {
+            stream,
+            file: start.file.clone(),
+            read_timeout: heartbeat * 3,
+        })
+    }
+
+    /// The table map event for `table_id`, as last seen in this stream.
+    pub fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>> {
+        self.stream.get_tme(table_id)
+    }
+
+    /// The next event; heartbeats are consumed here.
+    ///
+    /// # Errors
+    /// [`RelayError::Mysql`] when the connection fails, the server ends the dump, or nothing
+    /// arrives within the read timeout; [`RelayError::Binlog`] for error 1236 (position not
+    /// available).
+    pub async fn next(&mut self) -> Result<SourceEvent, RelayError> {
+        loop {
+            let event = match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
+                Err(_) => {
+                    return Err(RelayError::Mysql(format!(
+                        "no binlog event or heartbeat for {} s: treating the connection as dead",
+                        self.read_timeout.as_secs()
+                    )))
+                }
+                Ok(None) => {
+                    return Err(RelayError::Mysql("the server ended the binlog dump".into()))
+                }
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(Some(Ok(event))) => event,
+            };
+            let header = event.header();
+            let raw_type = header.event_type_raw();
+            if raw_type == EventType::HEARTBEAT_EVENT as u8 {
+                continue;
+            }
+            if raw_type == EventType::ROTATE_EVENT as u8 {
+                self.file = rotate_file_name(&event)?;
+                let artificial =
+                    header.flags_raw() & LOG_EVENT_ARTIFICIAL_F != 0 || header.log_pos() == 0;
+                if artificial {
+                    continue; // says where the dump starts; not an event of the file
+                }
+            }
+            let position = BinlogPosition::new(
+                self.file.clone(),
+                if raw_type == EventType::ROTATE_EVENT as u8 {
+                    4 // a real ROTATE ends the old file; the next event is the new file's first
+                } else {
+                    u64::from(header.log_pos())
+                },
+            );
+            return Ok(SourceEvent {
+                timestamp: header.timestamp(),
+                position,
+                event,
+            });
+        }
+    }
+}
+
+/// The file name in a ROTATE event.
+///
+/// The artificial ROTATE that starts a dump is sent before the format description event, so the
+/// stream reader does not know yet that events carry a CRC32 checksum and leaves the 4 checksum
+/// bytes glued to the name. They are removed when they are the CRC32 of the event, so the name is
+/// always exactly one from `SHOW BINARY LOGS`.
+fn rotate_file_name(event: &Event) -> Result<String, RelayError> {
+    let rotate = event
+        .read_event::<RotateEvent<'_>>()
+        .map_err(|e| RelayError::Binlog(format!("cannot parse ROTATE event: {e}")))?;
+    let mut name = rotate.name_raw();
+    if name.len() > 4 {
+        let (body, tail) = name.split_at(name.len() - 4);
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&header_bytes(event));
+        hasher.update(&event.data()[..event.data().len() - 4]);
+        if hasher.finalize().to_le_bytes() == tail {
+            name = body;
+        }
+    }
+    String::from_utf8(name.to_vec())
+        .map_err(|_| RelayError::Binlog(format!("binlog file name {name:?} is not UTF-8")))
+}
+
+/// The 19-byte v4 event header as it was on the wire (MySQL Internals "Binlog Event Header").
+fn header_bytes(event: &Event) -> [u8; 19] {
+    let h = event.header();
+    let mut out = [0u8; 19];
+    out[0..4].copy_from_slice(&h.timestamp().to_le_bytes());
+    out[4] = h.event_type_raw();
+    out[5..9].copy_from_slice(&h.server_id().to_le_bytes());
+    out[9..13].copy_from_slice(&h.event_size().to_le_bytes());
+    out[13..17].copy_from_slice(&h.log_pos().to_le_bytes());
+    out[17..19].copy_from_slice(&h.flags_raw().to_le_bytes());
+    out
+}

@@ -1,0 +1,36 @@
+# Shared settings for the local test services. Sourced, not run.
+# Everything lives under $OUTBOX_SERVICES_DIR (default: <repo>/.services, git-ignored).
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SERVICES_DIR="${OUTBOX_SERVICES_DIR:-$REPO_ROOT/.services}"
+MARIADB_PORT="${MARIADB_PORT:-3306}"
+KAFKA_PORT="${KAFKA_PORT:-9092}"
+KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
+mkdir -p "$SERVICES_DIR"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# apt_install PKG...: installs Debian packages that are missing (needs root or sudo).
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  log "installing ${missing[*]} (apt-get)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND once a second until it succeeds.
+wait_for() {
+  local timeout="$1" what="$2"; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 1
+  done
+  log "$what is ready"
+}

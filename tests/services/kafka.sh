@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Starts or stops a single-node Apache Kafka 4.x broker in KRaft mode (combined broker+controller)
+# on 127.0.0.1:$KAFKA_PORT, from the official org.apache.kafka artifacts on Maven Central, run with
+# the machine's Java 17. Idempotent.
+#   tests/services/kafka.sh up|down|status
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DIR="$SERVICES_DIR/kafka"
+LIBS="$SERVICES_DIR/kafka-libs-$KAFKA_VERSION"
+PROPS="$DIR/server.properties"
+PIDFILE="$DIR/kafka.pid"
+LOG="$DIR/kafka.log"
+
+ready() { kcat -b "127.0.0.1:$KAFKA_PORT" -L -m 5; }
+
+running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+fetch_libs() {
+  [ -f "$LIBS/.complete" ] && return 0
+  command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+  log "resolving org.apache.kafka:kafka_2.13:$KAFKA_VERSION from Maven Central into $LIBS"
+  rm -rf "$LIBS"; mkdir -p "$LIBS"
+  mvn -q -B -f "$HERE/kafka-pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$LIBS" \
+    >"$SERVICES_DIR/kafka-maven.log" 2>&1 || die "Maven could not resolve Kafka, see $SERVICES_DIR/kafka-maven.log"
+  touch "$LIBS/.complete"
+}
+
+up() {
+  command -v kcat >/dev/null 2>&1 || apt_install kcat
+  if running && ready; then
+    log "Kafka already running on 127.0.0.1:$KAFKA_PORT (log: $LOG)"
+    return 0
+  fi
+  fetch_libs
+  mkdir -p "$DIR/data"
+  cat > "$PROPS" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$DIR/data
+num.partitions=3
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+log.retention.hours=24
+PROPS
+  cat > "$DIR/log4j2.properties" <<L4J
+rootLogger.level=INFO
+rootLogger.appenderRef.file.ref=FILE
+appender.file.type=File
+appender.file.name=FILE
+appender.file.fileName=$LOG
+appender.file.layout.type=PatternLayout
+appender.file.layout.pattern=[%d] %p %m (%c)%n
+logger.kafka.name=kafka
+logger.kafka.level=INFO
+logger.state.name=state.change.logger
+logger.state.level=WARN
+L4J
+  local java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1
+    -XX:CICompilerCount=2 -Djava.awt.headless=true "-Dlog4j2.configurationFile=$DIR/log4j2.properties")
+  if [ ! -f "$DIR/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id="$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
+    log "formatting KRaft storage in $DIR/data (cluster $cluster_id)"
+    java "${java_opts[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" \
+      >"$DIR/format.log" 2>&1 || die "formatting Kafka storage failed, see $DIR/format.log"
+  fi
+  log "starting Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$KAFKA_PORT (log: $LOG)"
+  setsid java "${java_opts[@]}" -cp "$LIBS/*" kafka.Kafka "$PROPS" >>"$DIR/stdout.log" 2>&1 < /dev/null &
+  echo $! > "$PIDFILE"
+  wait_for 120 "Kafka on 127.0.0.1:$KAFKA_PORT" ready || die "Kafka did not become ready in 120 s, see $LOG and $DIR/stdout.log"
+}
+
+down() {
+  if running; then
+    local pid; pid="$(cat "$PIDFILE")"
+    log "stopping Kafka (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$PIDFILE"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) running && ready ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
