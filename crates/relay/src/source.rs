@@ -184,3 +184,51 @@ fn header_bytes(event: &Event) -> [u8; 19] {
     out[17..19].copy_from_slice(&h.flags_raw().to_le_bytes());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mysql_async::binlog::events::FormatDescriptionEvent;
+    use mysql_async::binlog::BinlogVersion;
+
+    /// Bytes of an artificial ROTATE event (header + body), optionally followed by its CRC32.
+    fn artificial_rotate(name: &str, with_checksum: bool) -> Vec<u8> {
+        let body_len = 8 + name.len() + if with_checksum { 4 } else { 0 };
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&0u32.to_le_bytes()); // timestamp
+        bytes.push(EventType::ROTATE_EVENT as u8);
+        bytes.extend_from_slice(&1u32.to_le_bytes()); // server_id
+        bytes.extend_from_slice(&u32::try_from(19 + body_len).expect("small").to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes()); // log_pos
+        bytes.extend_from_slice(&LOG_EVENT_ARTIFICIAL_F.to_le_bytes());
+        bytes.extend_from_slice(&4u64.to_le_bytes()); // position in the new file
+        bytes.extend_from_slice(name.as_bytes());
+        if with_checksum {
+            let crc = crc32fast::hash(&bytes);
+            bytes.extend_from_slice(&crc.to_le_bytes());
+        }
+        bytes
+    }
+
+    fn read(bytes: &[u8]) -> Event {
+        // Before any format description event the reader assumes no checksum, as at the start
+        // of a dump.
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        Event::read(&fde, bytes).expect("parses")
+    }
+
+    #[test]
+    fn artificial_rotate_with_crc32_gives_the_exact_file_name() {
+        let event = read(&artificial_rotate("mariadb-bin.000001", true));
+        assert_eq!(
+            rotate_file_name(&event).expect("name"),
+            "mariadb-bin.000001"
+        );
+    }
+
+    #[test]
+    fn rotate_without_checksum_keeps_the_name() {
+        let event = read(&artificial_rotate("binlog.000042", false));
+        assert_eq!(rotate_file_name(&event).expect("name"), "binlog.000042");
+    }
+}
