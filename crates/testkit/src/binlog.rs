@@ -1,0 +1,301 @@
+//! Reading the server's binary log listing, to check that a stored checkpoint is a transaction
+//! boundary.
+
+use std::cmp::Ordering;
+
+use anyhow::{bail, Context, Result};
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Row};
+
+/// A position in the binary log.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BinlogPosition {
+    /// File name as `SHOW BINARY LOGS` lists it (`mariadb-bin.000001`).
+    pub file: String,
+    /// Byte offset in the file.
+    pub pos: u64,
+}
+
+impl std::fmt::Display for BinlogPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.pos)
+    }
+}
+
+/// One row of `SHOW BINLOG EVENTS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinlogEvent {
+    /// File the event is in.
+    pub log_name: String,
+    /// Where the event starts.
+    pub pos: u64,
+    /// `Xid`, `Query`, `Gtid`, `Table_map`, `Write_rows_v1`, …
+    pub event_type: String,
+    /// Server id of the server that wrote the event.
+    pub server_id: u32,
+    /// Where the event ends (the next event starts).
+    pub end_log_pos: u64,
+    /// The `Info` column (lossily decoded).
+    pub info: String,
+}
+
+impl BinlogEvent {
+    /// An `Xid` event, or a `Query` event whose text is `COMMIT`: the end of a transaction.
+    pub fn is_commit(&self) -> bool {
+        self.event_type == "Xid"
+            || (self.event_type == "Query" && self.info.trim().eq_ignore_ascii_case("COMMIT"))
+    }
+}
+
+/// `SHOW BINARY LOGS`: every binlog file and its size, oldest first.
+///
+/// # Errors
+/// The query fails (binary logging off, no privilege).
+pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>> {
+    let rows: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
+    rows.into_iter()
+        .map(|row| {
+            let name: Option<String> = row.get(0);
+            let size: Option<u64> = row.get(1);
+            match (name, size) {
+                (Some(n), Some(s)) => Ok((n, s)),
+                _ => bail!("unexpected SHOW BINARY LOGS row {row:?}"),
+            }
+        })
+        .collect()
+}
+
+/// `SHOW MASTER STATUS`: the end of the server's binlog (where the next event will start).
+///
+/// # Errors
+/// The query fails or binary logging is off.
+pub async fn current_binlog_position(conn: &mut Conn) -> Result<BinlogPosition> {
+    let row: Option<Row> = conn.query_first("SHOW MASTER STATUS").await?;
+    let row = row.context("SHOW MASTER STATUS returned nothing: is log_bin on?")?;
+    let file: Option<String> = row.get(0);
+    let pos: Option<u64> = row.get(1);
+    match (file, pos) {
+        (Some(file), Some(pos)) => Ok(BinlogPosition { file, pos }),
+        _ => bail!("unexpected SHOW MASTER STATUS row {row:?}"),
+    }
+}
+
+/// Orders two positions by (file's place in `SHOW BINARY LOGS`, offset).
+///
+/// # Errors
+/// Either file is not (or no longer) listed by `SHOW BINARY LOGS`.
+pub async fn compare_positions(
+    conn: &mut Conn,
+    a: &BinlogPosition,
+    b: &BinlogPosition,
+) -> Result<Ordering> {
+    let logs = binary_logs(conn).await?;
+    let index = |p: &BinlogPosition| {
+        logs.iter()
+            .position(|(name, _)| *name == p.file)
+            .with_context(|| format!("{} is not in SHOW BINARY LOGS ({logs:?})", p.file))
+    };
+    Ok((index(a)?, a.pos).cmp(&(index(b)?, b.pos)))
+}
+
+const PAGE: u64 = 5_000;
+
+fn event_from_row(row: Row) -> Result<BinlogEvent> {
+    let text = |i: usize| -> String {
+        row.get::<Option<Vec<u8>>, _>(i)
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    };
+    let num = |i: usize| -> Result<u64> {
+        row.get::<Option<u64>, _>(i)
+            .flatten()
+            .with_context(|| format!("column {i} of SHOW BINLOG EVENTS row {row:?}"))
+    };
+    Ok(BinlogEvent {
+        log_name: text(0),
+        pos: num(1)?,
+        event_type: text(2),
+        server_id: u32::try_from(num(3)?)?,
+        end_log_pos: num(4)?,
+        info: text(5),
+    })
+}
+
+/// The event of `file` whose `End_log_pos` is `pos`, if any.
+///
+/// Scans `SHOW BINLOG EVENTS IN 'file' FROM … LIMIT …` page by page, from `scan_from` when it is
+/// given, lies in the same file and not after `pos` (it must be an event start, e.g.
+/// [`current_binlog_position`] taken earlier or [`crate::TestDb::created_at_binlog`]), else from
+/// the file's start.
+///
+/// # Errors
+/// `file` is not in `SHOW BINARY LOGS`, or a query fails.
+pub async fn binlog_event_ending_at(
+    conn: &mut Conn,
+    file: &str,
+    pos: u64,
+    scan_from: Option<&BinlogPosition>,
+) -> Result<Option<BinlogEvent>> {
+    let logs = binary_logs(conn).await?;
+    if !logs.iter().any(|(name, _)| name == file) {
+        bail!("binlog file {file:?} is not in SHOW BINARY LOGS ({logs:?})");
+    }
+    let quoted = file.replace('\\', "\\\\").replace('\'', "\\'");
+    let mut from = scan_from
+        .filter(|s| s.file == file && s.pos <= pos)
+        .map(|s| s.pos);
+    loop {
+        let sql = match from {
+            Some(f) => format!("SHOW BINLOG EVENTS IN '{quoted}' FROM {f} LIMIT {PAGE}"),
+            None => format!("SHOW BINLOG EVENTS IN '{quoted}' LIMIT {PAGE}"),
+        };
+        let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
+        let n = rows.len() as u64;
+        let mut last_end = None;
+        for row in rows {
+            let ev = event_from_row(row)?;
+            if ev.end_log_pos == pos {
+                return Ok(Some(ev));
+            }
+            if ev.end_log_pos > pos {
+                return Ok(None);
+            }
+            last_end = Some(ev.end_log_pos);
+        }
+        match last_end {
+            Some(end) if n == PAGE => from = Some(end),
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// Whether (`file`, `pos`) is a transaction boundary: `file` is listed by `SHOW BINARY LOGS` and
+/// `pos` is the `End_log_pos` of an `Xid` event or of a `Query` event whose text is `COMMIT`.
+/// `scan_from` as for [`binlog_event_ending_at`].
+///
+/// # Errors
+/// A query fails. A file that is not listed gives `Ok(false)`.
+pub async fn is_transaction_boundary(
+    conn: &mut Conn,
+    file: &str,
+    pos: u64,
+    scan_from: Option<&BinlogPosition>,
+) -> Result<bool> {
+    let logs = binary_logs(conn).await?;
+    if !logs.iter().any(|(name, _)| name == file) {
+        return Ok(false);
+    }
+    Ok(binlog_event_ending_at(conn, file, pos, scan_from)
+        .await?
+        .is_some_and(|ev| ev.is_commit()))
+}
+
+/// Up to `limit` events of `from.file` starting at `from.pos` (which must be an event start).
+///
+/// # Errors
+/// The query fails (e.g. `from.pos` is not an event start).
+pub async fn binlog_events_from(
+    conn: &mut Conn,
+    from: &BinlogPosition,
+    limit: u64,
+) -> Result<Vec<BinlogEvent>> {
+    let quoted = from.file.replace('\\', "\\\\").replace('\'', "\\'");
+    let sql = format!(
+        "SHOW BINLOG EVENTS IN '{quoted}' FROM {} LIMIT {limit}",
+        from.pos
+    );
+    let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
+    rows.into_iter().map(event_from_row).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{read_checkpoint, DEFAULT_CHECKPOINT_TABLE};
+    use crate::db::TestDb;
+    use crate::outbox::{insert_outbox_rows, InsertStyle, OutboxRow};
+
+    fn row(i: i64) -> OutboxRow {
+        OutboxRow {
+            aggregate_type: "Order".into(),
+            aggregate_id: format!("o-{i}"),
+            event_type: "OrderCreated".into(),
+            event_key: format!("ek-{i}"),
+            payload: format!("{{\"i\": {i}, \"note\":\"crème brûlée ✓ 🚀\"}}"),
+            created_at_micros: 1_767_323_045_678_901 + i,
+        }
+    }
+
+    /// Needs the test MariaDB (`tests/services/mariadb.sh up`).
+    #[tokio::test]
+    async fn test_db_migrations_binlog_boundaries_and_checkpoint_rows() -> Result<()> {
+        let db = TestDb::create("tk_binlog").await?;
+        let mut conn = db.conn().await?;
+
+        // Both migrations are applied.
+        let tables: Vec<String> = conn.query("SHOW TABLES").await?;
+        assert!(tables.contains(&"outbox".to_owned()), "{tables:?}");
+        assert!(
+            tables.contains(&DEFAULT_CHECKPOINT_TABLE.to_owned()),
+            "{tables:?}"
+        );
+
+        let before = current_binlog_position(&mut conn).await?;
+        let rows: Vec<OutboxRow> = (0..3).map(row).collect();
+        let mut tx = conn.start_transaction(Default::default()).await?;
+        insert_outbox_rows(&mut tx, "outbox", &rows[..1], InsertStyle::SingleRow).await?;
+        insert_outbox_rows(&mut tx, "outbox", &rows[1..], InsertStyle::MultiRow).await?;
+        tx.commit().await?;
+        let after = current_binlog_position(&mut conn).await?;
+
+        // Payload text and created_at arrive unchanged.
+        let stored: Vec<(String, String, String)> = conn
+            .query("SELECT event_key, payload, CAST(created_at AS CHAR) FROM outbox ORDER BY id")
+            .await?;
+        for (r, (ek, payload, created)) in rows.iter().zip(&stored) {
+            assert_eq!(&r.event_key, ek);
+            assert_eq!(&r.payload, payload);
+            assert_eq!(&r.created_at_text()?, created);
+        }
+
+        // The end of our transaction is a boundary (with and without a scan hint); the end of
+        // its first event (GTID/BEGIN) is not; neither is a file that does not exist.
+        assert_eq!(before.file, after.file, "binlog rotated during the test");
+        assert!(is_transaction_boundary(&mut conn, &after.file, after.pos, Some(&before)).await?);
+        assert!(is_transaction_boundary(&mut conn, &after.file, after.pos, None).await?);
+        let events = binlog_events_from(&mut conn, &before, 100).await?;
+        let first = events.first().context("no events after our position")?;
+        assert!(!first.is_commit(), "{first:?}");
+        assert!(
+            !is_transaction_boundary(&mut conn, &after.file, first.end_log_pos, Some(&before))
+                .await?
+        );
+        assert!(!is_transaction_boundary(&mut conn, "no-such-file.000001", 4, None).await?);
+        assert_eq!(
+            compare_positions(&mut conn, &before, &after).await?,
+            Ordering::Less
+        );
+
+        // Checkpoint rows are read back.
+        conn.exec_drop(
+            "INSERT INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
+             source_server_id) VALUES (?, ?, ?, 1)",
+            ("tk", &after.file, after.pos),
+        )
+        .await?;
+        let cp = read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, "tk")
+            .await?
+            .context("checkpoint row missing")?;
+        assert_eq!(cp.position(), after);
+        assert_eq!(cp.gtid_set, None);
+        assert!(
+            read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, "other")
+                .await?
+                .is_none()
+        );
+
+        drop(conn);
+        db.drop_database().await
+    }
+}

@@ -1,0 +1,52 @@
+//! Test support for `outbox-relay`: end-to-end tests against the real MariaDB and Kafka that run
+//! on the test machine (`tests/services/mariadb.sh up`, `tests/services/kafka.sh up`).
+//!
+//! Every test isolates itself so that tests can run in parallel against the one shared server
+//! and broker:
+//!
+//! * its own database ([`TestDb::create`], both migrations applied from the repository's
+//!   `migrations/` folder),
+//! * its own topic prefix and connector name ([`unique_suffix`]),
+//! * its own replica `server_id` ([`next_server_id`]).
+//!
+//! Tests synchronise only on observable state, with timeouts ([`wait_until`],
+//! [`wait_for_checkpoint_row`], [`collect_records`], …), never on fixed sleeps.
+//!
+//! Connection settings come from the environment: `MARIADB_PORT` (default 3306) and
+//! `KAFKA_PORT` (default 9092), the same variables the service scripts honour.
+//!
+//! The crates the helpers speak in are re-exported ([`mysql_async`], [`rdkafka`]) so a test can
+//! name their types without depending on a different version.
+
+pub mod binlog;
+pub mod checkpoint;
+pub mod db;
+pub mod env;
+pub mod kafka;
+pub mod outbox;
+pub mod relay;
+pub mod unique;
+pub mod wait;
+
+pub use mysql_async;
+pub use rdkafka;
+
+pub use binlog::{
+    binary_logs, binlog_event_ending_at, binlog_events_from, compare_positions,
+    current_binlog_position, is_transaction_boundary, BinlogEvent, BinlogPosition,
+};
+pub use checkpoint::{
+    read_checkpoint, wait_for_checkpoint_row, Checkpoint, DEFAULT_CHECKPOINT_TABLE,
+};
+pub use db::{GlobalVariableGuard, TestDb};
+pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url};
+pub use kafka::{
+    collect_records, collect_until, deleted_record_count, high_watermark_total, list_topics,
+    read_all_records, Record,
+};
+pub use outbox::{
+    epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,
+};
+pub use relay::{describe_exit, RelayConfigSpec, RelayProcess};
+pub use unique::{next_server_id, unique_suffix};
+pub use wait::wait_until;

@@ -1,0 +1,1000 @@
+//! End-to-end tests of the `outbox-relay` binary against the real MariaDB and Kafka of the test
+//! machine (`tests/services/mariadb.sh up`, `tests/services/kafka.sh up`; ports from
+//! `MARIADB_PORT` / `KAFKA_PORT`).
+//!
+//! Each test has its own database, topic prefix, connector name and replica server id, so the
+//! tests run in parallel. They wait only on observable state (the checkpoint row, records on
+//! Kafka, process exit) with generous timeouts, and compare what reached Kafka with what the
+//! test's own writer inserted.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use mysql_async::prelude::*;
+use mysql_async::{Conn, TxOpts};
+use outbox_relay_testkit::{
+    binary_logs, collect_records, collect_until, compare_positions, current_binlog_position,
+    deleted_record_count, describe_exit, high_watermark_total, insert_outbox_rows,
+    is_transaction_boundary, list_topics, next_server_id, read_all_records, read_checkpoint,
+    recent_created_at_base, unique_suffix, wait_until, BinlogPosition, Checkpoint, InsertStyle,
+    OutboxRow, Record, RelayConfigSpec, RelayProcess, TestDb, DEFAULT_CHECKPOINT_TABLE,
+};
+use tokio::sync::watch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+/// Relay start-up until its checkpoint row exists.
+const STARTUP: Duration = Duration::from_secs(60);
+/// Records reaching Kafka.
+const RELAY_WAIT: Duration = Duration::from_secs(120);
+/// A graceful stop (SIGTERM/SIGINT) until the process has exited.
+const STOP: Duration = Duration::from_secs(30);
+/// Reading topics that are no longer written.
+const READ_ALL: Duration = Duration::from_secs(60);
+
+/// Aggregate types, the short prefix of their ids, and their event types.
+const AGGREGATES: [(&str, &str, [&str; 3]); 3] = [
+    (
+        "Order",
+        "o",
+        ["OrderCreated", "OrderPaid", "OrderCancelled"],
+    ),
+    (
+        "Payment",
+        "p",
+        ["PaymentAuthorized", "PaymentCaptured", "PaymentRefunded"],
+    ),
+    (
+        "Shipment",
+        "s",
+        ["ShipmentPacked", "ShipmentSent", "ShipmentDelivered"],
+    ),
+];
+const AGGREGATE_TYPES: [&str; 3] = ["Order", "Payment", "Shipment"];
+/// Aggregate ids per type (10 × 3 = 30 keys).
+const IDS_PER_TYPE: usize = 10;
+
+// ---------------------------------------------------------------------------------------------
+// Test fixture and writer-side data
+// ---------------------------------------------------------------------------------------------
+
+/// One test's isolated world: database, topic prefix, connector name, server id.
+struct Fixture {
+    uid: String,
+    db: TestDb,
+    spec: RelayConfigSpec,
+}
+
+impl Fixture {
+    async fn new(name: &str) -> Result<Self> {
+        let db = TestDb::create(&format!("e2e_{name}")).await?;
+        let uid = unique_suffix();
+        let spec = RelayConfigSpec::new(
+            &db,
+            &format!("{name}-{uid}"),
+            next_server_id(),
+            &format!("t_{uid}"),
+        );
+        Ok(Self { uid, db, spec })
+    }
+
+    fn connector(&self) -> &str {
+        &self.spec.connector_name
+    }
+
+    /// Every topic of this test starts with this.
+    fn topic_prefix(&self) -> String {
+        format!("t_{}.", self.uid)
+    }
+
+    fn topics(&self) -> Vec<String> {
+        AGGREGATE_TYPES
+            .iter()
+            .map(|t| self.spec.topic_for(t))
+            .collect()
+    }
+
+    fn spawn_relay(&self) -> Result<RelayProcess> {
+        RelayProcess::spawn(BIN, &self.spec.to_toml(), &[])
+    }
+
+    /// Starts a relay and waits for its checkpoint row: from then on, commits are relayed.
+    async fn start_relay(&self) -> Result<(RelayProcess, Checkpoint)> {
+        let relay = self.spawn_relay()?;
+        let cp = relay
+            .wait_for_checkpoint_row(self.db.pool(), self.connector(), STARTUP)
+            .await?;
+        Ok((relay, cp))
+    }
+
+    async fn checkpoint(&self) -> Result<Checkpoint> {
+        read_checkpoint(self.db.pool(), DEFAULT_CHECKPOINT_TABLE, self.connector())
+            .await?
+            .context("the checkpoint row is gone")
+    }
+
+    /// Everything in this test's topics, including topics of unexpected aggregate types.
+    async fn read_everything(&self) -> Result<(BTreeSet<String>, Vec<Record>)> {
+        let topics = list_topics(&self.spec.bootstrap_servers, &self.topic_prefix()).await?;
+        let list: Vec<String> = topics.iter().cloned().collect();
+        let records = read_all_records(&self.spec.bootstrap_servers, &list, READ_ALL).await?;
+        let deleted = deleted_record_count(&self.spec.bootstrap_servers, &list).await?;
+        ensure!(
+            deleted == 0,
+            "the broker already deleted {deleted} records of {list:?} (time retention? record \
+             timestamps must be recent): the topics cannot be checked completely"
+        );
+        Ok((topics, records))
+    }
+}
+
+/// Generates outbox rows in commit order: several aggregate types, ~30 aggregate ids (one
+/// non-ASCII), a per-aggregate sequence number in the payload, varied JSON text.
+struct EventGen {
+    uid: String,
+    /// `created_at` of the first row (recent: see [`recent_created_at_base`]).
+    base_micros: i64,
+    label: String,
+    next: usize,
+    seq: HashMap<String, u64>,
+}
+
+impl EventGen {
+    fn new(uid: &str, label: &str) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            base_micros: recent_created_at_base(),
+            label: label.to_owned(),
+            next: 0,
+            seq: HashMap::new(),
+        }
+    }
+
+    fn row(&mut self) -> OutboxRow {
+        let g = self.next;
+        self.next += 1;
+        let (aggregate_type, short, event_types) = AGGREGATES[(g * 7 + g / 5) % 3];
+        let n = (g * 13 + g / 3) % IDS_PER_TYPE;
+        let aggregate_id = if n == 7 {
+            format!("{short}-{n:02}-ü")
+        } else {
+            format!("{short}-{n:02}")
+        };
+        let seq = self
+            .seq
+            .entry(format!("{aggregate_type}/{aggregate_id}"))
+            .or_insert(0);
+        *seq += 1;
+        let seq = *seq;
+        OutboxRow {
+            aggregate_type: aggregate_type.to_owned(),
+            event_type: event_types[(seq % 3) as usize].to_owned(),
+            event_key: format!("{}-{}-{g:05}", self.uid, self.label),
+            payload: payload(g, &aggregate_id, seq),
+            aggregate_id,
+            // Sub-millisecond parts vary, so truncation to ms is exercised.
+            created_at_micros: self.base_micros + i64::try_from(g).unwrap_or(0) * 1_000_123,
+        }
+    }
+
+    fn rows(&mut self, n: usize) -> Vec<OutboxRow> {
+        (0..n).map(|_| self.row()).collect()
+    }
+}
+
+/// JSON text as an application would write it; must arrive on Kafka byte for byte.
+fn payload(g: usize, agg: &str, seq: u64) -> String {
+    match g % 4 {
+        0 => format!(
+            r#"{{"order":"{agg}","seq":{seq},"note":"crème brûlée ✓","items":[{{"sku":"A","qty":2}},{{"sku":"B-{g}","qty":{}}}]}}"#,
+            g % 5 + 1
+        ),
+        1 => format!(
+            "{{ \"agg\" : \"{agg}\",\n  \"seq\" : {seq},\n  \"nested\": {{\"a\": [1, 2.50, -3e2, null, true], \"b\": {{}} }},\n  \"emoji\": \"🚀 日本語\" }}"
+        ),
+        2 => format!(
+            r#"{{"agg":"{agg}","seq":{seq},"quote":"she said \"hi\"","escapes":"\u00e9\\n\t","path":"C:\\tmp"}}"#
+        ),
+        _ => format!(
+            r#"{{"agg":"{agg}","seq":{seq},"blob":"{}"}}"#,
+            "xyz0123456789".repeat(150)
+        ),
+    }
+}
+
+/// What the writer committed, in commit order.
+#[derive(Default)]
+struct Committed {
+    /// event_key → (commit order, row).
+    rows: BTreeMap<String, (usize, OutboxRow)>,
+}
+
+impl Committed {
+    fn add(&mut self, rows: &[OutboxRow]) {
+        for r in rows {
+            let order = self.rows.len();
+            self.rows.insert(r.event_key.clone(), (order, r.clone()));
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+}
+
+/// `id` of every row now in the outbox, by event_key.
+async fn ids_by_event_key(conn: &mut Conn) -> Result<HashMap<String, u64>> {
+    let rows: Vec<(u64, String)> = conn.query("SELECT id, event_key FROM outbox").await?;
+    Ok(rows.into_iter().map(|(id, ek)| (ek, id)).collect())
+}
+
+/// One transaction of `rows` in one of four shapes (single-row INSERTs, one multi-row INSERT,
+/// a mix), with writes to the non-outbox table `business` in the same transaction when
+/// `with_business` is set, and in shape 3 an UPDATE of an outbox row inserted in the same
+/// transaction (ignored by the relay: the record carries the inserted values).
+async fn write_tx(
+    conn: &mut Conn,
+    shape: usize,
+    rows: &[OutboxRow],
+    with_business: bool,
+) -> Result<()> {
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    let business = async |tx: &mut mysql_async::Transaction<'_>, i: usize| -> Result<()> {
+        if with_business {
+            tx.exec_drop(
+                "INSERT INTO business (note, amount) VALUES (?, ?)",
+                (format!("shape {shape} step {i} — crème"), i),
+            )
+            .await?;
+        }
+        Ok(())
+    };
+    let split = rows.len().min(3);
+    match shape % 4 {
+        0 => {
+            for (i, r) in rows.iter().enumerate() {
+                insert_outbox_rows(
+                    &mut tx,
+                    "outbox",
+                    std::slice::from_ref(r),
+                    InsertStyle::SingleRow,
+                )
+                .await?;
+                if i % 3 == 0 {
+                    business(&mut tx, i).await?;
+                }
+            }
+        }
+        1 => insert_outbox_rows(&mut tx, "outbox", rows, InsertStyle::MultiRow).await?,
+        2 => {
+            business(&mut tx, 0).await?;
+            let a = rows.len().min(4);
+            let b = rows.len().min(5);
+            insert_outbox_rows(&mut tx, "outbox", &rows[..a], InsertStyle::MultiRow).await?;
+            insert_outbox_rows(&mut tx, "outbox", &rows[a..b], InsertStyle::SingleRow).await?;
+            insert_outbox_rows(&mut tx, "outbox", &rows[b..], InsertStyle::MultiRow).await?;
+            if with_business {
+                tx.query_drop("UPDATE business SET amount = amount + 1 ORDER BY id DESC LIMIT 3")
+                    .await?;
+            }
+        }
+        _ => {
+            insert_outbox_rows(&mut tx, "outbox", &rows[..split], InsertStyle::SingleRow).await?;
+            if let Some(first) = rows.first() {
+                tx.exec_drop(
+                    "UPDATE outbox SET event_type = CONCAT(event_type, '-updated'), \
+                     payload = '{\"updated\":true}' WHERE event_key = ?",
+                    (&first.event_key,),
+                )
+                .await?;
+            }
+            insert_outbox_rows(&mut tx, "outbox", &rows[split..], InsertStyle::MultiRow).await?;
+            business(&mut tx, 1).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// Every committed row exactly once.
+    ExactlyOnce,
+    /// Every committed row at least once (duplicates allowed after a crash).
+    AtLeastOnce,
+}
+
+/// Where a record of a key was read: (partition, offset, commit order, event_key).
+type Occurrence<'a> = (i32, i64, usize, &'a str);
+
+/// Compares the records with what the writer committed: content of every record, each
+/// committed row present (exactly once or at least once), nothing else, and per key (topic +
+/// aggregate id) the first occurrences in commit order. Returns the number of duplicates.
+fn verify_records(
+    records: &[Record],
+    committed: &Committed,
+    ids: &HashMap<String, u64>,
+    spec: &RelayConfigSpec,
+    delivery: Delivery,
+) -> Result<usize> {
+    let mut problems: Vec<String> = Vec::new();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut by_key: BTreeMap<(String, Vec<u8>), Vec<Occurrence<'_>>> = BTreeMap::new();
+
+    for r in records {
+        let at = format!("{}/{}@{}", r.topic, r.partition, r.offset);
+        let Some(ek) = r.header("event_key") else {
+            problems.push(format!("{at}: no UTF-8 event_key header: {r:?}"));
+            continue;
+        };
+        let Some((order, row)) = committed.rows.get(ek) else {
+            problems.push(format!(
+                "{at}: record that no committed INSERT explains: event_key {ek:?}, value {:?}",
+                r.value_str()
+            ));
+            continue;
+        };
+        *seen.entry(ek).or_default() += 1;
+        let mut diff = |what: &str, got: String, want: String| {
+            if got != want {
+                problems.push(format!("{at} ({ek}): {what} is {got}, expected {want}"));
+            }
+        };
+        diff(
+            "topic",
+            r.topic.clone(),
+            spec.topic_for(&row.aggregate_type),
+        );
+        diff(
+            "key",
+            format!("{:?}", r.key.as_deref()),
+            format!("{:?}", Some(row.aggregate_id.as_bytes())),
+        );
+        diff(
+            "value",
+            format!("{:?}", r.value_str()),
+            format!("{:?}", Some(row.payload.as_str())),
+        );
+        diff(
+            "timestamp",
+            format!("{:?}", r.timestamp_ms),
+            format!("{:?}", Some(row.expected_timestamp_ms())),
+        );
+        let want_id = ids.get(ek).map(u64::to_string);
+        for (name, want) in [
+            ("id", want_id),
+            ("event_key", Some(row.event_key.clone())),
+            ("event_type", Some(row.event_type.clone())),
+            ("aggregate_type", Some(row.aggregate_type.clone())),
+        ] {
+            diff(
+                &format!("header {name}"),
+                format!("{:?} (×{})", r.header(name), r.header_count(name)),
+                format!("{:?} (×1)", want.as_deref()),
+            );
+        }
+        by_key
+            .entry((r.topic.clone(), r.key.clone().unwrap_or_default()))
+            .or_default()
+            .push((r.partition, r.offset, *order, ek));
+    }
+
+    let mut missing = Vec::new();
+    let mut duplicates = 0;
+    for ek in committed.rows.keys() {
+        match seen.get(ek.as_str()).copied().unwrap_or(0) {
+            0 => missing.push(ek.as_str()),
+            1 => {}
+            n => {
+                duplicates += n - 1;
+                if delivery == Delivery::ExactlyOnce {
+                    problems.push(format!("{ek} was produced {n} times"));
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        problems.push(format!(
+            "{} of {} committed rows never reached Kafka, e.g. {:?}",
+            missing.len(),
+            committed.len(),
+            &missing[..missing.len().min(10)]
+        ));
+    }
+
+    for ((topic, key), mut recs) in by_key {
+        let key = String::from_utf8_lossy(&key);
+        let partitions: BTreeSet<i32> = recs.iter().map(|r| r.0).collect();
+        if partitions.len() > 1 {
+            problems.push(format!(
+                "key {key:?} of {topic} is spread over partitions {partitions:?}"
+            ));
+            continue;
+        }
+        recs.sort_by_key(|r| r.1);
+        let mut first_seen = HashSet::new();
+        let mut last: Option<(usize, &str)> = None;
+        for (_, offset, order, ek) in recs {
+            if !first_seen.insert(ek) {
+                continue;
+            }
+            if let Some((prev_order, prev_ek)) = last {
+                if order <= prev_order {
+                    problems.push(format!(
+                        "key {key:?} of {topic}: {ek} (commit #{order}) at offset {offset} \
+                         comes after {prev_ek} (commit #{prev_order})"
+                    ));
+                }
+            }
+            last = Some((order, ek));
+        }
+    }
+
+    if !problems.is_empty() {
+        let shown = problems.len().min(40);
+        bail!(
+            "{} problems in {} records (expected {} rows, {:?}):\n  {}{}",
+            problems.len(),
+            records.len(),
+            committed.len(),
+            delivery,
+            problems[..shown].join("\n  "),
+            if problems.len() > shown {
+                "\n  …"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(duplicates)
+}
+
+/// Event keys (header `event_key`) among `records`.
+fn event_keys(records: &[Record]) -> HashSet<String> {
+    records
+        .iter()
+        .filter_map(|r| r.header("event_key").map(str::to_owned))
+        .collect()
+}
+
+/// A predicate for [`collect_until`]: every key of `wanted` has been read (incremental).
+fn all_seen(wanted: HashSet<String>) -> impl FnMut(&[Record]) -> bool + Send + 'static {
+    let mut remaining = wanted;
+    let mut done = 0;
+    move |records: &[Record]| {
+        for r in &records[done..] {
+            if let Some(ek) = r.header("event_key") {
+                remaining.remove(ek);
+            }
+        }
+        done = records.len();
+        remaining.is_empty()
+    }
+}
+
+fn ensure_exit_code(status: ExitStatus, code: i32, relay: &RelayProcess) -> Result<()> {
+    ensure!(
+        status.code() == Some(code),
+        "the relay ended with {}, expected exit code {code}\n--- stderr ---\n{}",
+        describe_exit(&status),
+        relay.stderr_tail()
+    );
+    Ok(())
+}
+
+/// Checks the stored checkpoint: a file listed by SHOW BINARY LOGS, at a transaction boundary
+/// (or still where the relay started), and not before `not_before` (a position taken before the
+/// last relayed transaction was committed).
+async fn verify_checkpoint(
+    f: &Fixture,
+    initial: &Checkpoint,
+    not_before: &BinlogPosition,
+) -> Result<Checkpoint> {
+    let cp = f.checkpoint().await?;
+    let mut conn = f.db.conn().await?;
+    let logs = binary_logs(&mut conn).await?;
+    ensure!(
+        logs.iter().any(|(name, _)| *name == cp.binlog_file),
+        "checkpoint file {:?} is not in SHOW BINARY LOGS {logs:?}",
+        cp.binlog_file
+    );
+    let boundary = is_transaction_boundary(
+        &mut conn,
+        &cp.binlog_file,
+        cp.binlog_pos,
+        Some(f.db.created_at_binlog()),
+    )
+    .await?;
+    ensure!(
+        boundary || cp.position() == initial.position(),
+        "checkpoint {} is not a transaction boundary (end of an Xid/COMMIT event) nor the start \
+         position {}",
+        cp.position(),
+        initial.position()
+    );
+    let order = compare_positions(&mut conn, &cp.position(), not_before).await?;
+    ensure!(
+        order.is_gt(),
+        "checkpoint {} does not cover the last relayed transaction (committed after {})",
+        cp.position(),
+        not_before
+    );
+    Ok(cp)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+/// 1,000 outbox rows in 100 transactions, mixed with other tables, UPDATEs, DELETEs, a rolled
+/// back transaction and an outbox table the relay does not follow: exactly the committed
+/// INSERTs reach Kafka, each with the inserted key, value, headers and timestamp, in commit
+/// order per key; a graceful stop exits 0 and leaves the checkpoint at a transaction boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_exactly_the_committed_inserts() -> Result<()> {
+    let f = Fixture::new("exact").await?;
+    // An outbox of the same shape in another database: not configured, never relayed.
+    let other = TestDb::create("e2e_exact_other").await?;
+    let mut conn = f.db.conn().await?;
+    conn.query_drop(
+        "CREATE TABLE business (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+         note VARCHAR(255) NOT NULL, amount INT NOT NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+    )
+    .await?;
+
+    let (relay, cp0) = f.start_relay().await?;
+
+    let mut gen = EventGen::new(&f.uid, "ek");
+    let mut committed = Committed::default();
+    for t in 0..99 {
+        let rows = gen.rows(10);
+        write_tx(&mut conn, t, &rows, true).await?;
+        committed.add(&rows);
+        if t % 10 == 5 {
+            conn.exec_drop(
+                "INSERT INTO business (note, amount) VALUES (?, ?)",
+                ("business only", 0),
+            )
+            .await?;
+        }
+    }
+    let mut ids = ids_by_event_key(&mut conn).await?;
+
+    // UPDATEs and DELETEs of relayed rows produce nothing (an UPDATE to a new aggregate type
+    // would show up as an extra topic).
+    conn.query_drop(
+        "UPDATE outbox SET aggregate_type = 'Invoice', payload = '{\"updated\":true}' \
+         WHERE id % 7 = 0",
+    )
+    .await?;
+    {
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        tx.query_drop("DELETE FROM outbox WHERE id % 11 = 0")
+            .await?;
+        tx.query_drop("INSERT INTO business (note, amount) VALUES ('after delete', 1)")
+            .await?;
+        tx.commit().await?;
+    }
+    // A rolled-back transaction produces nothing.
+    let mut rolled_back = EventGen::new(&f.uid, "rolledback");
+    let mut rb_rows = rolled_back.rows(5);
+    for r in rb_rows.iter_mut().take(3) {
+        r.aggregate_type = "Refund".into();
+    }
+    {
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        tx.query_drop("INSERT INTO business (note, amount) VALUES ('rolled back', 2)")
+            .await?;
+        insert_outbox_rows(&mut tx, "outbox", &rb_rows[..2], InsertStyle::SingleRow).await?;
+        insert_outbox_rows(&mut tx, "outbox", &rb_rows[2..], InsertStyle::MultiRow).await?;
+        tx.rollback().await?;
+    }
+    // Rows in an outbox that is not configured produce nothing.
+    let mut other_gen = EventGen::new(&f.uid, "otherdb");
+    let other_rows = other_gen.rows(6);
+    insert_outbox_rows(
+        &mut other.conn().await?,
+        "outbox",
+        &other_rows,
+        InsertStyle::MultiRow,
+    )
+    .await?;
+
+    // The last transaction comes after all of that: once it is on Kafka, the relay has read
+    // past every event above.
+    let before_last = current_binlog_position(&mut conn).await?;
+    let rows = gen.rows(10);
+    write_tx(&mut conn, 99, &rows, true).await?;
+    committed.add(&rows);
+    ids.extend(ids_by_event_key(&mut conn).await?);
+    ensure!(
+        committed.len() == 1000,
+        "the writer made {} rows",
+        committed.len()
+    );
+
+    let seen = collect_records(
+        &f.spec.bootstrap_servers,
+        &f.topics(),
+        committed.len(),
+        RELAY_WAIT,
+    )
+    .await?;
+    relay.ensure_running()?;
+    ensure!(
+        seen.len() >= committed.len(),
+        "only {} of {} records reached Kafka within {RELAY_WAIT:?}; missing e.g. {:?}",
+        seen.len(),
+        committed.len(),
+        committed
+            .rows
+            .keys()
+            .filter(|k| !event_keys(&seen).contains(*k))
+            .take(10)
+            .collect::<Vec<_>>()
+    );
+
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
+
+    // After the graceful stop every produced record is acknowledged: read everything.
+    let (topics, records) = f.read_everything().await?;
+    let expected_topics: BTreeSet<String> = f.topics().into_iter().collect();
+    ensure!(
+        topics == expected_topics,
+        "the relay produced to topics {topics:?}, expected exactly {expected_topics:?}"
+    );
+    let keys = event_keys(&records);
+    for r in rb_rows.iter().chain(&other_rows) {
+        ensure!(
+            !keys.contains(&r.event_key),
+            "{} (rolled back or in an unconfigured table) reached Kafka",
+            r.event_key
+        );
+    }
+    ensure!(
+        records.len() == committed.len(),
+        "{} records in the topics, expected exactly {}",
+        records.len(),
+        committed.len()
+    );
+    verify_records(&records, &committed, &ids, &f.spec, Delivery::ExactlyOnce)?;
+    verify_checkpoint(&f, &cp0, &before_last).await?;
+
+    other.drop_database().await?;
+    drop(conn);
+    f.db.drop_database().await
+}
+
+/// Which stage of the crash test the writer may go on to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    FirstRelayRunning,
+    FirstRelayKilled,
+    SecondRelayStarted,
+}
+
+/// kill -9 in the middle of a stream of small transactions, rows written while the relay is
+/// down, and a restart with the same config: every committed row reaches Kafka (duplicates are
+/// allowed), per key the first occurrences follow commit order, and the checkpoint is a
+/// transaction boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_after_kill_9_without_loss() -> Result<()> {
+    const TXS: usize = 200;
+    const ROWS_PER_TX: usize = 5;
+    /// The writer waits for the kill before this transaction…
+    const KILL_BEFORE: usize = 100;
+    /// …and for the restart before this one.
+    const RESTART_BEFORE: usize = 150;
+
+    let f = Fixture::new("crash").await?;
+    let (relay1, cp0) = f.start_relay().await?;
+
+    let mut gen = EventGen::new(&f.uid, "ek");
+    let batches: Vec<Vec<OutboxRow>> = (0..TXS).map(|_| gen.rows(ROWS_PER_TX)).collect();
+    let mut committed = Committed::default();
+    for b in &batches {
+        committed.add(b);
+    }
+
+    let (stage_tx, mut stage_rx) = watch::channel(Stage::FirstRelayRunning);
+    let (progress_tx, mut progress_rx) = watch::channel(0usize);
+    let pool = f.db.pool().clone();
+    let writer = tokio::spawn(async move {
+        let mut conn = pool.get_conn().await?;
+        let mut before_last = None;
+        for (t, rows) in batches.iter().enumerate() {
+            let wait_for = match t {
+                KILL_BEFORE => Some(Stage::FirstRelayKilled),
+                RESTART_BEFORE => Some(Stage::SecondRelayStarted),
+                _ => None,
+            };
+            if let Some(stage) = wait_for {
+                tokio::time::timeout(RELAY_WAIT, stage_rx.wait_for(|s| *s >= stage))
+                    .await
+                    .with_context(|| format!("writer waited too long for {stage:?}"))?
+                    .map(|_| ())?;
+            }
+            if t == TXS - 1 {
+                before_last = Some(current_binlog_position(&mut conn).await?);
+            }
+            let style = if t % 2 == 0 {
+                InsertStyle::MultiRow
+            } else {
+                InsertStyle::SingleRow
+            };
+            let mut tx = conn.start_transaction(TxOpts::default()).await?;
+            insert_outbox_rows(&mut tx, "outbox", rows, style).await?;
+            tx.commit().await?;
+            progress_tx.send_replace(t + 1);
+            // Pacing only, so the kill lands in the middle of the stream.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        before_last.context("no last transaction")
+    });
+
+    // Some records are on Kafka: the first relay is mid-stream. Crash it.
+    let topics = f.topics();
+    wait_until(
+        "the first relay to produce 100 records",
+        RELAY_WAIT,
+        Duration::from_millis(100),
+        async || {
+            relay1.ensure_running()?;
+            let n = high_watermark_total(&f.spec.bootstrap_servers, &topics).await?;
+            Ok((n >= 100).then_some(()))
+        },
+    )
+    .await?;
+    relay1.kill9()?;
+    stage_tx.send_replace(Stage::FirstRelayKilled);
+
+    // Rows committed while no relay runs.
+    tokio::time::timeout(RELAY_WAIT, progress_rx.wait_for(|n| *n >= RESTART_BEFORE))
+        .await
+        .context("the writer did not get through the downtime")?
+        .map(|_| ())?;
+
+    let relay2 = f.spawn_relay()?;
+    stage_tx.send_replace(Stage::SecondRelayStarted);
+    let before_last = tokio::time::timeout(RELAY_WAIT, writer)
+        .await
+        .context("the writer did not finish")???;
+
+    let wanted: HashSet<String> = committed.rows.keys().cloned().collect();
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        &topics,
+        RELAY_WAIT,
+        all_seen(wanted.clone()),
+    )
+    .await?;
+    relay2.ensure_running()?;
+    let seen_keys = event_keys(&seen);
+    let missing: Vec<&String> = wanted.iter().filter(|k| !seen_keys.contains(*k)).collect();
+    ensure!(
+        missing.is_empty(),
+        "{} of {} committed rows did not reach Kafka within {RELAY_WAIT:?}, e.g. {:?}",
+        missing.len(),
+        wanted.len(),
+        &missing[..missing.len().min(10)]
+    );
+
+    let status = relay2.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay2)?;
+
+    let mut conn = f.db.conn().await?;
+    let ids = ids_by_event_key(&mut conn).await?;
+    let (all_topics, records) = f.read_everything().await?;
+    let expected_topics: BTreeSet<String> = topics.iter().cloned().collect();
+    ensure!(
+        all_topics == expected_topics,
+        "the relay produced to topics {all_topics:?}, expected {expected_topics:?}"
+    );
+    let duplicates = verify_records(&records, &committed, &ids, &f.spec, Delivery::AtLeastOnce)?;
+    eprintln!(
+        "{} records for {} committed rows ({duplicates} duplicates after the crash)",
+        records.len(),
+        committed.len()
+    );
+    verify_checkpoint(&f, &cp0, &before_last).await?;
+
+    drop(conn);
+    f.db.drop_database().await
+}
+
+/// A graceful stop (SIGTERM), rows written while the relay is down, and a restart: every row
+/// exactly once, none lost, none duplicated. The second relay is stopped with SIGINT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> {
+    let f = Fixture::new("graceful").await?;
+    let mut conn = f.db.conn().await?;
+    let topics = f.topics();
+    let mut gen = EventGen::new(&f.uid, "ek");
+    let mut committed = Committed::default();
+
+    // Batch 1 while the relay runs.
+    let (relay1, cp0) = f.start_relay().await?;
+    let mut batch1 = HashSet::new();
+    let mut before_last1 = None;
+    for t in 0..40 {
+        if t == 39 {
+            before_last1 = Some(current_binlog_position(&mut conn).await?);
+        }
+        let rows = gen.rows(5);
+        write_tx(&mut conn, t % 4, &rows, false).await?;
+        batch1.extend(rows.iter().map(|r| r.event_key.clone()));
+        committed.add(&rows);
+    }
+    let before_last1 = before_last1.context("no last transaction")?;
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        &topics,
+        RELAY_WAIT,
+        all_seen(batch1.clone()),
+    )
+    .await?;
+    relay1.ensure_running()?;
+    ensure!(
+        batch1.is_subset(&event_keys(&seen)),
+        "batch 1 did not fully reach Kafka within {RELAY_WAIT:?}"
+    );
+
+    let stopping = Instant::now();
+    let status = relay1.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay1)?;
+    eprintln!(
+        "first relay stopped in {:.2} s",
+        stopping.elapsed().as_secs_f64()
+    );
+    // The final checkpoint covers batch 1.
+    let cp1 = verify_checkpoint(&f, &cp0, &before_last1).await?;
+
+    // Batch 2 while no relay runs.
+    let mut batch2 = HashSet::new();
+    let mut before_last2 = None;
+    for t in 0..40 {
+        if t == 39 {
+            before_last2 = Some(current_binlog_position(&mut conn).await?);
+        }
+        let rows = gen.rows(5);
+        write_tx(&mut conn, t % 4, &rows, false).await?;
+        batch2.extend(rows.iter().map(|r| r.event_key.clone()));
+        committed.add(&rows);
+    }
+    let before_last2 = before_last2.context("no last transaction")?;
+
+    let relay2 = f.spawn_relay()?;
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        &topics,
+        RELAY_WAIT,
+        all_seen(batch2.clone()),
+    )
+    .await?;
+    relay2.ensure_running()?;
+    ensure!(
+        batch2.is_subset(&event_keys(&seen)),
+        "batch 2 did not fully reach Kafka within {RELAY_WAIT:?} after the restart"
+    );
+    relay2.sigint()?;
+    let status = relay2.wait_exit(STOP).await?;
+    ensure_exit_code(status, 0, &relay2)?;
+
+    let ids = ids_by_event_key(&mut conn).await?;
+    let (all_topics, records) = f.read_everything().await?;
+    let expected_topics: BTreeSet<String> = topics.iter().cloned().collect();
+    ensure!(
+        all_topics == expected_topics,
+        "the relay produced to topics {all_topics:?}, expected {expected_topics:?}"
+    );
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for r in &records {
+        if let Some(ek) = r.header("event_key") {
+            *counts.entry(ek.to_owned()).or_default() += 1;
+        }
+    }
+    let dup: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    ensure!(
+        dup.is_empty(),
+        "{} event keys were produced more than once, e.g. {:?}",
+        dup.len(),
+        &dup[..dup.len().min(10)]
+    );
+    ensure!(
+        records.len() == committed.len(),
+        "{} records for {} committed rows",
+        records.len(),
+        committed.len()
+    );
+    verify_records(&records, &committed, &ids, &f.spec, Delivery::ExactlyOnce)?;
+    let cp2 = verify_checkpoint(&f, &cp0, &before_last2).await?;
+    let mut conn2 = f.db.conn().await?;
+    ensure!(
+        compare_positions(&mut conn2, &cp2.position(), &cp1.position())
+            .await?
+            .is_gt(),
+        "the checkpoint did not advance across the restart ({} → {})",
+        cp1.position(),
+        cp2.position()
+    );
+
+    drop((conn, conn2));
+    f.db.drop_database().await
+}
+
+/// A typo in the config file is a config error: exit code 2, and stderr names the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_unknown_config_key() -> Result<()> {
+    let f = Fixture::new("badkey").await?;
+    let toml = f
+        .spec
+        .to_toml()
+        .replace("max_in_flight = 10000", "max_inflight = 10000");
+    ensure!(toml.contains("max_inflight"), "template changed: {toml}");
+    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let status = relay.wait_exit(STARTUP).await?;
+    ensure_exit_code(status, 2, &relay)?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        stderr.contains("max_inflight"),
+        "stderr does not name the unknown key max_inflight:\n{stderr}"
+    );
+    f.db.drop_database().await
+}
+
+/// `OUTBOX_RELAY__…` variables override the file: a file with an invalid server_id and another
+/// connector name runs with the values from the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_overrides_the_config_file() -> Result<()> {
+    let f = Fixture::new("envcfg").await?;
+    let mut file_spec = f.spec.clone();
+    file_spec.server_id = 0; // invalid on its own
+    file_spec.connector_name = format!("from-file-{}", f.uid);
+    let server_id = f.spec.server_id.to_string();
+    let relay = RelayProcess::spawn(
+        BIN,
+        &file_spec.to_toml(),
+        &[
+            ("OUTBOX_RELAY__MYSQL__SERVER_ID", server_id.as_str()),
+            ("OUTBOX_RELAY__CONNECTOR_NAME", f.connector()),
+        ],
+    )?;
+    relay
+        .wait_for_checkpoint_row(f.db.pool(), f.connector(), STARTUP)
+        .await?;
+    ensure!(
+        read_checkpoint(
+            f.db.pool(),
+            DEFAULT_CHECKPOINT_TABLE,
+            &file_spec.connector_name
+        )
+        .await?
+        .is_none(),
+        "the connector name from the file was used despite the override"
+    );
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
+
+    // A value of the wrong type in the environment is a config error.
+    let relay = RelayProcess::spawn(
+        BIN,
+        &f.spec.to_toml(),
+        &[("OUTBOX_RELAY__MYSQL__SERVER_ID", "not-a-number")],
+    )?;
+    let status = relay.wait_exit(STARTUP).await?;
+    ensure_exit_code(status, 2, &relay)?;
+    // The key may be reported as spelled in the variable (MYSQL.SERVER_ID).
+    let stderr = relay.stderr_text();
+    ensure!(
+        stderr.to_ascii_lowercase().contains("server_id"),
+        "stderr does not name server_id:\n{stderr}"
+    );
+    f.db.drop_database().await
+}
