@@ -1,8 +1,10 @@
 //! Checkpoint: the stored resume position, one row per connector in a MySQL state table.
 //!
 //! A stored checkpoint is a transaction boundary all of whose records, and all records before
-//! it, Kafka has acknowledged (see `migrations/0002_checkpoint.sql`). The pipeline only hands
-//! such boundaries to the store, and the store refuses to move a checkpoint backwards.
+//! it, Kafka has acknowledged, plus how many outbox rows of the next transaction are
+//! acknowledged too (see `migrations/0002_checkpoint.sql`). The pipeline only hands such points
+//! to the store, moving forward only. Writes are fenced by the lease token (see [`crate::lease`]):
+//! an instance that lost its lease can no longer write.
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row};
@@ -16,6 +18,9 @@ use crate::position::BinlogPosition;
 pub struct Checkpoint {
     /// End of the last fully acknowledged transaction.
     pub position: BinlogPosition,
+    /// Outbox rows of the transaction after `position` that are acknowledged too; a resume
+    /// skips them.
+    pub rows_acked: u64,
     /// MariaDB GTID position (`0-1-42,…`) or MySQL GTID set including that transaction, when
     /// known.
     pub gtid_set: Option<String>,
@@ -45,6 +50,8 @@ pub struct MysqlCheckpointStore {
     pool: Pool,
     table: TableName,
     connector: String,
+    /// Fencing token of the lease this instance holds; writes with an older token fail.
+    lease_token: Option<u64>,
 }
 
 impl MysqlCheckpointStore {
@@ -54,7 +61,26 @@ impl MysqlCheckpointStore {
             pool,
             table,
             connector,
+            lease_token: None,
         }
+    }
+
+    /// The same store, writing under lease `token` (see [`crate::lease::Lease`]).
+    pub fn fenced(&self, token: u64) -> Self {
+        Self {
+            lease_token: Some(token),
+            ..self.clone()
+        }
+    }
+
+    /// The connector name (the row's key).
+    pub fn connector(&self) -> &str {
+        &self.connector
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// The checkpoint table this store writes.
@@ -79,9 +105,12 @@ impl MysqlCheckpointStore {
             "connector_name",
             "binlog_file",
             "binlog_pos",
+            "rows_acked",
             "gtid_set",
             "source_server_id",
             "source_server_uuid",
+            "lease_token",
+            "lease_owner",
             "updated_at",
         ];
         let missing: Vec<&str> = required
@@ -116,8 +145,8 @@ impl CheckpointStore for MysqlCheckpointStore {
         let row: Option<Row> = conn
             .exec_first(
                 format!(
-                    "SELECT binlog_file, binlog_pos, gtid_set, source_server_id, source_server_uuid \
-                     FROM {} WHERE connector_name = ?",
+                    "SELECT binlog_file, binlog_pos, rows_acked, gtid_set, source_server_id, \
+                     source_server_uuid FROM {} WHERE connector_name = ?",
                     self.table.quoted()
                 ),
                 (&self.connector,),
@@ -126,23 +155,28 @@ impl CheckpointStore for MysqlCheckpointStore {
         let Some(row) = row else { return Ok(None) };
         let bad = |what: &str| {
             RelayError::Binlog(format!(
-                "the checkpoint row of connector {:?} in {} has an invalid {what}",
+                "the checkpoint row of connector {:?} in {} has an invalid {what}; fix or delete the row",
                 self.connector, self.table
             ))
         };
-        let (file, pos, gtid_set, server_id, server_uuid): (
+        let (file, pos, rows_acked, gtid_set, server_id, server_uuid): (
             String,
+            u64,
             u64,
             Option<String>,
             u32,
             Option<String>,
         ) = mysql_async::from_row_opt(row).map_err(|_| bad("row"))?;
-        if file.is_empty() || pos < 4 {
+        if file.is_empty() {
+            return Ok(None); // a lease placeholder: no position stored yet
+        }
+        if pos < 4 {
             return Err(bad("binlog position"));
         }
         Ok(Some(Checkpoint {
             position: BinlogPosition::new(file, pos),
-            gtid_set,
+            rows_acked,
+            gtid_set: gtid_set.filter(|g| !g.trim().is_empty()),
             source_server_id: server_id,
             source_server_uuid: server_uuid,
         }))
@@ -150,26 +184,39 @@ impl CheckpointStore for MysqlCheckpointStore {
 
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), RelayError> {
         let mut conn = self.pool.get_conn().await?;
+        let Some(token) = self.lease_token else {
+            return Err(RelayError::LeaseLost(
+                "checkpoint write without a lease (internal error)".into(),
+            ));
+        };
+        // Fenced: matches only while this instance's lease token is the newest. updated_at is
+        // set explicitly so the row always changes and affected_rows is 1 on success.
         conn.exec_drop(
             format!(
-                "INSERT INTO {} (connector_name, binlog_file, binlog_pos, gtid_set, \
-                 source_server_id, source_server_uuid) VALUES (?, ?, ?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE binlog_file = VALUES(binlog_file), \
-                 binlog_pos = VALUES(binlog_pos), gtid_set = VALUES(gtid_set), \
-                 source_server_id = VALUES(source_server_id), \
-                 source_server_uuid = VALUES(source_server_uuid)",
+                "UPDATE {} SET binlog_file = ?, binlog_pos = ?, rows_acked = ?, gtid_set = ?, \
+                 source_server_id = ?, source_server_uuid = ?, updated_at = CURRENT_TIMESTAMP(6) \
+                 WHERE connector_name = ? AND lease_token = ?",
                 self.table.quoted()
             ),
             (
-                &self.connector,
                 &checkpoint.position.file,
                 checkpoint.position.pos,
+                checkpoint.rows_acked,
                 &checkpoint.gtid_set,
                 checkpoint.source_server_id,
                 &checkpoint.source_server_uuid,
+                &self.connector,
+                token,
             ),
         )
         .await?;
+        if conn.affected_rows() == 0 {
+            return Err(RelayError::LeaseLost(format!(
+                "the checkpoint row of connector {:?} carries a newer lease token than {token}: \
+                 another instance took over",
+                self.connector
+            )));
+        }
         Ok(())
     }
 }

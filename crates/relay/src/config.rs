@@ -37,6 +37,9 @@ pub struct RelayConfig {
     /// Reconnect/backoff policy for MySQL and Kafka failures.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// What to do with a row that cannot be relayed.
+    #[serde(default)]
+    pub dead_letter: DeadLetterConfig,
 }
 
 fn default_connector_name() -> String {
@@ -54,6 +57,62 @@ pub struct MysqlConfig {
     /// from every server and replica in the topology: the server drops an older connection that
     /// uses the same id.
     pub server_id: u32,
+    /// Heartbeat period the server is asked for (`@master_heartbeat_period`), in ms. The server
+    /// sends a heartbeat when it has had nothing else to send for this long. Default 5000.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// Silence (no event, no heartbeat) after which the connection is presumed dead and the
+    /// relay reconnects, in ms. Must exceed `heartbeat_interval_ms`. Default 15000.
+    #[serde(default = "default_read_timeout_ms")]
+    pub read_timeout_ms: u64,
+    /// How to resume: `auto` (by GTID when the checkpoint has one and the server is MariaDB,
+    /// else by file and position), `gtid`, or `position`. GTIDs let the relay continue on
+    /// another server of the same replication topology. Default `auto`.
+    #[serde(default)]
+    pub resume: ResumeMode,
+}
+
+/// `mysql.resume`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeMode {
+    /// GTID when available, else position.
+    #[default]
+    Auto,
+    /// Always by GTID; an error when the checkpoint has none.
+    Gtid,
+    /// Always by binlog file and position.
+    Position,
+}
+
+fn default_heartbeat_ms() -> u64 {
+    5_000
+}
+
+fn default_read_timeout_ms() -> u64 {
+    15_000
+}
+
+/// `[dead_letter]`: rows that cannot be relayed (a NULL aggregate, a topic Kafka refuses, a
+/// record over `message.max.bytes`, an authorization failure).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLetterConfig {
+    /// `false` (default): stop the relay with an error naming the row's binlog position;
+    /// the checkpoint stays before it. `true`: produce a dead-letter record to `topic`, with
+    /// headers saying why and where, and continue.
+    pub enabled: bool,
+    /// Dead-letter topic. Default `outbox.dead_letter`.
+    pub topic: String,
+}
+
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            topic: "outbox.dead_letter".into(),
+        }
+    }
 }
 
 impl std::fmt::Debug for MysqlConfig {
@@ -61,6 +120,9 @@ impl std::fmt::Debug for MysqlConfig {
         f.debug_struct("MysqlConfig")
             .field("url", &crate::redact_url(&self.url))
             .field("server_id", &self.server_id)
+            .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
+            .field("read_timeout_ms", &self.read_timeout_ms)
+            .field("resume", &self.resume)
             .finish()
     }
 }
@@ -298,6 +360,22 @@ impl RelayConfig {
             return bad(
                 "mysql.server_id must be a non-zero replica id, unique in the topology".into(),
             );
+        }
+        if self.mysql.heartbeat_interval_ms < 100
+            || self.mysql.read_timeout_ms <= self.mysql.heartbeat_interval_ms
+        {
+            return bad(
+                "mysql.heartbeat_interval_ms must be >= 100 and mysql.read_timeout_ms greater than it"
+                    .into(),
+            );
+        }
+        if self.dead_letter.enabled
+            && crate::route::TopicTemplate::parse(&self.dead_letter.topic).is_err()
+        {
+            return bad(format!(
+                "dead_letter.topic {:?} is not a valid Kafka topic name",
+                self.dead_letter.topic
+            ));
         }
         if self.outbox.tables.is_empty() {
             return bad(

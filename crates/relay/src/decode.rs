@@ -62,8 +62,10 @@ pub struct TxBoundary {
 /// What one binlog event contributes to the pipeline.
 #[derive(Debug)]
 pub enum Decoded {
-    /// Rows for Kafka (empty for most events).
-    Rows(Vec<OutboxEvent>),
+    /// Outbox rows in binlog order (empty for most events). A row that cannot become an
+    /// [`OutboxEvent`] (NULL aggregate, missing column) is an [`RelayError::Row`] in its place,
+    /// for the pipeline to dead-letter or stop on.
+    Rows(Vec<Result<OutboxEvent, RelayError>>),
     /// A transaction ended here.
     Boundary(TxBoundary),
 }
@@ -273,7 +275,7 @@ impl Decoder {
                     layout.insert(ColumnLayout::resolve(&row, &self.columns).map_err(row_error)?)
                 }
             };
-            out.push(layout.extract(&mut row, &table, ev).map_err(row_error)?);
+            out.push(layout.extract(&mut row, &table, ev).map_err(row_error));
         }
         Ok(Decoded::Rows(out))
     }

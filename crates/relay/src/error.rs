@@ -50,12 +50,18 @@ pub enum RelayError {
     /// position the server no longer has).
     #[error("binlog: {0}")]
     Binlog(String),
+
+    /// This instance no longer holds the connector's lease (its lease connection died, or
+    /// another instance took over). Retried: the instance waits for the lease again and then
+    /// resumes from the stored checkpoint.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
 }
 
 impl RelayError {
     /// `true` when the supervisor should reconnect and resume from the last checkpoint.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, Self::Mysql(_) | Self::Kafka(_))
+        matches!(self, Self::Mysql(_) | Self::Kafka(_) | Self::LeaseLost(_))
     }
 
     /// Process exit code for this error (documented in the README): 2 configuration,

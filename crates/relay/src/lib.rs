@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
+pub mod lease;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;
@@ -19,35 +20,35 @@ pub mod route;
 pub mod sink;
 pub mod source;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use mysql_async::{Opts, Pool};
 use tokio::sync::watch;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
-use crate::config::RelayConfig;
+use crate::config::{RelayConfig, ResumeMode};
 use crate::decode::Decoder;
 use crate::error::RelayError;
-use crate::pipeline::PipelineSettings;
+use crate::lease::Lease;
+use crate::pipeline::{PipelineSettings, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
 use crate::route::{Router, TopicTemplate};
 use crate::sink::KafkaSink;
-use crate::source::BinlogSource;
+use crate::source::{BinlogSource, Flavor, StartFrom};
 
 pub use crate::config::RelayConfig as Config;
-
-/// How long the server may stay silent before the stream is presumed dead is three of these;
-/// the server sends heartbeats at this period when it has nothing else to send.
-const HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 
 /// A run that streamed this long resets the backoff to its first delay.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 /// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
-/// or a non-retriable error occurs. MySQL and Kafka failures are retried with capped
-/// exponential backoff (`[retry]`), resuming from the last acknowledged transaction boundary.
+/// or a non-retriable error occurs.
+///
+/// First it waits for the connector's lease (one active instance per connector name). MySQL and
+/// Kafka failures are retried with capped exponential backoff (`[retry]`), resuming from the
+/// last acknowledged point; a lost lease sends the instance back to waiting for it.
 ///
 /// # Errors
 /// The first error that retrying cannot fix: configuration, server prerequisites, an
@@ -60,61 +61,107 @@ pub async fn run(
     let opts = Opts::from_url(&config.mysql.url)
         .map_err(|e| RelayError::Config(format!("mysql.url: {e}")))?;
     let pool = Pool::new(opts.clone());
-    let store = MysqlCheckpointStore::new(
+    let base_store = MysqlCheckpointStore::new(
         pool.clone(),
         config.checkpoint_table()?,
         config.connector_name.clone(),
     );
     let router = Router::new(TopicTemplate::parse(&config.outbox.topic)?);
+    let owner = instance_name();
     let mut backoff = new_backoff(&config);
     let mut attempts = 0usize;
+    let mut lease: Option<Lease> = None;
     let mut resume: Option<Checkpoint> = None;
 
     let result = loop {
-        let started = std::time::Instant::now();
-        let attempt = run_once(
-            &config,
-            &opts,
-            &pool,
-            &store,
-            &router,
-            resume.clone(),
-            &mut shutdown,
-        )
-        .await;
-        let (acked, result) = attempt;
-        if acked.is_some() {
-            resume = acked;
-        }
-        match result {
-            Ok(()) => break Ok(()),
-            Err(e) if e.is_retriable() && !*shutdown.borrow() => {
-                if started.elapsed() >= HEALTHY_RUN {
-                    backoff = new_backoff(&config);
-                    attempts = 0;
-                }
-                attempts += 1;
-                if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
-                    break Err(e);
-                }
-                let delay = backoff
-                    .next()
-                    .unwrap_or(Duration::from_millis(config.retry.max_backoff_ms));
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
-                    resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.changed() => {}
-                }
-                if *shutdown.borrow() {
-                    break Ok(());
+        let started = Instant::now();
+        let result = match lease.as_mut() {
+            None => {
+                match Lease::acquire(
+                    opts.clone(),
+                    base_store.table(),
+                    &config.connector_name,
+                    &owner,
+                    &mut shutdown,
+                )
+                .await
+                {
+                    Ok(Some(l)) => {
+                        lease = Some(l);
+                        resume = None; // another instance may have moved the checkpoint
+                        continue;
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => Err(e),
                 }
             }
+            Some(l) => {
+                let store = base_store.fenced(l.token());
+                let (acked, result) = run_once(
+                    &config,
+                    &opts,
+                    &pool,
+                    &store,
+                    &router,
+                    l,
+                    resume.clone(),
+                    &mut shutdown,
+                )
+                .await;
+                if acked.is_some() {
+                    resume = acked;
+                }
+                result
+            }
+        };
+        let e = match result {
+            Ok(()) => break Ok(()),
+            Err(e) if e.is_retriable() && !*shutdown.borrow() => e,
             Err(e) => break Err(e),
+        };
+        if matches!(e, RelayError::LeaseLost(_)) {
+            lease = None;
+        }
+        if started.elapsed() >= HEALTHY_RUN {
+            backoff = new_backoff(&config);
+            attempts = 0;
+        }
+        attempts += 1;
+        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+            break Err(e);
+        }
+        let delay = backoff
+            .next()
+            .unwrap_or(Duration::from_millis(config.retry.max_backoff_ms));
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
+            resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            break Ok(());
         }
     };
+    if let Some(lease) = lease {
+        lease.release().await;
+    }
     pool.disconnect().await.ok();
     result
+}
+
+/// `host:pid`, stored as the lease owner for operators.
+fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
 }
 
 fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
@@ -128,21 +175,29 @@ fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
 
 /// One connection lifetime: checks, resume point, pipeline. Returns the latest acknowledged
 /// checkpoint known (to resume from without re-reading the store) and the result.
+#[allow(clippy::too_many_arguments)]
 async fn run_once(
     config: &RelayConfig,
     opts: &Opts,
     pool: &Pool,
     store: &MysqlCheckpointStore,
     router: &Router,
+    lease: &mut Lease,
     resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> (Option<Checkpoint>, Result<(), RelayError>) {
-    let prepared = prepare(config, pool, store, resume).await;
-    let (server, start) = match prepared {
+    if let Err(e) = lease.verify().await {
+        return (resume, Err(e));
+    }
+    let (server, start, from) = match prepare(config, pool, store, resume.clone()).await {
         Ok(p) => p,
-        Err(e) => return (None, Err(e)),
+        Err(e) => return (resume, Err(e)),
     };
-    let sink = match KafkaSink::new(&config.kafka) {
+    let dead_letter = config
+        .dead_letter
+        .enabled
+        .then(|| config.dead_letter.topic.clone());
+    let sink = match KafkaSink::new(&config.kafka, dead_letter) {
         Ok(s) => s,
         Err(e) => return (Some(start), Err(e)),
     };
@@ -156,18 +211,22 @@ async fn run_once(
         opts.clone(),
         config.mysql.server_id,
         server.flavor,
-        &start.position,
-        HEARTBEAT_PERIOD,
+        &from,
+        Duration::from_millis(config.mysql.heartbeat_interval_ms),
+        Duration::from_millis(config.mysql.read_timeout_ms),
     )
     .await
     {
         Ok(s) => s,
         Err(e) => return (Some(start), Err(e)),
     };
-    let gtid_pos = start
-        .gtid_set
-        .as_deref()
-        .and_then(|g| g.parse::<MariadbGtidPos>().ok());
+    let gtid_pos = match &from {
+        StartFrom::MariadbGtid(g) => Some(g.clone()),
+        StartFrom::Position(_) => start
+            .gtid_set
+            .as_deref()
+            .and_then(|g| g.parse::<MariadbGtidPos>().ok()),
+    };
     let mut decoder = Decoder::new(
         config.outbox_tables(),
         store.table().clone(),
@@ -180,23 +239,23 @@ async fn run_once(
         source_server_id: server.server_id,
         source_server_uuid: server.server_uuid.clone(),
     };
-    tracing::info!(from = %start.position, gtid = ?start.gtid_set, server_id = config.mysql.server_id, "streaming binlog");
-    let outcome = pipeline::run(
-        &mut source,
-        &mut decoder,
+    tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
+    let stages = Stages {
+        source: &mut source,
+        decoder: &mut decoder,
         router,
-        &sink,
+        sink: &sink,
         store,
-        &settings,
-        start,
-        shutdown,
-    )
-    .await;
+        lease,
+    };
+    let outcome = pipeline::run(stages, &settings, start, shutdown).await;
     tracing::info!(
         records_acked = outcome.stats.records_acked,
+        dead_lettered = outcome.stats.dead_lettered,
         transactions = outcome.stats.transactions,
         checkpoints_written = outcome.stats.checkpoints_written,
         checkpoint = %outcome.acked.position,
+        rows_acked = outcome.acked.rows_acked,
         "pipeline run ended"
     );
     (Some(outcome.acked), outcome.result)
@@ -210,36 +269,81 @@ async fn prepare(
     pool: &Pool,
     store: &MysqlCheckpointStore,
     resume: Option<Checkpoint>,
-) -> Result<(ServerInfo, Checkpoint), RelayError> {
+) -> Result<(ServerInfo, Checkpoint, StartFrom), RelayError> {
     let mut conn = pool.get_conn().await?;
     let server = preflight::check_server(&mut conn).await?;
     preflight::check_outbox_tables(&mut conn, &config.outbox_tables(), &config.outbox.columns)
         .await?;
     store.verify().await?;
-    if let Some(resume) = resume {
-        return Ok((server, resume));
-    }
-    if let Some(stored) = store.load().await? {
-        if stored.source_server_id != server.server_id {
-            tracing::warn!(
-                stored_server_id = stored.source_server_id,
-                server_id = server.server_id,
-                "the checkpoint was written for another source server; resuming from its position anyway"
-            );
-        }
-        tracing::info!(position = %stored.position, "resuming from stored checkpoint");
-        return Ok((server, stored));
-    }
-    let position = preflight::current_position(&mut conn, server.flavor).await?;
-    let start = Checkpoint {
-        position,
-        gtid_set: None,
-        source_server_id: server.server_id,
-        source_server_uuid: server.server_uuid.clone(),
+    // Our own previous dump connection may still be registered until the server notices it is
+    // gone (at its next heartbeat).
+    let grace = Duration::from_millis(config.mysql.heartbeat_interval_ms * 2 + 1000);
+    preflight::check_server_id_unique(&mut conn, &server, config.mysql.server_id, grace).await?;
+    let start = match resume {
+        Some(resume) => resume,
+        None => match store.load().await? {
+            Some(stored) => {
+                tracing::info!(position = %stored.position, rows_acked = stored.rows_acked,
+                    gtid = ?stored.gtid_set, "resuming from stored checkpoint");
+                stored
+            }
+            None => {
+                let position = preflight::current_position(&mut conn, server.flavor).await?;
+                let gtid_set = match server.flavor {
+                    Flavor::MariaDb => preflight::mariadb_gtid_at(&mut conn, &position).await?,
+                    Flavor::MySql => None,
+                };
+                let start = Checkpoint {
+                    position,
+                    rows_acked: 0,
+                    gtid_set,
+                    source_server_id: server.server_id,
+                    source_server_uuid: server.server_uuid.clone(),
+                };
+                store.save(&start).await?;
+                tracing::info!(position = %start.position, gtid = ?start.gtid_set,
+                    "no checkpoint: starting at the current end of the binlog");
+                start
+            }
+        },
     };
-    store.save(&start).await?;
-    tracing::info!(position = %start.position, "no checkpoint: starting at the current end of the binlog");
-    Ok((server, start))
+    let from = start_from(config.mysql.resume, &server, &start)?;
+    if let StartFrom::Position(p) = &from {
+        preflight::check_position_available(&mut conn, p).await?;
+    }
+    Ok((server, start, from))
+}
+
+/// Chooses how to resume from `start` under `mode`.
+fn start_from(
+    mode: ResumeMode,
+    server: &ServerInfo,
+    start: &Checkpoint,
+) -> Result<StartFrom, RelayError> {
+    let gtid = match (server.flavor, start.gtid_set.as_deref()) {
+        (Flavor::MariaDb, Some(g)) => Some(g.parse::<MariadbGtidPos>().map_err(|e| {
+            RelayError::Binlog(format!(
+                "the checkpoint's gtid_set is not a MariaDB GTID position: {e}"
+            ))
+        })?),
+        _ => None,
+    };
+    match (mode, gtid) {
+        (ResumeMode::Position, _) | (ResumeMode::Auto, None) => {
+            if start.source_server_id != server.server_id {
+                tracing::warn!(
+                    stored_server_id = start.source_server_id,
+                    server_id = server.server_id,
+                    "the checkpoint was written for another server and has no GTID position: resuming from its file and position, which only makes sense on the same server"
+                );
+            }
+            Ok(StartFrom::Position(start.position.clone()))
+        }
+        (ResumeMode::Gtid | ResumeMode::Auto, Some(g)) => Ok(StartFrom::MariadbGtid(g)),
+        (ResumeMode::Gtid, None) => Err(RelayError::Config(
+            "mysql.resume = \"gtid\" but the checkpoint has no MariaDB GTID position (MySQL GTID resume is not supported yet)".into(),
+        )),
+    }
 }
 
 /// `url` with any password replaced by `***`, for logs and errors.

@@ -2,40 +2,51 @@
 //!
 //! # Progress and resumption
 //! Records are produced in binlog order. Every produced record and every transaction boundary
-//! enter one ordered queue of acknowledgements ([`FuturesOrdered`]); a boundary comes out of it
-//! only after every record before it was acknowledged by Kafka. The latest such boundary is the
-//! checkpoint candidate, written at most every `checkpoint.interval_ms`, never backwards.
+//! enter one ordered queue of acknowledgements ([`FuturesOrdered`]); an entry comes out only
+//! after everything before it did. A record's entry carries the checkpoint it completes: the
+//! boundary before its transaction plus its index in the transaction (`rows_acked`), so even
+//! inside a 100,000-row transaction the checkpoint follows Kafka's acknowledgements. The latest
+//! point is written at most every `checkpoint.interval_ms`, never backwards. On resume the first
+//! `rows_acked` outbox rows of the transaction after the stored boundary are skipped.
 //!
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that the source is not read
 //! until Kafka acknowledges the oldest. A full librdkafka queue is handled the same way.
 //!
+//! # Rows that cannot be relayed
+//! A row that cannot become a record, or that Kafka refuses for good (too large, topic missing
+//! or forbidden), goes to the dead-letter topic when one is configured; otherwise the run stops
+//! with an error naming the row's binlog position, and the checkpoint stays before it.
+//!
 //! # Shutdown
-//! On a stop request the pipeline keeps reading until the end of the current transaction (so
-//! the final checkpoint is exactly where it stopped producing), waits for every acknowledgement,
-//! writes the final checkpoint and returns. Restarting then sends nothing twice.
+//! On a stop request the pipeline stops reading, waits for every acknowledgement, writes the
+//! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
+use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
-use crate::decode::{Decoded, Decoder, TxBoundary};
+use crate::decode::{Decoded, Decoder, OutboxEvent};
 use crate::error::RelayError;
-use crate::route::Router;
-use crate::sink::{delivery_result, KafkaSink, SendError};
+use crate::lease::Lease;
+use crate::route::{KafkaRecord, Router};
+use crate::sink::{delivery_result, DeadLetter, Delivered, KafkaSink, SendError};
 use crate::source::BinlogSource;
 
 /// What leaves the acknowledgement queue, in binlog order.
 enum Ack {
-    /// A record's delivery report.
-    Record(Result<(i32, i64), RelayError>),
-    /// All records before this boundary are acknowledged.
-    Boundary(TxBoundary),
+    /// A record was acknowledged (or dead-lettered): `base` + `rows_acked` is now safe.
+    Record(Result<(Arc<Checkpoint>, u64), RelayError>),
+    /// A transaction ended and all its records are acknowledged. `advances` is false for a
+    /// transaction that only wrote the relay's own checkpoint table.
+    Boundary(Arc<Checkpoint>, bool),
 }
 
 /// Settings of one pipeline run.
@@ -54,8 +65,10 @@ pub struct PipelineSettings {
 /// Counters of one run, for logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RunStats {
-    /// Records acknowledged by Kafka.
+    /// Records acknowledged by Kafka (dead-lettered ones included).
     pub records_acked: u64,
+    /// Records sent to the dead-letter topic.
+    pub dead_lettered: u64,
     /// Transactions whose end was passed.
     pub transactions: u64,
     /// Checkpoint writes.
@@ -65,42 +78,64 @@ pub struct RunStats {
 /// Tracks the acknowledged and the stored checkpoint.
 struct Progress<'s, S> {
     store: &'s S,
-    settings: &'s PipelineSettings,
-    /// Latest boundary with everything before it acknowledged.
-    acked: Checkpoint,
+    /// Latest boundary with everything before it acknowledged…
+    acked_base: Arc<Checkpoint>,
+    /// …plus this many outbox rows of the next transaction.
+    acked_rows: u64,
     /// Last checkpoint written to the store.
     stored: Checkpoint,
-    /// `acked` includes a transaction worth storing (not only our own checkpoint writes).
+    /// Something worth storing was acknowledged since the last write (not only our own
+    /// checkpoint transactions, which would otherwise make an idle relay feed itself).
     dirty: bool,
     last_write: Instant,
     stats: RunStats,
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
-    fn on_boundary(&mut self, b: TxBoundary) {
-        self.stats.transactions += 1;
-        self.dirty |= b.advances;
-        self.acked = Checkpoint {
-            position: b.position,
-            gtid_set: b.gtid_pos.map(|g| g.to_string()),
-            source_server_id: self.settings.source_server_id,
-            source_server_uuid: self.settings.source_server_uuid.clone(),
-        };
+    fn on_ack(&mut self, ack: Ack) -> Result<(), RelayError> {
+        match ack {
+            Ack::Record(r) => {
+                let (base, rows) = r?;
+                self.acked_base = base;
+                self.acked_rows = rows;
+                self.dirty = true;
+                self.stats.records_acked += 1;
+            }
+            Ack::Boundary(base, advances) => {
+                self.acked_base = base;
+                self.acked_rows = 0;
+                self.dirty |= advances;
+                self.stats.transactions += 1;
+            }
+        }
+        Ok(())
     }
 
-    /// Writes `acked` if it moved forward (and, unless `force`, if worth a write).
+    fn acked(&self) -> Checkpoint {
+        Checkpoint {
+            rows_acked: self.acked_rows,
+            ..(*self.acked_base).clone()
+        }
+    }
+
+    /// Writes the acknowledged checkpoint if it moved forward (and, unless `force`, if it is
+    /// worth a write).
     async fn persist(&mut self, force: bool) -> Result<(), RelayError> {
         if !(self.dirty || force) {
             return Ok(());
         }
-        let forward = !matches!(
-            self.acked.position.partial_cmp(&self.stored.position),
-            Some(Ordering::Less | Ordering::Equal)
-        );
-        if forward {
-            self.store.save(&self.acked).await?;
-            tracing::debug!(position = %self.acked.position, gtid = ?self.acked.gtid_set, "checkpoint written");
-            self.stored = self.acked.clone();
+        let acked = self.acked();
+        let order = acked
+            .position
+            .partial_cmp(&self.stored.position)
+            .map(|o| o.then(acked.rows_acked.cmp(&self.stored.rows_acked)));
+        // Different files of different servers (failover by GTID) are unordered: the newer
+        // is the one this run produced.
+        if !matches!(order, Some(Ordering::Less | Ordering::Equal)) {
+            self.store.save(&acked).await?;
+            tracing::debug!(position = %acked.position, rows_acked = acked.rows_acked,
+                gtid = ?acked.gtid_set, "checkpoint written");
+            self.stored = acked;
             self.stats.checkpoints_written += 1;
         }
         self.dirty = false;
@@ -111,7 +146,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
 
 /// Outcome of a run: the last acknowledged checkpoint (to resume from) and the result.
 pub struct RunOutcome {
-    /// Latest boundary with all records before it acknowledged (at least the start).
+    /// Latest point with all records before it acknowledged (at least the start).
     pub acked: Checkpoint,
     /// `Ok` after a requested stop; the error that ended the run otherwise.
     pub result: Result<(), RelayError>,
@@ -119,150 +154,411 @@ pub struct RunOutcome {
     pub stats: RunStats,
 }
 
+/// The stages of one run, borrowed from the supervisor.
+pub struct Stages<'a, S> {
+    /// Binlog stream.
+    pub source: &'a mut BinlogSource,
+    /// Decoder for the outbox tables.
+    pub decoder: &'a mut Decoder,
+    /// Topic/key/header mapping.
+    pub router: &'a Router,
+    /// Kafka producer.
+    pub sink: &'a KafkaSink,
+    /// Fenced checkpoint store.
+    pub store: &'a S,
+    /// The connector's lease, verified at every checkpoint tick.
+    pub lease: &'a mut Lease,
+}
+
 /// Runs the pipeline from `start` (the stored checkpoint) until `shutdown` turns `true` or an
 /// error occurs.
-#[allow(clippy::too_many_arguments)]
 pub async fn run<S: CheckpointStore>(
-    source: &mut BinlogSource,
-    decoder: &mut Decoder,
-    router: &Router,
-    sink: &KafkaSink,
-    store: &S,
+    stages: Stages<'_, S>,
     settings: &PipelineSettings,
     start: Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
 ) -> RunOutcome {
+    let Stages {
+        source,
+        decoder,
+        router,
+        sink,
+        store,
+        lease,
+    } = stages;
     let mut progress = Progress {
         store,
-        settings,
-        acked: start.clone(),
-        stored: start,
+        acked_base: Arc::new(Checkpoint {
+            rows_acked: 0,
+            ..start.clone()
+        }),
+        acked_rows: start.rows_acked,
+        stored: start.clone(),
         dirty: false,
         last_write: Instant::now(),
         stats: RunStats::default(),
     };
     let mut inflight: FuturesOrdered<BoxFuture<'static, Ack>> = FuturesOrdered::new();
-    let result = stream(
-        source,
-        decoder,
-        router,
-        sink,
+    let mut reader = Reader {
+        tx_base: Arc::clone(&progress.acked_base),
+        rows_in_tx: 0,
+        skip: start.rows_acked,
+        records_in_flight: 0,
         settings,
-        shutdown,
-        &mut progress,
-        &mut inflight,
-    )
-    .await;
+    };
+    let result = reader
+        .stream(
+            source,
+            decoder,
+            router,
+            sink,
+            lease,
+            shutdown,
+            &mut progress,
+            &mut inflight,
+        )
+        .await;
     let result = match result {
-        // Kafka failed: what is still in flight will not be acknowledged reliably.
-        Err(e @ RelayError::Kafka(_)) => Err(e),
+        // Kafka or the lease failed: what is in flight cannot be trusted to move the
+        // checkpoint (and without the lease it may not be written).
+        Err(e @ (RelayError::Kafka(_) | RelayError::LeaseLost(_))) => Err(e),
         other => {
-            // Stop requested, or the source failed: let Kafka acknowledge what was sent so the
-            // checkpoint gets as far as it can, then store it.
-            let drained = drain(&mut inflight, &mut progress).await;
+            // Stop requested, the source failed, or a row stopped the relay: let Kafka
+            // acknowledge what was sent so the checkpoint gets as far as it can, then store it.
+            let mut drained = Ok(());
+            while let Some(ack) = inflight.next().await {
+                if let Err(e) = progress.on_ack(ack) {
+                    drained = Err(e);
+                    break;
+                }
+            }
             let stored = progress.persist(true).await;
             other.and(drained).and(stored)
         }
     };
     RunOutcome {
-        acked: progress.acked,
+        acked: progress.acked(),
         result,
         stats: progress.stats,
     }
 }
 
-async fn drain<S: CheckpointStore>(
-    inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
-    progress: &mut Progress<'_, S>,
-) -> Result<(), RelayError> {
-    while let Some(ack) = inflight.next().await {
-        match ack {
-            Ack::Record(r) => {
-                r?;
-                progress.stats.records_acked += 1;
-            }
-            Ack::Boundary(b) => progress.on_boundary(b),
-        }
-    }
-    Ok(())
+/// The reading side: where the current transaction started and how many of its outbox rows
+/// were seen.
+struct Reader<'a> {
+    /// Checkpoint at the start of the current transaction.
+    tx_base: Arc<Checkpoint>,
+    /// Outbox rows seen in the current transaction (skipped ones included).
+    rows_in_tx: u64,
+    /// Rows of the first transaction that were acknowledged before this run.
+    skip: u64,
+    records_in_flight: usize,
+    settings: &'a PipelineSettings,
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn stream<S: CheckpointStore>(
-    source: &mut BinlogSource,
-    decoder: &mut Decoder,
-    router: &Router,
-    sink: &KafkaSink,
-    settings: &PipelineSettings,
-    shutdown: &mut watch::Receiver<bool>,
-    progress: &mut Progress<'_, S>,
-    inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
-) -> Result<(), RelayError> {
-    let mut records_in_flight = 0usize;
-    let mut stopping = *shutdown.borrow();
-    let mut tick = tokio::time::interval(settings.checkpoint_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        if stopping && !decoder.in_transaction() {
-            return Ok(());
-        }
-        tokio::select! {
-            biased;
-            changed = shutdown.changed(), if !stopping => {
-                // A dropped sender also means stop.
-                stopping = changed.is_err() || *shutdown.borrow();
-                if stopping {
-                    tracing::info!(in_transaction = decoder.in_transaction(), "stop requested: finishing the current transaction");
-                }
+impl Reader<'_> {
+    #[allow(clippy::too_many_arguments)]
+    async fn stream<S: CheckpointStore>(
+        &mut self,
+        source: &mut BinlogSource,
+        decoder: &mut Decoder,
+        router: &Router,
+        sink: &KafkaSink,
+        lease: &mut Lease,
+        shutdown: &mut watch::Receiver<bool>,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
+    ) -> Result<(), RelayError> {
+        let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
             }
-            Some(ack) = inflight.next(), if !inflight.is_empty() => {
-                match ack {
-                    Ack::Record(r) => {
-                        r?;
-                        records_in_flight -= 1;
-                        progress.stats.records_acked += 1;
+            tokio::select! {
+                biased;
+                // A dropped sender also means stop: the loop re-checks the flag.
+                _ = shutdown.changed() => {
+                    tracing::info!(in_transaction = decoder.in_transaction(), "stop requested");
+                    if shutdown.has_changed().is_err() { return Ok(()); }
+                }
+                Some(ack) = inflight.next(), if !inflight.is_empty() => {
+                    if matches!(ack, Ack::Record(_)) { self.records_in_flight -= 1; }
+                    progress.on_ack(ack)?;
+                }
+                _ = tick.tick() => {
+                    lease.verify().await?;
+                    if progress.last_write.elapsed() >= self.settings.checkpoint_interval {
+                        progress.persist(false).await?;
                     }
-                    Ack::Boundary(b) => progress.on_boundary(b),
                 }
-            }
-            _ = tick.tick() => {
-                if progress.last_write.elapsed() >= settings.checkpoint_interval {
-                    progress.persist(false).await?;
-                }
-            }
-            event = source.next(), if records_in_flight < settings.max_in_flight => {
-                let event = event?;
-                match decoder.decode(&event, |id| source.table_map(id))? {
-                    Decoded::Rows(rows) => {
-                        for row in rows {
-                            let record = router.route(row)?;
-                            let delivery = loop {
-                                match sink.send(&record) {
-                                    Ok(d) => break d,
-                                    Err(SendError::Failed(e)) => return Err(e),
-                                    Err(SendError::QueueFull) => {
-                                        // Backpressure: wait for the oldest acknowledgement.
-                                        match inflight.next().await {
-                                            Some(Ack::Record(r)) => {
-                                                r?;
-                                                records_in_flight -= 1;
-                                                progress.stats.records_acked += 1;
-                                            }
-                                            Some(Ack::Boundary(b)) => progress.on_boundary(b),
-                                            None => tokio::time::sleep(Duration::from_millis(20)).await,
-                                        }
-                                    }
+                event = source.next(), if self.records_in_flight < self.settings.max_in_flight => {
+                    let event = event?;
+                    match decoder.decode(&event, |id| source.table_map(id))? {
+                        Decoded::Rows(rows) => {
+                            for row in rows {
+                                let index = self.rows_in_tx;
+                                self.rows_in_tx += 1;
+                                if index < self.skip {
+                                    continue; // acknowledged before the restart
                                 }
-                            };
-                            records_in_flight += 1;
-                            inflight.push_back(delivery.map(|r| Ack::Record(delivery_result(r))).boxed());
+                                let done = (Arc::clone(&self.tx_base), index + 1);
+                                let ack = self.produce(row, router, sink, done, progress, inflight).await?;
+                                self.records_in_flight += 1;
+                                inflight.push_back(ack);
+                            }
+                        }
+                        Decoded::Boundary(b) => {
+                            if self.skip > self.rows_in_tx {
+                                return Err(RelayError::Binlog(format!(
+                                    "the checkpoint says {} outbox rows of the transaction after {} \
+                                     were acknowledged, but it has only {}: the binlog differs from \
+                                     the one the checkpoint was written for",
+                                    self.skip, self.tx_base.position, self.rows_in_tx
+                                )));
+                            }
+                            self.skip = 0;
+                            self.rows_in_tx = 0;
+                            self.tx_base = Arc::new(Checkpoint {
+                                position: b.position,
+                                rows_acked: 0,
+                                gtid_set: b.gtid_pos.map(|g| g.to_string()),
+                                source_server_id: self.settings.source_server_id,
+                                source_server_uuid: self.settings.source_server_uuid.clone(),
+                            });
+                            inflight.push_back(
+                                futures::future::ready(Ack::Boundary(Arc::clone(&self.tx_base), b.advances)).boxed(),
+                            );
                         }
                     }
-                    Decoded::Boundary(b) => {
-                        inflight.push_back(futures::future::ready(Ack::Boundary(b)).boxed());
-                    }
                 }
             }
         }
+    }
+
+    /// Routes and sends one row (or its dead letter); the returned future is its entry in the
+    /// acknowledgement queue.
+    async fn produce<S: CheckpointStore>(
+        &mut self,
+        row: Result<OutboxEvent, RelayError>,
+        router: &Router,
+        sink: &KafkaSink,
+        done: (Arc<Checkpoint>, u64),
+        progress: &mut Progress<'_, S>,
+        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
+    ) -> Result<BoxFuture<'static, Ack>, RelayError> {
+        let (position, table) = match &row {
+            Ok(e) => (e.position.clone(), e.table.to_string()),
+            Err(RelayError::Row {
+                position, table, ..
+            }) => (position.clone(), table.clone()),
+            Err(_) => (self.tx_base.position.clone(), String::new()),
+        };
+        let record = row.and_then(|e| router.route(e));
+        let record = match record {
+            Ok(record) => record,
+            Err(e) => {
+                let dl = DeadLetter {
+                    reason: e.to_string(),
+                    position,
+                    table,
+                    topic: None,
+                    key: None,
+                    value: None,
+                    headers: Vec::new(),
+                };
+                return self
+                    .dead_letter(dl, e, sink, done, progress, inflight)
+                    .await;
+            }
+        };
+        let delivery = match self
+            .send_with_backpressure(sink, progress, inflight, |s| s.send(&record))
+            .await
+        {
+            Ok(d) => d,
+            Err(Refusal::Permanent(reason)) => {
+                let err = RelayError::Row {
+                    position: position.clone(),
+                    table: table.clone(),
+                    reason: reason.clone(),
+                };
+                let dl = dead_letter_of(record, reason, position, table);
+                return self
+                    .dead_letter(dl, err, sink, done, progress, inflight)
+                    .await;
+            }
+            Err(Refusal::Failed(e)) => return Err(e),
+        };
+        let sink = sink.clone();
+        Ok(async move {
+            let result = match delivery_result(delivery.await) {
+                Ok(Delivered::Acked(..)) => Ok(done),
+                Ok(Delivered::Refused {
+                    reason,
+                    key,
+                    value,
+                    headers,
+                }) if sink.has_dead_letter() => {
+                    let dl = DeadLetter {
+                        reason,
+                        position,
+                        table,
+                        topic: None,
+                        key,
+                        value,
+                        headers,
+                    };
+                    dead_letter_delivery(&sink, &dl).await.map(|()| done)
+                }
+                Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
+                    position,
+                    table,
+                    reason,
+                }),
+                Err(e) => Err(e),
+            };
+            Ack::Record(result)
+        }
+        .boxed())
+    }
+
+    /// Sends `dl` to the dead-letter topic when one is configured; otherwise returns `err`.
+    async fn dead_letter<S: CheckpointStore>(
+        &mut self,
+        dl: DeadLetter,
+        err: RelayError,
+        sink: &KafkaSink,
+        done: (Arc<Checkpoint>, u64),
+        progress: &mut Progress<'_, S>,
+        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
+    ) -> Result<BoxFuture<'static, Ack>, RelayError> {
+        if !sink.has_dead_letter() {
+            return Err(err);
+        }
+        tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "row sent to the dead-letter topic");
+        progress.stats.dead_lettered += 1;
+        let delivery = match self
+            .send_with_backpressure(sink, progress, inflight, |s| s.send_dead_letter(&dl))
+            .await
+        {
+            Ok(d) => d,
+            Err(Refusal::Permanent(reason)) => {
+                return Err(RelayError::Row {
+                    position: dl.position,
+                    table: dl.table,
+                    reason: format!(
+                        "{}; the dead-letter topic refused it too: {reason}",
+                        dl.reason
+                    ),
+                })
+            }
+            Err(Refusal::Failed(e)) => return Err(e),
+        };
+        Ok(async move {
+            let result = match delivery_result(delivery.await) {
+                Ok(Delivered::Acked(..)) => Ok(done),
+                Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
+                    position: dl.position,
+                    table: dl.table,
+                    reason: format!(
+                        "{}; the dead-letter topic refused it too: {reason}",
+                        dl.reason
+                    ),
+                }),
+                Err(e) => Err(e),
+            };
+            Ack::Record(result)
+        }
+        .boxed())
+    }
+
+    /// Calls `send` until librdkafka's queue has room, taking acknowledgements meanwhile
+    /// (backpressure).
+    async fn send_with_backpressure<S: CheckpointStore>(
+        &mut self,
+        sink: &KafkaSink,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
+        send: impl Fn(&KafkaSink) -> Result<DeliveryFuture, SendError>,
+    ) -> Result<DeliveryFuture, Refusal> {
+        loop {
+            match send(sink) {
+                Ok(d) => return Ok(d),
+                Err(SendError::Permanent(reason)) => return Err(Refusal::Permanent(reason)),
+                Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
+                Err(SendError::QueueFull) => match inflight.next().await {
+                    Some(ack) => {
+                        if matches!(ack, Ack::Record(_)) {
+                            self.records_in_flight -= 1;
+                        }
+                        progress.on_ack(ack).map_err(Refusal::Failed)?;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(10)).await,
+                },
+            }
+        }
+    }
+}
+
+/// Why a record could not be enqueued, once the queue had room.
+enum Refusal {
+    /// Refused for good: dead-letter or stop.
+    Permanent(String),
+    /// Anything else: the run ends and resumes from its checkpoint.
+    Failed(RelayError),
+}
+
+fn dead_letter_of(
+    record: KafkaRecord,
+    reason: String,
+    position: crate::position::BinlogPosition,
+    table: String,
+) -> DeadLetter {
+    DeadLetter {
+        reason,
+        position,
+        table,
+        topic: Some(record.topic),
+        key: Some(record.key),
+        value: None, // the value is what a permanent send-time failure is about (its size)
+        headers: record
+            .headers
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+    }
+}
+
+/// Produces a dead letter from inside an acknowledgement future and waits for its delivery.
+async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), RelayError> {
+    tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
+    let delivery = loop {
+        match sink.send_dead_letter(dl) {
+            Ok(d) => break d,
+            Err(SendError::QueueFull) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(SendError::Permanent(reason)) => {
+                return Err(RelayError::Row {
+                    position: dl.position.clone(),
+                    table: dl.table.clone(),
+                    reason: format!(
+                        "{}; the dead-letter topic refused it too: {reason}",
+                        dl.reason
+                    ),
+                })
+            }
+            Err(SendError::Failed(e)) => return Err(e),
+        }
+    };
+    match delivery_result(delivery.await)? {
+        Delivered::Acked(..) => Ok(()),
+        Delivered::Refused { reason, .. } => Err(RelayError::Row {
+            position: dl.position.clone(),
+            table: dl.table.clone(),
+            reason: format!(
+                "{}; the dead-letter topic refused it too: {reason}",
+                dl.reason
+            ),
+        }),
     }
 }

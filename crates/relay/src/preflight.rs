@@ -202,3 +202,114 @@ pub async fn check_outbox_tables(
     }
     Ok(())
 }
+
+/// MariaDB's GTID position at a binlog position (`BINLOG_GTID_POS`), so a checkpoint started
+/// by position can later resume by GTID. `None` when the server has no GTIDs yet.
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the query fails.
+pub async fn mariadb_gtid_at(
+    conn: &mut Conn,
+    position: &BinlogPosition,
+) -> Result<Option<String>, RelayError> {
+    let gtid: Option<Option<String>> = conn
+        .exec_first(
+            "SELECT BINLOG_GTID_POS(?, ?)",
+            (&position.file, position.pos),
+        )
+        .await?;
+    Ok(gtid.flatten().filter(|g| !g.trim().is_empty()))
+}
+
+/// Checks that `position` is in a binlog file the server still has and not past its end.
+///
+/// # Errors
+/// [`RelayError::Binlog`] naming the missing position, the available range and the recovery
+/// steps: the relay never skips ahead by itself.
+pub async fn check_position_available(
+    conn: &mut Conn,
+    position: &BinlogPosition,
+) -> Result<(), RelayError> {
+    let logs: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
+    let logs: Vec<(String, u64)> = logs
+        .into_iter()
+        .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
+        .collect();
+    let available = match (logs.first(), logs.last()) {
+        (Some((first, _)), Some((last, size))) => format!("{first}:4 to {last}:{size}"),
+        _ => "none".to_owned(),
+    };
+    let problem = match logs.iter().find(|(name, _)| *name == position.file) {
+        None => "its binlog file is no longer on the server (purged, or the binlog history was reset)",
+        Some((_, size)) if position.pos > *size => {
+            "it lies past the end of that file: the server's binlog history was reset (RESET MASTER) \
+             or is a different server's"
+        }
+        Some(_) => return Ok(()),
+    };
+    Err(RelayError::Binlog(format!(
+        "cannot resume from the checkpoint's binlog position {position}: {problem}. Available: \
+         {available}. The relay will not skip ahead by itself. To continue, move this connector's \
+         checkpoint row (binlog_file, binlog_pos, rows_acked = 0, gtid_set = NULL) to the earliest \
+         available position (events in between are lost unless replayed from elsewhere) or to the \
+         current end (SHOW MASTER STATUS; the gap is not relayed)"
+    )))
+}
+
+/// Checks that no other replica or dump client is registered with `server_id` (the server
+/// would drop one of the two connections each time the other connects: a reconnect storm).
+/// A registration that disappears within `grace` (our own previous connection, not yet noticed
+/// as closed by the server) is not a collision.
+///
+/// # Errors
+/// [`RelayError::Prerequisite`] naming the id and who uses it.
+pub async fn check_server_id_unique(
+    conn: &mut Conn,
+    server: &ServerInfo,
+    server_id: u32,
+    grace: std::time::Duration,
+) -> Result<(), RelayError> {
+    let collision = |found: String| RelayError::Prerequisite {
+        setting: "mysql.server_id".into(),
+        expected: "a server_id no other server or replica of this topology uses".into(),
+        found,
+        fix: "choose another mysql.server_id (unique among the server_id of every server, \
+              replica and CDC client connected to this topology)"
+            .into(),
+    };
+    if server.server_id == server_id {
+        return Err(collision(format!(
+            "{server_id}, the source server's own @@server_id"
+        )));
+    }
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        let statement = match server.flavor {
+            Flavor::MariaDb => "SHOW SLAVE HOSTS",
+            Flavor::MySql => "SHOW REPLICAS",
+        };
+        let rows: Vec<Row> = match conn.query(statement).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Needs REPLICATION MASTER ADMIN on MariaDB 10.5+; without it, skip the check.
+                tracing::debug!(error = %e, "cannot list replicas; skipping the server_id check");
+                return Ok(());
+            }
+        };
+        let holder = rows.into_iter().find_map(|r| {
+            let id: Option<u32> = r.get(0);
+            let host: Option<String> = r.get(1);
+            (id == Some(server_id)).then(|| host.unwrap_or_default())
+        });
+        match holder {
+            None => return Ok(()),
+            Some(host) if std::time::Instant::now() >= deadline => {
+                return Err(collision(format!(
+                    "{server_id}, already registered by a replica or CDC client (host {host:?}) \
+                     in {statement}"
+                )))
+            }
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+}

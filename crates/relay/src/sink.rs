@@ -17,9 +17,30 @@ use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::route::KafkaRecord;
 
-/// The Kafka producer of one pipeline run.
+/// The Kafka producer of one pipeline run. Cheap to clone (one producer inside).
+#[derive(Clone)]
 pub struct KafkaSink {
     producer: FutureProducer,
+    dead_letter_topic: Option<String>,
+}
+
+/// A row that could not be relayed, for the dead-letter topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// Why it could not be relayed.
+    pub reason: String,
+    /// End of the rows event that carried the row.
+    pub position: crate::position::BinlogPosition,
+    /// `database.table` of the outbox.
+    pub table: String,
+    /// The topic the record was meant for, when it got that far.
+    pub topic: Option<String>,
+    /// The record key, when known.
+    pub key: Option<Vec<u8>>,
+    /// The record value; dropped when it is what made the record fail (too large).
+    pub value: Option<Vec<u8>>,
+    /// The record's own headers, when known.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Why a record was not enqueued.
@@ -27,6 +48,8 @@ pub struct KafkaSink {
 pub enum SendError {
     /// librdkafka's local queue is full: wait for a delivery, then send again (backpressure).
     QueueFull,
+    /// Refused for good (for example larger than `message.max.bytes`): dead-letter or stop.
+    Permanent(String),
     /// Anything else; the pipeline stops and resumes from its checkpoint.
     Failed(RelayError),
 }
@@ -36,7 +59,10 @@ impl KafkaSink {
     ///
     /// # Errors
     /// [`RelayError::Config`] when librdkafka rejects a property.
-    pub fn new(config: &KafkaConfig) -> Result<Self, RelayError> {
+    pub fn new(
+        config: &KafkaConfig,
+        dead_letter_topic: Option<String>,
+    ) -> Result<Self, RelayError> {
         let mut client = ClientConfig::new();
         // Defaults the user may override: small batching delay, bounded total delivery time.
         client.set("linger.ms", "5");
@@ -52,7 +78,10 @@ impl KafkaSink {
         let producer: FutureProducer = client
             .create()
             .map_err(|e| RelayError::Config(format!("kafka.properties: {e}")))?;
-        Ok(Self { producer })
+        Ok(Self {
+            producer,
+            dead_letter_topic,
+        })
     }
 
     /// Fetches cluster metadata once, to fail fast (and retry) when no broker answers.
@@ -79,8 +108,9 @@ impl KafkaSink {
     /// Enqueues `record`; the returned future resolves when Kafka acknowledges it or gives up.
     ///
     /// # Errors
-    /// [`SendError::QueueFull`] when librdkafka's queue is full; [`SendError::Failed`] otherwise
-    /// (for example a record larger than `message.max.bytes`).
+    /// [`SendError::QueueFull`] when librdkafka's queue is full; [`SendError::Permanent`] for
+    /// a record Kafka can never take (larger than `message.max.bytes`); [`SendError::Failed`]
+    /// otherwise.
     pub fn send(&self, record: &KafkaRecord) -> Result<DeliveryFuture, SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
@@ -96,13 +126,62 @@ impl KafkaSink {
         if let Some(value) = &record.value {
             fr = fr.payload(value.as_slice());
         }
-        self.producer.send_result(fr).map_err(|(e, _)| match e {
-            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
-            other => SendError::Failed(RelayError::Kafka(format!(
-                "cannot produce to topic {}: {other}",
-                record.topic
-            ))),
-        })
+        self.producer
+            .send_result(fr)
+            .map_err(|(e, _)| classify_send_error(e, &record.topic))
+    }
+
+    /// `true` when rows that cannot be relayed go to a dead-letter topic instead of stopping.
+    pub fn has_dead_letter(&self) -> bool {
+        self.dead_letter_topic.is_some()
+    }
+
+    /// Produces `dl` to the dead-letter topic: the record's key, value (unless it is what
+    /// failed) and headers, plus `dlq_reason`, `dlq_topic`, `dlq_binlog_file`, `dlq_binlog_pos`
+    /// and `dlq_table`.
+    ///
+    /// # Errors
+    /// [`SendError::Failed`] when no dead-letter topic is configured or the record cannot be
+    /// enqueued; [`SendError::QueueFull`] as for [`KafkaSink::send`].
+    pub fn send_dead_letter(&self, dl: &DeadLetter) -> Result<DeliveryFuture, SendError> {
+        let Some(topic) = &self.dead_letter_topic else {
+            return Err(SendError::Failed(RelayError::Config(
+                "no dead-letter topic configured".into(),
+            )));
+        };
+        let pos = dl.position.pos.to_string();
+        let mut headers = OwnedHeaders::new_with_capacity(dl.headers.len() + 5);
+        for (key, value) in &dl.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value.as_slice()),
+            });
+        }
+        for (key, value) in [
+            ("dlq_reason", dl.reason.as_bytes()),
+            (
+                "dlq_topic",
+                dl.topic.as_deref().unwrap_or_default().as_bytes(),
+            ),
+            ("dlq_binlog_file", dl.position.file.as_bytes()),
+            ("dlq_binlog_pos", pos.as_bytes()),
+            ("dlq_table", dl.table.as_bytes()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+        if let Some(key) = &dl.key {
+            fr = fr.key(key.as_slice());
+        }
+        if let Some(value) = &dl.value {
+            fr = fr.payload(value.as_slice());
+        }
+        self.producer
+            .send_result(fr)
+            .map_err(|(e, _)| classify_send_error(e, topic))
     }
 
     /// Waits up to `timeout` for every enqueued record to be delivered or to fail.
@@ -118,18 +197,93 @@ impl KafkaSink {
     }
 }
 
-/// Turns a delivery report into a result.
+fn classify_send_error(e: KafkaError, topic: &str) -> SendError {
+    match e {
+        KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
+        KafkaError::MessageProduction(code) if is_permanent(code) => SendError::Permanent(format!(
+            "Kafka refused the record for topic {topic}: {code}"
+        )),
+        other => SendError::Failed(RelayError::Kafka(format!(
+            "cannot produce to topic {topic}: {other}"
+        ))),
+    }
+}
+
+/// Errors that retrying the same record cannot fix: the record or its topic is refused.
+/// Everything else (timeouts, broker down, leader changes) is retried by reconnecting.
+fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::InvalidTopic
+            | C::UnknownTopic
+            | C::UnknownTopicOrPartition
+            | C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::PolicyViolation
+    )
+}
+
+/// Outcome of one record's delivery.
+#[derive(Debug)]
+pub enum Delivered {
+    /// Acknowledged at (partition, offset).
+    Acked(i32, i64),
+    /// Refused for good (too large, topic missing or forbidden): dead-letter it or stop.
+    Refused {
+        /// librdkafka's reason.
+        reason: String,
+        /// The refused record's key.
+        key: Option<Vec<u8>>,
+        /// The refused record's value, unless its size is what was refused.
+        value: Option<Vec<u8>>,
+        /// The refused record's headers.
+        headers: Vec<(String, Vec<u8>)>,
+    },
+}
+
+/// Turns a delivery report into a [`Delivered`].
 ///
 /// # Errors
-/// [`RelayError::Kafka`] when the record was not acknowledged (after librdkafka's retries).
+/// [`RelayError::Kafka`] for failures worth a retry (the pipeline restarts from its
+/// checkpoint).
 pub fn delivery_result(
     report: Result<
         rdkafka::producer::future_producer::OwnedDeliveryResult,
         futures::channel::oneshot::Canceled,
     >,
-) -> Result<(i32, i64), RelayError> {
+) -> Result<Delivered, RelayError> {
+    use rdkafka::message::{Headers, Message};
     match report {
-        Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
+        Ok(Ok(delivery)) => Ok(Delivered::Acked(delivery.partition, delivery.offset)),
+        Ok(Err((KafkaError::MessageProduction(code), msg))) if is_permanent(code) => {
+            let headers = msg
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let size_problem = matches!(
+                code,
+                RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
+            );
+            Ok(Delivered::Refused {
+                reason: format!("Kafka refused the record for topic {}: {code}", msg.topic()),
+                key: msg.key().map(<[u8]>::to_vec),
+                value: if size_problem {
+                    None
+                } else {
+                    msg.payload().map(<[u8]>::to_vec)
+                },
+                headers,
+            })
+        }
         Ok(Err((e, _))) => Err(RelayError::Kafka(format!("delivery failed: {e}"))),
         Err(_) => Err(RelayError::Kafka(
             "the producer was dropped before delivery".into(),

@@ -15,8 +15,27 @@ use mysql_async::binlog::EventType;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
 
-use crate::error::RelayError;
-use crate::position::BinlogPosition;
+use crate::error::{RelayError, ER_MASTER_FATAL_ERROR_READING_BINLOG};
+use crate::position::{BinlogPosition, MariadbGtidPos};
+
+/// Where a dump starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartFrom {
+    /// A binlog file and position of this server.
+    Position(BinlogPosition),
+    /// After the given MariaDB GTID position (`@slave_connect_state`), on whichever file of
+    /// this server holds it: works on any server of the replication topology.
+    MariadbGtid(MariadbGtidPos),
+}
+
+impl std::fmt::Display for StartFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Position(p) => write!(f, "binlog position {p}"),
+            Self::MariadbGtid(g) => write!(f, "GTID position {g}"),
+        }
+    }
+}
 
 /// One binlog event and where it ends.
 #[derive(Debug)]
@@ -43,6 +62,7 @@ pub struct BinlogSource {
     stream: BinlogStream,
     file: String,
     read_timeout: Duration,
+    start: StartFrom,
 }
 
 /// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
@@ -56,8 +76,8 @@ const MARIA_SLAVE_CAPABILITY_GTID: u32 = 4;
 impl BinlogSource {
     /// Connects, registers as replica `server_id` and starts the dump at `start`.
     ///
-    /// `heartbeat` is the period the server is asked to send heartbeats at when idle; the stream
-    /// is considered dead after three periods of silence.
+    /// `heartbeat` is the period the server is asked to send heartbeats at when idle; after
+    /// `read_timeout` without any event the stream is considered dead.
     ///
     /// # Errors
     /// [`RelayError::Mysql`] when the server cannot be reached or refuses the dump.
@@ -65,8 +85,9 @@ impl BinlogSource {
         opts: Opts,
         server_id: u32,
         flavor: Flavor,
-        start: &BinlogPosition,
+        start: &StartFrom,
         heartbeat: Duration,
+        read_timeout: Duration,
     ) -> Result<Self, RelayError> {
         let mut conn = Conn::new(opts).await?;
         if flavor == Flavor::MariaDb {
@@ -75,6 +96,20 @@ impl BinlogSource {
             ))
             .await?;
         }
+        let (file, pos) = match start {
+            StartFrom::Position(p) => (p.file.clone(), p.pos),
+            StartFrom::MariadbGtid(gtid) => {
+                // MariaDB KB "GTID": the dump starts after these GTIDs and ignores file/pos.
+                // Strict mode makes a GTID the server does not have an error (1236), never a
+                // silent jump.
+                conn.exec_drop("SET @slave_connect_state = ?", (gtid.to_string(),))
+                    .await?;
+                conn.query_drop("SET @slave_gtid_strict_mode = 1").await?;
+                conn.query_drop("SET @slave_gtid_ignore_duplicates = 0")
+                    .await?;
+                (String::new(), 4)
+            }
+        };
         // Heartbeat period is in nanoseconds (MySQL Internals, COM_BINLOG_DUMP).
         conn.query_drop(format!(
             "SET @master_heartbeat_period = {}",
@@ -82,13 +117,17 @@ impl BinlogSource {
         ))
         .await?;
         let request = BinlogStreamRequest::new(server_id)
-            .with_filename(start.file.as_bytes())
-            .with_pos(start.pos);
-        let stream = conn.get_binlog_stream(request).await?;
+            .with_filename(file.as_bytes())
+            .with_pos(pos);
+        let stream = conn
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| unavailable(e, start))?;
         Ok(Self {
             stream,
-            file: start.file.clone(),
-            read_timeout: heartbeat * 3,
+            file,
+            read_timeout,
+            start: start.clone(),
         })
     }
 
@@ -115,7 +154,7 @@ impl BinlogSource {
                 Ok(None) => {
                     return Err(RelayError::Mysql("the server ended the binlog dump".into()))
                 }
-                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(Some(Err(e))) => return Err(unavailable(e, &self.start)),
                 Ok(Some(Ok(event))) => event,
             };
             let header = event.header();
@@ -145,6 +184,27 @@ impl BinlogSource {
                 event,
             });
         }
+    }
+}
+
+/// Maps error 1236 (the server cannot send from there) to a definite error naming the start
+/// point and the recovery steps; other errors as usual.
+fn unavailable(e: mysql_async::Error, start: &StartFrom) -> RelayError {
+    match &e {
+        mysql_async::Error::Server(s) if s.code == ER_MASTER_FATAL_ERROR_READING_BINLOG => {
+            RelayError::Binlog(format!(
+                "the server cannot send the binlog from the checkpoint's {start} (error 1236: {}). \
+                 The binlog holding it was purged, or the server's binlog history was reset \
+                 (RESET MASTER) or is a different one. The relay will not skip ahead by itself. \
+                 To continue, move this connector's checkpoint row: to the earliest available \
+                 binlog (first row of SHOW BINARY LOGS, position 4; events between the checkpoint \
+                 and there are lost unless replayed from elsewhere), or to the current end \
+                 (SHOW MASTER STATUS; the gap from the checkpoint to there is not relayed). \
+                 Set binlog_file, binlog_pos, rows_acked = 0 and gtid_set = NULL in the row",
+                s.message
+            ))
+        }
+        _ => e.into(),
     }
 }
 
