@@ -28,6 +28,10 @@ pub struct Checkpoint {
     pub source_server_id: u32,
     /// `server_uuid` of the source server, when known.
     pub source_server_uuid: Option<String>,
+    /// Outbox rows of the transaction after the position that were acknowledged too.
+    pub rows_acked: u64,
+    /// Fencing token of the instance that holds (or last held) the lease.
+    pub lease_token: u64,
 }
 
 impl Checkpoint {
@@ -60,7 +64,8 @@ fn quote_table(table: &str) -> String {
 }
 
 /// The checkpoint row of `connector` in `table` (`table` or `db.table`; the pool's database is
-/// used for a bare name), if there is one.
+/// used for a bare name), if there is one with a position (the relay first inserts a lease
+/// placeholder with an empty `binlog_file`, then stores its start position).
 ///
 /// # Errors
 /// The query fails (e.g. the table does not exist).
@@ -75,7 +80,8 @@ pub async fn read_checkpoint(
         .exec_first(
             format!(
                 "SELECT connector_name, binlog_file, binlog_pos, gtid_set, source_server_id, \
-                 source_server_uuid FROM {} WHERE connector_name = ?",
+                 source_server_uuid, rows_acked, lease_token FROM {} \
+                 WHERE connector_name = ? AND binlog_file <> ''",
                 quote_table(table)
             ),
             (connector,),
@@ -93,6 +99,8 @@ pub async fn read_checkpoint(
         gtid_set: row.get::<Option<String>, _>(3).flatten(),
         source_server_id: row.get::<u32, _>(4).with_context(ctx)?,
         source_server_uuid: row.get::<Option<String>, _>(5).flatten(),
+        rows_acked: row.get::<u64, _>(6).with_context(ctx)?,
+        lease_token: row.get::<u64, _>(7).with_context(ctx)?,
     }))
 }
 
