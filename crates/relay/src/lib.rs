@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
+pub mod gtid;
 pub mod lease;
 pub mod pipeline;
 pub mod position;
