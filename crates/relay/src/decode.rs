@@ -20,7 +20,35 @@ use mysql_async::Value;
 
 use crate::config::{ColumnMapping, TableName};
 use crate::error::RelayError;
+use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::position::{BinlogPosition, MariadbGtid, MariadbGtidPos};
+
+/// The GTID state the decoder keeps up to date: MariaDB's position per domain, or MySQL's
+/// executed GTID set. Its text form is what the checkpoint stores as `gtid_set`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GtidState {
+    /// MariaDB `domain-server-seq` per domain.
+    MariaDb(MariadbGtidPos),
+    /// MySQL `uuid[:tag]:intervals`.
+    MySql(MysqlGtidSet),
+}
+
+impl std::fmt::Display for GtidState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MariaDb(p) => p.fmt(f),
+            Self::MySql(s) => s.fmt(f),
+        }
+    }
+}
+
+/// A transaction's GTID, applied to the [`GtidState`] at its commit (never before: a GTID
+/// counted before its commit would let a resume skip the transaction).
+#[derive(Debug, Clone)]
+enum PendingGtid {
+    MariaDb(MariadbGtid),
+    MySql(Gtid),
+}
 use crate::source::SourceEvent;
 
 /// One committed INSERT on an outbox table, owned and typed.
@@ -52,8 +80,8 @@ pub struct OutboxEvent {
 pub struct TxBoundary {
     /// Position right after the transaction's last event (XID or COMMIT).
     pub position: BinlogPosition,
-    /// MariaDB GTID position including this transaction, when the server sends GTIDs.
-    pub gtid_pos: Option<MariadbGtidPos>,
+    /// GTID state including this transaction (text form), when tracked.
+    pub gtid_set: Option<String>,
     /// `false` when the transaction only wrote the relay's own checkpoint table: storing such a
     /// boundary is not worth a write (and writing it would make an idle relay feed itself).
     pub advances: bool,
@@ -87,7 +115,7 @@ pub struct Decoder {
     outbox_tables: HashSet<Arc<TableName>>,
     checkpoint_table: TableName,
     columns: ColumnMapping,
-    gtid_pos: Option<MariadbGtidPos>,
+    gtid: Option<GtidState>,
     tx: TxState,
 }
 
@@ -99,26 +127,27 @@ struct TxState {
     standalone: bool,
     /// MariaDB XA PREPARE group.
     xa_prepared: bool,
-    /// The transaction's MariaDB GTID, applied at commit.
-    gtid: Option<MariadbGtid>,
+    /// The transaction's GTID, applied at commit.
+    gtid: Option<PendingGtid>,
     /// Touched something besides the checkpoint table.
     advances: bool,
 }
 
 impl Decoder {
     /// A decoder for `outbox_tables`, ignoring writes to `checkpoint_table`.
-    /// `gtid_pos` is the GTID position to continue from (MariaDB), if known.
+    /// `gtid` is the GTID state to continue from, if known; without one no GTIDs are tracked
+    /// (MySQL) or MariaDB's are tracked from the first one seen.
     pub fn new(
         outbox_tables: impl IntoIterator<Item = TableName>,
         checkpoint_table: TableName,
         columns: ColumnMapping,
-        gtid_pos: Option<MariadbGtidPos>,
+        gtid: Option<GtidState>,
     ) -> Self {
         Self {
             outbox_tables: outbox_tables.into_iter().map(Arc::new).collect(),
             checkpoint_table,
             columns,
-            gtid_pos,
+            gtid,
             tx: TxState::default(),
         }
     }
@@ -147,7 +176,7 @@ impl Decoder {
                     open: true,
                     standalone: flags & FL_STANDALONE != 0,
                     xa_prepared: flags & FL_PREPARED_XA != 0,
-                    gtid: Some(gtid),
+                    gtid: Some(PendingGtid::MariaDb(gtid)),
                     advances: false,
                 };
                 return Ok(Decoded::Rows(Vec::new()));
@@ -179,8 +208,10 @@ impl Decoder {
                 let query = q.query();
                 let stmt = query.trim().trim_end_matches(';').trim();
                 if stmt.eq_ignore_ascii_case("BEGIN") {
+                    // MySQL sends its GTID event just before BEGIN: keep it.
                     self.tx = TxState {
                         open: true,
+                        gtid: self.tx.gtid.take(),
                         ..TxState::default()
                     };
                     Ok(Decoded::Rows(Vec::new()))
@@ -199,6 +230,15 @@ impl Decoder {
                     Ok(Decoded::Rows(Vec::new()))
                 }
             }
+            Some(EventData::GtidEvent(g)) => {
+                // MySQL GTID (type 33) or tagged GTID (type 42): the transaction's id, counted
+                // at its commit. Anonymous transactions (gno 0) have none.
+                self.tx = TxState {
+                    gtid: gtid_from_event(&g).ok().map(PendingGtid::MySql),
+                    ..TxState::default()
+                };
+                Ok(Decoded::Rows(Vec::new()))
+            }
             Some(EventData::XidEvent(_)) => Ok(Decoded::Boundary(self.finish_tx(ev))),
             Some(EventData::RowsEvent(rows)) => self.decode_rows(ev, &rows, table_map),
             _ => Ok(Decoded::Rows(Vec::new())),
@@ -207,14 +247,21 @@ impl Decoder {
 
     fn finish_tx(&mut self, ev: &SourceEvent) -> TxBoundary {
         let tx = std::mem::take(&mut self.tx);
-        if let Some(gtid) = tx.gtid {
-            self.gtid_pos
-                .get_or_insert_with(MariadbGtidPos::default)
-                .apply(gtid);
+        match (tx.gtid, &mut self.gtid) {
+            (Some(PendingGtid::MySql(gtid)), Some(GtidState::MySql(set))) => {
+                set.add(&gtid);
+            }
+            (Some(PendingGtid::MariaDb(gtid)), Some(GtidState::MariaDb(pos))) => pos.apply(gtid),
+            (Some(PendingGtid::MariaDb(gtid)), state @ None) => {
+                let mut pos = MariadbGtidPos::default();
+                pos.apply(gtid);
+                *state = Some(GtidState::MariaDb(pos));
+            }
+            _ => {}
         }
         TxBoundary {
             position: ev.position.clone(),
-            gtid_pos: self.gtid_pos.clone(),
+            gtid_set: self.gtid.as_ref().map(ToString::to_string),
             advances: tx.advances,
         }
     }
@@ -318,6 +365,8 @@ struct ColumnLayout {
     event_key: usize,
     payload: usize,
     created_at: Option<usize>,
+    /// Columns mapped to more than one field (e.g. `event_key = "id"`): read by copy, not moved.
+    shared: Vec<usize>,
 }
 
 impl ColumnLayout {
@@ -345,7 +394,7 @@ impl ColumnLayout {
                     )
                 })
         };
-        Ok(Self {
+        let mut layout = Self {
             id: find("id", &m.id)?,
             aggregate_type: find("aggregate_type", &m.aggregate_type)?,
             aggregate_id: find("aggregate_id", &m.aggregate_id)?,
@@ -357,7 +406,25 @@ impl ColumnLayout {
             } else {
                 Some(find("created_at", &m.created_at)?)
             },
-        })
+            shared: Vec::new(),
+        };
+        let all = [
+            Some(layout.id),
+            Some(layout.aggregate_type),
+            Some(layout.aggregate_id),
+            Some(layout.event_type),
+            Some(layout.event_key),
+            Some(layout.payload),
+            layout.created_at,
+        ];
+        for idx in all.iter().flatten() {
+            if all.iter().flatten().filter(|i| *i == idx).count() > 1
+                && !layout.shared.contains(idx)
+            {
+                layout.shared.push(*idx);
+            }
+        }
+        Ok(layout)
     }
 
     fn extract(
@@ -367,8 +434,8 @@ impl ColumnLayout {
         ev: &SourceEvent,
     ) -> Result<OutboxEvent, String> {
         let timestamp_ms = match self.created_at {
-            Some(idx) => match row.take(idx) {
-                Some(BinlogValue::Value(v)) => timestamp_ms(&v)?,
+            Some(idx) => match row.as_ref(idx) {
+                Some(BinlogValue::Value(v)) => timestamp_ms(v)?,
                 _ => None,
             },
             None => None,
@@ -380,7 +447,12 @@ impl ColumnLayout {
                 .get(idx)
                 .map(|c| c.name_str().into_owned())
                 .unwrap_or_default();
-            match row.take(idx) {
+            let value = if self.shared.contains(&idx) {
+                row.as_ref(idx).map(|v| v.clone().into_owned())
+            } else {
+                row.take(idx)
+            };
+            match value {
                 None => Err(format!(
                     "column {name:?} is missing from the row image. Fix: SET GLOBAL \
                      binlog_row_image=FULL and make sure writers use binlog_format=ROW"
@@ -508,5 +580,115 @@ mod tests {
         );
         assert_eq!(t(Value::Bytes(b"ord-1".to_vec())), Some(b"ord-1".to_vec()));
         assert_eq!(t(Value::NULL), None);
+    }
+}
+
+#[cfg(test)]
+mod fixture_tests {
+    use super::*;
+    use crate::source::BinlogFileSource;
+    use std::path::PathBuf;
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/binlogs")
+            .join(name)
+    }
+
+    /// Decodes a whole fixture file; returns the rows and the boundaries.
+    fn decode_file(
+        name: &str,
+        tables: &[&str],
+        columns: ColumnMapping,
+        gtid: Option<GtidState>,
+    ) -> (Vec<Result<OutboxEvent, RelayError>>, Vec<TxBoundary>) {
+        let mut source = BinlogFileSource::open(&fixture(name)).expect("fixture opens");
+        let mut decoder = Decoder::new(
+            tables
+                .iter()
+                .map(|t| TableName::parse(t, None).expect("table")),
+            TableName::parse("none.none", None).expect("table"),
+            columns,
+            gtid,
+        );
+        let (mut rows, mut boundaries) = (Vec::new(), Vec::new());
+        while let Some(ev) = source.next_event() {
+            let ev = ev.expect("event decodes");
+            match decoder
+                .decode(&ev, |id| source.table_map(id))
+                .expect("decodes")
+            {
+                Decoded::Rows(r) => rows.extend(r),
+                Decoded::Boundary(b) => boundaries.push(b),
+            }
+        }
+        (rows, boundaries)
+    }
+
+    #[test]
+    fn mariadb_fixture_rows_and_boundaries() {
+        // Expected values from `mariadb-binlog -vv` of the file, not from this decoder.
+        let columns = ColumnMapping {
+            id: "id".into(),
+            aggregate_type: "topic".into(),
+            aggregate_id: "id".into(),
+            event_type: "event_type".into(),
+            event_key: "id".into(),
+            payload: "event".into(),
+            created_at: "created".into(),
+        };
+        let (rows, boundaries) =
+            decode_file("mariadb-bin.000001", &["toddy_test.outbox"], columns, None);
+        let rows: Vec<OutboxEvent> = rows.into_iter().map(|r| r.expect("row")).collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].id.as_deref(), Some(&b"62"[..]));
+        assert_eq!(rows[1].id.as_deref(), Some(&b"63"[..]));
+        for (row, created) in rows.iter().zip([1_650_493_084_000_i64, 1_650_493_195_000]) {
+            assert_eq!(row.aggregate_type, "foo");
+            assert_eq!(row.payload.as_deref(), Some(&br#"{"foo":1}"#[..]));
+            assert_eq!(row.event_type.as_deref(), Some(&b"2"[..]), "ENUM index");
+            assert_eq!(row.timestamp_ms, created, "TIMESTAMP(0) column");
+        }
+        let ends: Vec<u64> = boundaries.iter().map(|b| b.position.pos).collect();
+        assert_eq!(ends, [702, 1074], "ends of the two Xid events");
+        let gtids: Vec<_> = boundaries.iter().map(|b| b.gtid_set.clone()).collect();
+        assert_eq!(gtids, [Some("0-1-1".to_owned()), Some("0-1-2".to_owned())]);
+    }
+
+    #[test]
+    fn mysql_gtids_are_counted_at_commit() {
+        let (_, boundaries) = decode_file(
+            "binlog_transaction_with_GTID.000001",
+            &[],
+            ColumnMapping::default(),
+            Some(GtidState::MySql(MysqlGtidSet::new())),
+        );
+        let sets: Vec<String> = boundaries
+            .iter()
+            .map(|b| b.gtid_set.clone().unwrap_or_default())
+            .collect();
+        let uuid = "006c2cf2-b1ea-11e4-9057-8c705a3d3e78";
+        assert_eq!(
+            sets,
+            [
+                format!("{uuid}:1"),
+                format!("{uuid}:1-2"),
+                format!("{uuid}:1-3")
+            ]
+        );
+    }
+
+    #[test]
+    fn mysql_tagged_gtid_extends_the_set() {
+        let uuid = "55778904-0299-11f1-b1b8-4ef0c4956feb";
+        let start: MysqlGtidSet = format!("{uuid}:1-13:mytag:1-2").parse().expect("set");
+        let (_, boundaries) = decode_file(
+            "binlog_transaction_with_GTID_TAG.000001",
+            &[],
+            ColumnMapping::default(),
+            Some(GtidState::MySql(start)),
+        );
+        let last = boundaries.last().and_then(|b| b.gtid_set.clone());
+        assert_eq!(last, Some(format!("{uuid}:1-13:mytag:1-3")));
     }
 }

@@ -30,7 +30,9 @@ use tokio::sync::watch;
 use crate::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
 use crate::config::{RelayConfig, ResumeMode};
 use crate::decode::Decoder;
+use crate::decode::GtidState;
 use crate::error::RelayError;
+use crate::gtid::MysqlGtidSet;
 use crate::lease::Lease;
 use crate::pipeline::{PipelineSettings, Stages};
 use crate::position::MariadbGtidPos;
@@ -221,18 +223,19 @@ async fn run_once(
         Ok(s) => s,
         Err(e) => return (Some(start), Err(e)),
     };
-    let gtid_pos = match &from {
-        StartFrom::MariadbGtid(g) => Some(g.clone()),
-        StartFrom::Position(_) => start
-            .gtid_set
-            .as_deref()
-            .and_then(|g| g.parse::<MariadbGtidPos>().ok()),
+    let gtid_state = match &from {
+        StartFrom::MariadbGtid(g) => Some(GtidState::MariaDb(g.clone())),
+        StartFrom::MysqlGtid(g) => Some(GtidState::MySql(g.clone())),
+        StartFrom::Position(_) => start.gtid_set.as_deref().and_then(|g| match server.flavor {
+            Flavor::MariaDb => g.parse::<MariadbGtidPos>().ok().map(GtidState::MariaDb),
+            Flavor::MySql => g.parse::<MysqlGtidSet>().ok().map(GtidState::MySql),
+        }),
     };
     let mut decoder = Decoder::new(
         config.outbox_tables(),
         store.table().clone(),
         config.outbox.columns.clone(),
-        gtid_pos,
+        gtid_state,
     );
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
@@ -289,10 +292,11 @@ async fn prepare(
                 stored
             }
             None => {
-                let position = preflight::current_position(&mut conn, server.flavor).await?;
+                let (position, executed) =
+                    preflight::current_position(&mut conn, server.flavor).await?;
                 let gtid_set = match server.flavor {
                     Flavor::MariaDb => preflight::mariadb_gtid_at(&mut conn, &position).await?,
-                    Flavor::MySql => None,
+                    Flavor::MySql => executed,
                 };
                 let start = Checkpoint {
                     position,
@@ -321,13 +325,16 @@ fn start_from(
     server: &ServerInfo,
     start: &Checkpoint,
 ) -> Result<StartFrom, RelayError> {
+    let bad = |e: String| RelayError::Binlog(format!("the checkpoint's gtid_set: {e}"));
     let gtid = match (server.flavor, start.gtid_set.as_deref()) {
-        (Flavor::MariaDb, Some(g)) => Some(g.parse::<MariadbGtidPos>().map_err(|e| {
-            RelayError::Binlog(format!(
-                "the checkpoint's gtid_set is not a MariaDB GTID position: {e}"
-            ))
-        })?),
-        _ => None,
+        (Flavor::MariaDb, Some(g)) => Some(StartFrom::MariadbGtid(
+            g.parse::<MariadbGtidPos>()
+                .map_err(|e| bad(e.to_string()))?,
+        )),
+        (Flavor::MySql, Some(g)) => Some(StartFrom::MysqlGtid(
+            g.parse::<MysqlGtidSet>().map_err(|e| bad(e.to_string()))?,
+        )),
+        (_, None) => None,
     };
     match (mode, gtid) {
         (ResumeMode::Position, _) | (ResumeMode::Auto, None) => {
@@ -335,14 +342,18 @@ fn start_from(
                 tracing::warn!(
                     stored_server_id = start.source_server_id,
                     server_id = server.server_id,
-                    "the checkpoint was written for another server and has no GTID position: resuming from its file and position, which only makes sense on the same server"
+                    "the checkpoint was written for another server; resuming from its file and \
+                     position, which only makes sense on the same server (use GTIDs to move \
+                     between servers)"
                 );
             }
             Ok(StartFrom::Position(start.position.clone()))
         }
-        (ResumeMode::Gtid | ResumeMode::Auto, Some(g)) => Ok(StartFrom::MariadbGtid(g)),
+        (ResumeMode::Gtid | ResumeMode::Auto, Some(from)) => Ok(from),
         (ResumeMode::Gtid, None) => Err(RelayError::Config(
-            "mysql.resume = \"gtid\" but the checkpoint has no MariaDB GTID position (MySQL GTID resume is not supported yet)".into(),
+            "mysql.resume = \"gtid\" but the checkpoint has no gtid_set (MySQL needs \
+             gtid_mode=ON)"
+                .into(),
         )),
     }
 }

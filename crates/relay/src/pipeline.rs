@@ -322,7 +322,7 @@ impl Reader<'_> {
                             self.tx_base = Arc::new(Checkpoint {
                                 position: b.position,
                                 rows_acked: 0,
-                                gtid_set: b.gtid_pos.map(|g| g.to_string()),
+                                gtid_set: b.gtid_set,
                                 source_server_id: self.settings.source_server_id,
                                 source_server_uuid: self.settings.source_server_uuid.clone(),
                             });

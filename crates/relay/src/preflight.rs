@@ -116,7 +116,8 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
 }
 
 /// The server's current end of binlog (`SHOW MASTER STATUS`, or `SHOW BINARY LOG STATUS` on
-/// MySQL 8.4+, where the old statement was removed).
+/// MySQL 8.4+, where the old statement was removed), and on MySQL the executed GTID set at that
+/// same point (its `Executed_Gtid_Set` column; `None` when empty, e.g. `gtid_mode=OFF`).
 ///
 /// # Errors
 /// [`RelayError::Mysql`] when the statement fails or returns nothing (binary log off, or missing
@@ -124,7 +125,7 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
 pub async fn current_position(
     conn: &mut Conn,
     flavor: Flavor,
-) -> Result<BinlogPosition, RelayError> {
+) -> Result<(BinlogPosition, Option<String>), RelayError> {
     let row: Option<Row> = match conn.query_first("SHOW MASTER STATUS").await {
         Ok(row) => row,
         Err(_) if flavor == Flavor::MySql => conn.query_first("SHOW BINARY LOG STATUS").await?,
@@ -138,8 +139,15 @@ pub async fn current_position(
     })?;
     let file: Option<String> = row.get(0);
     let pos: Option<u64> = row.get(1);
+    let executed: Option<String> = match flavor {
+        Flavor::MySql => row
+            .get::<Option<String>, _>(4)
+            .flatten()
+            .filter(|g| !g.trim().is_empty()),
+        Flavor::MariaDb => None,
+    };
     match (file, pos) {
-        (Some(file), Some(pos)) => Ok(BinlogPosition::new(file, pos)),
+        (Some(file), Some(pos)) => Ok((BinlogPosition::new(file, pos), executed)),
         _ => Err(RelayError::Mysql(
             "SHOW MASTER STATUS returned an unexpected row".into(),
         )),
