@@ -204,6 +204,7 @@ pub async fn run<S: CheckpointStore>(
         rows_in_tx: 0,
         skip: start.rows_acked,
         records_in_flight: 0,
+        pending: None,
         settings,
     };
     let result = reader
@@ -227,7 +228,7 @@ pub async fn run<S: CheckpointStore>(
             // acknowledge what was sent so the checkpoint gets as far as it can, then store it.
             let mut drained = Ok(());
             while let Some(ack) = inflight.next().await {
-                if let Err(e) = progress.on_ack(ack) {
+                if let Err(e) = reader.on_ack(ack, inflight.is_empty(), &mut progress) {
                     drained = Err(e);
                     break;
                 }
@@ -253,10 +254,31 @@ struct Reader<'a> {
     /// Rows of the first transaction that were acknowledged before this run.
     skip: u64,
     records_in_flight: usize,
+    /// Newest boundary read after the last queued record, not queued yet (see `stream`).
+    pending: Option<(Arc<Checkpoint>, bool)>,
     settings: &'a PipelineSettings,
 }
 
 impl Reader<'_> {
+    /// Takes one acknowledgement; once the queue is empty, the pending boundary is safe too.
+    fn on_ack<S: CheckpointStore>(
+        &mut self,
+        ack: Ack,
+        queue_empty: bool,
+        progress: &mut Progress<'_, S>,
+    ) -> Result<(), RelayError> {
+        if matches!(ack, Ack::Record(_)) {
+            self.records_in_flight -= 1;
+        }
+        progress.on_ack(ack)?;
+        if queue_empty {
+            if let Some((base, advances)) = self.pending.take() {
+                progress.on_ack(Ack::Boundary(base, advances))?;
+            }
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn stream<S: CheckpointStore>(
         &mut self,
@@ -283,8 +305,7 @@ impl Reader<'_> {
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
                 Some(ack) = inflight.next(), if !inflight.is_empty() => {
-                    if matches!(ack, Ack::Record(_)) { self.records_in_flight -= 1; }
-                    progress.on_ack(ack)?;
+                    self.on_ack(ack, inflight.is_empty(), progress)?;
                 }
                 _ = tick.tick() => {
                     lease.verify().await?;
@@ -305,6 +326,9 @@ impl Reader<'_> {
                                 let done = (Arc::clone(&self.tx_base), index + 1);
                                 let ack = self.produce(row, router, sink, done, progress, inflight).await?;
                                 self.records_in_flight += 1;
+                                if let Some((base, advances)) = self.pending.take() {
+                                    inflight.push_back(futures::future::ready(Ack::Boundary(base, advances)).boxed());
+                                }
                                 inflight.push_back(ack);
                             }
                         }
@@ -326,9 +350,17 @@ impl Reader<'_> {
                                 source_server_id: self.settings.source_server_id,
                                 source_server_uuid: self.settings.source_server_uuid.clone(),
                             });
-                            inflight.push_back(
-                                futures::future::ready(Ack::Boundary(Arc::clone(&self.tx_base), b.advances)).boxed(),
-                            );
+                            let boundary = (Arc::clone(&self.tx_base), b.advances);
+                            if inflight.is_empty() {
+                                // Nothing unacknowledged before it: it is safe right away.
+                                progress.on_ack(Ack::Boundary(boundary.0, boundary.1))?;
+                            } else {
+                                // Keep only the newest boundary until the next record is queued,
+                                // so a busy server with an idle outbox cannot fill the queue
+                                // while Kafka is slow.
+                                let advances = boundary.1 || self.pending.as_ref().is_some_and(|p| p.1);
+                                self.pending = Some((boundary.0, advances));
+                            }
                         }
                     }
                 }
@@ -489,10 +521,8 @@ impl Reader<'_> {
                 Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
                 Err(SendError::QueueFull) => match inflight.next().await {
                     Some(ack) => {
-                        if matches!(ack, Ack::Record(_)) {
-                            self.records_in_flight -= 1;
-                        }
-                        progress.on_ack(ack).map_err(Refusal::Failed)?;
+                        self.on_ack(ack, inflight.is_empty(), progress)
+                            .map_err(Refusal::Failed)?;
                     }
                     None => tokio::time::sleep(Duration::from_millis(10)).await,
                 },
