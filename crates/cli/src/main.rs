@@ -95,7 +95,7 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("signal received: stopping after the current transaction");
+        tracing::info!("signal received: stopping (waiting for Kafka to acknowledge what was sent, then writing the checkpoint)");
         let _ = stop_tx.send(true);
         // A second signal while draining means "now".
         wait_for_signal().await;

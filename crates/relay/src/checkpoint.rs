@@ -131,7 +131,7 @@ impl MysqlCheckpointStore {
             expected: "the outbox-relay state table".into(),
             found,
             fix: format!(
-                "create it with migrations/0002_checkpoint.sql in database `{}` (for example \
+                "create it (or recreate an older layout) with migrations/0002_checkpoint.sql in database `{}` (for example \
                  `mariadb {} < migrations/0002_checkpoint.sql`), or set checkpoint.table",
                 self.table.database, self.table.database
             ),

@@ -80,6 +80,12 @@ pub async fn run(
         let started = Instant::now();
         let result = match lease.as_mut() {
             None => {
+                // A missing or outdated state table is an operator's fix, not a retry.
+                if let Err(e) = base_store.verify().await {
+                    if !e.is_retriable() {
+                        break Err(e);
+                    }
+                }
                 match Lease::acquire(
                     opts.clone(),
                     base_store.table(),
@@ -213,6 +219,7 @@ async fn run_once(
     let mut source = match BinlogSource::connect(
         opts.clone(),
         config.mysql.server_id,
+        &source::report_host(&config.connector_name),
         server.flavor,
         &from,
         Duration::from_millis(config.mysql.heartbeat_interval_ms),
@@ -282,7 +289,14 @@ async fn prepare(
     // Our own previous dump connection may still be registered until the server notices it is
     // gone (at its next heartbeat).
     let grace = Duration::from_millis(config.mysql.heartbeat_interval_ms * 2 + 1000);
-    preflight::check_server_id_unique(&mut conn, &server, config.mysql.server_id, grace).await?;
+    preflight::check_server_id_unique(
+        &mut conn,
+        &server,
+        config.mysql.server_id,
+        &source::report_host(&config.connector_name),
+        grace,
+    )
+    .await?;
     let start = match resume {
         Some(resume) => resume,
         None => match store.load().await? {

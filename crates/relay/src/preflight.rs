@@ -266,8 +266,9 @@ pub async fn check_position_available(
 
 /// Checks that no other replica or dump client is registered with `server_id` (the server
 /// would drop one of the two connections each time the other connects: a reconnect storm).
-/// A registration that disappears within `grace` (our own previous connection, not yet noticed
-/// as closed by the server) is not a collision.
+/// A registration with our own `report_host` is this connector's previous connection (the
+/// lease allows one instance per connector), which the server replaces when we register; one
+/// that disappears within `grace` is not a collision either.
 ///
 /// # Errors
 /// [`RelayError::Prerequisite`] naming the id and who uses it.
@@ -275,6 +276,7 @@ pub async fn check_server_id_unique(
     conn: &mut Conn,
     server: &ServerInfo,
     server_id: u32,
+    report_host: &str,
     grace: std::time::Duration,
 ) -> Result<(), RelayError> {
     let collision = |found: String| RelayError::Prerequisite {
@@ -311,6 +313,7 @@ pub async fn check_server_id_unique(
         });
         match holder {
             None => return Ok(()),
+            Some(host) if host == report_host => return Ok(()),
             Some(host) if std::time::Instant::now() >= deadline => {
                 return Err(collision(format!(
                     "{server_id}, already registered by a replica or CDC client (host {host:?}) \

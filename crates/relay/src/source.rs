@@ -62,6 +62,14 @@ pub enum Flavor {
     MySql,
 }
 
+/// The host name the relay registers with (COM_REGISTER_SLAVE `report_host`): names the
+/// connector, so a registration left by this connector's previous connection can be told from
+/// another replica that uses the same `server_id`.
+pub fn report_host(connector: &str) -> String {
+    let connector: String = connector.chars().take(40).collect();
+    format!("outbox-relay:{connector}")
+}
+
 /// A live binlog dump connection.
 pub struct BinlogSource {
     stream: BinlogStream,
@@ -79,7 +87,8 @@ const LOG_EVENT_ARTIFICIAL_F: u16 = 0x20;
 const MARIA_SLAVE_CAPABILITY_GTID: u32 = 4;
 
 impl BinlogSource {
-    /// Connects, registers as replica `server_id` and starts the dump at `start`.
+    /// Connects, registers as replica `server_id` (with `report_host`, shown by `SHOW SLAVE
+    /// HOSTS`; see [`report_host`]) and starts the dump at `start`.
     ///
     /// `heartbeat` is the period the server is asked to send heartbeats at when idle; after
     /// `read_timeout` without any event the stream is considered dead.
@@ -89,6 +98,7 @@ impl BinlogSource {
     pub async fn connect(
         opts: Opts,
         server_id: u32,
+        report_host: &str,
         flavor: Flavor,
         start: &StartFrom,
         heartbeat: Duration,
@@ -123,6 +133,7 @@ impl BinlogSource {
         ))
         .await?;
         let mut request = BinlogStreamRequest::new(server_id)
+            .with_hostname(report_host.as_bytes())
             .with_filename(file.as_bytes())
             .with_pos(pos);
         if let StartFrom::MysqlGtid(set) = start {
