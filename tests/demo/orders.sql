@@ -17,17 +17,17 @@ BEGIN
     INSERT INTO orders VALUES (n, CONCAT('customer-', n % 3), 10.50 * (n - 1000), 'NEW');
     INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload)
     VALUES ('Order', CONCAT('order-', n), 'OrderCreated', CONCAT('order-', n, '-created'),
-            JSON_OBJECT('orderId', n, 'customer', CONCAT('customer-', n % 3),
+            JSON_OBJECT('orderId', n + 0, 'customer', CONCAT('customer-', n % 3),
                         'total', 10.50 * (n - 1000), 'note', 'café ✓'));
     COMMIT;
     START TRANSACTION;
     UPDATE orders SET status = 'PAID' WHERE id = n;
     INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload)
     VALUES ('Order', CONCAT('order-', n), 'OrderPaid', CONCAT('order-', n, '-paid'),
-            JSON_OBJECT('orderId', n, 'paid', TRUE));
+            JSON_OBJECT('orderId', n + 0, 'paid', TRUE));
     INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload)
     VALUES ('Payment', CONCAT('order-', n), 'PaymentCaptured', CONCAT('payment-', n),
-            JSON_OBJECT('orderId', n, 'amount', 10.50 * (n - 1000), 'currency', 'EUR'));
+            JSON_OBJECT('orderId', n + 0, 'amount', 10.50 * (n - 1000), 'currency', 'EUR'));
     COMMIT;
     SET n = n + 1;
   END WHILE;

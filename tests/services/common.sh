@@ -34,3 +34,14 @@ wait_for() {
   done
   log "$what is ready"
 }
+
+# port_in_use PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# refuse_foreign_port NAME PORT VAR: stop before starting NAME when another process already
+# listens on PORT, instead of silently using (or clobbering) someone else's server.
+refuse_foreign_port() {
+  if port_in_use "$2"; then
+    die "$1: 127.0.0.1:$2 is already in use by a process these scripts did not start. Stop it, or choose free ports with $3=... (and OUTBOX_SERVICES_DIR for a separate data folder)"
+  fi
+}

@@ -11,7 +11,7 @@ PROPS="$DIR/server.properties"
 PIDFILE="$DIR/kafka.pid"
 LOG="$DIR/kafka.log"
 
-ready() { kcat -b "127.0.0.1:$KAFKA_PORT" -L -m 5; }
+ready() { kcat -b "127.0.0.1:$KAFKA_PORT" -L -m 5 >/dev/null 2>&1; }
 
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
@@ -34,6 +34,10 @@ up() {
     return 0
   fi
   fetch_libs
+  if ! running; then
+    refuse_foreign_port Kafka "$KAFKA_PORT" KAFKA_PORT
+    refuse_foreign_port "Kafka controller" "$KAFKA_CONTROLLER_PORT" KAFKA_CONTROLLER_PORT
+  fi
   mkdir -p "$DIR/data"
   cat > "$PROPS" <<PROPS
 process.roles=broker,controller

@@ -19,6 +19,7 @@ up() {
     return 0
   fi
   command -v mariadbd >/dev/null 2>&1 || apt_install mariadb-server mariadb-client
+  running || refuse_foreign_port MariaDB "$MARIADB_PORT" MARIADB_PORT
   mkdir -p "$DIR/data" "$DIR/binlog"
   cat > "$CNF" <<CNF
 [mariadbd]

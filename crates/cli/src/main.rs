@@ -95,10 +95,20 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("signal received: stopping (waiting for Kafka to acknowledge what was sent, then writing the checkpoint)");
+        tracing::info!(
+            "signal received: stopping (waiting for Kafka to acknowledge what was sent, then \
+             writing the checkpoint)"
+        );
         let _ = stop_tx.send(true);
-        // A second signal while draining means "now".
-        wait_for_signal().await;
+        let first = std::time::Instant::now();
+        // A second signal while draining means "now" — unless it is the same stop delivered
+        // twice (timeout(1) and some supervisors signal both the process and its group).
+        loop {
+            wait_for_signal().await;
+            if first.elapsed() >= std::time::Duration::from_secs(1) {
+                break;
+            }
+        }
         tracing::warn!("second signal: exiting without waiting for Kafka");
         std::process::exit(130);
     });

@@ -340,9 +340,10 @@ impl RelayConfig {
             .merge(Env::prefixed(ENV_PREFIX).split("__"))
             .extract()
             .map_err(|e| {
+                // Figment names keys with its profile ("default.kafka.x"); users wrote "kafka.x".
                 RelayError::Config(
                     e.into_iter()
-                        .map(|e| e.to_string())
+                        .map(|e| e.to_string().replace("\"default.", "\""))
                         .collect::<Vec<_>>()
                         .join("; "),
                 )
@@ -353,6 +354,13 @@ impl RelayConfig {
 
     fn validate(&self) -> Result<(), RelayError> {
         let bad = |msg: String| Err(RelayError::Config(msg));
+        if let Err(e) = mysql_async::Opts::from_url(&self.mysql.url) {
+            return bad(format!(
+                "mysql.url is not a valid URL ({e}); write it as \
+                 mysql://user:password@host:port/database, with characters such as @ : / # % in \
+                 the password percent-encoded (@ is %40)"
+            ));
+        }
         if self.connector_name.trim().is_empty() || self.connector_name.len() > 191 {
             return bad("connector_name must be 1 to 191 characters".into());
         }

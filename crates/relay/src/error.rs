@@ -79,6 +79,11 @@ impl RelayError {
 /// GTID is not available (purged, or never existed).
 pub const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
 
+/// Server errors that mean "not allowed": ER_DBACCESS_DENIED_ERROR (1044),
+/// ER_ACCESS_DENIED_ERROR (1045), ER_TABLEACCESS_DENIED_ERROR (1142),
+/// ER_COLUMNACCESS_DENIED_ERROR (1143), ER_SPECIFIC_ACCESS_DENIED_ERROR (1227).
+const ACCESS_DENIED: [u16; 5] = [1044, 1045, 1142, 1143, 1227];
+
 impl From<mysql_async::Error> for RelayError {
     fn from(e: mysql_async::Error) -> Self {
         match &e {
@@ -91,6 +96,18 @@ impl From<mysql_async::Error> for RelayError {
                     s.message
                 ))
             }
+            // Access problems are the operator's to fix: retrying would only hide them.
+            mysql_async::Error::Server(s) if ACCESS_DENIED.contains(&s.code) => Self::Prerequisite {
+                setting: "privileges of the mysql.url user".into(),
+                expected: "a user that can log in and holds REPLICATION SLAVE, REPLICATION CLIENT \
+                     (MariaDB 10.5+: also BINLOG MONITOR, REPLICATION MASTER ADMIN), SELECT on the \
+                     outbox tables and SELECT, INSERT, UPDATE on the checkpoint table"
+                    .into(),
+                found: format!("error {}: {}", s.code, crate::redact_error(&s.message)),
+                fix: "check the user and password in mysql.url and grant what is missing (see the \
+                      README, \"Server prerequisites\")"
+                    .into(),
+            },
             mysql_async::Error::Url(_) => Self::Config(format!("mysql.url: {e}")),
             _ => Self::Mysql(crate::redact_error(&e.to_string())),
         }

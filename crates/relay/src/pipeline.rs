@@ -386,21 +386,39 @@ impl Reader<'_> {
             }) => (position.clone(), table.clone()),
             Err(_) => (self.tx_base.position.clone(), String::new()),
         };
-        let record = row.and_then(|e| router.route(e));
-        let record = match record {
-            Ok(record) => record,
+        let routed = match row {
+            Ok(event) => router.try_route(event).map_err(|(reason, event)| {
+                // Unroutable (e.g. a topic name Kafka forbids): keep what the row had.
+                let record = Router::record_without_topic(*event);
+                let err = RelayError::Row {
+                    position: position.clone(),
+                    table: table.clone(),
+                    reason: reason.clone(),
+                };
+                (err, Some(record), reason)
+            }),
             Err(e) => {
-                let dl = DeadLetter {
-                    reason: e.to_string(),
-                    position,
-                    table,
-                    topic: None,
-                    key: None,
-                    value: None,
-                    headers: Vec::new(),
+                let reason = e.to_string();
+                Err((e, None, reason))
+            }
+        };
+        let record = match routed {
+            Ok(record) => record,
+            Err((err, record, reason)) => {
+                let dl = match record {
+                    Some(record) => dead_letter_of(record, reason, position, table, true),
+                    None => DeadLetter {
+                        reason,
+                        position,
+                        table,
+                        topic: None,
+                        key: None,
+                        value: None,
+                        headers: Vec::new(),
+                    },
                 };
                 return self
-                    .dead_letter(dl, e, sink, done, progress, inflight)
+                    .dead_letter(dl, err, sink, done, progress, inflight)
                     .await;
             }
         };
@@ -415,7 +433,7 @@ impl Reader<'_> {
                     table: table.clone(),
                     reason: reason.clone(),
                 };
-                let dl = dead_letter_of(record, reason, position, table);
+                let dl = dead_letter_of(record, reason, position, table, false);
                 return self
                     .dead_letter(dl, err, sink, done, progress, inflight)
                     .await;
@@ -539,19 +557,22 @@ enum Refusal {
     Failed(RelayError),
 }
 
+/// The dead letter of `record`; its value is kept unless `keep_value` is false (a send-time
+/// refusal is about the record's size).
 fn dead_letter_of(
     record: KafkaRecord,
     reason: String,
     position: crate::position::BinlogPosition,
     table: String,
+    keep_value: bool,
 ) -> DeadLetter {
     DeadLetter {
         reason,
         position,
         table,
-        topic: Some(record.topic),
+        topic: (!record.topic.is_empty()).then_some(record.topic),
         key: Some(record.key),
-        value: None, // the value is what a permanent send-time failure is about (its size)
+        value: if keep_value { record.value } else { None },
         headers: record
             .headers
             .into_iter()

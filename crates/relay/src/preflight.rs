@@ -302,7 +302,9 @@ pub async fn check_server_id_unique(
             Ok(rows) => rows,
             Err(e) => {
                 // Needs REPLICATION MASTER ADMIN on MariaDB 10.5+; without it, skip the check.
-                tracing::debug!(error = %e, "cannot list replicas; skipping the server_id check");
+                tracing::warn!(error = %e, "cannot list replicas ({statement}): the mysql.server_id \
+                    collision check is skipped; grant REPLICATION MASTER ADMIN (MariaDB) or \
+                    REPLICATION SLAVE (MySQL) to enable it");
                 return Ok(());
             }
         };

@@ -140,14 +140,34 @@ impl Router {
     /// # Errors
     /// [`RelayError::Row`] when the topic cannot be built from the row.
     pub fn route(&self, event: OutboxEvent) -> Result<KafkaRecord, RelayError> {
-        let topic = self
-            .topic
-            .render(&event)
-            .map_err(|reason| RelayError::Row {
+        self.try_route(event)
+            .map_err(|(reason, event)| RelayError::Row {
                 position: event.position.clone(),
                 table: event.table.to_string(),
                 reason,
-            })?;
+            })
+    }
+
+    /// Like [`Router::route`], but gives the event back with the reason when it cannot be
+    /// routed (for its dead letter).
+    ///
+    /// # Errors
+    /// The reason and the event, when the topic cannot be built from the row.
+    pub fn try_route(&self, event: OutboxEvent) -> Result<KafkaRecord, (String, Box<OutboxEvent>)> {
+        let topic = match self.topic.render(&event) {
+            Ok(topic) => topic,
+            Err(reason) => return Err((reason, Box::new(event))),
+        };
+        Ok(Self::record(event, topic))
+    }
+
+    /// The record of an event that has no valid topic (empty topic), for its dead letter.
+    pub fn record_without_topic(event: OutboxEvent) -> KafkaRecord {
+        Self::record(event, String::new())
+    }
+
+    /// The record of `event` on `topic`: key, value, headers and timestamp moved out of it.
+    fn record(event: OutboxEvent, topic: String) -> KafkaRecord {
         let mut headers = Vec::with_capacity(4);
         for (name, value) in [
             ("id", event.id),
@@ -159,13 +179,13 @@ impl Router {
                 headers.push((name, v));
             }
         }
-        Ok(KafkaRecord {
+        KafkaRecord {
             topic,
             key: event.aggregate_id,
             value: event.payload,
             headers,
             timestamp_ms: event.timestamp_ms,
-        })
+        }
     }
 }
 

@@ -17,10 +17,66 @@ use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::route::KafkaRecord;
 
+/// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
+/// per [`LOG_REPEAT`]: an unreachable broker otherwise floods the log with the same lines.
+#[derive(Default)]
+pub struct RelayKafkaContext {
+    last_logged: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+/// Least time between two identical librdkafka log lines.
+const LOG_REPEAT: Duration = Duration::from_secs(30);
+
+impl RelayKafkaContext {
+    fn should_log(&self, key: &str) -> bool {
+        let Ok(mut last) = self.last_logged.lock() else {
+            return true;
+        };
+        let now = std::time::Instant::now();
+        match last.get(key) {
+            Some(t) if now.duration_since(*t) < LOG_REPEAT => false,
+            _ => {
+                if last.len() > 1000 {
+                    last.clear(); // bounded: messages embed broker names and counters
+                }
+                last.insert(key.to_owned(), now);
+                true
+            }
+        }
+    }
+}
+
+impl rdkafka::ClientContext for RelayKafkaContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if !self.should_log(message) {
+            return;
+        }
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", facility = fac, "{message}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", facility = fac, "{message}")
+            }
+            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Client-level errors (broker down, all brokers down) are retried by librdkafka itself;
+        // records that cannot be delivered fail in their delivery reports.
+        if self.should_log(&error.to_string()) {
+            tracing::warn!(target: "librdkafka", error = %error, "{reason}");
+        }
+    }
+}
+
 /// The Kafka producer of one pipeline run. Cheap to clone (one producer inside).
 #[derive(Clone)]
 pub struct KafkaSink {
-    producer: FutureProducer,
+    producer: FutureProducer<RelayKafkaContext>,
     dead_letter_topic: Option<String>,
 }
 
@@ -75,8 +131,8 @@ impl KafkaSink {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random");
-        let producer: FutureProducer = client
-            .create()
+        let producer: FutureProducer<RelayKafkaContext> = client
+            .create_with_context(RelayKafkaContext::default())
             .map_err(|e| RelayError::Config(format!("kafka.properties: {e}")))?;
         Ok(Self {
             producer,
