@@ -492,11 +492,10 @@ fn value_bytes(v: BinlogValue<'_>) -> Result<Option<Vec<u8>>, String> {
         BinlogValue::Value(v @ (Value::Date(..) | Value::Time(..))) => {
             Some(v.as_sql(true).trim_matches('\'').as_bytes().to_vec())
         }
-        // MySQL's binary JSON (MariaDB stores JSON as LONGTEXT and arrives as bytes above).
-        // Rendered through serde_json for now; exact MySQL text rendering is issue #4.
+        // MySQL's binary JSON, rendered exactly as MySQL prints it (MariaDB stores JSON as
+        // LONGTEXT and arrives as bytes above).
         BinlogValue::Jsonb(j) => {
-            let json = serde_json::Value::try_from(j).map_err(|e| e.to_string())?;
-            Some(json.to_string().into_bytes())
+            Some(crate::json::render_mysql_json_to_vec(&j).map_err(|e| e.to_string())?)
         }
         BinlogValue::JsonDiff(_) => {
             return Err(

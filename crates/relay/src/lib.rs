@@ -13,6 +13,7 @@ pub mod config;
 pub mod decode;
 pub mod error;
 pub mod gtid;
+pub mod json;
 pub mod lease;
 pub mod pipeline;
 pub mod position;
