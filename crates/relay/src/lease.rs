@@ -30,6 +30,8 @@ pub struct Lease {
     conn: Conn,
     lock_name: String,
     token: u64,
+    /// Longest wait for the lease connection before it counts as lost.
+    io_timeout: Duration,
 }
 
 impl Lease {
@@ -43,9 +45,11 @@ impl Lease {
         table: &TableName,
         connector: &str,
         owner: &str,
+        io_timeout: Duration,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Self>, RelayError> {
-        let mut conn = Conn::new(opts).await?;
+        let mut conn =
+            crate::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts)).await??;
         let lock_name = lock_name(table, connector);
         let started = Instant::now();
         let mut last_log: Option<Instant> = None;
@@ -53,9 +57,12 @@ impl Lease {
             if *shutdown.borrow() {
                 return Ok(None);
             }
-            let got: Option<i64> = conn
-                .exec_first("SELECT GET_LOCK(?, ?)", (&lock_name, LOCK_POLL.as_secs()))
-                .await?;
+            let got: Option<i64> = crate::with_timeout(
+                io_timeout + LOCK_POLL,
+                "waiting for the lease",
+                conn.exec_first("SELECT GET_LOCK(?, ?)", (&lock_name, LOCK_POLL.as_secs())),
+            )
+            .await??;
             match got {
                 Some(1) => break,
                 Some(_) => {
@@ -110,6 +117,7 @@ impl Lease {
             conn,
             lock_name,
             token,
+            io_timeout,
         }))
     }
 
@@ -123,13 +131,20 @@ impl Lease {
     /// # Errors
     /// [`RelayError::LeaseLost`] when the lease connection failed or the lock is gone.
     pub async fn verify(&mut self) -> Result<(), RelayError> {
-        let holder: Result<Option<Option<u64>>, _> = self
-            .conn
-            .exec_first(
-                "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
-                (&self.lock_name,),
-            )
-            .await;
+        let check = self.conn.exec_first(
+            "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
+            (&self.lock_name,),
+        );
+        let holder: Result<Option<Option<u64>>, _> =
+            match tokio::time::timeout(self.io_timeout, check).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return Err(RelayError::LeaseLost(format!(
+                        "the lease connection did not answer within {} ms",
+                        self.io_timeout.as_millis()
+                    )))
+                }
+            };
         match holder {
             Ok(Some(Some(1))) => Ok(()),
             Ok(_) => Err(RelayError::LeaseLost(format!(

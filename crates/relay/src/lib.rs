@@ -45,7 +45,7 @@ use crate::source::{BinlogSource, Flavor, StartFrom};
 pub use crate::config::RelayConfig as Config;
 
 /// A run that streamed this long resets the backoff to its first delay.
-const HEALTHY_RUN: Duration = Duration::from_secs(60);
+const HEALTHY_RUN: Duration = Duration::from_secs(10);
 
 /// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
 /// or a non-retriable error occurs.
@@ -92,6 +92,7 @@ pub async fn run(
                     base_store.table(),
                     &config.connector_name,
                     &owner,
+                    Duration::from_millis(config.mysql.read_timeout_ms),
                     &mut shutdown,
                 )
                 .await
@@ -140,9 +141,9 @@ pub async fn run(
         if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
             break Err(e);
         }
-        let delay = backoff
-            .next()
-            .unwrap_or(Duration::from_millis(config.retry.max_backoff_ms));
+        // Jitter may add to the exponential delay: the cap holds after it.
+        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
+        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
             resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
         tokio::select! {
@@ -199,7 +200,15 @@ async fn run_once(
     if let Err(e) = lease.verify().await {
         return (resume, Err(e));
     }
-    let (server, start, from) = match prepare(config, pool, store, resume.clone()).await {
+    // Start-up queries on a half-open connection must not hang the relay either.
+    let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
+    let prepared = with_timeout(
+        io_timeout * 2,
+        "start-up checks",
+        prepare(config, pool, store, resume.clone()),
+    )
+    .await;
+    let (server, start, from) = match prepared.and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return (resume, Err(e)),
     };
@@ -250,6 +259,7 @@ async fn run_once(
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
         source_server_id: server.server_id,
         source_server_uuid: server.server_uuid.clone(),
+        io_timeout,
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
@@ -371,6 +381,20 @@ fn start_from(
                 .into(),
         )),
     }
+}
+
+/// Awaits `fut` for at most `limit`; a half-open connection must not hang the relay.
+///
+/// # Errors
+/// [`RelayError::Mysql`] naming `what` when the time is up.
+pub async fn with_timeout<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(limit, fut).await.map_err(|_| {
+        RelayError::Mysql(format!("{what}: no answer within {} ms", limit.as_millis()))
+    })
 }
 
 /// `url` with any password replaced by `***`, for logs and errors.

@@ -60,6 +60,8 @@ pub struct PipelineSettings {
     pub source_server_id: u32,
     /// `@@server_uuid` of the source (MySQL), stored with the checkpoint.
     pub source_server_uuid: Option<String>,
+    /// Longest wait for a checkpoint write or lease check before the connection counts as dead.
+    pub io_timeout: Duration,
 }
 
 /// Counters of one run, for logs.
@@ -78,6 +80,7 @@ pub struct RunStats {
 /// Tracks the acknowledged and the stored checkpoint.
 struct Progress<'s, S> {
     store: &'s S,
+    io_timeout: Duration,
     /// Latest boundary with everything before it acknowledged…
     acked_base: Arc<Checkpoint>,
     /// …plus this many outbox rows of the next transaction.
@@ -125,14 +128,19 @@ impl<S: CheckpointStore> Progress<'_, S> {
             return Ok(());
         }
         let acked = self.acked();
-        let order = acked
-            .position
-            .partial_cmp(&self.stored.position)
+        // Positions of different servers (after a move by GTID) are unordered, even when their
+        // files share a name: the newer is the one this run produced.
+        let order = (acked.source_server_id == self.stored.source_server_id)
+            .then(|| acked.position.partial_cmp(&self.stored.position))
+            .flatten()
             .map(|o| o.then(acked.rows_acked.cmp(&self.stored.rows_acked)));
-        // Different files of different servers (failover by GTID) are unordered: the newer
-        // is the one this run produced.
         if !matches!(order, Some(Ordering::Less | Ordering::Equal)) {
-            self.store.save(&acked).await?;
+            crate::with_timeout(
+                self.io_timeout,
+                "writing the checkpoint",
+                self.store.save(&acked),
+            )
+            .await??;
             tracing::debug!(position = %acked.position, rows_acked = acked.rows_acked,
                 gtid = ?acked.gtid_set, "checkpoint written");
             self.stored = acked;
@@ -188,6 +196,7 @@ pub async fn run<S: CheckpointStore>(
     } = stages;
     let mut progress = Progress {
         store,
+        io_timeout: settings.io_timeout,
         acked_base: Arc::new(Checkpoint {
             rows_acked: 0,
             ..start.clone()

@@ -49,7 +49,8 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
     let rows: Vec<Row> = conn
         .query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
-             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata')",
+             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', \
+             'log_slave_updates', 'log_replica_updates')",
         )
         .await?;
     let vars: Vec<(String, String)> = rows
@@ -107,12 +108,45 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
             ),
         )?;
     }
+    // A replica writes what it applies to its own binlog only with log_slave_updates: without
+    // it, the primary's outbox rows would never reach the binlog the relay reads.
+    if is_replica(conn, flavor).await {
+        let name = if get("log_replica_updates").is_some() {
+            "log_replica_updates"
+        } else {
+            "log_slave_updates"
+        };
+        require(
+            name,
+            "ON",
+            format!(
+                "this server is a replica: add {name}=ON to {cnf} and restart it (rows it \
+                 replicates are not in its binlog otherwise), or point mysql.url at the primary"
+            ),
+        )?;
+    }
     Ok(ServerInfo {
         flavor,
         version,
         server_id,
         server_uuid,
     })
+}
+
+/// `true` when the server replicates from another (it has a replication source configured).
+/// Without the privilege to ask, assume not (the check is then skipped, with a log line).
+async fn is_replica(conn: &mut Conn, flavor: Flavor) -> bool {
+    let statement = match flavor {
+        Flavor::MariaDb => "SHOW ALL SLAVES STATUS",
+        Flavor::MySql => "SHOW REPLICA STATUS",
+    };
+    match conn.query::<Row, _>(statement).await {
+        Ok(rows) => !rows.is_empty(),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read replica status; skipping the log_slave_updates check");
+            false
+        }
+    }
 }
 
 /// The server's current end of binlog (`SHOW MASTER STATUS`, or `SHOW BINARY LOG STATUS` on

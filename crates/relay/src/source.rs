@@ -75,6 +75,9 @@ pub struct BinlogSource {
     stream: BinlogStream,
     file: String,
     read_timeout: Duration,
+    /// When the last event or heartbeat arrived: the read deadline counts from here, not from
+    /// each call (the pipeline's select loop calls `next` again after every other branch).
+    last_event: tokio::time::Instant,
     start: StartFrom,
 }
 
@@ -104,7 +107,12 @@ impl BinlogSource {
         heartbeat: Duration,
         read_timeout: Duration,
     ) -> Result<Self, RelayError> {
-        let mut conn = Conn::new(opts).await?;
+        let mut conn = crate::with_timeout(
+            read_timeout,
+            "connecting for the binlog dump",
+            Conn::new(opts),
+        )
+        .await??;
         if flavor == Flavor::MariaDb {
             conn.query_drop(format!(
                 "SET @mariadb_slave_capability = {MARIA_SLAVE_CAPABILITY_GTID}"
@@ -150,6 +158,7 @@ impl BinlogSource {
             stream,
             file,
             read_timeout,
+            last_event: tokio::time::Instant::now(),
             start: start.clone(),
         })
     }
@@ -167,7 +176,8 @@ impl BinlogSource {
     /// available).
     pub async fn next(&mut self) -> Result<SourceEvent, RelayError> {
         loop {
-            let event = match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
+            let deadline = self.last_event + self.read_timeout;
+            let event = match tokio::time::timeout_at(deadline, self.stream.next()).await {
                 Err(_) => {
                     return Err(RelayError::Mysql(format!(
                         "no binlog event or heartbeat for {} s: treating the connection as dead",
@@ -180,6 +190,7 @@ impl BinlogSource {
                 Ok(Some(Err(e))) => return Err(unavailable(e, &self.start)),
                 Ok(Some(Ok(event))) => event,
             };
+            self.last_event = tokio::time::Instant::now();
             let header = event.header();
             let raw_type = header.event_type_raw();
             if raw_type == EventType::HEARTBEAT_EVENT as u8 {

@@ -50,3 +50,26 @@ pub use outbox::{
 pub use relay::{describe_exit, RelayConfigSpec, RelayProcess};
 pub use unique::{next_server_id, unique_suffix};
 pub use wait::wait_until;
+
+// Resume, lease and dead-letter tests (tests/resume_e2e.rs, tests/server_globals.rs).
+pub mod binlog_scan;
+pub mod state;
+pub use binlog_scan::{
+    binlog_transactions, count_other_transactions, count_table_writes, find_transaction,
+    global_variable, last_gtid, names_table, newest_binlog_file, scan_binlog,
+    write_rows_event_ending_at, BinlogTransaction, TransactionTables,
+};
+pub use state::{
+    count_occurrences, crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow,
+};
+pub mod fixture;
+pub use fixture::{
+    all_seen, commit_rows, connection_state, describe_record, ensure_at_least_once,
+    ensure_boundary, ensure_exactly_once, ensure_per_key_order, event_key_counts, expect_exit_code,
+    registered_replica_ids, RowGen, World,
+};
+
+// Fault injection (tests/failover.rs, tests/faults.rs, the `faults` binary, `make faults`).
+pub mod faults;
+pub mod proxy;
+pub use proxy::{ConnectionInfo, TcpProxy, Trip};

@@ -43,6 +43,17 @@ pub struct RelayConfigSpec {
     pub initial_backoff_ms: u64,
     /// `retry.max_backoff_ms`.
     pub max_backoff_ms: u64,
+    /// `kafka.max_in_flight` (the relay's default, 10000, unless a test lowers it).
+    pub max_in_flight: usize,
+    /// `mysql.heartbeat_interval_ms`; `None` leaves the relay's default (5000).
+    pub heartbeat_interval_ms: Option<u64>,
+    /// `mysql.read_timeout_ms`; `None` leaves the relay's default (15000).
+    pub read_timeout_ms: Option<u64>,
+    /// `mysql.resume` (`auto`, `gtid` or `position`); `None` leaves the relay's default (`auto`).
+    pub resume: Option<String>,
+    /// `[dead_letter]`: `Some(topic)` writes `enabled = true` with that topic; `None` writes no
+    /// section (dead-lettering disabled, the relay's default).
+    pub dead_letter_topic: Option<String>,
 }
 
 impl RelayConfigSpec {
@@ -66,6 +77,11 @@ impl RelayConfigSpec {
             kafka_properties: vec![("linger.ms".into(), "5".into())],
             initial_backoff_ms: 200,
             max_backoff_ms: 2_000,
+            max_in_flight: 10_000,
+            heartbeat_interval_ms: None,
+            read_timeout_ms: None,
+            resume: None,
+            dead_letter_topic: None,
         }
     }
 
@@ -82,9 +98,19 @@ impl RelayConfigSpec {
             .map(|t| toml_str(t))
             .collect::<Vec<_>>()
             .join(", ");
+        let mut mysql_extra = String::new();
+        if let Some(ms) = self.heartbeat_interval_ms {
+            mysql_extra.push_str(&format!("heartbeat_interval_ms = {ms}\n"));
+        }
+        if let Some(ms) = self.read_timeout_ms {
+            mysql_extra.push_str(&format!("read_timeout_ms = {ms}\n"));
+        }
+        if let Some(mode) = &self.resume {
+            mysql_extra.push_str(&format!("resume = {}\n", toml_str(mode)));
+        }
         let mut out = format!(
-            "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n\n[outbox]\ntables = [{}]\n\
-             topic = {}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = 10000\n\n\
+            "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n{mysql_extra}\n[outbox]\n\
+             tables = [{}]\ntopic = {}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
              [kafka.properties]\n",
             toml_str(&self.connector_name),
             toml_str(&self.mysql_url),
@@ -92,6 +118,7 @@ impl RelayConfigSpec {
             tables,
             toml_str(&self.topic),
             toml_str(&self.bootstrap_servers),
+            self.max_in_flight,
         );
         for (k, v) in &self.kafka_properties {
             out.push_str(&format!("{} = {}\n", toml_str(k), toml_str(v)));
@@ -104,6 +131,12 @@ impl RelayConfigSpec {
             self.initial_backoff_ms,
             self.max_backoff_ms,
         ));
+        if let Some(topic) = &self.dead_letter_topic {
+            out.push_str(&format!(
+                "\n[dead_letter]\nenabled = true\ntopic = {}\n",
+                toml_str(topic)
+            ));
+        }
         out
     }
 }
@@ -467,6 +500,11 @@ mod tests {
             kafka_properties: vec![("linger.ms".into(), "5".into())],
             initial_backoff_ms: 200,
             max_backoff_ms: 2000,
+            max_in_flight: 10_000,
+            heartbeat_interval_ms: None,
+            read_timeout_ms: None,
+            resume: None,
+            dead_letter_topic: None,
         };
         let toml = spec.to_toml();
         for needle in [
@@ -482,5 +520,26 @@ mod tests {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
         }
         assert_eq!(spec.topic_for("Order"), "t_1.outbox.event.Order");
+        assert!(toml.contains("max_in_flight = 10000"), "{toml}");
+        assert!(!toml.contains("[dead_letter]"), "{toml}");
+        assert!(!toml.contains("heartbeat_interval_ms"), "{toml}");
+
+        let tuned = RelayConfigSpec {
+            max_in_flight: 2000,
+            heartbeat_interval_ms: Some(1000),
+            read_timeout_ms: Some(4000),
+            resume: Some("gtid".into()),
+            dead_letter_topic: Some("t_1.dlq".into()),
+            ..spec
+        };
+        let toml = tuned.to_toml();
+        for needle in [
+            "[mysql]\nurl = \"mysql://root@127.0.0.1:3306/db\"\nserver_id = 12345\n\
+             heartbeat_interval_ms = 1000\nread_timeout_ms = 4000\nresume = \"gtid\"\n",
+            "max_in_flight = 2000",
+            "[dead_letter]\nenabled = true\ntopic = \"t_1.dlq\"",
+        ] {
+            assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
+        }
     }
 }

@@ -1,0 +1,1105 @@
+//! The fault matrix: the relay under a concurrent workload while faults are injected at random
+//! (seeded) moments, then a complete comparison of Kafka with the outbox table.
+//!
+//! Run by `make faults` (profile `short`) and `make faults-full` through the `faults` binary of
+//! this crate, or as a library function ([`run`]).
+//!
+//! # Setup
+//! * Services: `tests/services/mariadb.sh up` and `kafka.sh up` (idempotent; ports from
+//!   `MARIADB_PORT`, `KAFKA_PORT`, …). Faults restart them through the same scripts, so run this
+//!   only against servers nobody else uses at the same time.
+//! * An own database (`faults_<suffix>`, both migrations), own topics (`f_<uid>.outbox.event.*`),
+//!   connector name and replica `server_id`.
+//! * The relay connects to MariaDB through a [`TcpProxy`] (for connection cuts), with
+//!   `heartbeat_interval_ms = 1000`, `read_timeout_ms = 4000`, and straight to Kafka (its
+//!   advertised listener makes proxying Kafka pointless: broker faults are broker restarts).
+//! * Writers: see [`workload`]. They connect to MariaDB through a second proxy (cut together
+//!   with the relay's, so some COMMITs end with an unknown outcome); the recovery probes connect
+//!   directly.
+//!
+//! # Faults
+//! `kill -9` of the relay and a restart; broker stop/start (`kafka.sh down`, `up`); MariaDB
+//! stop/start (`mariadb.sh down`, `up`); a cut of every relay and writer connection at the
+//! proxies (sometimes with the relay's proxy refusing new connections for a few seconds, or
+//! with a writer's connection closed just before or just after its COMMIT reaches MariaDB: an
+//! uncertain commit); optionally (`--freezes N`) a freeze of the relay's proxy (half-open
+//! connections) for a few seconds. The order is a seeded shuffle; before each fault a random
+//! pause. After each fault a probe row is committed; the time from the end of the fault until
+//! it is read from Kafka is the recovery time. The checkpoint is sampled after each fault and at
+//! the end: it must be a transaction boundary of a binlog file the server lists, and never move
+//! backwards.
+//!
+//! # Checks at the end
+//! Writers stop; the relay must deliver every row of the outbox table (the truth: rows whose
+//! COMMIT outcome was uncertain count as committed exactly when they are in the table); then a
+//! graceful stop (exit 0), and everything in the topics is compared with the table: nothing
+//! missing, no record of a rolled-back or unknown row, content byte for byte, per key the first
+//! occurrences in sequence order and replays without holes. Duplicates are counted (allowed:
+//! at-least-once).
+
+pub mod probe;
+pub mod rng;
+pub mod services;
+pub mod verify;
+pub mod workload;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mysql_async::prelude::*;
+
+use crate::binlog::{
+    binary_logs, binlog_event_ending_at, compare_positions, is_transaction_boundary, BinlogPosition,
+};
+use crate::checkpoint::{read_checkpoint, Checkpoint, DEFAULT_CHECKPOINT_TABLE};
+use crate::db::TestDb;
+use crate::env::{kafka_bootstrap, mysql_port, mysql_url};
+use crate::kafka::{collect_until, read_all_records, Record};
+use crate::proxy::{TcpProxy, Trip};
+use crate::relay::{describe_exit, RelayConfigSpec, RelayProcess};
+use crate::unique::{next_server_id, unique_suffix};
+
+use probe::ProbeWatcher;
+use rng::Rng;
+use services::{Service, Services};
+use verify::Verification;
+use workload::{Committer, GenRow, Workload, WorkloadConfig, WriterStats};
+
+/// The kinds of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// SIGKILL of the relay, then a new relay process.
+    RelayKill,
+    /// `kafka.sh down`, a pause, `kafka.sh up`.
+    BrokerRestart,
+    /// `mariadb.sh down`, a pause, `mariadb.sh up`.
+    MariadbRestart,
+    /// Every relay ↔ MariaDB connection closed at the proxy.
+    ConnectionCut,
+    /// The relay's proxy stops forwarding (sockets stay open: half-open connections) for a few
+    /// seconds, then resumes. Not in the standard profiles (`--freezes N`).
+    ProxyFreeze,
+}
+
+impl FaultKind {
+    /// Name in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::RelayKill => "relay kill -9",
+            Self::BrokerRestart => "broker restart",
+            Self::MariadbRestart => "mariadb restart",
+            Self::ConnectionCut => "connection cut",
+            Self::ProxyFreeze => "proxy freeze",
+        }
+    }
+
+    const ALL: [FaultKind; 5] = [
+        Self::RelayKill,
+        Self::BrokerRestart,
+        Self::MariadbRestart,
+        Self::ConnectionCut,
+        Self::ProxyFreeze,
+    ];
+}
+
+/// How much of everything.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// `short`, `medium`, `full` or `custom`.
+    pub name: String,
+    /// Relay kills.
+    pub kills: usize,
+    /// Broker restarts.
+    pub broker_restarts: usize,
+    /// MariaDB restarts.
+    pub mariadb_restarts: usize,
+    /// Connection cuts.
+    pub cuts: usize,
+    /// Proxy freezes (half-open connections for `freeze_ms`, then thawed).
+    pub freezes: usize,
+    /// How long a freeze lasts (ms, uniform).
+    pub freeze_ms: (u64, u64),
+    /// Concurrent writers.
+    pub writers: usize,
+    /// Aggregate ids per writer.
+    pub keys_per_writer: usize,
+    /// Pause between two transactions of one writer (ms, uniform).
+    pub writer_pause_ms: (u64, u64),
+    /// Pause before each fault (ms, uniform).
+    pub fault_gap_ms: (u64, u64),
+    /// Extra time a server stays down in a restart (ms, uniform).
+    pub downtime_ms: (u64, u64),
+    /// Longest wait for the relay to deliver a probe after a fault.
+    pub recovery_timeout: Duration,
+}
+
+impl Profile {
+    /// CI: 12 kills, 3 of each other fault (about 3–4 minutes).
+    pub fn short() -> Self {
+        Self {
+            name: "short".into(),
+            kills: 12,
+            broker_restarts: 3,
+            mariadb_restarts: 3,
+            cuts: 3,
+            freezes: 0,
+            freeze_ms: (2_000, 8_000),
+            writers: 4,
+            keys_per_writer: 6,
+            writer_pause_ms: (10, 120),
+            fault_gap_ms: (1_000, 6_000),
+            downtime_ms: (0, 2_000),
+            recovery_timeout: Duration::from_secs(180),
+        }
+    }
+
+    /// 30 kills, 5 of each other fault.
+    pub fn medium() -> Self {
+        Self {
+            name: "medium".into(),
+            kills: 30,
+            broker_restarts: 5,
+            mariadb_restarts: 5,
+            cuts: 5,
+            ..Self::short()
+        }
+    }
+
+    /// 100 kills, 20 broker restarts, 10 MariaDB restarts, 10 cuts.
+    pub fn full() -> Self {
+        Self {
+            name: "full".into(),
+            kills: 100,
+            broker_restarts: 20,
+            mariadb_restarts: 10,
+            cuts: 10,
+            ..Self::short()
+        }
+    }
+
+    /// A profile by name.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "short" => Some(Self::short()),
+            "medium" => Some(Self::medium()),
+            "full" => Some(Self::full()),
+            _ => None,
+        }
+    }
+
+    fn count(&self, kind: FaultKind) -> usize {
+        match kind {
+            FaultKind::RelayKill => self.kills,
+            FaultKind::BrokerRestart => self.broker_restarts,
+            FaultKind::MariadbRestart => self.mariadb_restarts,
+            FaultKind::ConnectionCut => self.cuts,
+            FaultKind::ProxyFreeze => self.freezes,
+        }
+    }
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// What to inject and how much to write.
+    pub profile: Profile,
+    /// Seed of the workload and the fault plan.
+    pub seed: u64,
+    /// The `outbox-relay` binary.
+    pub relay_bin: PathBuf,
+    /// Repository root (for `tests/services/*.sh` and `migrations/`).
+    pub repo_root: PathBuf,
+    /// Run `mariadb.sh up` and `kafka.sh up` first.
+    pub start_services: bool,
+}
+
+impl Options {
+    /// `profile` with a seed from the clock, the relay binary from [`default_relay_bin`] and
+    /// the repository this crate was built from.
+    pub fn new(profile: Profile) -> Self {
+        Self {
+            profile,
+            seed: Rng::seed_from_time(),
+            relay_bin: default_relay_bin(),
+            repo_root: services::default_repo_root(),
+            start_services: true,
+        }
+    }
+}
+
+/// The relay binary: `$OUTBOX_RELAY_BIN`, else `<target dir>/debug/outbox-relay` where the
+/// target dir is `$CARGO_TARGET_DIR` or `<repo>/target`.
+pub fn default_relay_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("OUTBOX_RELAY_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| services::default_repo_root().join("target"));
+    target.join("debug").join("outbox-relay")
+}
+
+/// One injected fault.
+#[derive(Debug, Clone)]
+pub struct FaultRecord {
+    /// Kind.
+    pub kind: FaultKind,
+    /// Seconds since the start of the run when it began.
+    pub at_s: f64,
+    /// What exactly was done.
+    pub detail: String,
+    /// How long the fault itself took (e.g. the broker's stop and start).
+    pub duration: Duration,
+    /// From the end of the fault until a row committed after it was read from Kafka; `None`
+    /// when it did not arrive within the profile's recovery timeout.
+    pub recovery: Option<Duration>,
+}
+
+/// One look at the stored checkpoint.
+#[derive(Debug, Clone)]
+pub struct CheckpointSample {
+    /// When (label).
+    pub when: String,
+    /// The stored row.
+    pub checkpoint: Checkpoint,
+    /// A transaction boundary (or the relay's start position) in a listed binlog file.
+    pub boundary: bool,
+    /// Moved backwards since the previous sample.
+    pub backwards: bool,
+}
+
+/// Everything a run found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Profile name.
+    pub profile: String,
+    /// Concurrent writers.
+    pub writer_count: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Faults in the order they were injected.
+    pub faults: Vec<FaultRecord>,
+    /// Writer counters.
+    pub writers: WriterStats,
+    /// Checkpoint samples.
+    pub checkpoints: Vec<CheckpointSample>,
+    /// The comparison of Kafka with the outbox table.
+    pub verification: Verification,
+    /// Relay processes that exited without being asked to (with their stderr tail).
+    pub unexpected_exits: Vec<String>,
+    /// Other failures (a fault that could not be injected, a graceful stop that failed, …).
+    pub failures: Vec<String>,
+    /// Relay processes started.
+    pub relays_started: usize,
+    /// Where their logs are.
+    pub relay_logs: Vec<PathBuf>,
+    /// Wall time of the whole run.
+    pub duration: Duration,
+    /// Time from the writers' stop until every committed row was on Kafka.
+    pub drain: Duration,
+}
+
+impl Report {
+    /// Nothing missing, out of order or unexplained; every fault recovered; checkpoints sane;
+    /// no unexpected relay exit.
+    pub fn passed(&self) -> bool {
+        self.verification.passed()
+            && self.unexpected_exits.is_empty()
+            && self.failures.is_empty()
+            && self.faults.iter().all(|f| f.recovery.is_some())
+            && self.checkpoints.iter().all(|c| c.boundary && !c.backwards)
+    }
+
+    /// Longest recovery.
+    pub fn max_recovery(&self) -> Option<Duration> {
+        self.faults.iter().filter_map(|f| f.recovery).max()
+    }
+
+    /// The result table; its last line is exactly `missing: N duplicates: M`.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let v = &self.verification;
+        let _ = writeln!(
+            s,
+            "\n=== fault matrix: profile {}, seed {}, {:.0} s ===",
+            self.profile,
+            self.seed,
+            self.duration.as_secs_f64()
+        );
+        let _ = writeln!(
+            s,
+            "{:<18} {:>8} {:>14} {:>14} {:>14}",
+            "fault", "injected", "recovery max", "recovery mean", "fault takes"
+        );
+        let mut by_kind: BTreeMap<FaultKind, Vec<&FaultRecord>> = BTreeMap::new();
+        for f in &self.faults {
+            by_kind.entry(f.kind).or_default().push(f);
+        }
+        for kind in FaultKind::ALL {
+            let list = by_kind.get(&kind).cloned().unwrap_or_default();
+            if list.is_empty() && kind == FaultKind::ProxyFreeze {
+                continue; // optional kind, not in the standard profiles
+            }
+            let recs: Vec<f64> = list
+                .iter()
+                .filter_map(|f| f.recovery.map(|d| d.as_secs_f64()))
+                .collect();
+            let max = recs
+                .iter()
+                .copied()
+                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+            let mean = (!recs.is_empty()).then(|| recs.iter().sum::<f64>() / recs.len() as f64);
+            let took = (!list.is_empty()).then(|| {
+                list.iter().map(|f| f.duration.as_secs_f64()).sum::<f64>() / list.len() as f64
+            });
+            let fmt = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.1} s"));
+            let timeouts = list.len() - recs.len();
+            let _ = writeln!(
+                s,
+                "{:<18} {:>8} {:>14} {:>14} {:>14}{}",
+                kind.label(),
+                list.len(),
+                fmt(max),
+                fmt(mean),
+                fmt(took),
+                if timeouts > 0 {
+                    format!("  ({timeouts} NOT RECOVERED)")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        let w = &self.writers;
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "writers / keys",
+                format!("{} / {}", self.writer_count, v.keys),
+            ),
+            ("transactions committed", w.transactions.to_string()),
+            ("rows written (outbox table)", v.committed.to_string()),
+            (
+                "rows rolled back on purpose",
+                w.rows_rolled_back.to_string(),
+            ),
+            (
+                "uncertain commits (committed)",
+                format!("{} ({})", w.uncertain_commits, w.uncertain_committed),
+            ),
+            ("writer retries", w.failed_attempts.to_string()),
+            ("records on Kafka", v.records.to_string()),
+            ("distinct delivered", v.distinct_delivered.to_string()),
+            ("missing", v.missing.len().to_string()),
+            (
+                "duplicates (max copies)",
+                format!("{} ({})", v.duplicates, v.max_copies),
+            ),
+            ("phantom records", v.phantoms.len().to_string()),
+            ("content mismatches", v.content_mismatches.len().to_string()),
+            (
+                "per-key order violations",
+                v.order_violations.len().to_string(),
+            ),
+            ("replay gaps", v.replay_gaps.len().to_string()),
+            (
+                "checkpoint samples ok",
+                format!(
+                    "{}/{}",
+                    self.checkpoints
+                        .iter()
+                        .filter(|c| c.boundary && !c.backwards)
+                        .count(),
+                    self.checkpoints.len()
+                ),
+            ),
+            ("relay processes", self.relays_started.to_string()),
+            (
+                "unexpected relay exits",
+                self.unexpected_exits.len().to_string(),
+            ),
+            (
+                "max recovery time",
+                self.max_recovery()
+                    .map_or("-".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+            ),
+            ("final drain", format!("{:.1} s", self.drain.as_secs_f64())),
+        ];
+        let _ = writeln!(s, "{}", "-".repeat(74));
+        for (k, val) in rows {
+            let _ = writeln!(s, "{k:<32} {val:>12}");
+        }
+        let problems = v.problems(10);
+        if !problems.is_empty() || !self.failures.is_empty() || !self.unexpected_exits.is_empty() {
+            let _ = writeln!(s, "{}", "-".repeat(74));
+            for p in problems.iter().chain(&self.failures) {
+                let _ = writeln!(s, "FAIL {p}");
+            }
+            for c in self
+                .checkpoints
+                .iter()
+                .filter(|c| !c.boundary || c.backwards)
+            {
+                let _ = writeln!(
+                    s,
+                    "FAIL checkpoint {}: {}:{} (rows_acked {}){}",
+                    c.when,
+                    c.checkpoint.binlog_file,
+                    c.checkpoint.binlog_pos,
+                    c.checkpoint.rows_acked,
+                    if c.backwards {
+                        " moved backwards"
+                    } else {
+                        " is not a transaction boundary"
+                    }
+                );
+            }
+            for e in &self.unexpected_exits {
+                let _ = writeln!(s, "FAIL unexpected relay exit: {e}");
+            }
+        }
+        let _ = writeln!(s, "result: {}", if self.passed() { "PASS" } else { "FAIL" });
+        let _ = write!(
+            s,
+            "missing: {} duplicates: {}",
+            v.missing.len(),
+            v.duplicates
+        );
+        s
+    }
+}
+
+/// Prints progress lines with the time since the start.
+struct Log {
+    start: Instant,
+}
+
+impl Log {
+    fn say(&self, msg: impl AsRef<str>) {
+        println!(
+            "[{:7.1} s] {}",
+            self.start.elapsed().as_secs_f64(),
+            msg.as_ref()
+        );
+    }
+}
+
+/// The relay processes of a run: one at a time, restarted after kills or unexpected exits.
+struct Relays {
+    bin: PathBuf,
+    toml: String,
+    env: Vec<(String, String)>,
+    current: Option<RelayProcess>,
+    started: usize,
+    logs: Vec<PathBuf>,
+    unexpected_exits: Vec<String>,
+}
+
+impl Relays {
+    fn spawn(&mut self) -> Result<()> {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let relay = RelayProcess::spawn(&self.bin, &self.toml, &env)?;
+        self.logs.push(relay.stderr_path().to_path_buf());
+        self.started += 1;
+        self.current = Some(relay);
+        Ok(())
+    }
+
+    fn current(&self) -> Result<&RelayProcess> {
+        self.current.as_ref().context("no relay process")
+    }
+
+    /// Retires a process that ended (killed and reaped): no stderr dump on drop.
+    fn retire(&mut self) {
+        if let Some(r) = self.current.take() {
+            // Its logs stay on disk (see `logs`); RelayProcess's Drop would print them.
+            std::mem::forget(r);
+        }
+    }
+
+    /// If the relay exited on its own, records it and starts a new one. Returns whether it had.
+    fn check_alive(&mut self, log: &Log) -> Result<bool> {
+        let relay = self.current()?;
+        match relay.try_exit_status()? {
+            None => Ok(false),
+            Some(status) => {
+                let msg = format!(
+                    "{} ({}), stderr {}:\n{}",
+                    describe_exit(&status),
+                    relay.config_path().display(),
+                    relay.stderr_path().display(),
+                    tail(&relay.stderr_text(), 4_000)
+                );
+                log.say(format!("UNEXPECTED: the relay exited: {msg}"));
+                self.unexpected_exits.push(msg);
+                self.retire();
+                self.spawn()?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn kill9_and_restart(&mut self) -> Result<()> {
+        let relay = self.current()?;
+        relay.kill9()?;
+        self.retire();
+        self.spawn()
+    }
+}
+
+/// The last `max` bytes of `text` (at a char boundary).
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = text.len() - max;
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    &text[cut..]
+}
+
+/// Retries `f` (a MariaDB query that may meet a restarting server) until it succeeds or
+/// `timeout` passes.
+async fn retry<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// State of the checkpoint checks.
+struct CheckpointChecker {
+    connector: String,
+    /// Where the relay started (the first stored position, not necessarily an Xid end).
+    start: BinlogPosition,
+    last: Option<BinlogPosition>,
+}
+
+impl CheckpointChecker {
+    async fn sample(&mut self, db: &TestDb, when: &str) -> Result<CheckpointSample> {
+        let connector = self.connector.clone();
+        let cp = retry(Duration::from_secs(120), async || {
+            read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, &connector)
+                .await?
+                .context("no checkpoint row")
+        })
+        .await?;
+        let pos = cp.position();
+        let hint = self
+            .last
+            .clone()
+            .filter(|l| l.file == pos.file && l.pos <= pos.pos);
+        let (boundary, backwards) = retry(Duration::from_secs(120), async || {
+            let mut conn = db.conn().await?;
+            let listed = binary_logs(&mut conn)
+                .await?
+                .iter()
+                .any(|(name, _)| *name == pos.file);
+            let mut boundary = listed
+                && (pos == self.start
+                    || is_transaction_boundary(&mut conn, &pos.file, pos.pos, hint.as_ref())
+                        .await?);
+            if listed && !boundary {
+                // A DDL statement (its own transaction) of another database also ends a group.
+                if let Some(ev) =
+                    binlog_event_ending_at(&mut conn, &pos.file, pos.pos, hint.as_ref()).await?
+                {
+                    boundary = ev.event_type == "Query"
+                        && !ev.info.trim().to_ascii_uppercase().starts_with("BEGIN");
+                }
+            }
+            let backwards = match &self.last {
+                Some(last) if listed => {
+                    compare_positions(&mut conn, &pos, last).await? == std::cmp::Ordering::Less
+                }
+                _ => false,
+            };
+            Ok((boundary, backwards))
+        })
+        .await?;
+        if boundary && !backwards {
+            self.last = Some(pos);
+        }
+        Ok(CheckpointSample {
+            when: when.to_owned(),
+            checkpoint: cp,
+            boundary,
+            backwards,
+        })
+    }
+}
+
+/// Commits probe rows (single-row transactions on the probe key).
+struct Prober {
+    run: String,
+    committer: Committer,
+    next: u64,
+}
+
+impl Prober {
+    async fn write(&mut self) -> Result<String> {
+        let seq = self.next;
+        self.next += 1;
+        let row = GenRow {
+            event_key: workload::probe_event_key(&self.run, seq),
+            aggregate_type: workload::PROBE_TYPE,
+            aggregate_id: workload::PROBE_KEY.to_owned(),
+            payload: workload::payload(workload::PROBE_KEY, seq),
+        };
+        self.committer
+            .commit(std::slice::from_ref(&row), false, false)
+            .await?;
+        Ok(row.event_key)
+    }
+}
+
+/// Runs the fault matrix and returns its report (print it with [`Report::render`]).
+///
+/// # Errors
+/// Set-up failed (services, database, relay binary), or the harness itself failed. Problems of
+/// the relay are in the report, not errors.
+pub async fn run(opts: &Options) -> Result<Report> {
+    let log = Log {
+        start: Instant::now(),
+    };
+    let p = &opts.profile;
+    let mut rng = Rng::new(opts.seed);
+    log.say(format!(
+        "fault matrix, profile {}: {} kills, {} broker restarts, {} MariaDB restarts, {} cuts, \
+         {} freezes; {} writers; seed {} (repeat with --seed {}); MariaDB 127.0.0.1:{}, Kafka {}",
+        p.name,
+        p.kills,
+        p.broker_restarts,
+        p.mariadb_restarts,
+        p.cuts,
+        p.freezes,
+        p.writers,
+        opts.seed,
+        opts.seed,
+        mysql_port(),
+        kafka_bootstrap()
+    ));
+    if !opts.relay_bin.is_file() {
+        bail!(
+            "relay binary {} not found: build it (cargo build -p outbox-relay) or pass --relay-bin / OUTBOX_RELAY_BIN",
+            opts.relay_bin.display()
+        );
+    }
+    let services = Services::new(&opts.repo_root);
+    if opts.start_services {
+        services.up_all().await.context("starting the services")?;
+    }
+
+    // Own database, topics, connector, server id; the relay behind a proxy.
+    let db = TestDb::create("faults").await?;
+    let uid = unique_suffix();
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", mysql_port())).await?;
+    let mut spec = RelayConfigSpec::new(
+        &db,
+        &format!("faults-{uid}"),
+        next_server_id(),
+        &format!("f_{uid}"),
+    );
+    // prefer_socket=false: mysql_async would otherwise switch a loopback TCP connection to the
+    // server's unix socket right after connecting, bypassing the proxy.
+    spec.mysql_url = format!(
+        "mysql://root@127.0.0.1:{}/{}?prefer_socket=false",
+        proxy.port(),
+        db.name()
+    );
+    spec.initial_backoff_ms = 200;
+    spec.max_backoff_ms = 2_000;
+    let topics: Vec<String> = ["Order", "Payment", workload::PROBE_TYPE]
+        .iter()
+        .map(|t| spec.topic_for(t))
+        .collect();
+    let probe_topic = spec.topic_for(workload::PROBE_TYPE);
+    // The writers reach MariaDB through a proxy of their own, cut together with the relay's:
+    // a COMMIT in flight then has an unknown outcome (see `workload`).
+    let writer_proxy = TcpProxy::start(format!("127.0.0.1:{}", mysql_port())).await?;
+    let writer_url = format!(
+        "mysql://root@127.0.0.1:{}/{}?prefer_socket=false",
+        writer_proxy.port(),
+        db.name()
+    );
+    log.say(format!(
+        "database {}, connector {}, server_id {}, topics {}, proxy 127.0.0.1:{} -> {}",
+        db.name(),
+        spec.connector_name,
+        spec.server_id,
+        spec.topic,
+        proxy.port(),
+        proxy.target()
+    ));
+    let mut relays = Relays {
+        bin: opts.relay_bin.clone(),
+        toml: spec.to_toml(),
+        env: vec![
+            (
+                "OUTBOX_RELAY__MYSQL__HEARTBEAT_INTERVAL_MS".into(),
+                "1000".into(),
+            ),
+            ("OUTBOX_RELAY__MYSQL__READ_TIMEOUT_MS".into(), "4000".into()),
+        ],
+        current: None,
+        started: 0,
+        logs: Vec::new(),
+        unexpected_exits: Vec::new(),
+    };
+    relays.spawn()?;
+    let first = relays
+        .current()?
+        .wait_for_checkpoint_row(db.pool(), &spec.connector_name, Duration::from_secs(120))
+        .await?;
+    let mut checker = CheckpointChecker {
+        connector: spec.connector_name.clone(),
+        start: first.position(),
+        last: None,
+    };
+    log.say(format!("relay streaming from {}", first.position()));
+
+    // Workload and probes.
+    let workload = Workload::start(&WorkloadConfig {
+        run_id: uid.clone(),
+        url: writer_url,
+        writers: p.writers,
+        keys_per_writer: p.keys_per_writer,
+        pause_ms: p.writer_pause_ms,
+        rollback_chance: 0.04,
+        seed: rng.next_u64(),
+    })?;
+    let mut prober = Prober {
+        run: uid.clone(),
+        committer: Committer::new(&mysql_url(Some(db.name())))?,
+        next: 1,
+    };
+    let warm = prober.write().await?;
+    let bootstrap = kafka_bootstrap();
+    let want = warm.clone();
+    let got = collect_until(
+        &bootstrap,
+        std::slice::from_ref(&probe_topic),
+        Duration::from_secs(120),
+        move |recs: &[Record]| {
+            recs.iter()
+                .any(|r| r.header("event_key") == Some(want.as_str()))
+        },
+    )
+    .await?;
+    if !got
+        .iter()
+        .any(|r| r.header("event_key") == Some(warm.as_str()))
+    {
+        bail!(
+            "the relay did not deliver the first probe within 120 s\n--- relay stderr ---\n{}",
+            relays.current()?.stderr_tail()
+        );
+    }
+    let watcher = ProbeWatcher::start(&bootstrap, &probe_topic)?;
+    watcher.wait_for(&warm, Duration::from_secs(30)).await?;
+    log.say("workload running, first probe delivered; injecting faults");
+
+    // The plan: a seeded shuffle of every fault.
+    let mut plan: Vec<FaultKind> = FaultKind::ALL
+        .iter()
+        .flat_map(|k| std::iter::repeat_n(*k, p.count(*k)))
+        .collect();
+    rng.shuffle(&mut plan);
+    let mut faults = Vec::new();
+    let mut checkpoints = Vec::new();
+    let mut failures = Vec::new();
+    for (i, kind) in plan.iter().copied().enumerate() {
+        tokio::time::sleep(Duration::from_millis(
+            rng.range(p.fault_gap_ms.0, p.fault_gap_ms.1),
+        ))
+        .await;
+        relays.check_alive(&log)?;
+        if !workload.all_running() {
+            failures.push("a writer stopped early (see the error at the end)".into());
+            break;
+        }
+        let at_s = log.start.elapsed().as_secs_f64();
+        let begun = Instant::now();
+        let injected: Result<String> = match kind {
+            FaultKind::RelayKill => relays
+                .kill9_and_restart()
+                .map(|()| format!("relay #{} started", relays.started)),
+            FaultKind::BrokerRestart => {
+                let downtime = Duration::from_millis(rng.range(p.downtime_ms.0, p.downtime_ms.1));
+                services
+                    .restart(Service::Kafka, downtime)
+                    .await
+                    .map(|(d, u)| {
+                        format!(
+                            "down {:.1} s + {:.1} s + up {:.1} s",
+                            d.as_secs_f64(),
+                            downtime.as_secs_f64(),
+                            u.as_secs_f64()
+                        )
+                    })
+            }
+            FaultKind::MariadbRestart => {
+                let downtime = Duration::from_millis(rng.range(p.downtime_ms.0, p.downtime_ms.1));
+                services
+                    .restart(Service::Mariadb, downtime)
+                    .await
+                    .map(|(d, u)| {
+                        format!(
+                            "down {:.1} s + {:.1} s + up {:.1} s",
+                            d.as_secs_f64(),
+                            downtime.as_secs_f64(),
+                            u.as_secs_f64()
+                        )
+                    })
+            }
+            FaultKind::ConnectionCut => {
+                let before = proxy.active();
+                let writers_before = writer_proxy.active();
+                match rng.range(0, 2) {
+                    0 => {
+                        proxy.cut();
+                        writer_proxy.cut();
+                        Ok(format!(
+                            "{before} relay + {writers_before} writer conns cut"
+                        ))
+                    }
+                    1 => {
+                        let refuse = Duration::from_millis(rng.range(500, 3_000));
+                        proxy.set_down(true);
+                        proxy.cut();
+                        writer_proxy.cut();
+                        tokio::time::sleep(refuse).await;
+                        proxy.set_down(false);
+                        Ok(format!(
+                            "{before} relay + {writers_before} writer conns cut, relay refused {:.1} s",
+                            refuse.as_secs_f64()
+                        ))
+                    }
+                    _ => {
+                        // A writer's connection dies while its COMMIT is on the way: an
+                        // uncertain commit, committed (`After`) or not (`Before`).
+                        let trip = if rng.chance(0.5) {
+                            Trip::After
+                        } else {
+                            Trip::Before
+                        };
+                        writer_proxy.arm_tripwire(b"\x03COMMIT", trip);
+                        let armed = Instant::now();
+                        while writer_proxy.tripwire_armed()
+                            && armed.elapsed() < Duration::from_secs(5)
+                        {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        let fired = !writer_proxy.disarm_tripwire();
+                        proxy.cut();
+                        Ok(format!(
+                            "{before} relay conns cut + a writer cut {} its COMMIT{}",
+                            if trip == Trip::After {
+                                "after"
+                            } else {
+                                "before"
+                            },
+                            if fired { "" } else { " (no COMMIT seen)" }
+                        ))
+                    }
+                }
+            }
+            FaultKind::ProxyFreeze => {
+                let frozen = Duration::from_millis(rng.range(p.freeze_ms.0, p.freeze_ms.1));
+                let before = proxy.active();
+                proxy.freeze();
+                tokio::time::sleep(frozen).await;
+                proxy.thaw();
+                Ok(format!(
+                    "{before} relay conns half-open for {:.1} s",
+                    frozen.as_secs_f64()
+                ))
+            }
+        };
+        let duration = begun.elapsed();
+        let detail = match injected {
+            Ok(d) => d,
+            Err(e) => {
+                let msg = format!(
+                    "fault {} ({}) could not be injected: {e:#}",
+                    i + 1,
+                    kind.label()
+                );
+                log.say(&msg);
+                failures.push(msg);
+                // Make sure the services are back before going on.
+                let _ = services.up_all().await;
+                continue;
+            }
+        };
+        let fault_end = Instant::now();
+        let probe = prober.write().await?;
+        let recovery = match watcher.wait_for(&probe, p.recovery_timeout).await {
+            Ok(t) => Some(t.saturating_duration_since(fault_end)),
+            Err(e) => {
+                let msg = format!(
+                    "fault {} ({}): {e:#}\n--- relay stderr ---\n{}",
+                    i + 1,
+                    kind.label(),
+                    tail(&relays.current()?.stderr_text(), 4_000)
+                );
+                log.say(&msg);
+                failures.push(msg);
+                None
+            }
+        };
+        let sample = checker
+            .sample(&db, &format!("after fault {} ({})", i + 1, kind.label()))
+            .await?;
+        log.say(format!(
+            "fault {:>3}/{}: {:<16} {:<52} recovered in {} | checkpoint {}{} | rows {}",
+            i + 1,
+            plan.len(),
+            kind.label(),
+            detail,
+            recovery.map_or("NEVER".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+            sample.checkpoint.position(),
+            if sample.boundary && !sample.backwards {
+                ""
+            } else {
+                " NOT OK"
+            },
+            workload
+                .live
+                .rows_committed
+                .load(std::sync::atomic::Ordering::Relaxed)
+        ));
+        checkpoints.push(sample);
+        faults.push(FaultRecord {
+            kind,
+            at_s,
+            detail,
+            duration,
+            recovery,
+        });
+    }
+
+    // The end: stop writing, let the relay deliver everything, stop it gracefully, compare.
+    let writer_result = workload.stop().await;
+    let writers = match writer_result {
+        Ok(w) => w,
+        Err(e) => {
+            failures.push(format!("a writer failed: {e:#}"));
+            WriterStats::default()
+        }
+    };
+    let mut writers = writers;
+    let probe_stats = prober.committer.close().await;
+    writers.failed_attempts += probe_stats.failed_attempts;
+    writers.uncertain_commits += probe_stats.uncertain_commits;
+    writers.uncertain_committed += probe_stats.uncertain_committed;
+    relays.check_alive(&log)?;
+    let committed: HashSet<String> = retry(Duration::from_secs(120), async || {
+        let mut conn = db.conn().await?;
+        let keys: Vec<String> = conn.query("SELECT event_key FROM outbox").await?;
+        Ok(keys.into_iter().collect())
+    })
+    .await?;
+    log.say(format!(
+        "writers stopped: {} rows in the outbox table; waiting for the relay to deliver them",
+        committed.len()
+    ));
+    let drain_start = Instant::now();
+    let mut remaining = committed.clone();
+    let mut done = 0usize;
+    let read = collect_until(
+        &bootstrap,
+        &topics,
+        Duration::from_secs(300),
+        move |recs: &[Record]| {
+            for r in &recs[done..] {
+                if let Some(ek) = r.header("event_key") {
+                    remaining.remove(ek);
+                }
+            }
+            done = recs.len();
+            remaining.is_empty()
+        },
+    )
+    .await?;
+    let drain = drain_start.elapsed();
+    let seen: HashSet<&str> = read.iter().filter_map(|r| r.header("event_key")).collect();
+    let not_yet = committed
+        .iter()
+        .filter(|k| !seen.contains(k.as_str()))
+        .count();
+    log.say(format!(
+        "{} records read in {:.1} s; {} committed rows not delivered",
+        read.len(),
+        drain.as_secs_f64(),
+        not_yet
+    ));
+    drop(read);
+
+    relays.check_alive(&log)?;
+    let relay = relays.current()?;
+    match relay.stop(Duration::from_secs(60)).await {
+        Ok(status) if status.success() => {}
+        Ok(status) => failures.push(format!(
+            "graceful stop ended with {}\n{}",
+            describe_exit(&status),
+            tail(&relay.stderr_text(), 4_000)
+        )),
+        Err(e) => failures.push(format!("graceful stop failed: {e:#}")),
+    }
+    let final_sample = checker.sample(&db, "at the end").await?;
+    log.say(format!(
+        "relay stopped; final checkpoint {} (rows_acked {})",
+        final_sample.checkpoint.position(),
+        final_sample.checkpoint.rows_acked
+    ));
+    checkpoints.push(final_sample);
+    drop(watcher);
+
+    let records = read_all_records(&bootstrap, &topics, Duration::from_secs(300)).await?;
+    let topic_template = spec.clone();
+    let verification = verify::verify(&uid, &records, &committed, |t| topic_template.topic_for(t));
+    let unexpected_exits = std::mem::take(&mut relays.unexpected_exits);
+    let report = Report {
+        profile: p.name.clone(),
+        writer_count: p.writers,
+        seed: opts.seed,
+        faults,
+        writers,
+        checkpoints,
+        verification,
+        unexpected_exits,
+        failures,
+        relays_started: relays.started,
+        relay_logs: relays.logs.clone(),
+        duration: log.start.elapsed(),
+        drain,
+    };
+    if report.passed() {
+        // Clean up what a passing run leaves on the server; topics stay (cheap, and useful).
+        let _ = db.drop_database().await;
+    } else {
+        log.say(format!(
+            "database {} kept for inspection; relay logs: {}",
+            spec.mysql_url,
+            relays
+                .logs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    relays.retire();
+    Ok(report)
+}

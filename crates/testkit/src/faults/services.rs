@@ -1,0 +1,110 @@
+//! Starting and stopping the test services through the repository's own scripts
+//! (`tests/services/mariadb.sh`, `tests/services/kafka.sh`), with the environment of this process
+//! (`MARIADB_PORT`, `KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`, `OUTBOX_SERVICES_DIR`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tokio::process::Command;
+
+/// The repository root, as compiled in (`crates/testkit/../..`).
+pub fn default_repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("..")
+}
+
+/// One of the service scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// `tests/services/mariadb.sh`.
+    Mariadb,
+    /// `tests/services/kafka.sh`.
+    Kafka,
+}
+
+impl Service {
+    fn script(self) -> &'static str {
+        match self {
+            Self::Mariadb => "mariadb.sh",
+            Self::Kafka => "kafka.sh",
+        }
+    }
+}
+
+/// Runs the service scripts of one repository checkout.
+#[derive(Debug, Clone)]
+pub struct Services {
+    dir: PathBuf,
+}
+
+impl Services {
+    /// The scripts in `<repo_root>/tests/services`.
+    pub fn new(repo_root: &Path) -> Self {
+        Self {
+            dir: repo_root.join("tests").join("services"),
+        }
+    }
+
+    /// Runs `<script> <action>` and returns how long it took.
+    ///
+    /// # Errors
+    /// The script cannot be started, fails, or takes longer than `timeout`; the error carries
+    /// its output.
+    pub async fn run(&self, service: Service, action: &str, timeout: Duration) -> Result<Duration> {
+        let script = self.dir.join(service.script());
+        let started = Instant::now();
+        let child = Command::new(&script)
+            .arg(action)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(timeout, child)
+            .await
+            .with_context(|| {
+                format!(
+                    "{} {action} did not finish in {timeout:?}",
+                    script.display()
+                )
+            })?
+            .with_context(|| format!("running {} {action}", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} {action} failed ({}):\n{}{}",
+                script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(started.elapsed())
+    }
+
+    /// `up` for MariaDB, then Kafka (both idempotent).
+    ///
+    /// # Errors
+    /// As [`Services::run`].
+    pub async fn up_all(&self) -> Result<()> {
+        self.run(Service::Mariadb, "up", Duration::from_secs(600))
+            .await?;
+        self.run(Service::Kafka, "up", Duration::from_secs(900))
+            .await?;
+        Ok(())
+    }
+
+    /// `down` then `up`; returns the time each took.
+    ///
+    /// # Errors
+    /// As [`Services::run`].
+    pub async fn restart(
+        &self,
+        service: Service,
+        downtime: Duration,
+    ) -> Result<(Duration, Duration)> {
+        let down = self.run(service, "down", Duration::from_secs(120)).await?;
+        tokio::time::sleep(downtime).await;
+        let up = self.run(service, "up", Duration::from_secs(300)).await?;
+        Ok((down, up))
+    }
+}

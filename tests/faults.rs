@@ -1,0 +1,33 @@
+//! The fault matrix (`outbox_relay_testkit::faults`, profile `short`) as a test: kill -9 of the
+//! relay, broker restarts, MariaDB restarts and connection cuts under a concurrent workload;
+//! nothing committed may be missing, per-key order must hold.
+//!
+//! It restarts MariaDB and Kafka (`tests/services/*.sh` with `MARIADB_PORT`, `KAFKA_PORT`, …)
+//! and takes a few minutes. It is the only test of its binary, and cargo runs test binaries one
+//! after another, so `make test` runs it with nothing else using the servers; they are up
+//! again when it ends. `make faults` runs the same harness alone (`--profile short`, or
+//! `make faults-full`).
+
+use anyhow::{ensure, Result};
+use outbox_relay_testkit::faults::{run, Options, Profile};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fault_matrix_short_loses_nothing() -> Result<()> {
+    let mut opts = Options::new(Profile::short());
+    opts.relay_bin = env!("CARGO_BIN_EXE_outbox-relay").into();
+    if let Some(seed) = std::env::var("FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        opts.seed = seed;
+    }
+    let report = run(&opts).await?;
+    println!("{}", report.render());
+    ensure!(
+        report.passed(),
+        "the fault matrix failed (seed {}): {} missing, see the table above",
+        report.seed,
+        report.verification.missing.len()
+    );
+    Ok(())
+}
