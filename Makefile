@@ -32,6 +32,7 @@ services-up:
 	tests/services/kafka.sh up
 
 services-down:
+	tests/services/mariadb-replica.sh down
 	tests/services/kafka.sh down
 	tests/services/mariadb.sh down
 
