@@ -131,7 +131,12 @@ pub async fn run(
             Err(e) => break Err(e),
         };
         if matches!(e, RelayError::LeaseLost(_)) {
-            lease = None;
+            // Give the lock back (if the connection still works) so the instance that took over
+            // is not kept waiting by ours.
+            if let Some(old) = lease.take() {
+                let limit = Duration::from_millis(config.mysql.read_timeout_ms);
+                let _ = with_timeout(limit, "releasing the lease", old.release()).await;
+            }
         }
         if started.elapsed() >= HEALTHY_RUN {
             backoff = new_backoff(&config);
