@@ -59,9 +59,7 @@ pub use binlog_scan::{
     global_variable, last_gtid, names_table, newest_binlog_file, scan_binlog,
     write_rows_event_ending_at, BinlogTransaction, TransactionTables,
 };
-pub use state::{
-    count_occurrences, crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow,
-};
+pub use state::{crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow};
 pub mod fixture;
 pub use fixture::{
     all_seen, commit_rows, connection_state, describe_record, ensure_at_least_once,

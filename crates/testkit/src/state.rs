@@ -166,14 +166,6 @@ pub async fn wait_for_stderr(
     .map_err(|e| anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
 }
 
-/// How many times `needle` occurs in `text`.
-pub fn count_occurrences(text: &str, needle: &str) -> usize {
-    if needle.is_empty() {
-        return 0;
-    }
-    text.match_indices(needle).count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
