@@ -75,6 +75,32 @@ pub struct OutboxEvent {
     pub position: BinlogPosition,
 }
 
+/// An outbox row that cannot become an [`OutboxEvent`], with what could be read of it (for its
+/// dead letter).
+#[derive(Debug)]
+pub struct RowFailure {
+    /// [`RelayError::Row`] naming the position, table and reason.
+    pub error: RelayError,
+    /// The aggregate id (the would-be key), when readable.
+    pub key: Option<Vec<u8>>,
+    /// The payload, when readable.
+    pub value: Option<Vec<u8>>,
+    /// The would-be headers that could be read (`id`, `event_key`, `event_type`,
+    /// `aggregate_type`).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl RowFailure {
+    fn bare(error: RelayError) -> Box<Self> {
+        Box::new(Self {
+            error,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        })
+    }
+}
+
 /// The end of a transaction in the binlog: a position the relay may resume from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxBoundary {
@@ -93,7 +119,7 @@ pub enum Decoded {
     /// Outbox rows in binlog order (empty for most events). A row that cannot become an
     /// [`OutboxEvent`] (NULL aggregate, missing column) is an [`RelayError::Row`] in its place,
     /// for the pipeline to dead-letter or stop on.
-    Rows(Vec<Result<OutboxEvent, RelayError>>),
+    Rows(Vec<Result<OutboxEvent, Box<RowFailure>>>),
     /// A transaction ended here.
     Boundary(TxBoundary),
 }
@@ -134,7 +160,8 @@ struct TxState {
 }
 
 impl Decoder {
-    /// A decoder for `outbox_tables`, ignoring writes to `checkpoint_table`.
+    /// A decoder for `outbox_tables`, ignoring writes to `checkpoint_table` (and to tables of
+    /// the same name in other databases: other connectors' state tables).
     /// `gtid` is the GTID state to continue from, if known; without one no GTIDs are tracked
     /// (MySQL) or MariaDB's are tracked from the first one seen.
     pub fn new(
@@ -283,7 +310,10 @@ impl Decoder {
             database: tme.database_name().into_owned(),
             table: tme.table_name().into_owned(),
         };
-        if name == self.checkpoint_table {
+        // Our own checkpoint writes, and those of other connectors keeping a state table of the
+        // same name in another database, are not progress: counting them would make idle
+        // relays on one server write in answer to each other forever.
+        if name.table == self.checkpoint_table.table {
             return Ok(Decoded::Rows(Vec::new()));
         }
         self.tx.advances = true;
@@ -322,7 +352,7 @@ impl Decoder {
                     layout.insert(ColumnLayout::resolve(&row, &self.columns).map_err(row_error)?)
                 }
             };
-            out.push(layout.extract(&mut row, &table, ev).map_err(row_error));
+            out.push(layout.extract(&mut row, &table, ev, &row_error));
         }
         Ok(Decoded::Rows(out))
     }
@@ -432,16 +462,18 @@ impl ColumnLayout {
         row: &mut BinlogRow,
         table: &Arc<TableName>,
         ev: &SourceEvent,
-    ) -> Result<OutboxEvent, String> {
+        row_error: &dyn Fn(String) -> RelayError,
+    ) -> Result<OutboxEvent, Box<RowFailure>> {
+        let fail = |reason: String| RowFailure::bare(row_error(reason));
         let timestamp_ms = match self.created_at {
             Some(idx) => match row.as_ref(idx) {
-                Some(BinlogValue::Value(v)) => timestamp_ms(v)?,
+                Some(BinlogValue::Value(v)) => timestamp_ms(v).map_err(fail)?,
                 _ => None,
             },
             None => None,
         }
         .unwrap_or(i64::from(ev.timestamp) * 1000);
-        let mut take = |idx: usize| -> Result<Option<Vec<u8>>, String> {
+        let mut take = |idx: usize| -> Result<Option<Vec<u8>>, Box<RowFailure>> {
             let name = row
                 .columns_ref()
                 .get(idx)
@@ -453,30 +485,58 @@ impl ColumnLayout {
                 row.take(idx)
             };
             match value {
-                None => Err(format!(
+                None => Err(fail(format!(
                     "column {name:?} is missing from the row image. Fix: SET GLOBAL \
                      binlog_row_image=FULL and make sure writers use binlog_format=ROW"
-                )),
-                Some(v) => value_bytes(v).map_err(|e| format!("column {name:?}: {e}")),
+                ))),
+                Some(v) => value_bytes(v).map_err(|e| fail(format!("column {name:?}: {e}"))),
             }
         };
-        let aggregate_type = take(self.aggregate_type)?
-            .ok_or("aggregate_type is NULL: cannot route the row to a topic")?;
-        let aggregate_type = String::from_utf8(aggregate_type)
-            .map_err(|_| "aggregate_type is not valid UTF-8 text")?;
-        let aggregate_id =
-            take(self.aggregate_id)?.ok_or("aggregate_id is NULL: the row has no partition key")?;
-        Ok(OutboxEvent {
-            table: Arc::clone(table),
-            id: take(self.id)?,
-            aggregate_type,
-            aggregate_id,
-            event_type: take(self.event_type)?,
-            event_key: take(self.event_key)?,
-            payload: take(self.payload)?,
-            timestamp_ms,
-            position: ev.position.clone(),
-        })
+        let id = take(self.id)?;
+        let aggregate_type = take(self.aggregate_type)?;
+        let aggregate_id = take(self.aggregate_id)?;
+        let event_type = take(self.event_type)?;
+        let event_key = take(self.event_key)?;
+        let payload = take(self.payload)?;
+        let problem = match (&aggregate_type, &aggregate_id) {
+            (None, _) => Some("aggregate_type is NULL: cannot route the row to a topic"),
+            (Some(t), _) if std::str::from_utf8(t).is_err() => {
+                Some("aggregate_type is not valid UTF-8 text")
+            }
+            (_, None) => Some("aggregate_id is NULL: the row has no partition key"),
+            _ => None,
+        };
+        match (problem, aggregate_type, aggregate_id) {
+            (None, Some(aggregate_type), Some(aggregate_id)) => Ok(OutboxEvent {
+                table: Arc::clone(table),
+                id,
+                aggregate_type: String::from_utf8(aggregate_type).unwrap_or_default(),
+                aggregate_id,
+                event_type,
+                event_key,
+                payload,
+                timestamp_ms,
+                position: ev.position.clone(),
+            }),
+            (problem, aggregate_type, aggregate_id) => {
+                // Keep what was readable, so the dead letter can still be traced and replayed.
+                let headers = [
+                    ("id", id),
+                    ("event_key", event_key),
+                    ("event_type", event_type),
+                    ("aggregate_type", aggregate_type),
+                ]
+                .into_iter()
+                .filter_map(|(name, v)| Some((name.to_owned(), v?)))
+                .collect();
+                Err(Box::new(RowFailure {
+                    error: row_error(problem.unwrap_or("incomplete row").to_owned()),
+                    key: aggregate_id,
+                    value: payload,
+                    headers,
+                }))
+            }
+        }
     }
 }
 
@@ -600,7 +660,7 @@ mod fixture_tests {
         tables: &[&str],
         columns: ColumnMapping,
         gtid: Option<GtidState>,
-    ) -> (Vec<Result<OutboxEvent, RelayError>>, Vec<TxBoundary>) {
+    ) -> (Vec<Result<OutboxEvent, Box<RowFailure>>>, Vec<TxBoundary>) {
         let mut source = BinlogFileSource::open(&fixture(name)).expect("fixture opens");
         let mut decoder = Decoder::new(
             tables

@@ -33,7 +33,7 @@ use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
-use crate::decode::{Decoded, Decoder, OutboxEvent};
+use crate::decode::{Decoded, Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::lease::Lease;
 use crate::route::{KafkaRecord, Router};
@@ -381,7 +381,7 @@ impl Reader<'_> {
     /// acknowledgement queue.
     async fn produce<S: CheckpointStore>(
         &mut self,
-        row: Result<OutboxEvent, RelayError>,
+        row: Result<OutboxEvent, Box<RowFailure>>,
         router: &Router,
         sink: &KafkaSink,
         done: (Arc<Checkpoint>, u64),
@@ -390,10 +390,12 @@ impl Reader<'_> {
     ) -> Result<BoxFuture<'static, Ack>, RelayError> {
         let (position, table) = match &row {
             Ok(e) => (e.position.clone(), e.table.to_string()),
-            Err(RelayError::Row {
-                position, table, ..
-            }) => (position.clone(), table.clone()),
-            Err(_) => (self.tx_base.position.clone(), String::new()),
+            Err(f) => match &f.error {
+                RelayError::Row {
+                    position, table, ..
+                } => (position.clone(), table.clone()),
+                _ => (self.tx_base.position.clone(), String::new()),
+            },
         };
         let routed = match row {
             Ok(event) => router.try_route(event).map_err(|(reason, event)| {
@@ -404,28 +406,28 @@ impl Reader<'_> {
                     table: table.clone(),
                     reason: reason.clone(),
                 };
-                (err, Some(record), reason)
+                (
+                    err,
+                    dead_letter_of(record, reason, position.clone(), table.clone(), true),
+                )
             }),
-            Err(e) => {
-                let reason = e.to_string();
-                Err((e, None, reason))
+            Err(f) => {
+                let f = *f;
+                let dl = DeadLetter {
+                    reason: f.error.to_string(),
+                    position: position.clone(),
+                    table: table.clone(),
+                    topic: None,
+                    key: f.key,
+                    value: f.value,
+                    headers: f.headers,
+                };
+                Err((f.error, dl))
             }
         };
         let record = match routed {
             Ok(record) => record,
-            Err((err, record, reason)) => {
-                let dl = match record {
-                    Some(record) => dead_letter_of(record, reason, position, table, true),
-                    None => DeadLetter {
-                        reason,
-                        position,
-                        table,
-                        topic: None,
-                        key: None,
-                        value: None,
-                        headers: Vec::new(),
-                    },
-                };
+            Err((err, dl)) => {
                 return self
                     .dead_letter(dl, err, sink, done, progress, inflight)
                     .await;
