@@ -228,6 +228,10 @@ pub async fn run<S: CheckpointStore>(
             &mut inflight,
         )
         .await;
+    if let Err(e) = &result {
+        // Say so at once: draining and the final checkpoint write may take a while more.
+        tracing::warn!(error = %e, "run interrupted");
+    }
     let result = match result {
         // Kafka or the lease failed: what is in flight cannot be trusted to move the
         // checkpoint (and without the lease it may not be written).
