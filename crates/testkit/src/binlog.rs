@@ -40,6 +40,20 @@ pub struct BinlogEvent {
 }
 
 impl BinlogEvent {
+    /// The end of an event group: an `Xid` event, or a `Query` event that is not the start of
+    /// a transaction (`COMMIT`, or a statement logged on its own such as DDL, which with
+    /// `binlog_format=ROW` only appears outside transactions).
+    pub fn ends_group(&self) -> bool {
+        if self.event_type == "Xid" {
+            return true;
+        }
+        let info = self.info.trim_start().to_ascii_uppercase();
+        self.event_type == "Query"
+            && !["BEGIN", "XA START", "XA BEGIN", "SAVEPOINT", "ROLLBACK TO"]
+                .iter()
+                .any(|p| info.starts_with(p))
+    }
+
     /// An `Xid` event, or a `Query` event whose text is `COMMIT`: the end of a transaction.
     pub fn is_commit(&self) -> bool {
         self.event_type == "Xid"
@@ -171,7 +185,8 @@ pub async fn binlog_event_ending_at(
 }
 
 /// Whether (`file`, `pos`) is a transaction boundary: `file` is listed by `SHOW BINARY LOGS` and
-/// `pos` is the `End_log_pos` of an `Xid` event or of a `Query` event whose text is `COMMIT`.
+/// `pos` is the start of the file (4, where a rotation leaves the relay) or the `End_log_pos` of
+/// an event that ends a group ([`BinlogEvent::ends_group`]: `Xid`, `COMMIT`, a DDL statement).
 /// `scan_from` as for [`binlog_event_ending_at`].
 ///
 /// # Errors
@@ -186,9 +201,12 @@ pub async fn is_transaction_boundary(
     if !logs.iter().any(|(name, _)| name == file) {
         return Ok(false);
     }
+    if pos == 4 {
+        return Ok(true);
+    }
     Ok(binlog_event_ending_at(conn, file, pos, scan_from)
         .await?
-        .is_some_and(|ev| ev.is_commit()))
+        .is_some_and(|ev| ev.ends_group()))
 }
 
 /// Up to `limit` events of `from.file` starting at `from.pos` (which must be an event start).

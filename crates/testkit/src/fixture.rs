@@ -173,7 +173,7 @@ pub async fn ensure_boundary(
     );
     ensure!(
         is_transaction_boundary(conn, &cp.binlog_file, cp.binlog_pos, scan_from).await?,
-        "checkpoint {} is not a transaction boundary (the end of an Xid/COMMIT event)",
+        "checkpoint {} is not a transaction boundary (file start, or the end of an Xid, COMMIT or DDL event)",
         cp.position()
     );
     Ok(())
