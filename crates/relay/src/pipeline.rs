@@ -508,29 +508,13 @@ impl Reader<'_> {
             .await
         {
             Ok(d) => d,
-            Err(Refusal::Permanent(reason)) => {
-                return Err(RelayError::Row {
-                    position: dl.position,
-                    table: dl.table,
-                    reason: format!(
-                        "{}; the dead-letter topic refused it too: {reason}",
-                        dl.reason
-                    ),
-                })
-            }
+            Err(Refusal::Permanent(reason)) => return Err(refused_too(&dl, &reason)),
             Err(Refusal::Failed(e)) => return Err(e),
         };
         Ok(async move {
             let result = match delivery_result(delivery.await) {
                 Ok(Delivered::Acked(..)) => Ok(done),
-                Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
-                    position: dl.position,
-                    table: dl.table,
-                    reason: format!(
-                        "{}; the dead-letter topic refused it too: {reason}",
-                        dl.reason
-                    ),
-                }),
+                Ok(Delivered::Refused { reason, .. }) => Err(refused_too(&dl, &reason)),
                 Err(e) => Err(e),
             };
             Ack::Record(result)
@@ -596,6 +580,18 @@ fn dead_letter_of(
     }
 }
 
+/// The error for a row whose dead letter was refused as well: the relay must stop.
+fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
+    RelayError::Row {
+        position: dl.position.clone(),
+        table: dl.table.clone(),
+        reason: format!(
+            "{}; the dead-letter topic refused it too: {reason}",
+            dl.reason
+        ),
+    }
+}
+
 /// Produces a dead letter from inside an acknowledgement future and waits for its delivery.
 async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), RelayError> {
     tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
@@ -603,28 +599,12 @@ async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), R
         match sink.send_dead_letter(dl) {
             Ok(d) => break d,
             Err(SendError::QueueFull) => tokio::time::sleep(Duration::from_millis(10)).await,
-            Err(SendError::Permanent(reason)) => {
-                return Err(RelayError::Row {
-                    position: dl.position.clone(),
-                    table: dl.table.clone(),
-                    reason: format!(
-                        "{}; the dead-letter topic refused it too: {reason}",
-                        dl.reason
-                    ),
-                })
-            }
+            Err(SendError::Permanent(reason)) => return Err(refused_too(dl, &reason)),
             Err(SendError::Failed(e)) => return Err(e),
         }
     };
     match delivery_result(delivery.await)? {
         Delivered::Acked(..) => Ok(()),
-        Delivered::Refused { reason, .. } => Err(RelayError::Row {
-            position: dl.position.clone(),
-            table: dl.table.clone(),
-            reason: format!(
-                "{}; the dead-letter topic refused it too: {reason}",
-                dl.reason
-            ),
-        }),
+        Delivered::Refused { reason, .. } => Err(refused_too(dl, &reason)),
     }
 }
