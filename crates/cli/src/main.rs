@@ -88,8 +88,7 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
         connector = %config.connector_name,
         mysql = %outbox_relay_core::redact_url(&config.mysql.url),
         kafka = %config.kafka.bootstrap_servers,
-        tables = ?config.outbox.tables,
-        topic = %config.outbox.topic,
+        tables = ?config.outbox_tables().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "starting outbox-relay {}", env!("CARGO_PKG_VERSION")
     );
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -127,30 +127,94 @@ impl std::fmt::Debug for MysqlConfig {
     }
 }
 
-/// `[outbox]`: the outbox tables and their column mapping.
+/// `[outbox]`: the outbox tables and how their rows become Kafka records.
+///
+/// The mapping fields here (`columns`, `topic`, `headers`, `additional`, `null_payload`,
+/// `on_update`, `datetime_time_zone`, `binary_format`, `key_format`) are the defaults of every
+/// outbox table; a `[[outbox.table]]` entry overrides any of them for one table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// Outbox tables as `database.table`; at least one. Every INSERT committed on one of them
-    /// becomes one Kafka record. UPDATE and DELETE are ignored.
+    /// Outbox tables as `database.table`, mapped with the defaults of this section. Every INSERT
+    /// committed on one of them becomes one Kafka record; DELETEs are ignored, UPDATEs follow
+    /// `on_update`. Default empty; `tables` and `table` together name at least one table.
+    #[serde(default)]
     pub tables: Vec<String>,
+    /// `[[outbox.table]]`: outbox tables with their own mapping (overrides of this section).
+    #[serde(default)]
+    pub table: Vec<OutboxTableConfig>,
     /// Column mapping (defaults follow the common outbox shape).
     #[serde(default)]
     pub columns: ColumnMapping,
     /// Topic template. `{aggregate_type}`, `{event_type}`, `{database}` and `{table}` are
-    /// replaced by the row's values. Default `outbox.event.{aggregate_type}` (the naming of
-    /// Debezium's outbox event router).
+    /// replaced by the row's values; a template without placeholders is a fixed topic. Default
+    /// `outbox.event.{aggregate_type}` (the naming of Debezium's outbox event router).
     #[serde(default = "default_topic")]
     pub topic: String,
+    /// Names of the standard headers.
+    #[serde(default)]
+    pub headers: HeaderNames,
+    /// Extra columns copied into a header or into an envelope around the payload.
+    #[serde(default)]
+    pub additional: Vec<AdditionalColumn>,
+    /// What a row whose payload is NULL becomes. Default `tombstone`.
+    #[serde(default)]
+    pub null_payload: NullPayload,
+    /// What an UPDATE of an outbox row does. Default `ignore`.
+    #[serde(default)]
+    pub on_update: OnUpdate,
+    /// Time zone in which DATETIME `created_at` values are read: an IANA name
+    /// (`Europe/Berlin`) or `UTC`. TIMESTAMP columns are UTC by definition. Default `UTC`.
+    #[serde(default = "default_zone")]
+    pub datetime_time_zone: String,
+    /// How binary (`BINARY`, `VARBINARY`) id, key and header columns become text. Default `uuid`.
+    #[serde(default)]
+    pub binary_format: BinaryFormat,
+    /// What the Kafka key holds. Default `text`.
+    #[serde(default)]
+    pub key_format: KeyFormat,
 }
 
 fn default_topic() -> String {
     "outbox.event.{aggregate_type}".to_owned()
 }
 
-/// `[outbox.columns]`: names of the outbox columns. Columns not named here (`status`,
-/// `retry_count`, …) are ignored.
+fn default_zone() -> String {
+    "UTC".to_owned()
+}
+
+/// `[[outbox.table]]`: one outbox table with its own mapping. Every field but `name` is
+/// optional and defaults to the `[outbox]` value; `columns` and `headers` are merged key by key.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxTableConfig {
+    /// `database.table`.
+    pub name: String,
+    /// Column names that differ from `[outbox.columns]`.
+    #[serde(default)]
+    pub columns: PartialColumnMapping,
+    /// Topic template for this table.
+    pub topic: Option<String>,
+    /// Header names that differ from `[outbox.headers]`.
+    #[serde(default)]
+    pub headers: PartialHeaderNames,
+    /// Extra columns for this table (replaces `[outbox] additional`).
+    pub additional: Option<Vec<AdditionalColumn>>,
+    /// See [`OutboxConfig::null_payload`].
+    pub null_payload: Option<NullPayload>,
+    /// See [`OutboxConfig::on_update`].
+    pub on_update: Option<OnUpdate>,
+    /// See [`OutboxConfig::datetime_time_zone`].
+    pub datetime_time_zone: Option<String>,
+    /// See [`OutboxConfig::binary_format`].
+    pub binary_format: Option<BinaryFormat>,
+    /// See [`OutboxConfig::key_format`].
+    pub key_format: Option<KeyFormat>,
+}
+
+/// `[outbox.columns]`: names of the outbox columns. Columns not named here (`status`,
+/// `retry_count`, …) are ignored unless listed in `additional`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnMapping {
     /// Event id; sent as header `id`. Default `id`.
@@ -158,17 +222,21 @@ pub struct ColumnMapping {
     /// Aggregate type; used by the topic template and sent as header `aggregate_type`.
     /// Default `aggregate_type`.
     pub aggregate_type: String,
-    /// Aggregate id; the Kafka key (UTF-8 text). Default `aggregate_id`.
+    /// Aggregate id; the Kafka key (its text form, see `key_format`). Default `aggregate_id`.
     pub aggregate_id: String,
     /// Event type; sent as header `event_type`. Default `event_type`.
     pub event_type: String,
     /// Consumers' idempotency key; sent as header `event_key`. Default `event_key`.
     pub event_key: String,
-    /// Payload; the Kafka value, bytes as stored. Default `payload`.
+    /// Payload; the Kafka value, bytes as stored (MySQL JSON as MySQL prints it). Default
+    /// `payload`.
     pub payload: String,
-    /// Creation time (DATETIME or TIMESTAMP, read as UTC); the Kafka record timestamp. Set to
-    /// `""` to use the binlog event time instead. Default `created_at`.
+    /// Creation time (DATETIME read in `datetime_time_zone`, or TIMESTAMP); the Kafka record
+    /// timestamp. Set to `""` to use the binlog event time instead. Default `created_at`.
     pub created_at: String,
+    /// Optional integer column holding an explicit partition number; NULL or `""` (default)
+    /// lets the key choose the partition.
+    pub partition: String,
 }
 
 impl Default for ColumnMapping {
@@ -181,8 +249,168 @@ impl Default for ColumnMapping {
             event_key: "event_key".into(),
             payload: "payload".into(),
             created_at: "created_at".into(),
+            partition: String::new(),
         }
     }
+}
+
+/// [`ColumnMapping`] with every field optional (`[[outbox.table]] columns`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(missing_docs)]
+pub struct PartialColumnMapping {
+    pub id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub event_key: Option<String>,
+    pub payload: Option<String>,
+    pub created_at: Option<String>,
+    pub partition: Option<String>,
+}
+
+impl PartialColumnMapping {
+    /// `base` with the fields set here replaced.
+    pub fn over(&self, base: &ColumnMapping) -> ColumnMapping {
+        let pick = |o: &Option<String>, b: &String| o.clone().unwrap_or_else(|| b.clone());
+        ColumnMapping {
+            id: pick(&self.id, &base.id),
+            aggregate_type: pick(&self.aggregate_type, &base.aggregate_type),
+            aggregate_id: pick(&self.aggregate_id, &base.aggregate_id),
+            event_type: pick(&self.event_type, &base.event_type),
+            event_key: pick(&self.event_key, &base.event_key),
+            payload: pick(&self.payload, &base.payload),
+            created_at: pick(&self.created_at, &base.created_at),
+            partition: pick(&self.partition, &base.partition),
+        }
+    }
+}
+
+/// `[outbox.headers]`: the names of the standard headers; `""` leaves a header out.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderNames {
+    /// Header carrying the `id` column. Default `id`.
+    pub id: String,
+    /// Header carrying the `event_key` column. Default `event_key`.
+    pub event_key: String,
+    /// Header carrying the `event_type` column. Default `event_type`.
+    pub event_type: String,
+    /// Header carrying the `aggregate_type` column. Default `aggregate_type`.
+    pub aggregate_type: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            event_key: "event_key".into(),
+            event_type: "event_type".into(),
+            aggregate_type: "aggregate_type".into(),
+        }
+    }
+}
+
+/// [`HeaderNames`] with every field optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(missing_docs)]
+pub struct PartialHeaderNames {
+    pub id: Option<String>,
+    pub event_key: Option<String>,
+    pub event_type: Option<String>,
+    pub aggregate_type: Option<String>,
+}
+
+impl PartialHeaderNames {
+    /// `base` with the fields set here replaced.
+    pub fn over(&self, base: &HeaderNames) -> HeaderNames {
+        let pick = |o: &Option<String>, b: &String| o.clone().unwrap_or_else(|| b.clone());
+        HeaderNames {
+            id: pick(&self.id, &base.id),
+            event_key: pick(&self.event_key, &base.event_key),
+            event_type: pick(&self.event_type, &base.event_type),
+            aggregate_type: pick(&self.aggregate_type, &base.aggregate_type),
+        }
+    }
+}
+
+/// One `additional` entry: a column copied into the record (Debezium's
+/// `table.fields.additional.placement`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdditionalColumn {
+    /// Column name.
+    pub column: String,
+    /// `header` or `envelope`.
+    pub placement: Placement,
+    /// Header or envelope field name. Default: the column name.
+    pub alias: Option<String>,
+}
+
+/// Where an additional column goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// A Kafka header with the column's text form (omitted when NULL).
+    Header,
+    /// A field of a JSON envelope `{"payload": <payload>, "<alias>": <value>, …}` that replaces
+    /// the plain payload as the record value. Numbers stay numbers, NULL is `null`.
+    Envelope,
+}
+
+/// `null_payload`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NullPayload {
+    /// A record with a null value and the row's key (a Kafka tombstone).
+    #[default]
+    Tombstone,
+    /// No record; a warning with the row's position is logged.
+    Skip,
+    /// The row goes to the dead-letter topic (or stops the relay when none is configured).
+    DeadLetter,
+}
+
+/// `on_update`: outbox rows are insert-only; an UPDATE is usually a bug in the writer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUpdate {
+    /// Nothing is produced.
+    #[default]
+    Ignore,
+    /// Nothing is produced; a warning names the position.
+    Warn,
+    /// The update is an error: dead-lettered when configured, else the relay stops.
+    Fail,
+}
+
+/// `binary_format`: the text form of binary-string (`BINARY`, `VARBINARY`) values used as id,
+/// key, header or envelope field. Payloads are always raw bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BinaryFormat {
+    /// 16-byte values as canonical UUID text (`3f2504e0-4f89-11d3-9a0c-0305e82c3301`, as
+    /// MySQL's `BIN_TO_UUID`), other lengths as lowercase hex.
+    #[default]
+    Uuid,
+    /// Lowercase hex of every byte (as `HEX()`, lowercased).
+    Hex,
+    /// The bytes as stored.
+    Raw,
+}
+
+/// `key_format`: the Kafka key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyFormat {
+    /// The aggregate id's text form as UTF-8 (numbers in decimal, binary per `binary_format`,
+    /// strings converted from their column character set).
+    #[default]
+    Text,
+    /// The aggregate id's bytes as stored (strings in their column character set, binary as is;
+    /// numbers still in decimal text).
+    Raw,
 }
 
 /// `[kafka]`: the producer.
@@ -385,16 +613,8 @@ impl RelayConfig {
                 self.dead_letter.topic
             ));
         }
-        if self.outbox.tables.is_empty() {
-            return bad(
-                "outbox.tables must name at least one outbox table (database.table)".into(),
-            );
-        }
-        for t in &self.outbox.tables {
-            TableName::parse(t, None)?;
-        }
+        self.table_mappings()?;
         self.checkpoint_table()?;
-        crate::route::TopicTemplate::parse(&self.outbox.topic)?;
         if self.kafka.max_in_flight == 0 {
             return bad("kafka.max_in_flight must be at least 1".into());
         }
@@ -406,19 +626,6 @@ impl RelayConfig {
                 ));
             }
         }
-        let c = &self.outbox.columns;
-        for (key, value) in [
-            ("id", &c.id),
-            ("aggregate_type", &c.aggregate_type),
-            ("aggregate_id", &c.aggregate_id),
-            ("event_type", &c.event_type),
-            ("event_key", &c.event_key),
-            ("payload", &c.payload),
-        ] {
-            if value.is_empty() {
-                return bad(format!("outbox.columns.{key} must name a column"));
-            }
-        }
         if self.retry.initial_backoff_ms == 0
             || self.retry.max_backoff_ms < self.retry.initial_backoff_ms
         {
@@ -427,13 +634,12 @@ impl RelayConfig {
         Ok(())
     }
 
-    /// The outbox tables, parsed.
+    /// The outbox tables, parsed (empty when the configuration is invalid, which
+    /// [`RelayConfig::load`] already refused).
     pub fn outbox_tables(&self) -> Vec<TableName> {
-        self.outbox
-            .tables
-            .iter()
-            .filter_map(|t| TableName::parse(t, None).ok())
-            .collect()
+        self.table_mappings()
+            .map(|m| m.into_iter().map(|t| (*t.table).clone()).collect())
+            .unwrap_or_default()
     }
 
     /// The database named in `mysql.url`, if any.

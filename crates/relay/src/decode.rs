@@ -10,17 +10,20 @@
 //! are relayed as they are read, without buffering whole transactions; XA transactions, whose
 //! rows are logged at `XA PREPARE`, are refused on the outbox until they are supported.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use mysql_async::binlog::events::{EventData, RowsEventData, TableMapEvent};
+use mysql_async::binlog::events::{EventData, OptionalMetadataField, RowsEventData, TableMapEvent};
 use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::value::BinlogValue;
+use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 
-use crate::config::{ColumnMapping, TableName};
+use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
+use crate::config::{KeyFormat, NullPayload, OnUpdate, Placement, TableName};
 use crate::error::RelayError;
 use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
+use crate::mapping::TableMapping;
 use crate::position::{BinlogPosition, MariadbGtid, MariadbGtidPos};
 
 /// The GTID state the decoder keeps up to date: MariaDB's position per domain, or MySQL's
@@ -52,24 +55,35 @@ enum PendingGtid {
 use crate::source::SourceEvent;
 
 /// One committed INSERT on an outbox table, owned and typed.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct OutboxEvent {
-    /// The outbox table the row was written to.
+    /// The mapping of the table the row was written to.
+    pub mapping: Arc<TableMapping>,
+    /// The outbox table the row was written to (the mapping's table).
     pub table: Arc<TableName>,
     /// Text form of the `id` column (header `id`).
     pub id: Option<Vec<u8>>,
     /// Text form of the aggregate type (topic template, header `aggregate_type`).
     pub aggregate_type: String,
-    /// Text form of the aggregate id (the Kafka key).
+    /// The Kafka key: the aggregate id's text form (or its stored bytes with
+    /// `key_format = "raw"`).
     pub aggregate_id: Vec<u8>,
     /// Header `event_type`.
     pub event_type: Option<Vec<u8>>,
     /// Header `event_key` (consumers' idempotency key).
     pub event_key: Option<Vec<u8>>,
-    /// The payload bytes as stored; `None` for SQL NULL.
+    /// The payload bytes as stored (MySQL JSON rendered as MySQL prints it); `None` for SQL NULL.
     pub payload: Option<Vec<u8>>,
-    /// Record timestamp in ms since the Unix epoch: `created_at` read as UTC, else the binlog
-    /// event time.
+    /// The payload column is MySQL's JSON type (so it is JSON text for an envelope).
+    pub payload_is_json: bool,
+    /// Explicit partition from the partition column, if mapped and not NULL.
+    pub partition: Option<i32>,
+    /// Additional columns placed as headers: (header name, text form), NULLs left out.
+    pub extra_headers: Vec<(String, Vec<u8>)>,
+    /// Additional columns placed in the envelope: (field name, JSON text of the value).
+    pub envelope: Vec<(String, Vec<u8>)>,
+    /// Record timestamp in ms since the Unix epoch: `created_at` (DATETIME in the configured
+    /// zone, TIMESTAMP as UTC), else the binlog event time.
     pub timestamp_ms: i64,
     /// End of the rows event that carried the row (for error messages and tracing).
     pub position: BinlogPosition,
@@ -138,9 +152,11 @@ const FL_PREPARED_XA: u8 = 64;
 /// Per-stream decoding state: where in a transaction we are and what it touched.
 #[derive(Debug)]
 pub struct Decoder {
-    outbox_tables: HashSet<Arc<TableName>>,
+    outbox_tables: HashMap<TableName, Arc<TableMapping>>,
+    /// Column layouts known from `information_schema` and DDL tracking, for table maps
+    /// without column names.
+    tracked: HashMap<TableName, Vec<String>>,
     checkpoint_table: TableName,
-    columns: ColumnMapping,
     gtid: Option<GtidState>,
     tx: TxState,
 }
@@ -160,23 +176,32 @@ struct TxState {
 }
 
 impl Decoder {
-    /// A decoder for `outbox_tables`, ignoring writes to `checkpoint_table` (and to tables of
+    /// A decoder for the outbox tables of `outbox_tables` (their mappings), ignoring writes to `checkpoint_table` (and to tables of
     /// the same name in other databases: other connectors' state tables).
     /// `gtid` is the GTID state to continue from, if known; without one no GTIDs are tracked
     /// (MySQL) or MariaDB's are tracked from the first one seen.
     pub fn new(
-        outbox_tables: impl IntoIterator<Item = TableName>,
+        outbox_tables: impl IntoIterator<Item = TableMapping>,
         checkpoint_table: TableName,
-        columns: ColumnMapping,
         gtid: Option<GtidState>,
     ) -> Self {
         Self {
-            outbox_tables: outbox_tables.into_iter().map(Arc::new).collect(),
+            outbox_tables: outbox_tables
+                .into_iter()
+                .map(|m| ((*m.table).clone(), Arc::new(m)))
+                .collect(),
+            tracked: HashMap::new(),
             checkpoint_table,
-            columns,
             gtid,
             tx: TxState::default(),
         }
+    }
+
+    /// Sets the column layout of `table` (names in table order) for table maps that carry no
+    /// column names (`binlog_row_metadata=MINIMAL`): read from `information_schema` at a known
+    /// position and kept up to date through the DDL in the binlog.
+    pub fn track_layout(&mut self, table: TableName, columns: Vec<String>) {
+        self.tracked.insert(table, columns);
     }
 
     /// `true` while inside a transaction (a checkpoint here would be mid-transaction).
@@ -234,6 +259,14 @@ impl Decoder {
             Some(EventData::QueryEvent(q)) => {
                 let query = q.query();
                 let stmt = query.trim().trim_end_matches(';').trim();
+                let is_end =
+                    stmt.eq_ignore_ascii_case("COMMIT") || stmt.eq_ignore_ascii_case("ROLLBACK");
+                if !is_end && !stmt.eq_ignore_ascii_case("BEGIN") {
+                    if let Some(failure) = self.statement_on_outbox(stmt, &q.schema(), ev) {
+                        self.tx.advances = true;
+                        return Ok(Decoded::Rows(vec![Err(failure)]));
+                    }
+                }
                 if stmt.eq_ignore_ascii_case("BEGIN") {
                     // MySQL sends its GTID event just before BEGIN: keep it.
                     self.tx = TxState {
@@ -270,6 +303,36 @@ impl Decoder {
             Some(EventData::RowsEvent(rows)) => self.decode_rows(ev, &rows, table_map),
             _ => Ok(Decoded::Rows(Vec::new())),
         }
+    }
+
+    /// A row-writing statement on an outbox table logged as SQL text (a session with
+    /// `binlog_format=STATEMENT` or `MIXED`): its rows are not in the binlog, so it cannot be
+    /// relayed; it becomes a failure carrying the statement (dead letter or stop).
+    fn statement_on_outbox(
+        &self,
+        stmt: &str,
+        default_db: &str,
+        ev: &SourceEvent,
+    ) -> Option<Box<RowFailure>> {
+        let table = self
+            .outbox_tables
+            .keys()
+            .find(|t| statement_writes_table(stmt, default_db, t))?;
+        Some(Box::new(RowFailure {
+            error: RelayError::Row {
+                position: ev.position.clone(),
+                table: table.to_string(),
+                reason: "an INSERT on the outbox was logged as a statement, not as rows (the \
+                         writing session used binlog_format=STATEMENT or MIXED), so its rows \
+                         cannot be read from the binlog. Fix: SET GLOBAL binlog_format=ROW and \
+                         make sure no writer sets a session binlog_format; the statement is \
+                         the dead letter's value"
+                    .into(),
+            },
+            key: None,
+            value: Some(stmt.as_bytes().to_vec()),
+            headers: Vec::new(),
+        }))
     }
 
     fn finish_tx(&mut self, ev: &SourceEvent) -> TxBoundary {
@@ -317,20 +380,40 @@ impl Decoder {
             return Ok(Decoded::Rows(Vec::new()));
         }
         self.tx.advances = true;
-        let Some(table) = self.outbox_tables.get(&name).cloned() else {
+        let Some(mapping) = self.outbox_tables.get(&name).cloned() else {
             return Ok(Decoded::Rows(Vec::new()));
         };
-        if !matches!(
-            rows,
-            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_)
-        ) {
-            return Ok(Decoded::Rows(Vec::new())); // UPDATE/DELETE on the outbox: ignored by design
-        }
         let row_error = |reason: String| RelayError::Row {
             position: ev.position.clone(),
             table: name.to_string(),
             reason,
         };
+        match rows {
+            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => {}
+            RowsEventData::UpdateRowsEvent(_)
+            | RowsEventData::UpdateRowsEventV1(_)
+            | RowsEventData::PartialUpdateRowsEvent(_) => {
+                return Ok(Decoded::Rows(match mapping.on_update {
+                    OnUpdate::Ignore => Vec::new(),
+                    OnUpdate::Warn => {
+                        tracing::warn!(position = %ev.position, table = %name,
+                            "UPDATE of outbox rows ignored: outbox rows are insert-only \
+                             (outbox.on_update = \"warn\")");
+                        Vec::new()
+                    }
+                    OnUpdate::Fail => vec![Err(RowFailure::bare(row_error(
+                        "UPDATE of an outbox row: outbox rows are insert-only \
+                         (outbox.on_update = \"fail\"); fix the writer, or set on_update to \
+                         \"ignore\" or \"warn\""
+                            .into(),
+                    )))],
+                }))
+            }
+            // DELETEs (clean-up of relayed rows) are ignored by design.
+            RowsEventData::DeleteRowsEvent(_) | RowsEventData::DeleteRowsEventV1(_) => {
+                return Ok(Decoded::Rows(Vec::new()))
+            }
+        }
         if self.tx.xa_prepared {
             return Err(row_error(
                 "the row is part of an XA transaction (XA PREPARE), whose outcome is not known \
@@ -339,6 +422,9 @@ impl Decoder {
                     .into(),
             ));
         }
+        let after_image: Option<Vec<bool>> = rows
+            .columns_after_image()
+            .map(|bits| bits.iter().map(|b| *b).collect());
         let mut out = Vec::new();
         let mut layout: Option<ColumnLayout> = None;
         for row in rows.rows(tme) {
@@ -348,14 +434,153 @@ impl Decoder {
                 after.ok_or_else(|| row_error("WRITE_ROWS without an after image".into()))?;
             let layout = match &layout {
                 Some(l) => l,
-                None => {
-                    layout.insert(ColumnLayout::resolve(&row, &self.columns).map_err(row_error)?)
-                }
+                None => layout.insert(
+                    ColumnLayout::resolve(
+                        tme,
+                        after_image.as_deref(),
+                        &row,
+                        &mapping,
+                        self.tracked.get(&name).map(Vec::as_slice),
+                    )
+                    .map_err(row_error)?,
+                ),
             };
-            out.push(layout.extract(&mut row, &table, ev, &row_error));
+            match layout.extract(&mut row, &mapping, ev, &row_error) {
+                Ok(Some(event)) => out.push(Ok(event)),
+                Ok(None) => {} // skipped by configuration (NULL payload)
+                Err(failure) => out.push(Err(failure)),
+            }
         }
         Ok(Decoded::Rows(out))
     }
+}
+
+/// `true` when `stmt` is an INSERT, REPLACE or LOAD DATA whose target is `table` (qualified, or
+/// unqualified with `default_db` being the table's database).
+fn statement_writes_table(stmt: &str, default_db: &str, table: &TableName) -> bool {
+    let tokens = sql_tokens(stmt);
+    let Some(first) = tokens.first() else {
+        return false;
+    };
+    if !["insert", "replace", "load"]
+        .iter()
+        .any(|k| first.eq_ignore_ascii_case(k))
+    {
+        return false;
+    }
+    // The target follows INTO (INSERT/REPLACE … INTO t, LOAD DATA … INTO TABLE t) or, for
+    // INSERT without INTO, the first identifier after the modifiers.
+    let skip = [
+        "insert",
+        "replace",
+        "load",
+        "data",
+        "xml",
+        "low_priority",
+        "delayed",
+        "high_priority",
+        "ignore",
+        "into",
+        "table",
+        "concurrent",
+        "local",
+        "infile",
+    ];
+    let mut i = 0;
+    while let Some(t) = tokens.get(i) {
+        if t.starts_with('\'') || skip.iter().any(|k| t.eq_ignore_ascii_case(k)) {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    let (db, name) = match (tokens.get(i), tokens.get(i + 1), tokens.get(i + 2)) {
+        (Some(db), Some(dot), Some(name)) if dot == "." => (db.as_str(), name.as_str()),
+        (Some(name), _, _) => (default_db, name.as_str()),
+        _ => return false,
+    };
+    db == table.database && name == table.table
+}
+
+/// Identifiers (backticks removed), quoted strings (kept with their quote) and punctuation of a
+/// statement, comments dropped. Enough to find a statement's target table.
+fn sql_tokens(stmt: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = stmt.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {}
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut prev = ' ';
+                for c in chars.by_ref() {
+                    if prev == '*' && c == '/' {
+                        break;
+                    }
+                    prev = c;
+                }
+            }
+            '#' => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '`' => {
+                let mut ident = String::new();
+                while let Some(c) = chars.next() {
+                    if c == '`' {
+                        if chars.peek() == Some(&'`') {
+                            chars.next();
+                            ident.push('`');
+                        } else {
+                            break;
+                        }
+                    } else {
+                        ident.push(c);
+                    }
+                }
+                out.push(ident);
+            }
+            '\'' | '"' => {
+                let mut s = String::from(c);
+                while let Some(d) = chars.next() {
+                    if d == '\\' {
+                        chars.next();
+                    } else if d == c {
+                        break;
+                    }
+                }
+                s.push(c);
+                out.push(s);
+            }
+            c if c.is_alphanumeric() || c == '_' || c == '$' => {
+                let mut ident = String::from(c);
+                while let Some(&d) = chars.peek() {
+                    if d.is_alphanumeric() || d == '_' || d == '$' {
+                        ident.push(d);
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                out.push(ident);
+            }
+            other => out.push(other.to_string()),
+        }
+        if out.len() > 16 {
+            break; // the target is near the start
+        }
+    }
+    out
 }
 
 /// Parses a MariaDB GTID event body: seq_no u64, domain_id u32, flags2 u8 (all little-endian).
@@ -385,9 +610,17 @@ fn parse_mariadb_gtid(ev: &SourceEvent) -> Result<(MariadbGtid, u8), RelayError>
     ))
 }
 
-/// Indices of the mapped columns in a table's rows.
+/// Where the mapped columns are in one rows event, and what the table map says about them.
+///
+/// Built once per rows event: the table map (and with it the column layout) may change between
+/// events, never within one.
 #[derive(Debug)]
 struct ColumnLayout {
+    /// Per table column: name and type information.
+    columns: Vec<ColumnInfo>,
+    /// Per table column: its index in the row image, `None` when the image leaves it out
+    /// (`binlog_row_image=MINIMAL`/`NOBLOB`).
+    in_image: Vec<Option<usize>>,
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
@@ -395,62 +628,190 @@ struct ColumnLayout {
     event_key: usize,
     payload: usize,
     created_at: Option<usize>,
-    /// Columns mapped to more than one field (e.g. `event_key = "id"`): read by copy, not moved.
+    partition: Option<usize>,
+    additional: Vec<usize>,
+    /// Table columns read by more than one field: copied, not moved out of the row.
     shared: Vec<usize>,
 }
 
-impl ColumnLayout {
-    fn resolve(row: &BinlogRow, m: &ColumnMapping) -> Result<Self, String> {
-        let columns = row.columns_ref();
-        if columns.iter().all(|c| c.name_ref().is_empty()) {
-            return Err(
-                "the table map event carries no column names. Fix: SET GLOBAL \
-                 binlog_row_metadata=FULL on the server (MySQL 8.0.1+, MariaDB 10.5+)"
-                    .into(),
-            );
+/// Column names of a table map, when it carries them (`binlog_row_metadata=FULL`).
+fn table_map_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for field in tme.iter_optional_meta() {
+        if let Ok(OptionalMetadataField::ColumnName(n)) = field {
+            for name in n.iter_names() {
+                names.push(name.ok()?.name().into_owned());
+            }
         }
+    }
+    (!names.is_empty()).then_some(names)
+}
+
+/// ENUM labels / SET member names per table column, from the table map's optional metadata.
+fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec<u8>>>> {
+    let mut enums = Vec::new();
+    let mut sets = Vec::new();
+    for field in tme.iter_optional_meta() {
+        match field {
+            Ok(OptionalMetadataField::EnumStrValue(e)) => {
+                for values in e.iter_values() {
+                    let Ok(values) = values else {
+                        return vec![None; count];
+                    };
+                    enums.push(
+                        values
+                            .values()
+                            .iter()
+                            .map(|v| v.value_raw().to_vec())
+                            .collect(),
+                    );
+                }
+            }
+            Ok(OptionalMetadataField::SetStrValue(s)) => {
+                for values in s.iter_values() {
+                    let Ok(values) = values else {
+                        return vec![None; count];
+                    };
+                    sets.push(
+                        values
+                            .values()
+                            .iter()
+                            .map(|v| v.value_raw().to_vec())
+                            .collect(),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    let (mut enums, mut sets) = (enums.into_iter(), sets.into_iter());
+    (0..count)
+        .map(|i| match tme.get_column_type(i) {
+            Ok(Some(ColumnType::MYSQL_TYPE_ENUM)) => enums.next(),
+            Ok(Some(ColumnType::MYSQL_TYPE_SET)) => sets.next(),
+            _ => None,
+        })
+        .collect()
+}
+
+impl ColumnLayout {
+    /// Resolves `mapping` against the table map `tme` of a rows event whose after image holds
+    /// the columns `after_image` (all when `None`). `tracked` is the column layout known from
+    /// `information_schema` and DDL tracking, used when the table map carries no names.
+    fn resolve(
+        tme: &TableMapEvent<'_>,
+        after_image: Option<&[bool]>,
+        sample: &BinlogRow,
+        mapping: &TableMapping,
+        tracked: Option<&[String]>,
+    ) -> Result<Self, String> {
+        let count = usize::try_from(tme.columns_count()).map_err(|e| e.to_string())?;
+        let names = match (table_map_names(tme), tracked) {
+            (Some(names), _) => names,
+            (None, Some(tracked)) if tracked.len() == count => tracked.to_vec(),
+            (None, Some(tracked)) => {
+                return Err(format!(
+                    "the table map has {count} columns but the tracked layout of the table has \
+                     {} ({}): the layout in force when the row was written is unknown. Fix: SET \
+                     GLOBAL binlog_row_metadata=FULL on the server, then restart the relay from a \
+                     position after this one",
+                    tracked.len(),
+                    tracked.join(", ")
+                ))
+            }
+            (None, None) => {
+                return Err(
+                    "the table map event carries no column names. Fix: SET GLOBAL \
+                     binlog_row_metadata=FULL on the server (MySQL 8.0.1+, MariaDB 10.5+)"
+                        .into(),
+                )
+            }
+        };
+        let mut in_image = Vec::with_capacity(count);
+        let mut next = 0;
+        for i in 0..count {
+            if after_image.is_none_or(|bits| bits.get(i).copied().unwrap_or(false)) {
+                in_image.push(Some(next));
+                next += 1;
+            } else {
+                in_image.push(None);
+            }
+        }
+        let labels = table_map_labels(tme, count);
+        let columns: Vec<ColumnInfo> = names
+            .into_iter()
+            .zip(labels)
+            .enumerate()
+            .map(|(i, (name, labels))| {
+                let col = in_image[i].and_then(|p| sample.columns_ref().get(p));
+                let column_type = tme.get_column_type(i).ok().flatten();
+                ColumnInfo {
+                    name,
+                    column_type,
+                    collation: col.map_or(0, |c| c.character_set()),
+                    unsigned: col.is_some_and(|c| crate::columns::is_unsigned(c.flags())),
+                    labels,
+                    fixed_len: (column_type == Some(ColumnType::MYSQL_TYPE_STRING))
+                        .then(|| tme.get_column_metadata(i).and_then(string_column_length))
+                        .flatten(),
+                }
+            })
+            .collect();
         let find = |key: &str, name: &str| {
             columns
                 .iter()
-                .position(|c| c.name_ref() == name.as_bytes())
+                // Column names are case-insensitive in MySQL.
+                .position(|c| c.name.eq_ignore_ascii_case(name))
                 .ok_or_else(|| {
                     format!(
-                        "the outbox has no column {name:?} (outbox.columns.{key}); its columns are {}",
+                        "the outbox has no column {name:?} ({key}); its columns are {}",
                         columns
                             .iter()
-                            .map(|c| c.name_str().into_owned())
+                            .map(|c| c.name.as_str())
                             .collect::<Vec<_>>()
                             .join(", ")
                     )
                 })
         };
-        let mut layout = Self {
-            id: find("id", &m.id)?,
-            aggregate_type: find("aggregate_type", &m.aggregate_type)?,
-            aggregate_id: find("aggregate_id", &m.aggregate_id)?,
-            event_type: find("event_type", &m.event_type)?,
-            event_key: find("event_key", &m.event_key)?,
-            payload: find("payload", &m.payload)?,
-            created_at: if m.created_at.is_empty() {
-                None
+        let optional = |key: &str, name: &str| {
+            if name.is_empty() {
+                Ok(None)
             } else {
-                Some(find("created_at", &m.created_at)?)
-            },
-            shared: Vec::new(),
+                find(key, name).map(Some)
+            }
         };
-        let all = [
-            Some(layout.id),
-            Some(layout.aggregate_type),
-            Some(layout.aggregate_id),
-            Some(layout.event_type),
-            Some(layout.event_key),
-            Some(layout.payload),
-            layout.created_at,
+        let m = &mapping.columns;
+        let mut layout = Self {
+            id: find("outbox.columns.id", &m.id)?,
+            aggregate_type: find("outbox.columns.aggregate_type", &m.aggregate_type)?,
+            aggregate_id: find("outbox.columns.aggregate_id", &m.aggregate_id)?,
+            event_type: find("outbox.columns.event_type", &m.event_type)?,
+            event_key: find("outbox.columns.event_key", &m.event_key)?,
+            payload: find("outbox.columns.payload", &m.payload)?,
+            created_at: optional("outbox.columns.created_at", &m.created_at)?,
+            partition: optional("outbox.columns.partition", &m.partition)?,
+            additional: mapping
+                .additional
+                .iter()
+                .map(|a| find("outbox.additional", &a.column))
+                .collect::<Result<_, _>>()?,
+            shared: Vec::new(),
+            columns,
+            in_image,
+        };
+        let mut all: Vec<usize> = vec![
+            layout.id,
+            layout.aggregate_type,
+            layout.aggregate_id,
+            layout.event_type,
+            layout.event_key,
+            layout.payload,
         ];
-        for idx in all.iter().flatten() {
-            if all.iter().flatten().filter(|i| *i == idx).count() > 1
-                && !layout.shared.contains(idx)
-            {
+        all.extend(layout.created_at);
+        all.extend(layout.partition);
+        all.extend(layout.additional.iter().copied());
+        for idx in &all {
+            if all.iter().filter(|i| *i == idx).count() > 1 && !layout.shared.contains(idx) {
                 layout.shared.push(*idx);
             }
         }
@@ -460,77 +821,156 @@ impl ColumnLayout {
     fn extract(
         &self,
         row: &mut BinlogRow,
-        table: &Arc<TableName>,
+        mapping: &Arc<TableMapping>,
         ev: &SourceEvent,
         row_error: &dyn Fn(String) -> RelayError,
-    ) -> Result<OutboxEvent, Box<RowFailure>> {
+    ) -> Result<Option<OutboxEvent>, Box<RowFailure>> {
         let fail = |reason: String| RowFailure::bare(row_error(reason));
+        let mut take =
+            |idx: usize| -> Result<(BinlogValue<'static>, &ColumnInfo), Box<RowFailure>> {
+                let info = &self.columns[idx];
+                let value = match self.in_image[idx] {
+                    Some(p) if self.shared.contains(&idx) => {
+                        row.as_ref(p).map(|v| v.clone().into_owned())
+                    }
+                    Some(p) => row.take(p).map(BinlogValue::into_owned),
+                    None => None,
+                };
+                value.map(|v| (v, info)).ok_or_else(|| {
+                    fail(format!(
+                        "column {:?} is missing from the row image (the server logs partial rows: \
+                     binlog_row_image=MINIMAL or NOBLOB). Fix: SET GLOBAL binlog_row_image=FULL \
+                     (and in the writers' sessions)",
+                        info.name
+                    ))
+                })
+            };
+        let text = |(v, info): (BinlogValue<'static>, &ColumnInfo)| {
+            text_form(v, info, mapping.binary_format)
+                .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
+        };
         let timestamp_ms = match self.created_at {
-            Some(idx) => match row.as_ref(idx) {
-                Some(BinlogValue::Value(v)) => timestamp_ms(v).map_err(fail)?,
-                _ => None,
+            Some(idx) => match take(idx)? {
+                (BinlogValue::Value(v), info) => {
+                    crate::columns::timestamp_ms(&v, mapping.datetime_time_zone)
+                        .map_err(|e| fail(format!("column {:?}: {e}", info.name)))?
+                }
+                (_, info) => {
+                    return Err(fail(format!(
+                        "column {:?} (outbox.columns.created_at) is not a DATETIME or TIMESTAMP",
+                        info.name
+                    )))
+                }
             },
             None => None,
         }
         .unwrap_or(i64::from(ev.timestamp) * 1000);
-        let mut take = |idx: usize| -> Result<Option<Vec<u8>>, Box<RowFailure>> {
-            let name = row
-                .columns_ref()
-                .get(idx)
-                .map(|c| c.name_str().into_owned())
-                .unwrap_or_default();
-            let value = if self.shared.contains(&idx) {
-                row.as_ref(idx).map(|v| v.clone().into_owned())
-            } else {
-                row.take(idx)
-            };
-            match value {
-                None => Err(fail(format!(
-                    "column {name:?} is missing from the row image. Fix: SET GLOBAL \
-                     binlog_row_image=FULL and make sure writers use binlog_format=ROW"
-                ))),
-                Some(v) => value_bytes(v).map_err(|e| fail(format!("column {name:?}: {e}"))),
+        let partition = match self.partition {
+            Some(idx) => match take(idx)? {
+                (BinlogValue::Value(Value::NULL), _) => None,
+                (BinlogValue::Value(Value::Int(p)), _)
+                    if (0..=i64::from(i32::MAX)).contains(&p) =>
+                {
+                    i32::try_from(p).ok()
+                }
+                (BinlogValue::Value(Value::UInt(p)), _) if p <= i32::MAX as u64 => {
+                    i32::try_from(p).ok()
+                }
+                (v, info) => {
+                    return Err(fail(format!(
+                        "column {:?} (outbox.columns.partition) holds {v:?}, not a partition \
+                         number (an integer from 0)",
+                        info.name
+                    )))
+                }
+            },
+            None => None,
+        };
+        let id = text(take(self.id)?)?;
+        let aggregate_type = text(take(self.aggregate_type)?)?;
+        let aggregate_id = match mapping.key_format {
+            KeyFormat::Text => text(take(self.aggregate_id)?)?,
+            KeyFormat::Raw => {
+                let (v, info) = take(self.aggregate_id)?;
+                raw_bytes(v, info).map_err(|e| fail(format!("column {:?}: {e}", info.name)))?
             }
         };
-        let id = take(self.id)?;
-        let aggregate_type = take(self.aggregate_type)?;
-        let aggregate_id = take(self.aggregate_id)?;
-        let event_type = take(self.event_type)?;
-        let event_key = take(self.event_key)?;
-        let payload = take(self.payload)?;
-        let problem = match (&aggregate_type, &aggregate_id) {
-            (None, _) => Some("aggregate_type is NULL: cannot route the row to a topic"),
-            (Some(t), _) if std::str::from_utf8(t).is_err() => {
-                Some("aggregate_type is not valid UTF-8 text")
+        let event_type = text(take(self.event_type)?)?;
+        let event_key = text(take(self.event_key)?)?;
+        let (payload_value, payload_info) = take(self.payload)?;
+        let payload_is_json = matches!(payload_value, BinlogValue::Jsonb(_));
+        let payload = raw_bytes(payload_value, payload_info)
+            .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?;
+        let mut extra_headers = Vec::new();
+        let mut envelope = Vec::new();
+        for (a, idx) in mapping.additional.iter().zip(&self.additional) {
+            let name = a.alias.clone().unwrap_or_else(|| a.column.clone());
+            let (v, info) = take(*idx)?;
+            match a.placement {
+                Placement::Header => {
+                    if let Some(value) = text((v, info))? {
+                        extra_headers.push((name, value));
+                    }
+                }
+                Placement::Envelope => envelope.push((
+                    name,
+                    json_field(v, info, mapping.binary_format)
+                        .map_err(|e| fail(format!("column {:?}: {e}", info.name)))?,
+                )),
             }
-            (_, None) => Some("aggregate_id is NULL: the row has no partition key"),
+        }
+        let problem = match (&aggregate_type, &aggregate_id, &payload) {
+            (None, _, _) => Some("aggregate_type is NULL: cannot route the row to a topic".into()),
+            (Some(t), _, _) if std::str::from_utf8(t).is_err() => {
+                Some("aggregate_type is not valid UTF-8 text".into())
+            }
+            (_, None, _) => Some("aggregate_id is NULL: the row has no partition key".into()),
+            (_, _, None) => match mapping.null_payload {
+                NullPayload::Tombstone => None,
+                NullPayload::Skip => {
+                    tracing::warn!(position = %ev.position, table = %mapping.table,
+                        "outbox row with a NULL payload skipped (outbox.null_payload = \"skip\")");
+                    return Ok(None);
+                }
+                NullPayload::DeadLetter => {
+                    Some("payload is NULL (outbox.null_payload = \"dead_letter\")".to_owned())
+                }
+            },
             _ => None,
         };
         match (problem, aggregate_type, aggregate_id) {
-            (None, Some(aggregate_type), Some(aggregate_id)) => Ok(OutboxEvent {
-                table: Arc::clone(table),
+            (None, Some(aggregate_type), Some(aggregate_id)) => Ok(Some(OutboxEvent {
+                mapping: Arc::clone(mapping),
+                table: Arc::clone(&mapping.table),
                 id,
                 aggregate_type: String::from_utf8(aggregate_type).unwrap_or_default(),
                 aggregate_id,
                 event_type,
                 event_key,
                 payload,
+                payload_is_json,
+                partition,
+                extra_headers,
+                envelope,
                 timestamp_ms,
                 position: ev.position.clone(),
-            }),
+            })),
             (problem, aggregate_type, aggregate_id) => {
                 // Keep what was readable, so the dead letter can still be traced and replayed.
-                let headers = [
-                    ("id", id),
-                    ("event_key", event_key),
-                    ("event_type", event_type),
-                    ("aggregate_type", aggregate_type),
+                let h = &mapping.headers;
+                let mut headers: Vec<(String, Vec<u8>)> = [
+                    (&h.id, id),
+                    (&h.event_key, event_key),
+                    (&h.event_type, event_type),
+                    (&h.aggregate_type, aggregate_type),
                 ]
                 .into_iter()
-                .filter_map(|(name, v)| Some((name.to_owned(), v?)))
+                .filter(|(name, _)| !name.is_empty())
+                .filter_map(|(name, v)| Some((name.clone(), v?)))
                 .collect();
+                headers.extend(extra_headers);
                 Err(Box::new(RowFailure {
-                    error: row_error(problem.unwrap_or("incomplete row").to_owned()),
+                    error: row_error(problem.unwrap_or_else(|| "incomplete row".into())),
                     key: aggregate_id,
                     value: payload,
                     headers,
@@ -539,106 +979,41 @@ impl ColumnLayout {
         }
     }
 }
-
-/// The text form (or raw bytes) of a column value; `None` for NULL.
-fn value_bytes(v: BinlogValue<'_>) -> Result<Option<Vec<u8>>, String> {
-    Ok(match v {
-        BinlogValue::Value(Value::NULL) => None,
-        BinlogValue::Value(Value::Bytes(b)) => Some(b),
-        BinlogValue::Value(Value::Int(i)) => Some(i.to_string().into_bytes()),
-        BinlogValue::Value(Value::UInt(u)) => Some(u.to_string().into_bytes()),
-        BinlogValue::Value(Value::Float(f)) => Some(f.to_string().into_bytes()),
-        BinlogValue::Value(Value::Double(f)) => Some(f.to_string().into_bytes()),
-        BinlogValue::Value(v @ (Value::Date(..) | Value::Time(..))) => {
-            Some(v.as_sql(true).trim_matches('\'').as_bytes().to_vec())
-        }
-        // MySQL's binary JSON, rendered exactly as MySQL prints it (MariaDB stores JSON as
-        // LONGTEXT and arrives as bytes above).
-        BinlogValue::Jsonb(j) => {
-            Some(crate::json::render_mysql_json_to_vec(&j).map_err(|e| e.to_string())?)
-        }
-        BinlogValue::JsonDiff(_) => {
-            return Err(
-                "partial JSON update (binlog_row_value_options=PARTIAL_JSON) in an INSERT".into(),
-            )
-        }
-    })
-}
-
-/// Epoch ms of a DATETIME (read as UTC) or TIMESTAMP value; `None` for NULL or a zero date.
-fn timestamp_ms(v: &Value) -> Result<Option<i64>, String> {
-    match v {
-        Value::NULL => Ok(None),
-        Value::Date(0, 0, 0, ..) => Ok(None),
-        Value::Date(y, mo, d, h, mi, s, us) => {
-            let date =
-                chrono::NaiveDate::from_ymd_opt(i32::from(*y), u32::from(*mo), u32::from(*d))
-                    .and_then(|date| {
-                        date.and_hms_micro_opt(u32::from(*h), u32::from(*mi), u32::from(*s), *us)
-                    })
-                    .ok_or_else(|| format!("created_at {v:?} is not a valid date-time"))?;
-            Ok(Some(date.and_utc().timestamp_millis()))
-        }
-        // TIMESTAMP(0): seconds since the epoch.
-        Value::Int(secs) => Ok(Some(secs.saturating_mul(1000))),
-        // TIMESTAMP(n), n > 0: "seconds.micros" text, as mysql_common decodes TIMESTAMP2.
-        Value::Bytes(b) => {
-            let text = std::str::from_utf8(b).map_err(|_| "created_at is not a timestamp")?;
-            let (secs, frac) = text.split_once('.').unwrap_or((text, "0"));
-            let secs: i64 = secs
-                .parse()
-                .map_err(|_| format!("created_at {text:?} is not a timestamp"))?;
-            let micros: i64 = format!("{frac:0<6}")
-                .get(..6)
-                .and_then(|f| f.parse().ok())
-                .ok_or_else(|| format!("created_at {text:?} is not a timestamp"))?;
-            Ok(Some(secs * 1000 + micros / 1000))
-        }
-        other => Err(format!(
-            "created_at has an unsupported type ({other:?}); map a DATETIME or TIMESTAMP column, \
-             or set outbox.columns.created_at = \"\" to use the binlog event time"
-        )),
-    }
-}
-
 #[cfg(test)]
-mod tests {
+mod statement_tests {
     use super::*;
 
-    #[test]
-    fn datetime_is_read_as_utc_epoch_ms() {
-        let v = Value::Date(2026, 1, 2, 3, 4, 5, 678_901);
-        assert_eq!(timestamp_ms(&v), Ok(Some(1_767_323_045_678)));
-        assert_eq!(timestamp_ms(&Value::Date(0, 0, 0, 0, 0, 0, 0)), Ok(None));
-        assert!(timestamp_ms(&Value::Date(2026, 2, 30, 0, 0, 0, 0)).is_err());
+    fn t(s: &str) -> TableName {
+        TableName::parse(s, None).expect("table")
     }
 
     #[test]
-    fn timestamp_columns_become_epoch_ms() {
-        assert_eq!(
-            timestamp_ms(&Value::Int(1_767_323_045)),
-            Ok(Some(1_767_323_045_000))
-        );
-        assert_eq!(
-            timestamp_ms(&Value::Bytes(b"1767323045.678901".to_vec())),
-            Ok(Some(1_767_323_045_678))
-        );
-        assert_eq!(
-            timestamp_ms(&Value::Bytes(b"1767323045.5".to_vec())),
-            Ok(Some(1_767_323_045_500))
-        );
-    }
-
-    #[test]
-    fn values_have_their_text_form() {
-        let t = |v| value_bytes(BinlogValue::Value(v)).expect("converts");
-        assert_eq!(t(Value::Int(-42)), Some(b"-42".to_vec()));
-        assert_eq!(
-            t(Value::UInt(u64::MAX)),
-            Some(b"18446744073709551615".to_vec())
-        );
-        assert_eq!(t(Value::Bytes(b"ord-1".to_vec())), Some(b"ord-1".to_vec()));
-        assert_eq!(t(Value::NULL), None);
+    fn statement_inserts_into_the_outbox_are_recognised() {
+        let outbox = t("shop.outbox");
+        for stmt in [
+            "INSERT INTO outbox (id) VALUES (1)",
+            "insert into `shop`.`outbox` values (1)",
+            "INSERT /* c */ IGNORE INTO shop.outbox SELECT * FROM x",
+            "REPLACE outbox SET id = 1",
+            "LOAD DATA LOCAL INFILE '/tmp/x.csv' INTO TABLE outbox",
+        ] {
+            assert!(statement_writes_table(stmt, "shop", &outbox), "{stmt}");
+        }
+        for stmt in [
+            "INSERT INTO other.outbox (id) VALUES (1)",
+            "INSERT INTO outbox_archive SELECT * FROM outbox",
+            "UPDATE outbox SET status = 1",
+            "INSERT INTO outbox (id) VALUES (1)", // default database is not shop
+        ] {
+            let db =
+                if stmt.contains("other") || stmt.contains("archive") || stmt.starts_with("UPDATE")
+                {
+                    "shop"
+                } else {
+                    "billing"
+                };
+            assert!(!statement_writes_table(stmt, db, &outbox), "{stmt} in {db}");
+        }
     }
 }
 
@@ -654,20 +1029,27 @@ mod fixture_tests {
             .join(name)
     }
 
+    /// The mappings of a config whose `[outbox]` section is `outbox`.
+    pub(crate) fn mappings(outbox: &str) -> Vec<TableMapping> {
+        let toml = format!(
+            "[mysql]\nurl = \"mysql://root@127.0.0.1:3306/shop\"\nserver_id = 9\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[outbox]\n{outbox}"
+        );
+        crate::config::RelayConfig::from_toml_str(&toml)
+            .and_then(|c| c.table_mappings())
+            .expect("valid mapping")
+    }
+
     /// Decodes a whole fixture file; returns the rows and the boundaries.
     fn decode_file(
         name: &str,
-        tables: &[&str],
-        columns: ColumnMapping,
+        mappings: Vec<TableMapping>,
         gtid: Option<GtidState>,
     ) -> (Vec<Result<OutboxEvent, Box<RowFailure>>>, Vec<TxBoundary>) {
         let mut source = BinlogFileSource::open(&fixture(name)).expect("fixture opens");
         let mut decoder = Decoder::new(
-            tables
-                .iter()
-                .map(|t| TableName::parse(t, None).expect("table")),
+            mappings,
             TableName::parse("none.none", None).expect("table"),
-            columns,
             gtid,
         );
         let (mut rows, mut boundaries) = (Vec::new(), Vec::new());
@@ -687,17 +1069,11 @@ mod fixture_tests {
     #[test]
     fn mariadb_fixture_rows_and_boundaries() {
         // Expected values from `mariadb-binlog -vv` of the file, not from this decoder.
-        let columns = ColumnMapping {
-            id: "id".into(),
-            aggregate_type: "topic".into(),
-            aggregate_id: "id".into(),
-            event_type: "event_type".into(),
-            event_key: "id".into(),
-            payload: "event".into(),
-            created_at: "created".into(),
-        };
-        let (rows, boundaries) =
-            decode_file("mariadb-bin.000001", &["toddy_test.outbox"], columns, None);
+        let m = mappings(
+            "tables = [\"toddy_test.outbox\"]\n[outbox.columns]\naggregate_type = \"topic\"\n\
+             aggregate_id = \"id\"\nevent_key = \"id\"\npayload = \"event\"\ncreated_at = \"created\"\n",
+        );
+        let (rows, boundaries) = decode_file("mariadb-bin.000001", m, None);
         let rows: Vec<OutboxEvent> = rows.into_iter().map(|r| r.expect("row")).collect();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].id.as_deref(), Some(&b"62"[..]));
@@ -705,7 +1081,8 @@ mod fixture_tests {
         for (row, created) in rows.iter().zip([1_650_493_084_000_i64, 1_650_493_195_000]) {
             assert_eq!(row.aggregate_type, "foo");
             assert_eq!(row.payload.as_deref(), Some(&br#"{"foo":1}"#[..]));
-            assert_eq!(row.event_type.as_deref(), Some(&b"2"[..]), "ENUM index");
+            // `mariadb-binlog --print-table-metadata`: ENUM('BLOB','JSON','PROTOBUF'), value 2.
+            assert_eq!(row.event_type.as_deref(), Some(&b"JSON"[..]), "ENUM label");
             assert_eq!(row.timestamp_ms, created, "TIMESTAMP(0) column");
         }
         let ends: Vec<u64> = boundaries.iter().map(|b| b.position.pos).collect();
@@ -715,11 +1092,93 @@ mod fixture_tests {
     }
 
     #[test]
+    fn unsigned_and_signed_integers_keep_their_values() {
+        // `mariadb-binlog -vv --print-table-metadata`: mysql.t1 (f1 INT UNSIGNED, f2 INT UNSIGNED,
+        // f3 INT, f4 TEXT, f5 BLOB, f6 BIGINT UNSIGNED), first row 1, 2, -3, '4', 0x05,
+        // 6000000000; second row NULL, NULL, -33, '44', 'U', NULL.
+        let m = mappings(
+            "tables = [\"mysql.t1\"]\n[outbox.columns]\nid = \"f1\"\nevent_key = \"f2\"\n\
+             event_type = \"f3\"\naggregate_type = \"f4\"\npayload = \"f5\"\naggregate_id = \"f6\"\n\
+             created_at = \"\"\n",
+        );
+        let (rows, _) = decode_file("binlog-invisible-columns.000001", m, None);
+        let first = rows[0].as_ref().expect("first row");
+        assert_eq!(first.id.as_deref(), Some(&b"1"[..]));
+        assert_eq!(first.event_key.as_deref(), Some(&b"2"[..]));
+        assert_eq!(first.event_type.as_deref(), Some(&b"-3"[..]));
+        assert_eq!(first.aggregate_type, "4");
+        assert_eq!(first.payload.as_deref(), Some(&b"\x05"[..]));
+        assert_eq!(first.aggregate_id, b"6000000000");
+        let second = rows[1].as_ref().expect_err("NULL aggregate id");
+        assert!(second.error.to_string().contains("aggregate_id is NULL"));
+        assert_eq!(second.value.as_deref(), Some(&b"U"[..]));
+    }
+
+    #[test]
+    fn table_maps_without_names_need_a_tracked_layout() {
+        // minimal_row_metadata.000001: noria.t1, five columns (INT NOT NULL, BLOB, a CHAR of 8
+        // bytes in utf8mb4_0900_ai_ci, INT, INT UNSIGNED), binlog_row_metadata=MINIMAL, partial
+        // image with columns 1, 3, 5 = 1, 'a', 3230202323 (mariadb-binlog -vv; the collation
+        // from mysql_common's own test of this file).
+        let outbox = "tables = [\"noria.t1\"]\n[outbox.columns]\nid = \"c1\"\n\
+             aggregate_type = \"c3\"\naggregate_id = \"c5\"\nevent_type = \"c1\"\n\
+             event_key = \"c1\"\npayload = \"c3\"\ncreated_at = \"\"\n";
+        let file = fixture("minimal_row_metadata.000001");
+        let run = |tracked: Option<Vec<String>>, outbox: &str| {
+            let mut source = BinlogFileSource::open(&file).expect("fixture opens");
+            let mut decoder = Decoder::new(
+                mappings(outbox),
+                TableName::parse("none.none", None).expect("table"),
+                None,
+            );
+            if let Some(t) = tracked {
+                decoder.track_layout(TableName::parse("noria.t1", None).expect("t"), t);
+            }
+            let mut rows = Vec::new();
+            while let Some(ev) = source.next_event() {
+                let ev = ev.expect("event");
+                match decoder.decode(&ev, |id| source.table_map(id))? {
+                    Decoded::Rows(r) => rows.extend(r),
+                    Decoded::Boundary(_) => {}
+                }
+            }
+            Ok::<_, RelayError>(rows)
+        };
+        let err = run(None, outbox).expect_err("no names").to_string();
+        assert!(err.contains("binlog_row_metadata=FULL"), "{err}");
+        let names: Vec<String> = (1..=5).map(|i| format!("c{i}")).collect();
+        let err = run(Some(names[..4].to_vec()), outbox)
+            .expect_err("4 of 5")
+            .to_string();
+        assert!(err.contains("5 columns") && err.contains("has 4"), "{err}");
+        let rows = run(Some(names.clone()), outbox).expect("decodes");
+        let row = rows[0].as_ref().expect("row");
+        assert_eq!(row.id.as_deref(), Some(&b"1"[..]));
+        assert_eq!(row.aggregate_id, b"3230202323", "INT UNSIGNED");
+        assert_eq!(row.payload.as_deref(), Some(&b"a"[..]));
+        assert_eq!(row.aggregate_type, "a");
+        // Column c2 (BLOB) is not in the MINIMAL image.
+        let rows = run(
+            Some(names),
+            &outbox.replace("payload = \"c3\"", "payload = \"c2\""),
+        )
+        .expect("decodes");
+        let err = rows[0]
+            .as_ref()
+            .expect_err("partial image")
+            .error
+            .to_string();
+        assert!(
+            err.contains("missing from the row image") && err.contains("MINIMAL"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn mysql_gtids_are_counted_at_commit() {
         let (_, boundaries) = decode_file(
             "binlog_transaction_with_GTID.000001",
-            &[],
-            ColumnMapping::default(),
+            Vec::new(),
             Some(GtidState::MySql(MysqlGtidSet::new())),
         );
         let sets: Vec<String> = boundaries
@@ -743,8 +1202,7 @@ mod fixture_tests {
         let start: MysqlGtidSet = format!("{uuid}:1-13:mytag:1-2").parse().expect("set");
         let (_, boundaries) = decode_file(
             "binlog_transaction_with_GTID_TAG.000001",
-            &[],
-            ColumnMapping::default(),
+            Vec::new(),
             Some(GtidState::MySql(start)),
         );
         let last = boundaries.last().and_then(|b| b.gtid_set.clone());

@@ -9,12 +9,14 @@
 //! with capped exponential backoff after MySQL or Kafka failures.
 
 pub mod checkpoint;
+pub mod columns;
 pub mod config;
 pub mod decode;
 pub mod error;
 pub mod gtid;
 pub mod json;
 pub mod lease;
+pub mod mapping;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;
@@ -38,7 +40,7 @@ use crate::lease::Lease;
 use crate::pipeline::{PipelineSettings, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
-use crate::route::{Router, TopicTemplate};
+use crate::route::Router;
 use crate::sink::KafkaSink;
 use crate::source::{BinlogSource, Flavor, StartFrom};
 
@@ -70,7 +72,7 @@ pub async fn run(
         config.checkpoint_table()?,
         config.connector_name.clone(),
     );
-    let router = Router::new(TopicTemplate::parse(&config.outbox.topic)?);
+    let router = Router::new();
     let owner = instance_name();
     let mut backoff = new_backoff(&config);
     let mut attempts = 0usize;
@@ -254,9 +256,8 @@ async fn run_once(
         }),
     };
     let mut decoder = Decoder::new(
-        config.outbox_tables(),
+        config.table_mappings().unwrap_or_default(),
         store.table().clone(),
-        config.outbox.columns.clone(),
         gtid_state,
     );
     let settings = PipelineSettings {
@@ -299,8 +300,7 @@ async fn prepare(
 ) -> Result<(ServerInfo, Checkpoint, StartFrom), RelayError> {
     let mut conn = pool.get_conn().await?;
     let server = preflight::check_server(&mut conn).await?;
-    preflight::check_outbox_tables(&mut conn, &config.outbox_tables(), &config.outbox.columns)
-        .await?;
+    preflight::check_outbox_tables(&mut conn, &config.table_mappings()?).await?;
     store.verify().await?;
     // Our own previous dump connection may still be registered until the server notices it is
     // gone (at its next heartbeat).

@@ -5,8 +5,8 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-use crate::config::{ColumnMapping, TableName};
 use crate::error::RelayError;
+use crate::mapping::TableMapping;
 use crate::position::BinlogPosition;
 use crate::source::Flavor;
 
@@ -194,10 +194,10 @@ pub async fn current_position(
 /// [`RelayError::Prerequisite`] naming the table and the missing columns.
 pub async fn check_outbox_tables(
     conn: &mut Conn,
-    tables: &[TableName],
-    columns: &ColumnMapping,
+    mappings: &[TableMapping],
 ) -> Result<(), RelayError> {
-    for table in tables {
+    for mapping in mappings {
+        let table = &*mapping.table;
         let have: Vec<String> = conn
             .exec(
                 "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
@@ -215,19 +215,12 @@ pub async fn check_outbox_tables(
                     .into(),
             });
         }
-        let wanted = [
-            ("id", &columns.id),
-            ("aggregate_type", &columns.aggregate_type),
-            ("aggregate_id", &columns.aggregate_id),
-            ("event_type", &columns.event_type),
-            ("event_key", &columns.event_key),
-            ("payload", &columns.payload),
-            ("created_at", &columns.created_at),
-        ];
-        let missing: Vec<String> = wanted
-            .iter()
-            .filter(|(_, name)| !name.is_empty() && !have.iter().any(|h| h == *name))
-            .map(|(key, name)| format!("{name:?} (outbox.columns.{key})"))
+        // Column names are case-insensitive in MySQL.
+        let missing: Vec<String> = mapping
+            .required_columns()
+            .into_iter()
+            .filter(|(_, name)| !have.iter().any(|h| h.eq_ignore_ascii_case(name)))
+            .map(|(key, name)| format!("{name:?} ({key})"))
             .collect();
         if !missing.is_empty() {
             return Err(RelayError::Prerequisite {
@@ -238,7 +231,9 @@ pub async fn check_outbox_tables(
                     missing.join(", "),
                     have.join(", ")
                 ),
-                fix: "map the table's column names in [outbox.columns]".into(),
+                fix: "map the table's column names in [outbox.columns] (or the table's \
+                      [[outbox.table]] entry), or add the columns"
+                    .into(),
             });
         }
     }

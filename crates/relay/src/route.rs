@@ -117,28 +117,29 @@ pub struct KafkaRecord {
     pub key: Vec<u8>,
     /// Value; `None` produces a tombstone.
     pub value: Option<Vec<u8>>,
-    /// Headers in order: `id`, `event_key`, `event_type`, `aggregate_type` (those not NULL).
-    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// Headers in order: the standard ones (`id`, `event_key`, `event_type`, `aggregate_type`
+    /// under their configured names, those not NULL), then the additional header columns.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Explicit partition (from the partition column); `None` lets the key choose.
+    pub partition: Option<i32>,
     /// Record timestamp, ms since the Unix epoch.
     pub timestamp_ms: i64,
 }
 
-/// Maps outbox events to Kafka records.
-#[derive(Debug, Clone)]
-pub struct Router {
-    topic: TopicTemplate,
-}
+/// Maps outbox events to Kafka records, following each event's table mapping.
+#[derive(Debug, Clone, Default)]
+pub struct Router;
 
 impl Router {
-    /// A router with the given topic template.
-    pub fn new(topic: TopicTemplate) -> Self {
-        Self { topic }
+    /// A router.
+    pub fn new() -> Self {
+        Self
     }
 
     /// The record for `event`.
     ///
     /// # Errors
-    /// [`RelayError::Row`] when the topic cannot be built from the row.
+    /// [`RelayError::Row`] when the topic or the value cannot be built from the row.
     pub fn route(&self, event: OutboxEvent) -> Result<KafkaRecord, RelayError> {
         self.try_route(event)
             .map_err(|(reason, event)| RelayError::Row {
@@ -152,12 +153,18 @@ impl Router {
     /// routed (for its dead letter).
     ///
     /// # Errors
-    /// The reason and the event, when the topic cannot be built from the row.
+    /// The reason and the event, when the topic cannot be built from the row or its payload
+    /// cannot go into the configured JSON envelope.
     pub fn try_route(&self, event: OutboxEvent) -> Result<KafkaRecord, (String, Box<OutboxEvent>)> {
-        let topic = match self.topic.render(&event) {
+        let topic = match event.mapping.topic.render(&event) {
             Ok(topic) => topic,
             Err(reason) => return Err((reason, Box::new(event))),
         };
+        if event.mapping.has_envelope() && event.payload.is_some() {
+            if let Err(reason) = envelope_payload(&event) {
+                return Err((reason, Box::new(event)));
+            }
+        }
         Ok(Self::record(event, topic))
     }
 
@@ -168,62 +175,119 @@ impl Router {
 
     /// The record of `event` on `topic`: key, value, headers and timestamp moved out of it.
     fn record(event: OutboxEvent, topic: String) -> KafkaRecord {
-        let mut headers = Vec::with_capacity(4);
+        let names = &event.mapping.headers;
+        let value = match (&event.payload, event.mapping.has_envelope()) {
+            (Some(_), true) => envelope_payload(&event).ok(),
+            _ => None,
+        };
+        let mut headers = Vec::with_capacity(4 + event.extra_headers.len());
         for (name, value) in [
-            ("id", event.id),
-            ("event_key", event.event_key),
-            ("event_type", event.event_type),
-            ("aggregate_type", Some(event.aggregate_type.into_bytes())),
+            (&names.id, event.id),
+            (&names.event_key, event.event_key),
+            (&names.event_type, event.event_type),
+            (
+                &names.aggregate_type,
+                Some(event.aggregate_type.into_bytes()),
+            ),
         ] {
-            if let Some(v) = value {
-                headers.push((name, v));
+            if let (false, Some(v)) = (name.is_empty(), value) {
+                headers.push((name.clone(), v));
             }
         }
+        headers.extend(event.extra_headers);
         KafkaRecord {
             topic,
             key: event.aggregate_id,
-            value: event.payload,
+            value: value.or(event.payload),
             headers,
+            partition: event.partition,
             timestamp_ms: event.timestamp_ms,
         }
     }
 }
 
+/// The JSON envelope `{"payload": <payload>, "<field>": <value>, …}` of an event with envelope
+/// fields. The payload is embedded as JSON when it is JSON (a MySQL JSON column, or text that
+/// parses as JSON), as a JSON string when it is other UTF-8 text.
+///
+/// # Errors
+/// A binary payload that is not UTF-8 text.
+fn envelope_payload(event: &OutboxEvent) -> Result<Vec<u8>, String> {
+    let payload = event.payload.as_deref().unwrap_or(b"null");
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    out.extend_from_slice(b"{\"");
+    out.extend_from_slice(crate::mapping::ENVELOPE_PAYLOAD_FIELD.as_bytes());
+    out.extend_from_slice(b"\":");
+    if event.payload_is_json || serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_ok() {
+        out.extend_from_slice(payload);
+    } else {
+        let text = std::str::from_utf8(payload).map_err(|_| {
+            "the payload is binary (not UTF-8 text or JSON) and cannot go into the JSON \
+             envelope configured by outbox.additional placement = \"envelope\""
+                .to_owned()
+        })?;
+        serde_json::to_writer(&mut out, text).map_err(|e| e.to_string())?;
+    }
+    for (field, json) in &event.envelope {
+        out.push(b',');
+        serde_json::to_writer(&mut out, field).map_err(|e| e.to_string())?;
+        out.push(b':');
+        out.extend_from_slice(json);
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TableName;
+    use crate::config::RelayConfig;
+    use crate::mapping::TableMapping;
     use crate::position::BinlogPosition;
     use std::sync::Arc;
 
-    fn event(aggregate_type: &str) -> OutboxEvent {
+    fn mapping(outbox: &str) -> Arc<TableMapping> {
+        let toml = format!(
+            "[mysql]\nurl = \"mysql://root@127.0.0.1:3306/shop\"\nserver_id = 9\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[outbox]\ntables = [\"shop.outbox\"]\n{outbox}"
+        );
+        let config = RelayConfig::from_toml_str(&toml).expect("valid config");
+        Arc::new(config.table_mappings().expect("mappings").remove(0))
+    }
+
+    fn event_with(aggregate_type: &str, mapping: Arc<TableMapping>) -> OutboxEvent {
         OutboxEvent {
-            table: Arc::new(TableName {
-                database: "shop".into(),
-                table: "outbox".into(),
-            }),
+            table: Arc::clone(&mapping.table),
+            mapping,
             id: Some(b"7".to_vec()),
             aggregate_type: aggregate_type.into(),
             aggregate_id: b"order-1".to_vec(),
             event_type: Some(b"OrderCreated".to_vec()),
             event_key: Some(b"k-7".to_vec()),
             payload: Some(br#"{"a":1}"#.to_vec()),
+            payload_is_json: false,
+            partition: None,
+            extra_headers: Vec::new(),
+            envelope: Vec::new(),
             timestamp_ms: 1_700_000_000_000,
             position: BinlogPosition::new("bin.000001", 400),
         }
     }
 
+    fn event(aggregate_type: &str) -> OutboxEvent {
+        event_with(aggregate_type, mapping(""))
+    }
+
     #[test]
     fn default_template_routes_by_aggregate_type() {
-        let router =
-            Router::new(TopicTemplate::parse("outbox.event.{aggregate_type}").expect("valid"));
-        let record = router.route(event("Order")).expect("routes");
+        let record = Router::new().route(event("Order")).expect("routes");
         assert_eq!(record.topic, "outbox.event.Order");
         assert_eq!(record.key, b"order-1");
         assert_eq!(record.value.as_deref(), Some(&br#"{"a":1}"#[..]));
-        let names: Vec<_> = record.headers.iter().map(|(n, _)| *n).collect();
+        let names: Vec<_> = record.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["id", "event_key", "event_type", "aggregate_type"]);
         assert_eq!(record.headers[0].1, b"7");
+        assert_eq!(record.partition, None);
     }
 
     #[test]
@@ -234,6 +298,57 @@ mod tests {
             t.render(&event("Order")),
             Ok("shop.outbox.Order.OrderCreated".into())
         );
+    }
+
+    #[test]
+    fn fixed_topic_and_renamed_or_dropped_headers() {
+        let m = mapping(
+            "topic = \"all-events\"\n[outbox.headers]\nevent_key = \"idempotency-key\"\nid = \"\"\n",
+        );
+        let mut e = event_with("Order", m);
+        e.extra_headers = vec![("tenant".into(), b"acme".to_vec())];
+        e.partition = Some(3);
+        let record = Router::new().route(e).expect("routes");
+        assert_eq!(record.topic, "all-events");
+        let names: Vec<_> = record.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["idempotency-key", "event_type", "aggregate_type", "tenant"]
+        );
+        assert_eq!(record.partition, Some(3));
+    }
+
+    #[test]
+    fn envelope_wraps_the_payload_with_typed_fields() {
+        let m = mapping(
+            "additional = [{ column = \"version\", placement = \"envelope\", alias = \"v\" }, \
+             { column = \"tenant\", placement = \"envelope\" }]\n",
+        );
+        let mut e = event_with("Order", Arc::clone(&m));
+        e.envelope = vec![
+            ("v".into(), b"3".to_vec()),
+            ("tenant".into(), br#""acme""#.to_vec()),
+        ];
+        let record = Router::new().route(e).expect("routes");
+        assert_eq!(
+            record.value.as_deref(),
+            Some(&br#"{"payload":{"a":1},"v":3,"tenant":"acme"}"#[..])
+        );
+        // Text that is not JSON becomes a JSON string; a NULL payload stays a tombstone.
+        let mut text = event_with("Order", Arc::clone(&m));
+        text.payload = Some(b"plain \"text\"".to_vec());
+        let record = Router::new().route(text).expect("routes");
+        assert_eq!(
+            record.value.as_deref(),
+            Some(&br#"{"payload":"plain \"text\""}"#[..])
+        );
+        let mut null = event_with("Order", Arc::clone(&m));
+        null.payload = None;
+        assert_eq!(Router::new().route(null).expect("routes").value, None);
+        let mut binary = event_with("Order", m);
+        binary.payload = Some(vec![0xff, 0x00]);
+        let err = Router::new().route(binary).expect_err("binary").to_string();
+        assert!(err.contains("cannot go into the JSON envelope"), "{err}");
     }
 
     #[test]
@@ -250,9 +365,7 @@ mod tests {
 
     #[test]
     fn aggregate_type_that_makes_a_bad_topic_is_a_row_error() {
-        let router =
-            Router::new(TopicTemplate::parse("outbox.event.{aggregate_type}").expect("valid"));
-        let err = router
+        let err = Router::new()
             .route(event("Order Line"))
             .expect_err("space")
             .to_string();

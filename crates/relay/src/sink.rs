@@ -179,6 +179,9 @@ impl KafkaSink {
             .key(record.key.as_slice())
             .headers(headers)
             .timestamp(record.timestamp_ms);
+        if let Some(partition) = record.partition {
+            fr = fr.partition(partition);
+        }
         if let Some(value) = &record.value {
             fr = fr.payload(value.as_slice());
         }
@@ -257,7 +260,16 @@ fn classify_send_error(e: KafkaError, topic: &str) -> SendError {
     match e {
         KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
         KafkaError::MessageProduction(code) if is_permanent(code) => SendError::Permanent(format!(
-            "Kafka refused the record for topic {topic}: {code}"
+            "Kafka refused the record for topic {topic}: {code}{}",
+            if matches!(
+                code,
+                RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
+            ) {
+                " (too large for Kafka: raise the topic's max.message.bytes and the producer's \
+                 message.max.bytes in kafka.properties, or make the row smaller)"
+            } else {
+                ""
+            }
         )),
         other => SendError::Failed(RelayError::Kafka(format!(
             "cannot produce to topic {topic}: {other}"
@@ -281,6 +293,7 @@ fn is_permanent(code: RDKafkaErrorCode) -> bool {
             | C::TopicAuthorizationFailed
             | C::ClusterAuthorizationFailed
             | C::PolicyViolation
+            | C::UnknownPartition
     )
 }
 

@@ -54,6 +54,9 @@ pub struct RelayConfigSpec {
     /// `[dead_letter]`: `Some(topic)` writes `enabled = true` with that topic; `None` writes no
     /// section (dead-lettering disabled, the relay's default).
     pub dead_letter_topic: Option<String>,
+    /// TOML appended to the `[outbox]` section after `topic` (mapping options, then
+    /// `[outbox.columns]`-style sub-tables or `[[outbox.table]]` entries).
+    pub outbox_extra: String,
 }
 
 impl RelayConfigSpec {
@@ -82,6 +85,7 @@ impl RelayConfigSpec {
             read_timeout_ms: None,
             resume: None,
             dead_letter_topic: None,
+            outbox_extra: String::new(),
         }
     }
 
@@ -110,13 +114,14 @@ impl RelayConfigSpec {
         }
         let mut out = format!(
             "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n{mysql_extra}\n[outbox]\n\
-             tables = [{}]\ntopic = {}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
+             tables = [{}]\ntopic = {}\n{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
              [kafka.properties]\n",
             toml_str(&self.connector_name),
             toml_str(&self.mysql_url),
             self.server_id,
             tables,
             toml_str(&self.topic),
+            self.outbox_extra,
             toml_str(&self.bootstrap_servers),
             self.max_in_flight,
         );

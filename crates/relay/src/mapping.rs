@@ -1,0 +1,302 @@
+//! The resolved mapping of each outbox table: which columns feed which part of the Kafka record.
+//!
+//! Built once from `[outbox]` and its `[[outbox.table]]` overrides ([`RelayConfig::table_mappings`])
+//! and shared (`Arc`) by the decoder and the router, so a row always carries the mapping of the
+//! table it came from.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::config::{
+    AdditionalColumn, BinaryFormat, ColumnMapping, HeaderNames, KeyFormat, NullPayload, OnUpdate,
+    OutboxConfig, Placement, RelayConfig, TableName,
+};
+use crate::error::RelayError;
+use crate::route::TopicTemplate;
+
+/// The field name of the payload inside an envelope.
+pub const ENVELOPE_PAYLOAD_FIELD: &str = "payload";
+
+/// How one outbox table's rows become records.
+#[derive(Debug, Clone)]
+pub struct TableMapping {
+    /// The outbox table.
+    pub table: Arc<TableName>,
+    /// Column names.
+    pub columns: ColumnMapping,
+    /// Topic template.
+    pub topic: TopicTemplate,
+    /// Names of the standard headers (`""`: left out).
+    pub headers: HeaderNames,
+    /// Extra columns, in configured order.
+    pub additional: Vec<AdditionalColumn>,
+    /// What a NULL payload becomes.
+    pub null_payload: NullPayload,
+    /// What an UPDATE does.
+    pub on_update: OnUpdate,
+    /// Zone of DATETIME `created_at` values.
+    pub datetime_time_zone: chrono_tz::Tz,
+    /// Text form of binary values.
+    pub binary_format: BinaryFormat,
+    /// What the key holds.
+    pub key_format: KeyFormat,
+}
+
+impl TableMapping {
+    /// `true` when some additional column goes into an envelope (the value is then JSON).
+    pub fn has_envelope(&self) -> bool {
+        self.additional
+            .iter()
+            .any(|a| a.placement == Placement::Envelope)
+    }
+
+    /// Every column name the mapping needs, with the config key that names it (for start-up
+    /// checks and error messages).
+    pub fn required_columns(&self) -> Vec<(String, &str)> {
+        let c = &self.columns;
+        let mut out: Vec<(String, &str)> = [
+            ("id", c.id.as_str()),
+            ("aggregate_type", &c.aggregate_type),
+            ("aggregate_id", &c.aggregate_id),
+            ("event_type", &c.event_type),
+            ("event_key", &c.event_key),
+            ("payload", &c.payload),
+            ("created_at", &c.created_at),
+            ("partition", &c.partition),
+        ]
+        .into_iter()
+        .filter(|(_, name)| !name.is_empty())
+        .map(|(key, name)| (format!("outbox.columns.{key}"), name))
+        .collect();
+        out.extend(
+            self.additional
+                .iter()
+                .map(|a| ("outbox.additional".to_owned(), a.column.as_str())),
+        );
+        out
+    }
+}
+
+fn parse_zone(zone: &str, key: &str) -> Result<chrono_tz::Tz, RelayError> {
+    zone.parse::<chrono_tz::Tz>().map_err(|_| {
+        RelayError::Config(format!(
+            "{key} {zone:?} is not a time zone; use an IANA name such as \"UTC\" or \
+             \"Europe/Berlin\""
+        ))
+    })
+}
+
+fn check_headers(
+    h: &HeaderNames,
+    additional: &[AdditionalColumn],
+    key: &str,
+) -> Result<(), RelayError> {
+    let mut seen = HashSet::new();
+    let names = [&h.id, &h.event_key, &h.event_type, &h.aggregate_type]
+        .into_iter()
+        .map(String::as_str)
+        .chain(
+            additional
+                .iter()
+                .filter(|a| a.placement == Placement::Header)
+                .map(|a| a.alias.as_deref().unwrap_or(&a.column)),
+        )
+        .filter(|n| !n.is_empty());
+    for name in names {
+        if !seen.insert(name) {
+            return Err(RelayError::Config(format!(
+                "{key}: header name {name:?} is used twice; give the headers distinct names"
+            )));
+        }
+    }
+    let mut fields = HashSet::from([ENVELOPE_PAYLOAD_FIELD]);
+    for a in additional {
+        if a.column.is_empty() {
+            return Err(RelayError::Config(format!(
+                "{key}: an additional entry has an empty column name"
+            )));
+        }
+        if a.placement == Placement::Envelope {
+            let field = a.alias.as_deref().unwrap_or(&a.column);
+            if !fields.insert(field) {
+                return Err(RelayError::Config(format!(
+                    "{key}: envelope field {field:?} is used twice (\"payload\" holds the payload); \
+                     set a distinct alias"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_columns(c: &ColumnMapping, key: &str) -> Result<(), RelayError> {
+    for (field, value) in [
+        ("id", &c.id),
+        ("aggregate_type", &c.aggregate_type),
+        ("aggregate_id", &c.aggregate_id),
+        ("event_type", &c.event_type),
+        ("event_key", &c.event_key),
+        ("payload", &c.payload),
+    ] {
+        if value.is_empty() {
+            return Err(RelayError::Config(format!(
+                "{key}.{field} must name a column"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl RelayConfig {
+    /// The mapping of every outbox table: `[outbox] tables` with the section's defaults, then
+    /// each `[[outbox.table]]` with its overrides.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] naming the key: a table named twice or malformed, an invalid topic
+    /// template or time zone, an empty required column name, duplicate header or envelope names.
+    pub fn table_mappings(&self) -> Result<Vec<TableMapping>, RelayError> {
+        let o: &OutboxConfig = &self.outbox;
+        let default_zone = parse_zone(&o.datetime_time_zone, "outbox.datetime_time_zone")?;
+        check_columns(&o.columns, "outbox.columns")?;
+        check_headers(&o.headers, &o.additional, "outbox")?;
+        let mut out: Vec<TableMapping> = Vec::new();
+        let mut seen = HashSet::new();
+        for name in &o.tables {
+            let table = TableName::parse(name, None)?;
+            if !seen.insert(table.clone()) {
+                return Err(RelayError::Config(format!(
+                    "outbox table {table} is named twice in outbox.tables/outbox.table"
+                )));
+            }
+            out.push(TableMapping {
+                table: Arc::new(table),
+                columns: o.columns.clone(),
+                topic: TopicTemplate::parse(&o.topic)?,
+                headers: o.headers.clone(),
+                additional: o.additional.clone(),
+                null_payload: o.null_payload,
+                on_update: o.on_update,
+                datetime_time_zone: default_zone,
+                binary_format: o.binary_format,
+                key_format: o.key_format,
+            });
+        }
+        for t in &o.table {
+            let table = TableName::parse(&t.name, None)?;
+            let key = format!("outbox.table {table}");
+            if !seen.insert(table.clone()) {
+                return Err(RelayError::Config(format!(
+                    "outbox table {table} is named twice in outbox.tables/outbox.table"
+                )));
+            }
+            let columns = t.columns.over(&o.columns);
+            check_columns(&columns, &format!("{key} columns"))?;
+            let headers = t.headers.over(&o.headers);
+            let additional = t.additional.clone().unwrap_or_else(|| o.additional.clone());
+            check_headers(&headers, &additional, &key)?;
+            out.push(TableMapping {
+                table: Arc::new(table),
+                columns,
+                topic: TopicTemplate::parse(t.topic.as_deref().unwrap_or(&o.topic))?,
+                headers,
+                additional,
+                null_payload: t.null_payload.unwrap_or(o.null_payload),
+                on_update: t.on_update.unwrap_or(o.on_update),
+                datetime_time_zone: match &t.datetime_time_zone {
+                    Some(z) => parse_zone(z, &format!("{key} datetime_time_zone"))?,
+                    None => default_zone,
+                },
+                binary_format: t.binary_format.unwrap_or(o.binary_format),
+                key_format: t.key_format.unwrap_or(o.key_format),
+            });
+        }
+        if out.is_empty() {
+            return Err(RelayError::Config(
+                "name at least one outbox table: outbox.tables = [\"database.table\"] or an \
+                 [[outbox.table]] entry with name = \"database.table\""
+                    .into(),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[mysql]
+url = "mysql://root@127.0.0.1:3306/shop"
+server_id = 4242
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+"#;
+
+    fn mappings(outbox: &str) -> Result<Vec<TableMapping>, RelayError> {
+        RelayConfig::from_toml_str(&format!("{BASE}\n{outbox}")).and_then(|c| c.table_mappings())
+    }
+
+    #[test]
+    fn per_table_entries_override_the_defaults_key_by_key() {
+        let m = mappings(
+            r#"
+[outbox]
+tables = ["shop.outbox"]
+topic = "events.{aggregate_type}"
+datetime_time_zone = "Europe/Berlin"
+[outbox.columns]
+payload = "body"
+[[outbox.table]]
+name = "billing.outbox"
+topic = "billing-events"
+columns = { aggregate_id = "invoice_id" }
+headers = { event_key = "idempotency-key" }
+additional = [{ column = "tenant", placement = "header" }]
+null_payload = "skip"
+binary_format = "hex"
+"#,
+        )
+        .expect("valid");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].table.to_string(), "shop.outbox");
+        assert_eq!(m[0].columns.payload, "body");
+        assert_eq!(m[0].null_payload, NullPayload::Tombstone);
+        assert_eq!(m[0].datetime_time_zone, chrono_tz::Europe::Berlin);
+        assert_eq!(m[1].table.to_string(), "billing.outbox");
+        assert_eq!(m[1].columns.payload, "body", "inherited");
+        assert_eq!(m[1].columns.aggregate_id, "invoice_id");
+        assert_eq!(m[1].headers.event_key, "idempotency-key");
+        assert_eq!(m[1].headers.id, "id");
+        assert_eq!(m[1].null_payload, NullPayload::Skip);
+        assert_eq!(m[1].binary_format, BinaryFormat::Hex);
+        assert_eq!(m[1].datetime_time_zone, chrono_tz::Europe::Berlin);
+        assert_eq!(m[1].additional.len(), 1);
+    }
+
+    #[test]
+    fn bad_mappings_are_rejected_with_the_key() {
+        let err = |outbox: &str| mappings(outbox).expect_err("invalid").to_string();
+        assert!(err("[outbox]\ntables = []\n").contains("at least one outbox table"));
+        assert!(
+            err("[outbox]\ntables = [\"a.b\"]\ndatetime_time_zone = \"Mars/Olympus\"\n")
+                .contains("outbox.datetime_time_zone \"Mars/Olympus\"")
+        );
+        assert!(err("[outbox]\ntables = [\"a.b\", \"a.b\"]\n").contains("named twice"));
+        assert!(err(
+            "[outbox]\ntables = [\"a.b\"]\nadditional = [{ column = \"x\", placement = \"header\", alias = \"id\" }]\n"
+        )
+        .contains("header name \"id\" is used twice"));
+        assert!(err(
+            "[outbox]\ntables = [\"a.b\"]\nadditional = [{ column = \"payload\", placement = \"envelope\" }]\n"
+        )
+        .contains("envelope field \"payload\""));
+        assert!(
+            err("[outbox]\ntables = [\"a.b\"]\nnull_payload = \"drop\"\n").contains("null_payload")
+        );
+        assert!(
+            err("[[outbox.table]]\nname = \"a.b\"\ncolumns = { payload = \"\" }\n")
+                .contains("columns.payload must name a column")
+        );
+    }
+}
