@@ -510,6 +510,7 @@ mod tests {
             read_timeout_ms: None,
             resume: None,
             dead_letter_topic: None,
+            outbox_extra: "null_payload = \"skip\"\n".into(),
         };
         let toml = spec.to_toml();
         for needle in [
@@ -517,6 +518,7 @@ mod tests {
             "[mysql]",
             "server_id = 12345",
             "tables = [\"db.outbox\"]",
+            "null_payload = \"skip\"",
             "topic = \"t_1.outbox.event.{aggregate_type}\"",
             "[kafka.properties]\n\"linger.ms\" = \"5\"",
             "[checkpoint]",
