@@ -76,7 +76,8 @@ datetime_time_zone = "Europe/Berlin"
     .await?;
     drop(conn); // DROP DATABASE at the end waits for open connections to the tables
     let topic = format!("{prefix}typed.Order");
-    let records = collect_records(&kafka_bootstrap(), &[topic.clone()], 2, WAIT).await?;
+    let records =
+        collect_records(&kafka_bootstrap(), std::slice::from_ref(&topic), 2, WAIT).await?;
     relay.stop(WAIT).await?;
     ensure!(
         records.len() == 2,
@@ -184,8 +185,8 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
     drop(conn);
 
     let main = world.topic("Order");
-    let records = collect_records(&kafka_bootstrap(), &[main.clone()], 3, WAIT).await?;
-    let dead = collect_records(&kafka_bootstrap(), &[dlq.clone()], 2, WAIT).await?;
+    let records = collect_records(&kafka_bootstrap(), std::slice::from_ref(&main), 3, WAIT).await?;
+    let dead = collect_records(&kafka_bootstrap(), std::slice::from_ref(&dlq), 2, WAIT).await?;
     relay.stop(WAIT).await?;
     let records = read_all_records(&kafka_bootstrap(), &[main], WAIT)
         .await
