@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod ddl;
 pub mod decode;
 pub mod error;
 pub mod gtid;
