@@ -11,6 +11,7 @@
 pub mod checkpoint;
 pub mod columns;
 pub mod config;
+pub mod ddl;
 pub mod decode;
 pub mod error;
 pub mod gtid;
