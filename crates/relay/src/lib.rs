@@ -9,6 +9,7 @@
 //! with capped exponential backoff after MySQL or Kafka failures.
 
 pub mod checkpoint;
+mod compressed;
 pub mod config;
 pub mod decode;
 pub mod error;
