@@ -998,3 +998,236 @@ async fn environment_overrides_the_config_file() -> Result<()> {
     );
     f.db.drop_database().await
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rows larger than one MySQL protocol packet (16 MiB - 1)
+// ---------------------------------------------------------------------------------------------
+
+/// Creates `topic` (1 partition) with `max.message.bytes` set, so records up to that size fit.
+async fn create_topic(bootstrap: &str, topic: &str, max_message_bytes: usize) -> Result<()> {
+    use outbox_relay_testkit::rdkafka::admin::{
+        AdminClient, AdminOptions, NewTopic, TopicReplication,
+    };
+    use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
+    use outbox_relay_testkit::rdkafka::ClientConfig;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .context("creating a Kafka admin client")?;
+    let bytes = max_message_bytes.to_string();
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &bytes);
+    let results = admin
+        .create_topics(&[new], &AdminOptions::new())
+        .await
+        .with_context(|| format!("creating topic {topic}"))?;
+    for r in results {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A JSON payload of about `bytes` bytes: one string of varied characters, non-ASCII included,
+/// so a single misplaced byte (e.g. at a 16 MiB packet boundary) changes it.
+fn big_payload(bytes: usize, seed: u64) -> String {
+    const CHARS: [&str; 8] = ["a", "Z", "7", " ", "ü", "€", "-", "日"];
+    let mut out = String::with_capacity(bytes + 16);
+    out.push_str("{\"blob\":\"");
+    let mut x = seed | 1;
+    while out.len() < bytes {
+        // xorshift64: a fixed pseudo-random sequence.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push_str(CHARS[(x % 8) as usize]);
+    }
+    out.push_str("\"}");
+    out
+}
+
+/// One outbox row of `aggregate_type` with `payload`, committed on its own.
+fn single_row(uid: &str, n: usize, payload: String) -> OutboxRow {
+    OutboxRow {
+        aggregate_type: "Archive".into(),
+        aggregate_id: format!("archive-{n}"),
+        event_type: "ArchiveStored".into(),
+        event_key: format!("{uid}-big-{n}"),
+        payload,
+        created_at_micros: recent_created_at_base() + i64::try_from(n).unwrap_or(0) * 1_000,
+    }
+}
+
+/// A row of about 20 MiB (its rows event is sent in two MySQL packets: more than 16 MiB - 1)
+/// reaches Kafka byte for byte when the topic and the producer allow it, and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_a_row_larger_than_one_protocol_packet() -> Result<()> {
+    const LIMIT: usize = 25 * 1024 * 1024;
+    let mut f = Fixture::new("big").await?;
+    let topic = f.spec.topic_for("Archive");
+    create_topic(&f.spec.bootstrap_servers, &topic, LIMIT).await?;
+    f.spec
+        .kafka_properties
+        .push(("message.max.bytes".into(), LIMIT.to_string()));
+    let mut conn = f.db.conn().await?;
+    let (relay, _) = f.start_relay().await?;
+
+    let rows = [
+        single_row(&f.uid, 0, big_payload(20 * 1024 * 1024, 0x5eed)),
+        single_row(&f.uid, 1, r#"{"after":"the big one"}"#.into()),
+    ];
+    ensure!(rows[0].payload.len() > 16 * 1024 * 1024 + 1024);
+    for r in &rows {
+        insert_outbox_rows(
+            &mut conn,
+            "outbox",
+            std::slice::from_ref(r),
+            InsertStyle::SingleRow,
+        )
+        .await?;
+    }
+    let ids = ids_by_event_key(&mut conn).await?;
+    let wanted: HashSet<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        all_seen(wanted),
+    )
+    .await?;
+    relay.ensure_running()?;
+    ensure!(
+        seen.len() == rows.len(),
+        "{} records on {topic}, expected {}\n{}",
+        seen.len(),
+        rows.len(),
+        relay.stderr_tail()
+    );
+    for (r, row) in seen.iter().zip(&rows) {
+        ensure!(
+            r.header("event_key") == Some(row.event_key.as_str()),
+            "records out of order: {:?} where {} was expected",
+            r.header("event_key"),
+            row.event_key
+        );
+        let value = r.value.as_deref().unwrap_or_default();
+        ensure!(
+            value == row.payload.as_bytes(),
+            "{}: the value differs from the payload ({} bytes on Kafka, {} inserted; first \
+             difference at byte {:?})",
+            row.event_key,
+            value.len(),
+            row.payload.len(),
+            value
+                .iter()
+                .zip(row.payload.as_bytes())
+                .position(|(a, b)| a != b)
+        );
+        ensure!(r.key.as_deref() == Some(row.aggregate_id.as_bytes()));
+        let want_id = ids.get(&row.event_key).map(u64::to_string);
+        ensure!(
+            r.header("id") == want_id.as_deref()
+                && r.header("event_type") == Some(row.event_type.as_str())
+                && r.header("aggregate_type") == Some(row.aggregate_type.as_str())
+                && r.timestamp_ms == Some(row.expected_timestamp_ms()),
+            "{}: headers {:?}, timestamp {:?}",
+            row.event_key,
+            r.headers,
+            r.timestamp_ms
+        );
+    }
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
+    drop(conn);
+    f.db.drop_database().await
+}
+
+/// A row over the producer's `message.max.bytes` (and over 16 MiB) goes to the dead-letter
+/// topic with a reason saying it is too large for Kafka (without its value), and the row after
+/// it is relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Result<()> {
+    const LIMIT: usize = 10 * 1024 * 1024;
+    let mut f = Fixture::new("toobig").await?;
+    let topic = f.spec.topic_for("Archive");
+    let dlq = format!("t_{}.dlq", f.uid);
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    f.spec
+        .kafka_properties
+        .push(("message.max.bytes".into(), LIMIT.to_string()));
+    let mut conn = f.db.conn().await?;
+    let (relay, _) = f.start_relay().await?;
+
+    let rows = [
+        single_row(&f.uid, 0, big_payload(17 * 1024 * 1024, 0xb16)),
+        single_row(&f.uid, 1, r#"{"after":"the refused one"}"#.into()),
+    ];
+    for r in &rows {
+        insert_outbox_rows(
+            &mut conn,
+            "outbox",
+            std::slice::from_ref(r),
+            InsertStyle::SingleRow,
+        )
+        .await?;
+    }
+    let ids = ids_by_event_key(&mut conn).await?;
+    let next = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        all_seen(HashSet::from([rows[1].event_key.clone()])),
+    )
+    .await?;
+    relay.ensure_running()?;
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
+    let keys: Vec<Option<&str>> = next.iter().map(|r| r.header("event_key")).collect();
+    ensure!(
+        keys == [Some(rows[1].event_key.as_str())],
+        "records on {topic}: {keys:?}, expected only the row after the refused one\n{}",
+        relay.stderr_tail()
+    );
+    ensure!(next[0].value.as_deref() == Some(rows[1].payload.as_bytes()));
+
+    let dead = read_all_records(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&dlq),
+        READ_ALL,
+    )
+    .await?;
+    ensure!(dead.len() == 1, "{} dead letters: {dead:?}", dead.len());
+    let d = &dead[0];
+    let reason = d.header("dlq_reason").unwrap_or_default();
+    ensure!(
+        reason.contains("too large for Kafka"),
+        "dlq_reason {reason:?} does not say the record is too large for Kafka"
+    );
+    let want_id = ids.get(&rows[0].event_key).map(u64::to_string);
+    for (name, want) in [
+        ("event_key", Some(rows[0].event_key.clone())),
+        ("id", want_id),
+        ("event_type", Some(rows[0].event_type.clone())),
+        ("aggregate_type", Some(rows[0].aggregate_type.clone())),
+        ("dlq_topic", Some(topic.clone())),
+        ("dlq_table", Some(f.db.outbox_table())),
+    ] {
+        ensure!(
+            d.header(name) == want.as_deref(),
+            "dead letter header {name} is {:?}, expected {want:?}",
+            d.header(name)
+        );
+    }
+    ensure!(d.key.as_deref() == Some(rows[0].aggregate_id.as_bytes()));
+    ensure!(
+        d.value.is_none(),
+        "the dead letter carries the too-large value"
+    );
+    let logs = binary_logs(&mut conn).await?;
+    ensure!(
+        logs.iter()
+            .any(|(name, _)| Some(name.as_str()) == d.header("dlq_binlog_file")),
+        "dlq_binlog_file {:?} is not in SHOW BINARY LOGS",
+        d.header("dlq_binlog_file")
+    );
+    drop(conn);
+    f.db.drop_database().await
+}

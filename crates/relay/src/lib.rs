@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod columns;
+mod compressed;
 pub mod config;
 pub mod ddl;
 pub mod decode;

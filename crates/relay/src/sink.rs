@@ -185,9 +185,10 @@ impl KafkaSink {
         if let Some(value) = &record.value {
             fr = fr.payload(value.as_slice());
         }
+        let size = record_size(&record.key, record.value.as_deref(), &record.headers);
         self.producer
             .send_result(fr)
-            .map_err(|(e, _)| classify_send_error(e, &record.topic))
+            .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
     }
 
     /// `true` when rows that cannot be relayed go to a dead-letter topic instead of stopping.
@@ -231,6 +232,11 @@ impl KafkaSink {
                 value: Some(value),
             });
         }
+        let size = record_size(
+            dl.key.as_deref().unwrap_or_default(),
+            dl.value.as_deref(),
+            &dl.headers,
+        );
         let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(key) = &dl.key {
             fr = fr.key(key.as_slice());
@@ -240,7 +246,7 @@ impl KafkaSink {
         }
         self.producer
             .send_result(fr)
-            .map_err(|(e, _)| classify_send_error(e, topic))
+            .map_err(|(e, _)| classify_send_error(e, topic, size))
     }
 
     /// Waits up to `timeout` for every enqueued record to be delivered or to fail.
@@ -256,21 +262,45 @@ impl KafkaSink {
     }
 }
 
-fn classify_send_error(e: KafkaError, topic: &str) -> SendError {
+/// Bytes of a record's key, value and headers (names and values): what counts against
+/// `message.max.bytes`, give or take the record framing.
+fn record_size<K: AsRef<str>>(key: &[u8], value: Option<&[u8]>, headers: &[(K, Vec<u8>)]) -> usize {
+    key.len()
+        + value.map_or(0, <[u8]>::len)
+        + headers
+            .iter()
+            .map(|(k, v)| k.as_ref().len() + v.len())
+            .sum::<usize>()
+}
+
+/// Kafka refuses records whose size is the problem with these codes.
+fn is_size_problem(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
+    )
+}
+
+/// Why Kafka refused a record for good (`dlq_reason`, or the error that stops the relay).
+fn refusal_reason(code: RDKafkaErrorCode, topic: &str, size: usize) -> String {
+    if is_size_problem(code) {
+        format!(
+            "the record ({size} bytes of key, value and headers) is too large for Kafka \
+             (topic {topic}: {code}). Fix: raise kafka.properties \"message.max.bytes\" and the \
+             topic's max.message.bytes (and the broker's message.max.bytes for new topics), or \
+             keep outbox payloads smaller"
+        )
+    } else {
+        format!("Kafka refused the record for topic {topic}: {code}")
+    }
+}
+
+fn classify_send_error(e: KafkaError, topic: &str, size: usize) -> SendError {
     match e {
         KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
-        KafkaError::MessageProduction(code) if is_permanent(code) => SendError::Permanent(format!(
-            "Kafka refused the record for topic {topic}: {code}{}",
-            if matches!(
-                code,
-                RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
-            ) {
-                " (too large for Kafka: raise the topic's max.message.bytes and the producer's \
-                 message.max.bytes in kafka.properties, or make the row smaller)"
-            } else {
-                ""
-            }
-        )),
+        KafkaError::MessageProduction(code) if is_permanent(code) => {
+            SendError::Permanent(refusal_reason(code, topic, size))
+        }
         other => SendError::Failed(RelayError::Kafka(format!(
             "cannot produce to topic {topic}: {other}"
         ))),
@@ -330,7 +360,7 @@ pub fn delivery_result(
     match report {
         Ok(Ok(delivery)) => Ok(Delivered::Acked(delivery.partition, delivery.offset)),
         Ok(Err((KafkaError::MessageProduction(code), msg))) if is_permanent(code) => {
-            let headers = msg
+            let headers: Vec<(String, Vec<u8>)> = msg
                 .headers()
                 .map(|h| {
                     h.iter()
@@ -338,12 +368,10 @@ pub fn delivery_result(
                         .collect()
                 })
                 .unwrap_or_default();
-            let size_problem = matches!(
-                code,
-                RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
-            );
+            let size_problem = is_size_problem(code);
+            let size = record_size(msg.key().unwrap_or_default(), msg.payload(), &headers);
             Ok(Delivered::Refused {
-                reason: format!("Kafka refused the record for topic {}: {code}", msg.topic()),
+                reason: refusal_reason(code, msg.topic(), size),
                 key: msg.key().map(<[u8]>::to_vec),
                 value: if size_problem {
                     None
@@ -357,5 +385,44 @@ pub fn delivery_result(
         Err(_) => Err(RelayError::Kafka(
             "the producer was dropped before delivery".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_refusals_say_too_large_for_kafka() {
+        let reason = refusal_reason(
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            "t.orders",
+            17_000_123,
+        );
+        assert!(
+            reason.starts_with(
+                "the record (17000123 bytes of key, value and headers) is too large for Kafka \
+                 (topic t.orders: "
+            ),
+            "{reason}"
+        );
+        assert!(
+            reason.contains("kafka.properties \"message.max.bytes\""),
+            "{reason}"
+        );
+        assert_eq!(
+            refusal_reason(RDKafkaErrorCode::TopicAuthorizationFailed, "t.orders", 10),
+            format!(
+                "Kafka refused the record for topic t.orders: {}",
+                RDKafkaErrorCode::TopicAuthorizationFailed
+            )
+        );
+    }
+
+    #[test]
+    fn record_size_counts_key_value_and_headers() {
+        let headers = vec![("id".to_owned(), b"42".to_vec())];
+        assert_eq!(record_size(b"key", Some(b"value"), &headers), 3 + 5 + 2 + 2);
+        assert_eq!(record_size::<&str>(b"", None, &[]), 0);
     }
 }

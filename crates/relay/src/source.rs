@@ -10,11 +10,12 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use mysql_async::binlog::events::{Event, RotateEvent, TableMapEvent};
+use mysql_async::binlog::events::{Event, RotateEvent, TableMapEvent, TransactionPayloadEvent};
 use mysql_async::binlog::{BinlogVersion, EventType};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
 
+use crate::compressed::{payload_error, Incomplete, PayloadTracker};
 use crate::error::{RelayError, ER_MASTER_FATAL_ERROR_READING_BINLOG};
 use crate::gtid::MysqlGtidSet;
 use crate::position::{BinlogPosition, MariadbGtidPos};
@@ -51,6 +52,11 @@ pub struct SourceEvent {
     pub position: BinlogPosition,
     /// Event timestamp, seconds since the Unix epoch (when the statement began on the primary).
     pub timestamp: u32,
+    /// `true` for an event decompressed from a MySQL TRANSACTION_PAYLOAD event (BEGIN, table
+    /// map, rows, XID of a compressed transaction). Its `position` is the end of that payload
+    /// event: inner events have no position of their own, and a dump can only resume after the
+    /// whole payload.
+    pub in_payload: bool,
 }
 
 /// Server flavor; decides the dump options and some statements.
@@ -79,6 +85,7 @@ pub struct BinlogSource {
     /// each call (the pipeline's select loop calls `next` again after every other branch).
     last_event: tokio::time::Instant,
     start: StartFrom,
+    payloads: PayloadTracker,
 }
 
 /// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
@@ -160,6 +167,7 @@ impl BinlogSource {
             read_timeout,
             last_event: tokio::time::Instant::now(),
             start: start.clone(),
+            payloads: PayloadTracker::default(),
         })
     }
 
@@ -196,6 +204,11 @@ impl BinlogSource {
             if raw_type == EventType::HEARTBEAT_EVENT as u8 {
                 continue;
             }
+            // Before a ROTATE changes the file name: an error names the payload's file.
+            let payload_end = self
+                .payloads
+                .observe(header.log_pos(), header.event_size())
+                .map_err(|e| incomplete_payload(&self.file, e))?;
             if raw_type == EventType::ROTATE_EVENT as u8 {
                 self.file = rotate_file_name(&event)?;
                 let artificial =
@@ -206,19 +219,70 @@ impl BinlogSource {
             }
             let position = BinlogPosition::new(
                 self.file.clone(),
-                if raw_type == EventType::ROTATE_EVENT as u8 {
-                    4 // a real ROTATE ends the old file; the next event is the new file's first
-                } else {
-                    u64::from(header.log_pos())
+                match payload_end {
+                    Some(end) => end,
+                    // A real ROTATE ends the old file; the next event is the new file's first.
+                    None if raw_type == EventType::ROTATE_EVENT as u8 => 4,
+                    None => u64::from(header.log_pos()),
                 },
             );
+            if raw_type == EventType::TRANSACTION_PAYLOAD_EVENT as u8 {
+                // mysql_async yields the inner events right after this one.
+                let size = payload_size(&event, &position)?;
+                self.payloads
+                    .begin(position.pos, size)
+                    .map_err(|e| incomplete_payload(&self.file, e))?;
+            }
+            let event = uncompress(event, &position)?;
             return Ok(SourceEvent {
                 timestamp: header.timestamp(),
                 position,
                 event,
+                in_payload: payload_end.is_some(),
             });
         }
     }
+}
+
+/// The error for a TRANSACTION_PAYLOAD event of `file` whose inner events are incomplete.
+fn incomplete_payload(file: &str, e: Incomplete) -> RelayError {
+    RelayError::Binlog(payload_error(
+        &BinlogPosition::new(file, e.end),
+        &e.to_string(),
+    ))
+}
+
+/// The `uncompressed_size` of a TRANSACTION_PAYLOAD event.
+fn payload_size(event: &Event, position: &BinlogPosition) -> Result<u64, RelayError> {
+    event
+        .read_event::<TransactionPayloadEvent<'_>>()
+        .map(|tpe| tpe.uncompressed_size())
+        .map_err(|e| {
+            RelayError::Binlog(payload_error(
+                position,
+                &format!("its header cannot be parsed: {e}"),
+            ))
+        })
+}
+
+/// A MariaDB compressed event (`log_bin_compress=ON`) as the ordinary event it stands for; any
+/// other event as it is.
+fn uncompress(event: Event, position: &BinlogPosition) -> Result<Event, RelayError> {
+    let raw_type = event.header().event_type_raw();
+    if crate::compressed::mariadb_uncompressed_type(raw_type).is_none() {
+        return Ok(event);
+    }
+    crate::compressed::uncompress_mariadb(&event).map_err(|reason| {
+        RelayError::Binlog(format!(
+            "the MariaDB compressed binlog event (type {raw_type}) ending at {position} cannot \
+             be decompressed: {reason}. The relay stops instead of skipping its rows. Fix: check \
+             the event on the server (mariadb-binlog -vv --stop-position={} {}); if the server's \
+             copy reads fine, restart the relay (the copy it received was damaged); if not, SET \
+             GLOBAL log_bin_compress=OFF for new events, relay this event's outbox rows by hand \
+             and move the connector's checkpoint past {position}",
+            position.pos, position.file
+        ))
+    })
 }
 
 /// Maps error 1236 (the server cannot send from there) to a definite error naming the start
@@ -281,9 +345,16 @@ fn header_bytes(event: &Event) -> [u8; 19] {
 
 /// Reads a binlog file from disk through the same decoding path as the network stream (for
 /// replaying files and for tests on fixtures written by servers this machine cannot run).
+///
+/// Unlike the network stream, mysql_common's file reader does not open TRANSACTION_PAYLOAD
+/// events: this source decompresses each one whole (its `uncompressed_size` bytes in memory)
+/// and yields its inner events after it, as [`BinlogSource`] does.
 pub struct BinlogFileSource {
     file: mysql_common::binlog::BinlogFile<std::io::BufReader<std::fs::File>>,
     name: String,
+    /// Inner events of the last TRANSACTION_PAYLOAD event, not yet yielded.
+    inner: std::collections::VecDeque<Event>,
+    payloads: PayloadTracker,
 }
 
 impl BinlogFileSource {
@@ -305,29 +376,113 @@ impl BinlogFileSource {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Ok(Self { file, name })
+        Ok(Self {
+            file,
+            name,
+            inner: std::collections::VecDeque::new(),
+            payloads: PayloadTracker::default(),
+        })
     }
 
     /// The next event, `None` at the end of the file.
     ///
     /// # Errors
-    /// [`RelayError::Binlog`] for a truncated or corrupt event.
+    /// [`RelayError::Binlog`] for a truncated or corrupt event, a TRANSACTION_PAYLOAD event
+    /// that cannot be decompressed, or a MariaDB compressed event that cannot be.
     pub fn next_event(&mut self) -> Option<Result<SourceEvent, RelayError>> {
-        let event = match self.file.next()? {
-            Ok(event) => event,
-            Err(e) => {
-                return Some(Err(RelayError::Binlog(format!(
-                    "cannot decode an event of {}: {e}",
-                    self.name
-                ))))
-            }
+        let event = match self.inner.pop_front() {
+            Some(event) => event,
+            None => match self.file.next() {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
+                    return Some(Err(RelayError::Binlog(format!(
+                        "cannot decode an event of {}: {e}",
+                        self.name
+                    ))))
+                }
+                None => {
+                    return self
+                        .payloads
+                        .check_complete()
+                        .err()
+                        .map(|e| Err(incomplete_payload(&self.name, e)))
+                }
+            },
         };
+        Some(self.yield_event(event))
+    }
+
+    fn yield_event(&mut self, event: Event) -> Result<SourceEvent, RelayError> {
         let header = event.header();
-        Some(Ok(SourceEvent {
+        let payload_end = self
+            .payloads
+            .observe(header.log_pos(), header.event_size())
+            .map_err(|e| incomplete_payload(&self.name, e))?;
+        let position = BinlogPosition::new(
+            self.name.clone(),
+            payload_end.unwrap_or(u64::from(header.log_pos())),
+        );
+        if header.event_type_raw() == EventType::TRANSACTION_PAYLOAD_EVENT as u8 {
+            let size = payload_size(&event, &position)?;
+            self.payloads
+                .begin(position.pos, size)
+                .map_err(|e| incomplete_payload(&self.name, e))?;
+            self.inner = self
+                .read_payload(&event, size)
+                .map_err(|detail| RelayError::Binlog(payload_error(&position, &detail)))?;
+        }
+        let event = uncompress(event, &position)?;
+        Ok(SourceEvent {
             timestamp: header.timestamp(),
-            position: BinlogPosition::new(self.name.clone(), u64::from(header.log_pos())),
+            position,
             event,
-        }))
+            in_payload: payload_end.is_some(),
+        })
+    }
+
+    /// Decompresses a TRANSACTION_PAYLOAD event into its inner events (the file reader keeps
+    /// their table maps). Every inner event's size is checked against the bytes left before it
+    /// is parsed, so damaged data is an error, not a huge allocation.
+    fn read_payload(
+        &mut self,
+        event: &Event,
+        size: u64,
+    ) -> Result<std::collections::VecDeque<Event>, String> {
+        use std::io::Read;
+        let tpe = event
+            .read_event::<TransactionPayloadEvent<'_>>()
+            .map_err(|e| format!("its header cannot be parsed: {e}"))?;
+        let mut bytes = Vec::new();
+        tpe.decompressed()
+            .and_then(|reader| reader.take(size.saturating_add(1)).read_to_end(&mut bytes))
+            .map_err(|e| format!("{e} ({size} bytes expected)"))?;
+        if bytes.len() as u64 != size {
+            return Err(format!("{size} bytes expected, {} decoded", bytes.len()));
+        }
+        let mut events = std::collections::VecDeque::new();
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            let len = rest
+                .get(9..13)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                .filter(|len| (19..=rest.len()).contains(len))
+                .ok_or_else(|| {
+                    format!(
+                        "the inner event at payload offset {} has a bad size",
+                        bytes.len() - rest.len()
+                    )
+                })?;
+            let (one, tail) = rest.split_at(len);
+            let inner = self
+                .file
+                .reader_mut()
+                .read_decompressed(one)
+                .map_err(|e| format!("an inner event cannot be parsed: {e}"))?
+                .ok_or("an inner event is empty")?;
+            events.push_back(inner);
+            rest = tail;
+        }
+        Ok(events)
     }
 
     /// The table map event for `table_id`, as last seen in the file.

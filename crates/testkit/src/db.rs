@@ -148,7 +148,8 @@ pub struct GlobalVariableGuard {
 }
 
 impl GlobalVariableGuard {
-    /// Saves `@@GLOBAL.<name>` and sets it to `value` (sent as a string literal).
+    /// Saves `@@GLOBAL.<name>` and sets it to `value` (sent as an integer when it is one, as
+    /// numeric variables refuse strings; else as a string literal).
     ///
     /// # Errors
     /// `name` is not a plain identifier, the server cannot be reached or refuses the value.
@@ -165,7 +166,7 @@ impl GlobalVariableGuard {
         let Some(original) = original else {
             bail!("@@GLOBAL.{name} has no value");
         };
-        conn.exec_drop(format!("SET GLOBAL {name} = ?"), (value,))
+        conn.exec_drop(format!("SET GLOBAL {name} = ?"), (variable_value(value),))
             .await
             .with_context(|| format!("SET GLOBAL {name} = {value:?}"))?;
         conn.disconnect().await.ok();
@@ -193,9 +194,17 @@ impl GlobalVariableGuard {
     }
 }
 
+/// A variable's value for `SET GLOBAL x = ?`: integers as integers, the rest as text.
+fn variable_value(value: &str) -> mysql_async::Value {
+    match value.parse::<i64>() {
+        Ok(n) => mysql_async::Value::Int(n),
+        Err(_) => mysql_async::Value::from(value),
+    }
+}
+
 async fn restore_global(url: &str, name: &str, value: &str) -> Result<()> {
     let mut conn = Conn::from_url(url).await?;
-    conn.exec_drop(format!("SET GLOBAL {name} = ?"), (value,))
+    conn.exec_drop(format!("SET GLOBAL {name} = ?"), (variable_value(value),))
         .await
         .with_context(|| format!("restoring @@GLOBAL.{name} = {value:?}"))?;
     conn.disconnect().await.ok();
