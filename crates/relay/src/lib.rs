@@ -258,7 +258,8 @@ async fn run_once(
         store.table().clone(),
         config.outbox.columns.clone(),
         gtid_state,
-    );
+    )
+    .with_unknown_xa_commit(config.outbox.unknown_xa_commit);
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
