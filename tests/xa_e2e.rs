@@ -486,8 +486,8 @@ enum Interrupt {
     Kill9,
 }
 
-/// A, [XA 1 prepared], B, [XA 2 prepared], D1 relayed; the relay is interrupted; while it is
-/// down C, [XA 1 COMMIT], E, [XA 2 COMMIT], F are committed. After the restart every row is on
+/// A, [XA 1 prepared], binlog rotation, B, [XA 2 prepared], D relayed; the relay is
+/// interrupted; while it is down C, [XA 1 COMMIT], rotation, E, [XA 2 COMMIT], F are committed. After the restart every row is on
 /// Kafka, the XA rows after their commits, and the checkpoint never passed XA 1's PREPARE while
 /// it was undecided (its GTID position, used to resume, is the held boundary's).
 async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
@@ -511,6 +511,8 @@ async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
         let prepared1 = xa_prepare(&w, &gtrids[0], &x1).await?;
         let prepared1_seq = domain0_seq(&prepared1).context("GTID of the XA PREPARE")?;
         let prepared1 = group(&mut conn, &from, &prepared1).await?;
+        // A rotation while XA 1 is undecided: the checkpoint stays in the older file.
+        conn.query_drop("FLUSH BINARY LOGS").await?;
         let b = gen.rows(2);
         commit(&mut conn, &from, &b).await?;
         let x2 = gen.rows(1);
@@ -570,6 +572,7 @@ async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
         let c = gen.rows(1);
         commit(&mut conn, &from, &c).await?;
         xa_decide(&w, &gtrids[0], true).await?;
+        conn.query_drop("FLUSH BINARY LOGS").await?;
         let e = gen.rows(1);
         commit(&mut conn, &from, &e).await?;
         xa_decide(&w, &gtrids[1], true).await?;

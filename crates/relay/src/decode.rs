@@ -400,7 +400,8 @@ impl Decoder {
              EVENTS; take the End_log_pos of the Xid/COMMIT event before its transaction) with \
              rows_acked = 0 and gtid_set = NULL: its rows are then relayed, and records \
              committed between there and here are sent again (consumers deduplicate by \
-             event_key).{skip_it}",
+             event_key).{skip_it} (If XA transactions on this server never write the outbox, \
+             set outbox.unknown_xa_commit = \"skip\".)",
             ev.position
         ))
     }
