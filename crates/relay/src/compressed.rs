@@ -436,7 +436,7 @@ mod tests {
 #[cfg(test)]
 mod mariadb_capture_tests {
     use crate::config::TableName;
-    use crate::decode::{Decoded, Decoder, OutboxEvent};
+    use crate::decode::{Decoder, OutboxEvent};
     use crate::source::BinlogFileSource;
     use mysql_async::binlog::events::{EventData, RowsEventData};
     use mysql_async::binlog::row::BinlogRow;
@@ -536,13 +536,12 @@ mod mariadb_capture_tests {
         let (mut rows, mut ends) = (Vec::<OutboxEvent>::new(), Vec::new());
         while let Some(ev) = source.next_event() {
             let ev = ev.expect("event decodes");
-            match decoder
+            let (r, b) = decoder
                 .decode(&ev, |id| source.table_map(id))
                 .expect("decodes")
-            {
-                Decoded::Rows(r) => rows.extend(r.into_iter().map(|r| r.expect("row"))),
-                Decoded::Boundary(b) => ends.push((b.position.pos, b.gtid_set)),
-            }
+                .into_parts();
+            rows.extend(r.into_iter().map(|r| r.expect("row")));
+            ends.extend(b.map(|b| (b.position.pos, b.gtid_set)));
         }
         assert_eq!(rows.len(), 1, "only the INSERT");
         assert_eq!(rows[0].id.as_deref(), Some(&b"7"[..]));

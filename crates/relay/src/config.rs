@@ -173,6 +173,24 @@ pub struct OutboxConfig {
     /// What the Kafka key holds. Default `text`.
     #[serde(default)]
     pub key_format: KeyFormat,
+    /// What to do with an `XA COMMIT` whose `XA PREPARE` was logged before the point the relay
+    /// started reading from (its rows are unknown). Default `stop`.
+    #[serde(default)]
+    pub unknown_xa_commit: UnknownXaCommit,
+}
+
+/// `outbox.unknown_xa_commit`: an `XA COMMIT` whose `XA PREPARE` (which carries the
+/// transaction's rows) the relay has not read, because it was logged before the relay's start
+/// point (e.g. a first start while an XA transaction was prepared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownXaCommit {
+    /// Stop with an error naming the XID and how to resume from before its `XA PREPARE`.
+    #[default]
+    Stop,
+    /// Log a warning and go on: for servers whose XA transactions never write the outbox
+    /// tables. Outbox rows such a transaction wrote would not be relayed.
+    Skip,
 }
 
 fn default_topic() -> String {

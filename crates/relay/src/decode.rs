@@ -7,8 +7,10 @@
 //! nothing.
 //!
 //! Only committed transactions reach the binlog (InnoDB writes a transaction at commit), so rows
-//! are relayed as they are read, without buffering whole transactions; XA transactions, whose
-//! rows are logged at `XA PREPARE`, are refused on the outbox until they are supported.
+//! are relayed as they are read, without buffering whole transactions. The exception is XA: an
+//! XA transaction's rows are logged at `XA PREPARE` and decided later; they are held until the
+//! `XA COMMIT` (relayed there) or `XA ROLLBACK` (dropped), and no boundary is reported while one
+//! is undecided (module [`xa`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 
 use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
-use crate::config::{KeyFormat, NullPayload, OnUpdate, Placement, TableName};
+use crate::config::{KeyFormat, NullPayload, OnUpdate, Placement, TableName, UnknownXaCommit};
 use crate::error::RelayError;
 use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::mapping::TableMapping;
@@ -53,6 +55,13 @@ enum PendingGtid {
     MySql(Gtid),
 }
 use crate::source::SourceEvent;
+
+pub mod xa;
+
+use xa::{Outcome, XaStatement, XaTracker, Xid};
+
+/// One decoded outbox row: the event, or what could be read of a row that cannot become one.
+pub type DecodedRow = Result<OutboxEvent, Box<RowFailure>>;
 
 /// One committed INSERT on an outbox table, owned and typed.
 #[derive(Debug, Clone)]
@@ -133,9 +142,23 @@ pub enum Decoded {
     /// Outbox rows in binlog order (empty for most events). A row that cannot become an
     /// [`OutboxEvent`] (NULL aggregate, missing column) is an [`RelayError::Row`] in its place,
     /// for the pipeline to dead-letter or stop on.
-    Rows(Vec<Result<OutboxEvent, Box<RowFailure>>>),
+    Rows(Vec<DecodedRow>),
     /// A transaction ended here.
     Boundary(TxBoundary),
+    /// Rows, then the end of their transaction: an `XA COMMIT` relays the rows its `XA PREPARE`
+    /// logged, as rows of the commit's group.
+    RowsThenBoundary(Vec<DecodedRow>, TxBoundary),
+}
+
+impl Decoded {
+    /// The rows (in order) and the boundary after them, if any.
+    pub fn into_parts(self) -> (Vec<DecodedRow>, Option<TxBoundary>) {
+        match self {
+            Self::Rows(rows) => (rows, None),
+            Self::Boundary(b) => (Vec::new(), Some(b)),
+            Self::RowsThenBoundary(rows, b) => (rows, Some(b)),
+        }
+    }
 }
 
 // MariaDB event types (MariaDB KB "Replication Protocol" / log_event.h); mysql_common does not
@@ -147,6 +170,8 @@ const MARIADB_LAST_COMPRESSED_EVENT: u8 = 171;
 const XA_PREPARE_LOG_EVENT: u8 = 38;
 const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
 // MariaDB GTID event flags2.
+// MariaDB GTID event flags2 (log_event.h). FL_COMPLETED_XA (128) marks the group of an
+// XA COMMIT/ROLLBACK query, which is recognised by its text (as on MySQL).
 const FL_STANDALONE: u8 = 1;
 const FL_PREPARED_XA: u8 = 64;
 
@@ -160,6 +185,8 @@ pub struct Decoder {
     checkpoint_table: TableName,
     gtid: Option<GtidState>,
     tx: TxState,
+    xa: XaTracker,
+    unknown_xa_commit: UnknownXaCommit,
 }
 
 #[derive(Debug, Default)]
@@ -168,8 +195,6 @@ struct TxState {
     open: bool,
     /// MariaDB standalone group: ends after its single statement.
     standalone: bool,
-    /// MariaDB XA PREPARE group.
-    xa_prepared: bool,
     /// The transaction's GTID, applied at commit.
     gtid: Option<PendingGtid>,
     /// Touched something besides the checkpoint table.
@@ -195,6 +220,8 @@ impl Decoder {
             checkpoint_table,
             gtid,
             tx: TxState::default(),
+            xa: XaTracker::default(),
+            unknown_xa_commit: UnknownXaCommit::Stop,
         }
     }
 
@@ -205,17 +232,33 @@ impl Decoder {
         self.tracked.insert(table, columns);
     }
 
-    /// `true` while inside a transaction (a checkpoint here would be mid-transaction).
+    /// What to do with an `XA COMMIT` whose `XA PREPARE` this decoder has not read (default
+    /// [`UnknownXaCommit::Stop`]: a [`RelayError::Binlog`] naming the XID).
+    #[must_use]
+    pub fn with_unknown_xa_commit(mut self, policy: UnknownXaCommit) -> Self {
+        self.unknown_xa_commit = policy;
+        self
+    }
+
+    /// `true` while inside a transaction, or while an XA transaction is prepared and undecided
+    /// (a checkpoint here would be mid-transaction).
     pub fn in_transaction(&self) -> bool {
-        self.tx.open
+        self.tx.open || self.xa.undecided() > 0
+    }
+
+    /// Prepared XA transactions whose `XA COMMIT`/`XA ROLLBACK` has not been read yet, and the
+    /// outbox rows held for them.
+    pub fn undecided_xa(&self) -> (usize, usize) {
+        (self.xa.undecided(), self.xa.held_rows())
     }
 
     /// Decodes one event. `table_map` looks up the table map event for a rows event's table id
     /// (kept by the source's stream reader).
     ///
     /// # Errors
-    /// [`RelayError::Row`] for an outbox row that cannot become a record (missing column, NULL
-    /// aggregate, XA, partial image); [`RelayError::Binlog`] for an event that cannot be parsed.
+    /// [`RelayError::Row`] for a rows event on an outbox table that cannot be decoded (no column
+    /// names, partial image); [`RelayError::Binlog`] for an event that cannot be parsed, and for
+    /// an `XA COMMIT` whose `XA PREPARE` was before the point this decoder started from.
     pub fn decode<'t>(
         &mut self,
         ev: &SourceEvent,
@@ -225,10 +268,15 @@ impl Decoder {
         match raw_type {
             MARIADB_GTID_EVENT => {
                 let (gtid, flags) = parse_mariadb_gtid(ev)?;
+                if flags & FL_PREPARED_XA != 0 {
+                    self.xa.start_group()
+                } else {
+                    self.xa.end_group_without_prepare()
+                }
+                .map_err(|e| xa_error(ev, &e))?;
                 self.tx = TxState {
                     open: true,
                     standalone: flags & FL_STANDALONE != 0,
-                    xa_prepared: flags & FL_PREPARED_XA != 0,
                     gtid: Some(PendingGtid::MariaDb(gtid)),
                     advances: false,
                 };
@@ -236,10 +284,16 @@ impl Decoder {
             }
             MARIADB_ANNOTATE_ROWS_EVENT => return Ok(Decoded::Rows(Vec::new())),
             XA_PREPARE_LOG_EVENT => {
-                // The XA transaction's rows are prepared, not committed; its outcome comes later
-                // as a separate group. Nothing to checkpoint here that is not also safe later.
-                self.tx = TxState::default();
-                return Ok(Decoded::Rows(Vec::new()));
+                let (xid, one_phase) =
+                    Xid::from_prepare_event(ev.event.data()).map_err(|e| xa_error(ev, &e))?;
+                let rows = self
+                    .xa
+                    .prepare(xid, one_phase, &ev.position)
+                    .map_err(|e| xa_error(ev, &e))?;
+                // The prepared group is in the binlog (its GTID counts) but decided later: the
+                // XA tracker withholds the boundary until then. A one-phase commit ends here.
+                self.tx.advances = true;
+                return Ok(self.end_tx(ev, rows));
             }
             TRANSACTION_PAYLOAD_EVENT => {
                 // MySQL compressed transaction: the source yields its inner events next, each at
@@ -267,6 +321,9 @@ impl Decoder {
             Some(EventData::QueryEvent(q)) => {
                 let query = q.query();
                 let stmt = query.trim().trim_end_matches(';').trim();
+                if let Some(xa) = xa::parse_xa_statement(stmt) {
+                    return self.xa_statement(ev, xa.map_err(|e| xa_error(ev, &e))?);
+                }
                 let is_end =
                     stmt.eq_ignore_ascii_case("COMMIT") || stmt.eq_ignore_ascii_case("ROLLBACK");
                 if !is_end && !stmt.eq_ignore_ascii_case("BEGIN") {
@@ -277,6 +334,9 @@ impl Decoder {
                 }
                 if stmt.eq_ignore_ascii_case("BEGIN") {
                     // MySQL sends its GTID event just before BEGIN: keep it.
+                    self.xa
+                        .end_group_without_prepare()
+                        .map_err(|e| xa_error(ev, &e))?;
                     self.tx = TxState {
                         open: true,
                         gtid: self.tx.gtid.take(),
@@ -287,12 +347,12 @@ impl Decoder {
                 {
                     // COMMIT, or a statement outside a transaction (DDL): both end a group.
                     self.tx.advances = true;
-                    Ok(Decoded::Boundary(self.finish_tx(ev)))
+                    Ok(self.end_tx(ev, Vec::new()))
                 } else if stmt.eq_ignore_ascii_case("ROLLBACK") {
                     // Logged only when a non-transactional table was changed: those changes
                     // stay, and an outbox row in them was already relayed.
                     self.tx.advances = true;
-                    Ok(Decoded::Boundary(self.finish_tx(ev)))
+                    Ok(self.end_tx(ev, Vec::new()))
                 } else {
                     self.tx.advances = true;
                     Ok(Decoded::Rows(Vec::new()))
@@ -301,13 +361,16 @@ impl Decoder {
             Some(EventData::GtidEvent(g)) => {
                 // MySQL GTID (type 33) or tagged GTID (type 42): the transaction's id, counted
                 // at its commit. Anonymous transactions (gno 0) have none.
+                self.xa
+                    .end_group_without_prepare()
+                    .map_err(|e| xa_error(ev, &e))?;
                 self.tx = TxState {
                     gtid: gtid_from_event(&g).ok().map(PendingGtid::MySql),
                     ..TxState::default()
                 };
                 Ok(Decoded::Rows(Vec::new()))
             }
-            Some(EventData::XidEvent(_)) => Ok(Decoded::Boundary(self.finish_tx(ev))),
+            Some(EventData::XidEvent(_)) => Ok(self.end_tx(ev, Vec::new())),
             Some(EventData::RowsEvent(rows)) => self.decode_rows(ev, &rows, table_map),
             _ => Ok(Decoded::Rows(Vec::new())),
         }
@@ -343,19 +406,94 @@ impl Decoder {
         }))
     }
 
+    /// An `XA …` query: starts an XA group (MySQL), or ends a group with the outcome of a
+    /// prepared XA transaction.
+    fn xa_statement(&mut self, ev: &SourceEvent, stmt: XaStatement) -> Result<Decoded, RelayError> {
+        self.tx.advances = true;
+        match stmt {
+            XaStatement::Start => {
+                self.xa.start_group().map_err(|e| xa_error(ev, &e))?;
+                // MySQL: the GTID event just before opens the group.
+                self.tx.open = true;
+                Ok(Decoded::Rows(Vec::new()))
+            }
+            XaStatement::InGroup => Ok(Decoded::Rows(Vec::new())),
+            XaStatement::Commit {
+                one_phase: true, ..
+            } => {
+                let rows = self.xa.commit_group();
+                Ok(self.end_tx(ev, rows))
+            }
+            XaStatement::Commit { xid, .. } => match self.xa.decide(&xid, true) {
+                Outcome::Known(rows) => Ok(self.end_tx(ev, rows)),
+                Outcome::Unknown if self.unknown_xa_commit == UnknownXaCommit::Skip => {
+                    tracing::warn!(xid = %xid, at = %ev.position,
+                        "XA COMMIT of an XA transaction prepared before the relay's start point: \
+                         skipped (outbox.unknown_xa_commit = \"skip\"); outbox rows it wrote, if \
+                         any, are not relayed");
+                    Ok(self.end_tx(ev, Vec::new()))
+                }
+                Outcome::Unknown => Err(self.unknown_xa_commit(ev, &xid)),
+            },
+            XaStatement::Rollback(xid) => {
+                if let Outcome::Unknown = self.xa.decide(&xid, false) {
+                    // Prepared before this decoder's start: a rollback commits nothing.
+                    tracing::debug!(xid = %xid, at = %ev.position,
+                        "XA ROLLBACK of a transaction prepared before the start point");
+                }
+                Ok(self.end_tx(ev, Vec::new()))
+            }
+        }
+    }
+
+    /// The error for an `XA COMMIT` whose `XA PREPARE` (and rows) this decoder never read.
+    fn unknown_xa_commit(&self, ev: &SourceEvent, xid: &Xid) -> RelayError {
+        let mut after = self.gtid.clone();
+        if let Some(gtid) = self.tx.gtid.clone() {
+            apply_gtid(&mut after, gtid);
+        }
+        let gtid_set = after.map_or_else(|| "NULL".to_owned(), |g| format!("'{g}'"));
+        let skip_it = if self.xa.undecided() == 0 {
+            format!(
+                " If you know that this XA transaction wrote no outbox rows, you may instead \
+                 continue right after its XA COMMIT: binlog_file = '{}', binlog_pos = {}, \
+                 rows_acked = 0, gtid_set = {gtid_set}.",
+                ev.position.file, ev.position.pos
+            )
+        } else {
+            String::new()
+        };
+        RelayError::Binlog(format!(
+            "XA COMMIT {xid} (ending at {}) commits an XA transaction whose XA PREPARE, which \
+             carries its rows, was logged before the point this relay started reading from: the \
+             relay cannot know which outbox rows it committed and will not guess. Fix: stop the \
+             relay and set this connector's checkpoint row to a transaction end before that XA \
+             PREPARE (find `XA PREPARE {xid}` with mariadb-binlog/mysqlbinlog or SHOW BINLOG \
+             EVENTS; take the End_log_pos of the Xid/COMMIT event before its transaction) with \
+             rows_acked = 0 and gtid_set = NULL: its rows are then relayed, and records \
+             committed between there and here are sent again (consumers deduplicate by \
+             event_key).{skip_it} (If XA transactions on this server never write the outbox, \
+             set outbox.unknown_xa_commit = \"skip\".)",
+            ev.position
+        ))
+    }
+
+    /// Ends the current group with `rows` (relayed before the boundary); the boundary is
+    /// withheld while an XA transaction is undecided.
+    fn end_tx(&mut self, ev: &SourceEvent, rows: Vec<DecodedRow>) -> Decoded {
+        let boundary = self.finish_tx(ev);
+        match (self.xa.release(boundary), rows.is_empty()) {
+            (None, _) => Decoded::Rows(rows),
+            (Some(b), true) => Decoded::Boundary(b),
+            (Some(b), false) => Decoded::RowsThenBoundary(rows, b),
+        }
+    }
+
+    /// Applies the group's GTID and returns the boundary after it.
     fn finish_tx(&mut self, ev: &SourceEvent) -> TxBoundary {
         let tx = std::mem::take(&mut self.tx);
-        match (tx.gtid, &mut self.gtid) {
-            (Some(PendingGtid::MySql(gtid)), Some(GtidState::MySql(set))) => {
-                set.add(&gtid);
-            }
-            (Some(PendingGtid::MariaDb(gtid)), Some(GtidState::MariaDb(pos))) => pos.apply(gtid),
-            (Some(PendingGtid::MariaDb(gtid)), state @ None) => {
-                let mut pos = MariadbGtidPos::default();
-                pos.apply(gtid);
-                *state = Some(GtidState::MariaDb(pos));
-            }
-            _ => {}
+        if let Some(gtid) = tx.gtid {
+            apply_gtid(&mut self.gtid, gtid);
         }
         TxBoundary {
             position: ev.position.clone(),
@@ -422,14 +560,6 @@ impl Decoder {
                 return Ok(Decoded::Rows(Vec::new()))
             }
         }
-        if self.tx.xa_prepared {
-            return Err(row_error(
-                "the row is part of an XA transaction (XA PREPARE), whose outcome is not known \
-                 yet; XA transactions on the outbox are not supported yet. Write the outbox in \
-                 ordinary transactions"
-                    .into(),
-            ));
-        }
         let after_image: Option<Vec<bool>> = rows
             .columns_after_image()
             .map(|bits| bits.iter().map(|b| *b).collect());
@@ -459,7 +589,8 @@ impl Decoder {
                 Err(failure) => out.push(Err(failure)),
             }
         }
-        Ok(Decoded::Rows(out))
+        // Rows of an XA transaction wait for its outcome.
+        Ok(Decoded::Rows(self.xa.keep(out).unwrap_or_default()))
     }
 }
 
@@ -589,6 +720,28 @@ fn sql_tokens(stmt: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Counts a committed group's GTID in `state` (MariaDB's position starts with the first GTID
+/// seen when none was known; MySQL's set is tracked only from a known set).
+fn apply_gtid(state: &mut Option<GtidState>, gtid: PendingGtid) {
+    match (gtid, state) {
+        (PendingGtid::MySql(gtid), Some(GtidState::MySql(set))) => {
+            set.add(&gtid);
+        }
+        (PendingGtid::MariaDb(gtid), Some(GtidState::MariaDb(pos))) => pos.apply(gtid),
+        (PendingGtid::MariaDb(gtid), state @ None) => {
+            let mut pos = MariadbGtidPos::default();
+            pos.apply(gtid);
+            *state = Some(GtidState::MariaDb(pos));
+        }
+        _ => {}
+    }
+}
+
+/// An XA event that cannot be followed, at `ev`.
+fn xa_error(ev: &SourceEvent, reason: &str) -> RelayError {
+    RelayError::Binlog(format!("XA transaction at {}: {reason}", ev.position))
 }
 
 /// Parses a MariaDB GTID event body: seq_no u64, domain_id u32, flags2 u8 (all little-endian).
@@ -1063,13 +1216,12 @@ mod fixture_tests {
         let (mut rows, mut boundaries) = (Vec::new(), Vec::new());
         while let Some(ev) = source.next_event() {
             let ev = ev.expect("event decodes");
-            match decoder
+            let (r, b) = decoder
                 .decode(&ev, |id| source.table_map(id))
                 .expect("decodes")
-            {
-                Decoded::Rows(r) => rows.extend(r),
-                Decoded::Boundary(b) => boundaries.push(b),
-            }
+                .into_parts();
+            rows.extend(r);
+            boundaries.extend(b);
         }
         (rows, boundaries)
     }
@@ -1145,10 +1297,12 @@ mod fixture_tests {
             let mut rows = Vec::new();
             while let Some(ev) = source.next_event() {
                 let ev = ev.expect("event");
-                match decoder.decode(&ev, |id| source.table_map(id))? {
-                    Decoded::Rows(r) => rows.extend(r),
-                    Decoded::Boundary(_) => {}
-                }
+                rows.extend(
+                    decoder
+                        .decode(&ev, |id| source.table_map(id))?
+                        .into_parts()
+                        .0,
+                );
             }
             Ok::<_, RelayError>(rows)
         };
@@ -1261,13 +1415,12 @@ mod payload_fixture_tests {
         );
         let (mut rows, mut ends) = (Vec::new(), Vec::new());
         while let Some(ev) = source.next_event() {
-            match decoder
+            let (r, b) = decoder
                 .decode(&ev.expect("event"), |id| source.table_map(id))
                 .expect("decodes")
-            {
-                Decoded::Rows(r) => rows.extend(r.into_iter().map(|r| r.expect("row"))),
-                Decoded::Boundary(b) => ends.push(b.position.pos),
-            }
+                .into_parts();
+            rows.extend(r.into_iter().map(|r| r.expect("row")));
+            ends.extend(b.map(|b| b.position.pos));
         }
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].aggregate_id, b"1");
@@ -1306,8 +1459,11 @@ mod payload_fixture_tests {
                 }
             }
             match decoder.decode(&ev, |id| source.table_map(id)) {
-                Ok(Decoded::Rows(r)) => rows.extend(r),
-                Ok(Decoded::Boundary(b)) => boundaries.push(b),
+                Ok(d) => {
+                    let (r, b) = d.into_parts();
+                    rows.extend(r);
+                    boundaries.extend(b);
+                }
                 Err(e) => errors.push(e.to_string()),
             }
         }

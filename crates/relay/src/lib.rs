@@ -261,7 +261,8 @@ async fn run_once(
         config.table_mappings().unwrap_or_default(),
         store.table().clone(),
         gtid_state,
-    );
+    )
+    .with_unknown_xa_commit(config.outbox.unknown_xa_commit);
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),

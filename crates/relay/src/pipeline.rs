@@ -33,7 +33,7 @@ use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
-use crate::decode::{Decoded, Decoder, OutboxEvent, RowFailure};
+use crate::decode::{Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::lease::Lease;
 use crate::route::{KafkaRecord, Router};
@@ -314,7 +314,7 @@ impl Reader<'_> {
                 biased;
                 // A dropped sender also means stop: the loop re-checks the flag.
                 _ = shutdown.changed() => {
-                    tracing::info!(in_transaction = decoder.in_transaction(), "stop requested");
+                    tracing::info!(in_transaction = decoder.in_transaction(), undecided_xa = decoder.undecided_xa().0, "stop requested");
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
                 Some(ack) = inflight.next(), if !inflight.is_empty() => {
@@ -328,52 +328,57 @@ impl Reader<'_> {
                 }
                 event = source.next(), if self.records_in_flight < self.settings.max_in_flight => {
                     let event = event?;
-                    match decoder.decode(&event, |id| source.table_map(id))? {
-                        Decoded::Rows(rows) => {
-                            for row in rows {
-                                let index = self.rows_in_tx;
-                                self.rows_in_tx += 1;
-                                if index < self.skip {
-                                    continue; // acknowledged before the restart
-                                }
-                                let done = (Arc::clone(&self.tx_base), index + 1);
-                                let ack = self.produce(row, router, sink, done, progress, inflight).await?;
-                                self.records_in_flight += 1;
-                                if let Some((base, advances)) = self.pending.take() {
-                                    inflight.push_back(futures::future::ready(Ack::Boundary(base, advances)).boxed());
-                                }
-                                inflight.push_back(ack);
+                    let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
+                    for row in rows {
+                        let index = self.rows_in_tx;
+                        self.rows_in_tx += 1;
+                        if index < self.skip {
+                            continue; // acknowledged before the restart
+                        }
+                        // One event can carry many rows (an XA COMMIT relays all of its
+                        // transaction's): keep to max_in_flight within it too.
+                        while self.records_in_flight >= self.settings.max_in_flight {
+                            match inflight.next().await {
+                                Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
+                                None => break,
                             }
                         }
-                        Decoded::Boundary(b) => {
-                            if self.skip > self.rows_in_tx {
-                                return Err(RelayError::Binlog(format!(
-                                    "the checkpoint says {} outbox rows of the transaction after {} \
-                                     were acknowledged, but it has only {}: the binlog differs from \
-                                     the one the checkpoint was written for",
-                                    self.skip, self.tx_base.position, self.rows_in_tx
-                                )));
-                            }
-                            self.skip = 0;
-                            self.rows_in_tx = 0;
-                            self.tx_base = Arc::new(Checkpoint {
-                                position: b.position,
-                                rows_acked: 0,
-                                gtid_set: b.gtid_set,
-                                source_server_id: self.settings.source_server_id,
-                                source_server_uuid: self.settings.source_server_uuid.clone(),
-                            });
-                            let boundary = (Arc::clone(&self.tx_base), b.advances);
-                            if inflight.is_empty() {
-                                // Nothing unacknowledged before it: it is safe right away.
-                                progress.on_ack(Ack::Boundary(boundary.0, boundary.1))?;
-                            } else {
-                                // Keep only the newest boundary until the next record is queued,
-                                // so a busy server with an idle outbox cannot fill the queue
-                                // while Kafka is slow.
-                                let advances = boundary.1 || self.pending.as_ref().is_some_and(|p| p.1);
-                                self.pending = Some((boundary.0, advances));
-                            }
+                        let done = (Arc::clone(&self.tx_base), index + 1);
+                        let ack = self.produce(row, router, sink, done, progress, inflight).await?;
+                        self.records_in_flight += 1;
+                        if let Some((base, advances)) = self.pending.take() {
+                            inflight.push_back(futures::future::ready(Ack::Boundary(base, advances)).boxed());
+                        }
+                        inflight.push_back(ack);
+                    }
+                    if let Some(b) = boundary {
+                        if self.skip > self.rows_in_tx {
+                            return Err(RelayError::Binlog(format!(
+                                "the checkpoint says {} outbox rows of the transaction after {} \
+                                 were acknowledged, but it has only {}: the binlog differs from \
+                                 the one the checkpoint was written for",
+                                self.skip, self.tx_base.position, self.rows_in_tx
+                            )));
+                        }
+                        self.skip = 0;
+                        self.rows_in_tx = 0;
+                        self.tx_base = Arc::new(Checkpoint {
+                            position: b.position,
+                            rows_acked: 0,
+                            gtid_set: b.gtid_set,
+                            source_server_id: self.settings.source_server_id,
+                            source_server_uuid: self.settings.source_server_uuid.clone(),
+                        });
+                        let boundary = (Arc::clone(&self.tx_base), b.advances);
+                        if inflight.is_empty() {
+                            // Nothing unacknowledged before it: it is safe right away.
+                            progress.on_ack(Ack::Boundary(boundary.0, boundary.1))?;
+                        } else {
+                            // Keep only the newest boundary until the next record is queued,
+                            // so a busy server with an idle outbox cannot fill the queue
+                            // while Kafka is slow.
+                            let advances = boundary.1 || self.pending.as_ref().is_some_and(|p| p.1);
+                            self.pending = Some((boundary.0, advances));
                         }
                     }
                 }

@@ -57,6 +57,11 @@ pub struct RelayConfigSpec {
     /// TOML appended to the `[outbox]` section after `topic` (mapping options, then
     /// `[outbox.columns]`-style sub-tables or `[[outbox.table]]` entries).
     pub outbox_extra: String,
+    /// `outbox.unknown_xa_commit` (`stop` or `skip`); `None` leaves the relay's default (`stop`).
+    /// [`RelayConfigSpec::new`] sets `skip`: the relays of tests sharing one server must not stop
+    /// at another test's XA COMMIT whose XA PREPARE came before their start (those XA
+    /// transactions never write their outbox). XA tests set `stop`.
+    pub unknown_xa_commit: Option<String>,
 }
 
 impl RelayConfigSpec {
@@ -86,6 +91,7 @@ impl RelayConfigSpec {
             resume: None,
             dead_letter_topic: None,
             outbox_extra: String::new(),
+            unknown_xa_commit: Some("skip".into()),
         }
     }
 
@@ -112,9 +118,14 @@ impl RelayConfigSpec {
         if let Some(mode) = &self.resume {
             mysql_extra.push_str(&format!("resume = {}\n", toml_str(mode)));
         }
+        let xa_line = self
+            .unknown_xa_commit
+            .as_ref()
+            .map(|p| format!("unknown_xa_commit = {}\n", toml_str(p)))
+            .unwrap_or_default();
         let mut out = format!(
             "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n{mysql_extra}\n[outbox]\n\
-             tables = [{}]\ntopic = {}\n{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
+             tables = [{}]\ntopic = {}\n{xa_line}{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
              [kafka.properties]\n",
             toml_str(&self.connector_name),
             toml_str(&self.mysql_url),
@@ -511,6 +522,7 @@ mod tests {
             resume: None,
             dead_letter_topic: None,
             outbox_extra: "null_payload = \"skip\"\n".into(),
+            unknown_xa_commit: None,
         };
         let toml = spec.to_toml();
         for needle in [
@@ -537,6 +549,7 @@ mod tests {
             read_timeout_ms: Some(4000),
             resume: Some("gtid".into()),
             dead_letter_topic: Some("t_1.dlq".into()),
+            unknown_xa_commit: Some("stop".into()),
             ..spec
         };
         let toml = tuned.to_toml();
@@ -545,6 +558,7 @@ mod tests {
              heartbeat_interval_ms = 1000\nread_timeout_ms = 4000\nresume = \"gtid\"\n",
             "max_in_flight = 2000",
             "[dead_letter]\nenabled = true\ntopic = \"t_1.dlq\"",
+            "topic = \"t_1.outbox.event.{aggregate_type}\"\nunknown_xa_commit = \"stop\"\n",
         ] {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
         }
