@@ -1,15 +1,21 @@
 //! `outbox-relay`: the command line. It only wires things together: parse arguments, set up
-//! logging, load the config, run the relay until SIGTERM/SIGINT.
+//! logging, load the config, run the relay until SIGTERM/SIGINT (`run`) or replay binlog files
+//! (`replay`).
 //!
-//! Exit codes: 0 stopped on request (final checkpoint written); 1 runtime error; 2 usage or
-//! configuration error; 3 a server prerequisite is not met.
+//! Exit codes: 0 stopped on request (final checkpoint written) or replay complete; 1 runtime
+//! error (for `replay` also a truncated or damaged binlog file); 2 usage, configuration or
+//! argument error (for `replay` also a `--binlog` file that does not exist or is not a binlog
+//! file, and a start position inside a transaction); 3 a server prerequisite is not met; 130 a
+//! second signal (or, for `replay`, a stop request before the end of the range).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
+use outbox_relay_core::replay::{parse_datetime, ReplayRange};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -40,6 +46,51 @@ enum Command {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
+    },
+    /// Re-publish the outbox rows of binlog files (a backup or archive) to Kafka.
+    ///
+    /// Reads the files in the order given (like mysqlbinlog) and produces, for the selected
+    /// whole transactions, exactly the records `run` would: same decoding, topics, keys,
+    /// headers, timestamps and dead letters, per the config's [outbox], [kafka] and
+    /// [dead_letter] sections.
+    ///
+    /// It does NOT connect to MySQL (mysql.url is only parsed, for the checkpoint table's
+    /// name), takes no lease and writes NO checkpoint: the live connector's position does not
+    /// move, and it can run while the live relay runs. Records are produced at least once: run
+    /// it again after a failure.
+    ///
+    /// Exit codes: 0 all selected transactions were produced and acknowledged (a summary line
+    /// is logged); 1 runtime error, or a truncated or damaged file (named, with the position);
+    /// 2 usage or configuration error, a --binlog file that does not exist or is not a binlog
+    /// file, or an unusable start position; 130 stopped by a signal before the end (the summary
+    /// names the last position all of whose records were acknowledged).
+    #[command(verbatim_doc_comment)]
+    Replay {
+        /// TOML config file (the same as for `run`); `OUTBOX_RELAY__SECTION__KEY` environment
+        /// variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Binlog files to read, in this order (`--binlog a b` or `--binlog a --binlog b`).
+        #[arg(long = "binlog", value_name = "FILE", required = true, num_args = 1..)]
+        binlogs: Vec<PathBuf>,
+        /// Start at this byte position of the first file. It must be the start of an event
+        /// outside any transaction (a position from SHOW MASTER STATUS, the End_log_pos of an
+        /// Xid event, or 4); a position inside a transaction is refused.
+        #[arg(long, value_name = "N")]
+        start_position: Option<u64>,
+        /// Stop in the last file after the last transaction that ends at or before this byte
+        /// position.
+        #[arg(long, value_name = "N")]
+        stop_position: Option<u64>,
+        /// Begin with the first transaction that committed at or after this time
+        /// ("YYYY-MM-DD HH:MM:SS", UTC; a transaction's time is its commit event's timestamp).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        start_datetime: Option<i64>,
+        /// End with the last transaction before the first one that committed after this
+        /// time ("YYYY-MM-DD HH:MM:SS", UTC; inclusive: a transaction that committed within
+        /// this second is replayed).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        stop_datetime: Option<i64>,
     },
 }
 
@@ -72,6 +123,32 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run { config } => runtime.block_on(run(config)),
+        Command::Replay {
+            config,
+            binlogs,
+            start_position,
+            stop_position,
+            start_datetime,
+            stop_datetime,
+        } => {
+            let range = ReplayRange {
+                start_position,
+                stop_position,
+                start_datetime,
+                stop_datetime,
+            };
+            match runtime.block_on(replay(config, binlogs, range)) {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    tracing::warn!(
+                        "replay stopped before the end of the range: continue with \
+                         --start-position at the summary's last position"
+                    );
+                    return ExitCode::from(130);
+                }
+                Err(e) => Err(e),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,29 +168,59 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
         tables = ?config.outbox_tables().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "starting outbox-relay {}", env!("CARGO_PKG_VERSION")
     );
+    let stop_rx = stop_on_signal(
+        "signal received: stopping (waiting for Kafka to acknowledge what was sent, then \
+         writing the checkpoint)",
+    );
+    outbox_relay_core::run(config, stop_rx).await?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// `replay`: `Ok(true)` when the whole range was replayed, `Ok(false)` when a signal stopped it.
+async fn replay(
+    config_path: PathBuf,
+    binlogs: Vec<PathBuf>,
+    range: ReplayRange,
+) -> Result<bool, RelayError> {
+    let config = RelayConfig::load(&config_path)?;
+    tracing::info!(
+        kafka = %config.kafka.bootstrap_servers,
+        tables = ?config.outbox.tables,
+        topic = %config.outbox.topic,
+        files = ?binlogs,
+        ?range,
+        "replaying binlog files with outbox-relay {} (no MySQL connection, no checkpoint)",
+        env!("CARGO_PKG_VERSION")
+    );
+    let stop_rx = stop_on_signal(
+        "signal received: stopping the replay (waiting for Kafka to acknowledge what was sent)",
+    );
+    let summary = outbox_relay_core::replay(config, binlogs, range, stop_rx).await?;
+    Ok(summary.complete)
+}
+
+/// A stop flag that turns `true` at the first SIGTERM/SIGINT; a second signal (a second or more
+/// later) exits at once with code 130.
+fn stop_on_signal(message: &'static str) -> watch::Receiver<bool> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!(
-            "signal received: stopping (waiting for Kafka to acknowledge what was sent, then \
-             writing the checkpoint)"
-        );
+        tracing::info!("{message}");
         let _ = stop_tx.send(true);
         let first = std::time::Instant::now();
         // A second signal while draining means "now" — unless it is the same stop delivered
         // twice (timeout(1) and some supervisors signal both the process and its group).
         loop {
             wait_for_signal().await;
-            if first.elapsed() >= std::time::Duration::from_secs(1) {
+            if first.elapsed() >= Duration::from_secs(1) {
                 break;
             }
         }
         tracing::warn!("second signal: exiting without waiting for Kafka");
         std::process::exit(130);
     });
-    outbox_relay_core::run(config, stop_rx).await?;
-    tracing::info!("stopped cleanly");
-    Ok(())
+    stop_rx
 }
 
 async fn wait_for_signal() {

@@ -56,6 +56,12 @@ pub enum RelayError {
     /// resumes from the stored checkpoint.
     #[error("lease lost: {0}")]
     LeaseLost(String),
+
+    /// A command-line argument is unusable (a `--binlog` file that does not exist or is not a
+    /// binlog file, a replay position or date-time that cannot be used). Not retried: the
+    /// operator must change the command.
+    #[error("invalid argument: {0}")]
+    Argument(String),
 }
 
 impl RelayError {
@@ -64,11 +70,11 @@ impl RelayError {
         matches!(self, Self::Mysql(_) | Self::Kafka(_) | Self::LeaseLost(_))
     }
 
-    /// Process exit code for this error (documented in the README): 2 configuration,
-    /// 3 server prerequisite, 1 anything else.
+    /// Process exit code for this error (documented in the README): 2 configuration or
+    /// command-line argument, 3 server prerequisite, 1 anything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Config(_) => 2,
+            Self::Config(_) | Self::Argument(_) => 2,
             Self::Prerequisite { .. } => 3,
             _ => 1,
         }

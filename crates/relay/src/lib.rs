@@ -6,7 +6,8 @@
 //! [`source`] (binlog dump) → [`decode`] (rows → [`decode::OutboxEvent`], transaction
 //! boundaries) → [`route`] (topic, key, headers) → [`sink`] (idempotent producer) →
 //! [`checkpoint`] (state table). [`pipeline`] runs them; [`run`] supervises runs, reconnecting
-//! with capped exponential backoff after MySQL or Kafka failures.
+//! with capped exponential backoff after MySQL or Kafka failures. [`replay()`] runs the same
+//! stages over binlog files ([`replay`] module) instead of a server.
 
 pub mod checkpoint;
 pub mod columns;
@@ -22,10 +23,12 @@ pub mod mapping;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;
+pub mod replay;
 pub mod route;
 pub mod sink;
 pub mod source;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -33,7 +36,7 @@ use mysql_async::{Opts, Pool};
 use tokio::sync::watch;
 
 use crate::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
-use crate::config::{RelayConfig, ResumeMode};
+use crate::config::{RelayConfig, ResumeMode, TableName};
 use crate::decode::Decoder;
 use crate::decode::GtidState;
 use crate::error::RelayError;
@@ -42,6 +45,7 @@ use crate::lease::Lease;
 use crate::pipeline::{PipelineSettings, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
+use crate::replay::{ReplayRange, ReplaySource, ReplaySummary};
 use crate::route::Router;
 use crate::sink::KafkaSink;
 use crate::source::{BinlogSource, Flavor, StartFrom};
@@ -74,7 +78,7 @@ pub async fn run(
         config.checkpoint_table()?,
         config.connector_name.clone(),
     );
-    let router = Router::new();
+    let router = new_router(&config)?;
     let owner = instance_name();
     let mut backoff = new_backoff(&config);
     let mut attempts = 0usize;
@@ -221,20 +225,10 @@ async fn run_once(
         Ok(p) => p,
         Err(e) => return (resume, Err(e)),
     };
-    let dead_letter = config
-        .dead_letter
-        .enabled
-        .then(|| config.dead_letter.topic.clone());
-    let sink = match KafkaSink::new(&config.kafka, dead_letter) {
+    let sink = match new_sink(config).await {
         Ok(s) => s,
         Err(e) => return (Some(start), Err(e)),
     };
-    if let Err(e) = sink
-        .check_reachable(&config.kafka.bootstrap_servers, Duration::from_secs(10))
-        .await
-    {
-        return (Some(start), Err(e));
-    }
     let mut source = match BinlogSource::connect(
         opts.clone(),
         config.mysql.server_id,
@@ -257,12 +251,7 @@ async fn run_once(
             Flavor::MySql => g.parse::<MysqlGtidSet>().ok().map(GtidState::MySql),
         }),
     };
-    let mut decoder = Decoder::new(
-        config.table_mappings().unwrap_or_default(),
-        store.table().clone(),
-        gtid_state,
-    )
-    .with_unknown_xa_commit(config.outbox.unknown_xa_commit);
+    let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
@@ -276,8 +265,8 @@ async fn run_once(
         decoder: &mut decoder,
         router,
         sink: &sink,
-        store,
-        lease,
+        store: Some(store),
+        lease: Some(lease),
     };
     let outcome = pipeline::run(stages, &settings, start, shutdown).await;
     tracing::info!(
@@ -290,6 +279,133 @@ async fn run_once(
         "pipeline run ended"
     );
     (Some(outcome.acked), outcome.result)
+}
+
+/// The router of `config`'s outbox tables (shared by [`run`] and [`replay()`]).
+fn new_router(config: &RelayConfig) -> Result<Router, RelayError> {
+    config.table_mappings()?; // validated at load; a router follows each row's mapping
+    Ok(Router::new())
+}
+
+/// The decoder of `config`'s outbox tables, ignoring writes to `checkpoint_table` (shared by
+/// [`run`] and [`replay()`]).
+fn new_decoder(
+    config: &RelayConfig,
+    checkpoint_table: TableName,
+    gtid: Option<GtidState>,
+) -> Decoder {
+    Decoder::new(
+        config.table_mappings().unwrap_or_default(),
+        checkpoint_table,
+        gtid,
+    )
+    .with_unknown_xa_commit(config.outbox.unknown_xa_commit)
+}
+
+/// The Kafka producer of `config` (with its dead-letter topic when enabled), once a broker
+/// answers (shared by [`run`] and [`replay()`]).
+async fn new_sink(config: &RelayConfig) -> Result<KafkaSink, RelayError> {
+    let dead_letter = config
+        .dead_letter
+        .enabled
+        .then(|| config.dead_letter.topic.clone());
+    let sink = KafkaSink::new(&config.kafka, dead_letter)?;
+    sink.check_reachable(&config.kafka.bootstrap_servers, Duration::from_secs(10))
+        .await?;
+    Ok(sink)
+}
+
+/// Replays binlog `files` (read in the order given) to Kafka: the transactions `range` selects
+/// go through the same decoder, router and producer as [`run`], with the same dead-letter
+/// handling, until the end of the selection (or `shutdown`), then every record is acknowledged
+/// before it returns.
+///
+/// A replay does not connect to MySQL (`mysql.url` is only parsed: it names the checkpoint
+/// table, whose writes the decoder ignores as in [`run`]), takes no lease and writes no
+/// checkpoint: the live connector's position does not move.
+///
+/// # Errors
+/// [`RelayError::Argument`] for unusable files or bounds, [`RelayError::Binlog`] for damaged
+/// files (both before anything is produced; see [`replay::plan`]); then as a pipeline run: an
+/// undecodable or refused row without a dead-letter topic, Kafka failures (not retried: run the
+/// replay again, records are at least once).
+pub async fn replay(
+    config: RelayConfig,
+    files: Vec<PathBuf>,
+    range: ReplayRange,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<ReplaySummary, RelayError> {
+    let router = new_router(&config)?;
+    let mut decoder = new_decoder(&config, config.checkpoint_table()?, None);
+    let file_count = files.len();
+    let plan = tokio::task::spawn_blocking(move || replay::plan(&files, &range))
+        .await
+        .map_err(|e| RelayError::Binlog(format!("reading the binlog files failed: {e}")))??;
+    match (&plan.first, &plan.last) {
+        (Some(first), Some(last)) => tracing::info!(
+            transactions = plan.transactions, from = %first, to = %last,
+            "replaying whole transactions"
+        ),
+        _ => tracing::warn!("no whole transaction of the files is in the selected range"),
+    }
+    let sink = new_sink(&config).await?;
+    let mut source = ReplaySource::new(&plan);
+    let settings = PipelineSettings {
+        max_in_flight: config.kafka.max_in_flight,
+        checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
+        source_server_id: 0,
+        source_server_uuid: None,
+        io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
+    };
+    let start = Checkpoint {
+        position: plan
+            .first
+            .clone()
+            .unwrap_or_else(|| position::BinlogPosition::new(String::new(), 4)),
+        rows_acked: 0,
+        gtid_set: None,
+        source_server_id: 0,
+        source_server_uuid: None,
+    };
+    let stages = Stages {
+        source: &mut source,
+        decoder: &mut decoder,
+        router: &router,
+        sink: &sink,
+        store: None::<&MysqlCheckpointStore>,
+        lease: None,
+    };
+    let outcome = pipeline::run(stages, &settings, start, &mut shutdown).await;
+    let summary = ReplaySummary {
+        files: file_count,
+        events: source.events(),
+        transactions: plan.transactions,
+        records: outcome
+            .stats
+            .records_acked
+            .saturating_sub(outcome.stats.dead_lettered),
+        dead_lettered: outcome.stats.dead_lettered,
+        last_position: (outcome.stats.transactions > 0).then(|| outcome.acked.position.clone()),
+        rows_after_last_position: outcome.acked.rows_acked,
+        complete: source.finished(),
+    };
+    let last = summary
+        .last_position
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), ToString::to_string);
+    tracing::info!(
+        files = summary.files,
+        events = summary.events,
+        transactions = summary.transactions,
+        records_produced = summary.records,
+        dead_lettered = summary.dead_lettered,
+        last_position = %last,
+        rows_after_last_position = summary.rows_after_last_position,
+        complete = summary.complete && outcome.result.is_ok(),
+        "replay summary"
+    );
+    outcome.result?;
+    Ok(summary)
 }
 
 /// Checks the server and finds where to start: the in-memory resume point, else the stored

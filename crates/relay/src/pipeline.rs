@@ -21,14 +21,22 @@
 //! # Shutdown
 //! On a stop request the pipeline stops reading, waits for every acknowledgement, writes the
 //! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
+//!
+//! # Sources
+//! The events come from an [`EventSource`]: the live binlog dump ([`BinlogSource`], never ends)
+//! or binlog files ([`crate::replay::ReplaySource`]). When a source ends (the end of the last
+//! file), the run waits for every acknowledgement as on a stop request and returns `Ok`. A run
+//! without a checkpoint store (replay) writes no checkpoint and needs no lease.
 
 use std::cmp::Ordering;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
+use mysql_async::binlog::events::TableMapEvent;
 use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
 
@@ -38,7 +46,38 @@ use crate::error::RelayError;
 use crate::lease::Lease;
 use crate::route::{KafkaRecord, Router};
 use crate::sink::{delivery_result, DeadLetter, Delivered, KafkaSink, SendError};
-use crate::source::BinlogSource;
+use crate::source::{BinlogSource, SourceEvent};
+
+/// Where a run's binlog events come from.
+pub trait EventSource {
+    /// The next event. `Ok(None)`: the source has no more events (the end of the last binlog
+    /// file); the run then waits for every acknowledgement and returns `Ok`. A live dump never
+    /// ends this way.
+    ///
+    /// Must be cancel-safe: the run's select loop drops the future whenever another branch
+    /// (an acknowledgement, a tick, a stop request) is ready first, and an event may only be
+    /// consumed by a future that returns it.
+    ///
+    /// # Errors
+    /// As the source's own reading method ([`BinlogSource::next`],
+    /// [`crate::replay::ReplaySource::next_event`]).
+    fn next_event(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<SourceEvent>, RelayError>> + Send;
+
+    /// The table map event for `table_id`, as last seen in this source.
+    fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>>;
+}
+
+impl EventSource for BinlogSource {
+    async fn next_event(&mut self) -> Result<Option<SourceEvent>, RelayError> {
+        self.next().await.map(Some)
+    }
+
+    fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>> {
+        BinlogSource::table_map(self, table_id)
+    }
+}
 
 /// What leaves the acknowledgement queue, in binlog order.
 enum Ack {
@@ -79,7 +118,8 @@ pub struct RunStats {
 
 /// Tracks the acknowledged and the stored checkpoint.
 struct Progress<'s, S> {
-    store: &'s S,
+    /// `None`: no checkpoint is ever written (replay).
+    store: Option<&'s S>,
     io_timeout: Duration,
     /// Latest boundary with everything before it acknowledged…
     acked_base: Arc<Checkpoint>,
@@ -127,6 +167,10 @@ impl<S: CheckpointStore> Progress<'_, S> {
         if !(self.dirty || force) {
             return Ok(());
         }
+        let Some(store) = self.store else {
+            self.dirty = false;
+            return Ok(());
+        };
         let acked = self.acked();
         // Positions of different servers (after a move by GTID) are unordered, even when their
         // files share a name: the newer is the one this run produced.
@@ -138,7 +182,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             crate::with_timeout(
                 self.io_timeout,
                 "writing the checkpoint",
-                self.store.save(&acked),
+                store.save(&acked),
             )
             .await??;
             tracing::debug!(position = %acked.position, rows_acked = acked.rows_acked,
@@ -163,25 +207,26 @@ pub struct RunOutcome {
 }
 
 /// The stages of one run, borrowed from the supervisor.
-pub struct Stages<'a, S> {
-    /// Binlog stream.
-    pub source: &'a mut BinlogSource,
+pub struct Stages<'a, S, E> {
+    /// Binlog events: the live dump or binlog files.
+    pub source: &'a mut E,
     /// Decoder for the outbox tables.
     pub decoder: &'a mut Decoder,
     /// Topic/key/header mapping.
     pub router: &'a Router,
     /// Kafka producer.
     pub sink: &'a KafkaSink,
-    /// Fenced checkpoint store.
-    pub store: &'a S,
-    /// The connector's lease, verified at every checkpoint tick.
-    pub lease: &'a mut Lease,
+    /// Fenced checkpoint store; `None` writes no checkpoint at all (replay).
+    pub store: Option<&'a S>,
+    /// The connector's lease, verified at every checkpoint tick; `None` when the run writes no
+    /// checkpoint.
+    pub lease: Option<&'a mut Lease>,
 }
 
-/// Runs the pipeline from `start` (the stored checkpoint) until `shutdown` turns `true` or an
-/// error occurs.
-pub async fn run<S: CheckpointStore>(
-    stages: Stages<'_, S>,
+/// Runs the pipeline from `start` (the stored checkpoint) until `shutdown` turns `true`, the
+/// source ends, or an error occurs.
+pub async fn run<S: CheckpointStore, E: EventSource>(
+    stages: Stages<'_, S, E>,
     settings: &PipelineSettings,
     start: Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
@@ -293,13 +338,13 @@ impl Reader<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn stream<S: CheckpointStore>(
+    async fn stream<S: CheckpointStore, E: EventSource>(
         &mut self,
-        source: &mut BinlogSource,
+        source: &mut E,
         decoder: &mut Decoder,
         router: &Router,
         sink: &KafkaSink,
-        lease: &mut Lease,
+        mut lease: Option<&mut Lease>,
         shutdown: &mut watch::Receiver<bool>,
         progress: &mut Progress<'_, S>,
         inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
@@ -321,13 +366,18 @@ impl Reader<'_> {
                     self.on_ack(ack, inflight.is_empty(), progress)?;
                 }
                 _ = tick.tick() => {
-                    lease.verify().await?;
+                    if let Some(lease) = lease.as_deref_mut() {
+                        lease.verify().await?;
+                    }
                     if progress.last_write.elapsed() >= self.settings.checkpoint_interval {
                         progress.persist(false).await?;
                     }
                 }
-                event = source.next(), if self.records_in_flight < self.settings.max_in_flight => {
-                    let event = event?;
+                event = source.next_event(), if self.records_in_flight < self.settings.max_in_flight => {
+                    let Some(event) = event? else {
+                        tracing::debug!("the source has no more events");
+                        return Ok(());
+                    };
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
                     for row in rows {
                         let index = self.rows_in_tx;

@@ -350,7 +350,7 @@ fn header_bytes(event: &Event) -> [u8; 19] {
 /// events: this source decompresses each one whole (its `uncompressed_size` bytes in memory)
 /// and yields its inner events after it, as [`BinlogSource`] does.
 pub struct BinlogFileSource {
-    file: mysql_common::binlog::BinlogFile<std::io::BufReader<std::fs::File>>,
+    file: mysql_common::binlog::BinlogFile<std::io::BufReader<std::io::Take<std::fs::File>>>,
     name: String,
     /// Inner events of the last TRANSACTION_PAYLOAD event, not yet yielded.
     inner: std::collections::VecDeque<Event>,
@@ -363,13 +363,24 @@ impl BinlogFileSource {
     /// # Errors
     /// [`RelayError::Binlog`] when the file cannot be opened or is not a binlog file.
     pub fn open(path: &std::path::Path) -> Result<Self, RelayError> {
+        Self::open_until(path, u64::MAX)
+    }
+
+    /// Like [`BinlogFileSource::open`], reading only the first `end` bytes of the file: the
+    /// file ends there for this reader (an event boundary, so bytes after it, perhaps still
+    /// being written, are never looked at).
+    ///
+    /// # Errors
+    /// As [`BinlogFileSource::open`].
+    pub fn open_until(path: &std::path::Path, end: u64) -> Result<Self, RelayError> {
+        use std::io::Read;
         let bad = |e: std::io::Error| {
             RelayError::Binlog(format!("cannot read binlog file {}: {e}", path.display()))
         };
         let file = std::fs::File::open(path).map_err(bad)?;
         let file = mysql_common::binlog::BinlogFile::new(
             BinlogVersion::Version4,
-            std::io::BufReader::new(file),
+            std::io::BufReader::new(file.take(end)),
         )
         .map_err(bad)?;
         let name = path

@@ -1,0 +1,659 @@
+//! End-to-end tests of `outbox-relay replay`: binlog files read from disk and produced to the
+//! real Kafka of the test machine, compared with what the live `run` path produced from the same
+//! transactions (MariaDB on 3306), and with MySQL 8's own rendering of a MySQL 8 binlog file
+//! (`../shared/fixtures/binlogs/json.binlog.000001`, see its README).
+//!
+//! Each test has its own topics (and database where it writes one). Replays are given a
+//! `mysql.url` on which nothing listens, so a replay that tried to connect to MySQL would fail.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay_testkit::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
+use outbox_relay_testkit::rdkafka::config::ClientConfig;
+use outbox_relay_testkit::{
+    all_seen, binary_logs, collect_records, collect_until, commit_rows, crc32,
+    current_binlog_position, describe_record, ensure_exactly_once, expect_exit_code,
+    insert_outbox_rows, kafka_bootstrap, list_topics, read_all_records, unique_suffix, InsertStyle,
+    OutboxRow, Record, RelayConfigSpec, RelayProcess, RowGen, World,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+/// Relay start-up until its checkpoint row holds a position.
+const STARTUP: Duration = Duration::from_secs(60);
+/// Records reaching Kafka.
+const RELAY_WAIT: Duration = Duration::from_secs(120);
+/// A graceful stop until the process has exited.
+const STOP: Duration = Duration::from_secs(30);
+/// A replay until it has exited.
+const REPLAY: Duration = Duration::from_secs(120);
+/// Reading topics that are no longer written.
+const READ_ALL: Duration = Duration::from_secs(60);
+
+/// A `mysql.url` nothing listens on: a replay must not need it.
+const NO_MYSQL: &str = "mysql://root@127.0.0.1:1/nowhere";
+
+/// Starts `outbox-relay replay --binlog FILES… EXTRA… --config <toml>`.
+fn spawn_replay(files: &[PathBuf], extra: &[&str], config_toml: &str) -> Result<RelayProcess> {
+    let mut args: Vec<String> = vec!["replay".into(), "--binlog".into()];
+    args.extend(files.iter().map(|f| f.display().to_string()));
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args.push("--config".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    RelayProcess::spawn_args(BIN, &args, config_toml, &[])
+}
+
+/// The summary line's `key=value` fields.
+fn summary(stderr: &str) -> Result<HashMap<String, String>> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("replay summary"))
+        .with_context(|| format!("no summary line in\n{stderr}"))?;
+    Ok(line
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+fn ensure_summary(stderr: &str, expected: &[(&str, &str)]) -> Result<()> {
+    let fields = summary(stderr)?;
+    for (k, v) in expected {
+        ensure!(
+            fields.get(*k).map(String::as_str) == Some(*v),
+            "summary {k}: expected {v}, found {:?}\n{stderr}",
+            fields.get(*k)
+        );
+    }
+    Ok(())
+}
+
+/// Records ordered as Kafka holds them: by partition, then offset.
+fn by_partition(records: &[Record]) -> BTreeMap<i32, Vec<&Record>> {
+    let mut out: BTreeMap<i32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        out.entry(r.partition).or_default().push(r);
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|r| r.offset);
+    }
+    out
+}
+
+/// Key, value, headers and timestamp of a record.
+type Content = (
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Vec<(String, Option<Vec<u8>>)>,
+    Option<i64>,
+);
+
+/// What must be equal between a live record and its replay: key, value, headers, timestamp.
+fn content(r: &Record) -> Content {
+    (
+        r.key.clone(),
+        r.value.clone(),
+        r.headers.clone(),
+        r.timestamp_ms,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// (1) The server's binlog files, replayed: the same records as the live relay produced.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<()> {
+    let mut w = World::new(BIN, "replay_live").await?;
+    w.spec.dead_letter_topic = Some(format!("t_{}.dlq", w.uid));
+    let (relay, _) = w.start(STARTUP).await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "rp", 5);
+
+    // Before the range.
+    let before = gen.rows(3);
+    commit_rows(&mut conn, &before).await?;
+    let start = current_binlog_position(&mut conn).await?;
+    // The range: multi-row transactions, autocommitted single rows, a rolled-back transaction,
+    // an UPDATE and a DELETE (which produce nothing), and a row no topic can be made for (a
+    // dead letter in both runs).
+    let mut inside = Vec::new();
+    for n in [1, 4, 2, 7] {
+        let rows = gen.rows(n);
+        commit_rows(&mut conn, &rows).await?;
+        inside.extend(rows);
+    }
+    let single = gen.rows(3);
+    insert_outbox_rows(&mut conn, "outbox", &single, InsertStyle::SingleRow).await?;
+    inside.extend(single);
+    let mut tx = conn.start_transaction(TxOpts::default()).await?;
+    insert_outbox_rows(&mut tx, "outbox", &gen.rows(2), InsertStyle::MultiRow).await?;
+    tx.rollback().await?;
+    conn.exec_drop(
+        "UPDATE outbox SET payload = '{}' WHERE event_key = ?",
+        (&inside[0].event_key,),
+    )
+    .await?;
+    conn.exec_drop(
+        "DELETE FROM outbox WHERE event_key = ?",
+        (&inside[1].event_key,),
+    )
+    .await?;
+    let mut bad = gen.row();
+    bad.aggregate_type = "Bad Type!".into();
+    commit_rows(&mut conn, std::slice::from_ref(&bad)).await?;
+    let more = gen.rows(5);
+    commit_rows(&mut conn, &more).await?;
+    inside.extend(more);
+    let stop = current_binlog_position(&mut conn).await?;
+    // After the range.
+    let after = gen.rows(3);
+    commit_rows(&mut conn, &after).await?;
+
+    // The live relay delivers everything, then stops gracefully.
+    let bootstrap = kafka_bootstrap();
+    let live_topic = w.topic("Order");
+    let live_dlq = format!("t_{}.dlq", w.uid);
+    let all: HashSet<String> = before
+        .iter()
+        .chain(&inside)
+        .chain(&after)
+        .map(|r| r.event_key.clone())
+        .collect();
+    collect_until(
+        &bootstrap,
+        std::slice::from_ref(&live_topic),
+        RELAY_WAIT,
+        all_seen(all),
+    )
+    .await?;
+    collect_records(&bootstrap, std::slice::from_ref(&live_dlq), 1, RELAY_WAIT).await?;
+    expect_exit_code(relay.stop(STOP).await?, 0, &relay)?;
+    let state_before = w.state().await?;
+
+    // The server's files from the start's to the stop's, read from its binlog directory.
+    let basename: String = conn
+        .query_first("SELECT @@log_bin_basename")
+        .await?
+        .context("@@log_bin_basename is NULL")?;
+    let dir = Path::new(&basename)
+        .parent()
+        .context("@@log_bin_basename has no directory")?
+        .to_owned();
+    let logs = binary_logs(&mut conn).await?;
+    let names: Vec<&String> = logs.iter().map(|(n, _)| n).collect();
+    let first = names
+        .iter()
+        .position(|n| **n == start.file)
+        .context("start file listed")?;
+    let last = names
+        .iter()
+        .position(|n| **n == stop.file)
+        .context("stop file listed")?;
+    let files: Vec<PathBuf> = names[first..=last].iter().map(|n| dir.join(n)).collect();
+
+    let mut spec = w.spec.clone();
+    spec.mysql_url = NO_MYSQL.into();
+    spec.topic = format!("t_{}.replay.{{aggregate_type}}", w.uid);
+    spec.dead_letter_topic = Some(format!("t_{}.replay-dlq", w.uid));
+    let (start_pos, stop_pos) = (start.pos.to_string(), stop.pos.to_string());
+    let replay = spawn_replay(
+        &files,
+        &["--start-position", &start_pos, "--stop-position", &stop_pos],
+        &spec.to_toml(),
+    )?;
+    expect_exit_code(replay.wait_exit(REPLAY).await?, 0, &replay)?;
+    let stderr = replay.stderr_text();
+    ensure_summary(
+        &stderr,
+        &[
+            ("files", &files.len().to_string()),
+            ("records_produced", &inside.len().to_string()),
+            ("dead_lettered", "1"),
+            ("complete", "true"),
+        ],
+    )?;
+    // The live connector's checkpoint row (position, lease token, time of the last write) did
+    // not change.
+    ensure!(
+        w.state().await? == state_before,
+        "the replay changed the checkpoint row"
+    );
+
+    // Nothing outside the range, each row of the range once.
+    let replay_topic = spec.topic_for("Order");
+    let replay_dlq = format!("t_{}.replay-dlq", w.uid);
+    let topics = list_topics(&bootstrap, &format!("t_{}.replay", w.uid)).await?;
+    ensure!(
+        topics
+            == [replay_topic.clone(), replay_dlq.clone()]
+                .into_iter()
+                .collect(),
+        "replay topics: {topics:?}"
+    );
+    let replayed =
+        read_all_records(&bootstrap, std::slice::from_ref(&replay_topic), READ_ALL).await?;
+    let inside_keys: HashSet<String> = inside.iter().map(|r| r.event_key.clone()).collect();
+    ensure_exactly_once(&replayed, &inside_keys)?;
+    // Each record is the row as written (independently of the live run)…
+    let rows: HashMap<&str, &OutboxRow> =
+        inside.iter().map(|r| (r.event_key.as_str(), r)).collect();
+    for r in &replayed {
+        let row = rows[r.header("event_key").unwrap_or_default()];
+        ensure!(
+            r.key_str() == Some(row.aggregate_id.as_str())
+                && r.value_str() == Some(row.payload.as_str())
+                && r.timestamp_ms == Some(row.expected_timestamp_ms())
+                && r.header("aggregate_type") == Some("Order")
+                && r.header("event_type") == Some(row.event_type.as_str()),
+            "record {} does not match its row {row:?}",
+            describe_record(r)
+        );
+    }
+    // …and equal to the live record, in the same partition and order.
+    let live = read_all_records(&bootstrap, std::slice::from_ref(&live_topic), READ_ALL).await?;
+    let live_inside: Vec<Record> = live
+        .into_iter()
+        .filter(|r| {
+            r.header("event_key")
+                .is_some_and(|k| inside_keys.contains(k))
+        })
+        .collect();
+    let (live_parts, replay_parts) = (by_partition(&live_inside), by_partition(&replayed));
+    ensure!(
+        live_parts.keys().eq(replay_parts.keys()),
+        "partitions differ: live {:?}, replay {:?}",
+        live_parts.keys().collect::<Vec<_>>(),
+        replay_parts.keys().collect::<Vec<_>>()
+    );
+    for (p, live_records) in &live_parts {
+        let a: Vec<_> = live_records.iter().map(|r| content(r)).collect();
+        let b: Vec<_> = replay_parts[p].iter().map(|r| content(r)).collect();
+        ensure!(
+            a == b,
+            "partition {p} differs:\nlive   {:?}\nreplay {:?}",
+            live_records
+                .iter()
+                .map(|r| describe_record(r))
+                .collect::<Vec<_>>(),
+            replay_parts[p]
+                .iter()
+                .map(|r| describe_record(r))
+                .collect::<Vec<_>>()
+        );
+    }
+    // The dead letter: the same key, value, row headers and binlog position; the reason names
+    // the replay's topic.
+    let live_dl = read_all_records(&bootstrap, std::slice::from_ref(&live_dlq), READ_ALL).await?;
+    let replay_dl =
+        read_all_records(&bootstrap, std::slice::from_ref(&replay_dlq), READ_ALL).await?;
+    ensure!(
+        live_dl.len() == 1 && replay_dl.len() == 1,
+        "dead letters: {live_dl:?} / {replay_dl:?}"
+    );
+    let strip = |r: &Record| {
+        (
+            r.key.clone(),
+            r.value.clone(),
+            r.headers
+                .iter()
+                .filter(|(k, _)| k != "dlq_reason")
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    };
+    ensure!(
+        strip(&live_dl[0]) == strip(&replay_dl[0]),
+        "dead letters differ:\n{}\n{}",
+        describe_record(&live_dl[0]),
+        describe_record(&replay_dl[0])
+    );
+    ensure!(replay_dl[0].header("event_key") == Some(bad.event_key.as_str()));
+    ensure!(
+        replay_dl[0]
+            .header("dlq_reason")
+            .is_some_and(|r| r.contains(&format!("t_{}.replay.Bad Type!", w.uid))),
+        "{}",
+        describe_record(&replay_dl[0])
+    );
+    ensure!(
+        !stderr.contains("127.0.0.1:1"),
+        "the replay mentioned the MySQL URL:\n{stderr}"
+    );
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// (2), (3) A MySQL 8 file: binary JSON as MySQL prints it; positions and date-times.
+// ---------------------------------------------------------------------------------------------
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/binlogs")
+        .join(name)
+}
+
+/// `json.binlog.000001` with the column names of `mysql.t` added to its table map events.
+///
+/// The file was written with `binlog_row_metadata=MINIMAL` (MySQL 8.0's default): its table maps
+/// carry no column names, which the relay needs (it names the columns to map). This adds the
+/// COLUMN_NAME optional metadata field (type 4: a length, then each name length-prefixed; MySQL
+/// `libbinlogevents` "Table_map_event::Optional_metadata_field_type") that MySQL writes with
+/// `binlog_row_metadata=FULL`, with the names of the CREATE TABLE statement in the file (`id,
+/// json_col, name, age`), and fixes every later event's `log_pos` and CRC32. Nothing else
+/// changes.
+fn json_fixture_with_column_names() -> Result<Vec<u8>> {
+    let bytes = std::fs::read(fixture("json.binlog.000001"))?;
+    let names = ["id", "json_col", "name", "age"];
+    let mut field = Vec::new();
+    for n in names {
+        field.push(u8::try_from(n.len())?);
+        field.extend_from_slice(n.as_bytes());
+    }
+    let mut tlv = vec![4u8, u8::try_from(field.len())?];
+    tlv.extend(field);
+
+    let mut out = bytes[..4].to_vec();
+    let mut offset = 4usize;
+    while offset < bytes.len() {
+        let size = usize::try_from(u32::from_le_bytes(
+            bytes[offset + 9..offset + 13].try_into()?,
+        ))?;
+        let mut event = bytes[offset..offset + size].to_vec();
+        let event_type = event[4];
+        if event_type == 19 {
+            let at = event.len() - 4;
+            event.splice(at..at, tlv.iter().copied());
+        }
+        if event_type != 15 {
+            let new_size = u32::try_from(event.len())?;
+            let end = u32::try_from(out.len() + event.len())?;
+            event[9..13].copy_from_slice(&new_size.to_le_bytes());
+            event[13..17].copy_from_slice(&end.to_le_bytes());
+            let at = event.len() - 4;
+            let sum = crc32(&event[..at]);
+            event[at..].copy_from_slice(&sum.to_le_bytes());
+        }
+        out.extend(event);
+        offset += size;
+    }
+    Ok(out)
+}
+
+/// Writes `bytes` as each of `names` in a fresh directory.
+fn scratch_files(bytes: &[u8], names: &[&str]) -> Result<Vec<PathBuf>> {
+    let dir = std::env::temp_dir().join(format!("outbox-relay-replay-{}", unique_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    names
+        .iter()
+        .map(|n| {
+            let path = dir.join(n);
+            std::fs::write(&path, bytes)?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// Creates `topic` with one partition (so the records' order is the replay's order) and no
+/// time-based retention (the fixture's records carry 2021 timestamps, older than the test
+/// broker's retention).
+async fn create_topic(topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()?;
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("retention.ms", "-1");
+    let results = admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for r in results {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A replay config for the fixture's `mysql.t`: payload = `json_col`, key and id = `id`,
+/// aggregate and event type = the generated column `name`, record time = the event time.
+fn fixture_config(topic: &str) -> String {
+    let spec = RelayConfigSpec {
+        connector_name: format!("replay-{}", unique_suffix()),
+        mysql_url: NO_MYSQL.into(),
+        server_id: 4242,
+        tables: vec!["mysql.t".into()],
+        topic: topic.into(),
+        bootstrap_servers: kafka_bootstrap(),
+        checkpoint_interval_ms: 500,
+        kafka_properties: vec![("linger.ms".into(), "5".into())],
+        initial_backoff_ms: 200,
+        max_backoff_ms: 2_000,
+        max_in_flight: 10_000,
+        heartbeat_interval_ms: None,
+        read_timeout_ms: None,
+        resume: None,
+        dead_letter_topic: None,
+        outbox_extra: String::new(),
+        unknown_xa_commit: None,
+    };
+    format!(
+        "{}\n[outbox.columns]\nid = \"id\"\naggregate_type = \"name\"\naggregate_id = \"id\"\n\
+         event_type = \"name\"\nevent_key = \"id\"\npayload = \"json_col\"\ncreated_at = \"\"\n",
+        spec.to_toml()
+    )
+}
+
+/// The record of the fixture's row `id`: `(key, value, headers, timestamp)`.
+///
+/// Ids, names and JSON documents were decoded by hand from the rows events (see
+/// `json.rs`'s `fixture_json_binlog_renders_as_mysql_prints_it`, whose documents were checked
+/// against MySQL's own output); timestamps are the rows events' header timestamps (2021-03-15
+/// 08:43:22, 08:43:39, 08:43:54 and 08:44:04 UTC, as `mariadb-binlog` prints them).
+fn fixture_record(id: u32) -> Content {
+    let (name, age, data, secs) = match id {
+        1 => ("Joe", 24, "xxxxxxxxxx", 1_615_797_802),
+        2 => ("Sue", 32, "yyyyyyyyyy", 1_615_797_819),
+        3 => ("Pete", 40, "zzzzzzzzzz", 1_615_797_834),
+        4 => ("Joe", 24, "xxxxxxxxxx", 1_615_797_844),
+        5 => ("Sue", 32, "yyyyyyyyyy", 1_615_797_844),
+        _ => ("Pete", 40, "zzzzzzzzzz", 1_615_797_844),
+    };
+    let value = format!(r#"{{"age": {age}, "data": "{data}", "name": "{name}"}}"#);
+    let h = |k: &str, v: &str| (k.to_owned(), Some(v.as_bytes().to_vec()));
+    let id = id.to_string();
+    (
+        Some(id.clone().into_bytes()),
+        Some(value.into_bytes()),
+        vec![
+            h("id", &id),
+            h("event_key", &id),
+            h("event_type", name),
+            h("aggregate_type", name),
+        ],
+        Some(secs * 1000),
+    )
+}
+
+/// Replays `files` with `extra` options to a fresh one-partition topic and returns its records
+/// in order, after checking exit code 0 and the summary's `records_produced`.
+async fn replay_fixture(files: &[PathBuf], extra: &[&str], expected: usize) -> Result<Vec<Record>> {
+    let topic = format!("t_{}.json", unique_suffix());
+    create_topic(&topic).await?;
+    let replay = spawn_replay(files, extra, &fixture_config(&topic))?;
+    expect_exit_code(replay.wait_exit(REPLAY).await?, 0, &replay)?;
+    ensure_summary(
+        &replay.stderr_text(),
+        &[
+            ("records_produced", &expected.to_string()),
+            ("dead_lettered", "0"),
+            ("complete", "true"),
+        ],
+    )?;
+    let mut records = read_all_records(&kafka_bootstrap(), &[topic], READ_ALL).await?;
+    records.sort_by_key(|r| r.offset);
+    Ok(records)
+}
+
+fn ensure_fixture_records(records: &[Record], ids: &[u32]) -> Result<()> {
+    let got: Vec<_> = records.iter().map(content).collect();
+    let want: Vec<_> = ids.iter().map(|id| fixture_record(*id)).collect();
+    ensure!(
+        got == want,
+        "records differ from the fixture's rows {ids:?}:\n{}",
+        records
+            .iter()
+            .map(describe_record)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql8_json_file_is_replayed_as_mysql_prints_it() -> Result<()> {
+    let files = scratch_files(&json_fixture_with_column_names()?, &["binlog.000001"])?;
+    // UPDATE and PARTIAL_UPDATE rows events (the last two transactions) produce nothing.
+    let records = replay_fixture(&files, &[], 6).await?;
+    ensure_fixture_records(&records, &[1, 2, 3, 4, 5, 6])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_and_datetimes_select_exact_transactions() -> Result<()> {
+    let bytes = json_fixture_with_column_names()?;
+    // Every table map grew by the 23-byte COLUMN_NAME field: the transaction of row 1 now
+    // spans 845-1218, row 2 1218-1591, row 3 1591-1966, rows 4-6 1966-2481 (each shifted by
+    // 23 bytes per table map before it).
+    let files = scratch_files(&bytes, &["binlog.000001"])?;
+    let records = replay_fixture(
+        &files,
+        &["--start-position", "1218", "--stop-position", "1966"],
+        2,
+    )
+    .await?;
+    ensure_fixture_records(&records, &[2, 3])?;
+    // A stop position inside a transaction ends after the one before it.
+    let records = replay_fixture(
+        &files,
+        &["--start-position", "4", "--stop-position", "1965"],
+        2,
+    )
+    .await?;
+    ensure_fixture_records(&records, &[1, 2])?;
+    // Date-times: commit times 08:43:22 (row 1), 08:43:39 (2), 08:43:54 (3), 08:44:04 (4-6).
+    let records = replay_fixture(
+        &files,
+        &[
+            "--start-datetime",
+            "2021-03-15 08:43:39",
+            "--stop-datetime",
+            "2021-03-15 08:43:54",
+        ],
+        2,
+    )
+    .await?;
+    ensure_fixture_records(&records, &[2, 3])?;
+    let records = replay_fixture(
+        &files,
+        &[
+            "--start-datetime",
+            "2021-03-15 08:43:40",
+            "--stop-datetime",
+            "2021-03-15 09:00:00",
+        ],
+        4,
+    )
+    .await?;
+    ensure_fixture_records(&records, &[3, 4, 5, 6])?;
+    // Several files, in the order given: the start position applies to the first, the stop
+    // position to the last.
+    let two = scratch_files(&bytes, &["binlog.000001", "binlog.000002"])?;
+    let records = replay_fixture(
+        &two,
+        &["--start-position", "1591", "--stop-position", "1591"],
+        6,
+    )
+    .await?;
+    ensure_fixture_records(&records, &[3, 4, 5, 6, 1, 2])
+}
+
+// ---------------------------------------------------------------------------------------------
+// (4) Files that cannot be replayed.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a replay that must fail with `code`; returns its stderr. Nothing may be produced.
+async fn failed_replay(files: &[PathBuf], extra: &[&str], code: i32) -> Result<String> {
+    let prefix = format!("t_{}", unique_suffix());
+    let replay = spawn_replay(files, extra, &fixture_config(&format!("{prefix}.json")))?;
+    expect_exit_code(replay.wait_exit(REPLAY).await?, code, &replay)?;
+    let topics = list_topics(&kafka_bootstrap(), &prefix).await?;
+    ensure!(topics.is_empty(), "a failed replay produced to {topics:?}");
+    Ok(replay.stderr_text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_garbage_and_truncated_files_are_named() -> Result<()> {
+    let good = fixture("json.binlog.000001");
+    let bytes = std::fs::read(&good)?;
+
+    let missing = std::env::temp_dir().join(format!("no-such-binlog-{}.000001", unique_suffix()));
+    let stderr = failed_replay(&[good.clone(), missing.clone()], &[], 2).await?;
+    ensure!(
+        stderr.contains(&format!(
+            "invalid argument: --binlog {}: no such file",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+
+    let garbage = scratch_files(b"SELECT 1; -- not a binlog", &["garbage.000001"])?;
+    let stderr = failed_replay(&garbage, &[], 2).await?;
+    ensure!(
+        stderr.contains(&format!(
+            "invalid argument: --binlog {}: not a binlog file: it does not start with the binlog \
+             magic bytes fe 62 69 6e",
+            garbage[0].display()
+        )),
+        "{stderr}"
+    );
+
+    // Cut inside the WRITE_ROWS event at 1059-1164 (105 bytes).
+    let cut = scratch_files(&bytes[..1100], &["binlog.000001"])?;
+    let stderr = failed_replay(&cut, &[], 1).await?;
+    ensure!(
+        stderr.contains(&format!(
+            "binlog: binlog file {} is truncated at position 1059: the event there (type 30) is \
+             105 bytes long, the file has 41 more",
+            cut[0].display()
+        )),
+        "{stderr}"
+    );
+
+    // A start position inside a transaction (BEGIN at 924 of the transaction 845-1195).
+    let stderr =
+        failed_replay(std::slice::from_ref(&good), &["--start-position", "924"], 2).await?;
+    ensure!(
+        stderr.contains("--start-position 924 is inside the transaction from 845 to 1195"),
+        "{stderr}"
+    );
+
+    // Usage errors are clap's (exit 2); --help says what a replay does not do.
+    let stderr = failed_replay(&[good], &["--start-datetime", "2021-03-15T08:43:22"], 2).await?;
+    ensure!(stderr.contains("YYYY-MM-DD HH:MM:SS"), "{stderr}");
+    let help = std::process::Command::new(BIN)
+        .args(["replay", "--help"])
+        .output()?;
+    let help = String::from_utf8_lossy(&help.stdout);
+    ensure!(
+        help.contains("does NOT connect to MySQL") && help.contains("writes NO checkpoint"),
+        "{help}"
+    );
+    Ok(())
+}
