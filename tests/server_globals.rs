@@ -14,10 +14,11 @@ use mysql_async::prelude::*;
 use mysql_async::Conn;
 use outbox_relay_testkit::{
     all_seen, binary_logs, binlog_transactions, collect_until, commit_rows,
-    count_other_transactions, count_table_writes, current_binlog_position, ensure_at_least_once,
-    ensure_exactly_once, ensure_per_key_order, expect_exit_code, find_transaction, global_variable,
-    newest_binlog_file, read_all_records, wait_until, BinlogPosition, BinlogTransaction,
-    GlobalVariableGuard, RelayConfigSpec, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    count_other_transactions, count_table_writes, current_binlog_position, describe_record,
+    ensure_at_least_once, ensure_exactly_once, ensure_per_key_order, expect_exit_code,
+    find_transaction, global_variable, newest_binlog_file, read_all_records, wait_until,
+    BinlogPosition, BinlogTransaction, GlobalVariableGuard, RelayConfigSpec, RelayProcess, RowGen,
+    World, DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::Mutex;
 
@@ -690,4 +691,109 @@ async fn compressed_binlog_events_are_relayed() -> Result<()> {
     outcome?;
     drop(conn); // the pool waits for its connections when the database is dropped
     w.db.drop_database().await
+}
+
+/// With `binlog_row_metadata=MINIMAL` table maps carry no column names. The relay takes the
+/// outbox layout from `information_schema` at its first start, stores it with the checkpoint,
+/// and follows the DDL in the binlog: rows written before an `ALTER TABLE` that reorders the
+/// columns are decoded with the old layout even though the relay reads them after the ALTER is
+/// applied on the server (it was stopped meanwhile), rows after it with the new one. A DDL it
+/// cannot follow (MariaDB's `ADD SYSTEM VERSIONING` adds hidden columns) stops it at the next
+/// outbox row with the position, instead of a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layouts_are_followed_through_ddl_without_column_names() -> Result<()> {
+    use outbox_relay_testkit::{insert_outbox_rows, InsertStyle, OutboxRow};
+
+    let _serial = SERIAL.lock().await;
+    let w = World::new(BIN, "layouts").await?;
+    let topic = w.topic("Order");
+    let mut conn = w.db.conn().await?;
+    let guard = GlobalVariableGuard::set("binlog_row_metadata", "MINIMAL").await?;
+    let outcome = async {
+        let mut gen = RowGen::new(&w.uid, "lay", 3);
+        let mut all: Vec<OutboxRow> = Vec::new();
+        let (relay, _) = w.start(STARTUP).await?;
+        let before = gen.rows(2);
+        commit_rows(&mut conn, &before).await?;
+        let end = current_binlog_position(&mut conn).await?;
+        all.extend(before);
+        let wanted: HashSet<String> = all.iter().map(|r| r.event_key.clone()).collect();
+        wait_for_keys(&w, std::slice::from_ref(&topic), &wanted, &relay).await?;
+        w.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+        relay.stop(STOP).await?;
+        let stored: Option<String> = conn
+            .query_first(format!(
+                "SELECT table_layouts FROM {DEFAULT_CHECKPOINT_TABLE} WHERE connector_name = '{}'",
+                w.connector()
+            ))
+            .await?
+            .flatten();
+        ensure!(
+            stored.as_deref().is_some_and(|s| s.contains(
+                r#"["id","aggregate_type","aggregate_id","event_type","event_key","payload","created_at"]"#
+            )),
+            "the checkpoint stores the layout: {stored:?}"
+        );
+
+        // While the relay is stopped: rows in the old layout, an ALTER that moves every column,
+        // rows in the new layout.
+        let old_layout = gen.rows(2);
+        commit_rows(&mut conn, &old_layout).await?;
+        conn.query_drop(
+            "ALTER TABLE outbox ADD COLUMN tenant VARCHAR(20) NOT NULL DEFAULT 'acme' FIRST, \
+             MODIFY payload JSON NULL AFTER tenant",
+        )
+        .await?;
+        let new_layout = gen.rows(2);
+        commit_rows(&mut conn, &new_layout).await?;
+        all.extend(old_layout);
+        all.extend(new_layout);
+        let wanted: HashSet<String> = all.iter().map(|r| r.event_key.clone()).collect();
+        let relay = w.spawn()?;
+        wait_for_keys(&w, std::slice::from_ref(&topic), &wanted, &relay).await?;
+        let records = read_all_records(
+            &w.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            READ_ALL,
+        )
+        .await?;
+        for row in &all {
+            let r = records
+                .iter()
+                .find(|r| r.header("event_key") == Some(row.event_key.as_str()))
+                .with_context(|| format!("no record for {}", row.event_key))?;
+            ensure!(
+                r.key_str() == Some(row.aggregate_id.as_str())
+                    && r.value_str() == Some(row.payload.as_str())
+                    && r.header("event_type") == Some(row.event_type.as_str())
+                    && r.header("aggregate_type") == Some(row.aggregate_type.as_str())
+                    && r.timestamp_ms == Some(row.expected_timestamp_ms()),
+                "{} was decoded with the wrong layout: {}",
+                row.event_key,
+                describe_record(r)
+            );
+        }
+
+        // A DDL the relay cannot follow: the next outbox row stops it, naming the position.
+        conn.query_drop("ALTER TABLE outbox ADD SYSTEM VERSIONING")
+            .await?;
+        let after = current_binlog_position(&mut conn).await?;
+        insert_outbox_rows(&mut conn, "outbox", &gen.rows(1), InsertStyle::SingleRow).await?;
+        let status = relay.wait_exit(STOP).await?;
+        let stderr = relay.stderr_text();
+        ensure!(
+            status.code() == Some(1)
+                && stderr.contains("layout is unknown")
+                && stderr.contains(&after.file),
+            "expected a stop naming the unknown layout; {}\n{stderr}",
+            outbox_relay_testkit::describe_exit(&status)
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    guard.restore().await?;
+    drop(conn);
+    outcome?;
+    w.db.drop_database().await?;
+    Ok(())
 }

@@ -24,10 +24,11 @@ step "building outbox-relay"
 (cd "$ROOT" && cargo build --quiet --bin outbox-relay)
 RELAY="$ROOT/target/debug/outbox-relay"
 
-step "schema: database outbox_demo with migrations/0001_outbox.sql and 0002_checkpoint.sql"
+step "schema: database outbox_demo with migrations/0001_outbox.sql, 0002_checkpoint.sql and 0003_checkpoint_layouts.sql"
 sql -e "DROP DATABASE IF EXISTS outbox_demo; CREATE DATABASE outbox_demo"
 sql outbox_demo < "$ROOT/migrations/0001_outbox.sql"
 sql outbox_demo < "$ROOT/migrations/0002_checkpoint.sql"
+sql outbox_demo < "$ROOT/migrations/0003_checkpoint_layouts.sql"
 
 step "starting the relay (log: $DEMO_DIR/relay.log)"
 cfg="$DEMO_DIR/relay.toml"

@@ -6,6 +6,9 @@
 //! to the store, moving forward only. Writes are fenced by the lease token (see [`crate::lease`]):
 //! an instance that lost its lease can no longer write.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row};
 
@@ -28,6 +31,10 @@ pub struct Checkpoint {
     pub source_server_id: u32,
     /// `@@server_uuid` of the source (MySQL only).
     pub source_server_uuid: Option<String>,
+    /// The outbox tables' column layouts at `position` (JSON, see [`crate::schema`]), for table
+    /// maps without column names; stored when the table has the `table_layouts` column
+    /// (`migrations/0003_checkpoint_layouts.sql`).
+    pub table_layouts: Option<Arc<str>>,
 }
 
 /// Where checkpoints live. Kept small so an exactly-once mode can store them inside a Kafka
@@ -52,6 +59,8 @@ pub struct MysqlCheckpointStore {
     connector: String,
     /// Fencing token of the lease this instance holds; writes with an older token fail.
     lease_token: Option<u64>,
+    /// The table has the `table_layouts` column (found by [`MysqlCheckpointStore::verify`]).
+    layouts_column: Arc<AtomicBool>,
 }
 
 impl MysqlCheckpointStore {
@@ -62,6 +71,7 @@ impl MysqlCheckpointStore {
             table,
             connector,
             lease_token: None,
+            layouts_column: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -88,7 +98,14 @@ impl MysqlCheckpointStore {
         &self.table
     }
 
-    /// Checks that the table exists with the expected columns.
+    /// `true` when the table can store column layouts (`table_layouts`, migration 0003); known
+    /// after [`MysqlCheckpointStore::verify`].
+    pub fn stores_layouts(&self) -> bool {
+        self.layouts_column.load(Ordering::Relaxed)
+    }
+
+    /// Checks that the table exists with the expected columns (and notes whether it has the
+    /// optional `table_layouts` column).
     ///
     /// # Errors
     /// [`RelayError::Prerequisite`] naming the table and the migration that creates it.
@@ -118,6 +135,12 @@ impl MysqlCheckpointStore {
             .copied()
             .filter(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
             .collect();
+        self.layouts_column.store(
+            columns
+                .iter()
+                .any(|c| c.eq_ignore_ascii_case("table_layouts")),
+            Ordering::Relaxed,
+        );
         if missing.is_empty() {
             return Ok(());
         }
@@ -142,31 +165,43 @@ impl MysqlCheckpointStore {
 impl CheckpointStore for MysqlCheckpointStore {
     async fn load(&self) -> Result<Option<Checkpoint>, RelayError> {
         let mut conn = self.pool.get_conn().await?;
+        let layouts = if self.stores_layouts() {
+            "table_layouts"
+        } else {
+            "NULL"
+        };
         let row: Option<Row> = conn
             .exec_first(
                 format!(
                     "SELECT binlog_file, binlog_pos, rows_acked, gtid_set, source_server_id, \
-                     source_server_uuid FROM {} WHERE connector_name = ?",
+                     source_server_uuid, {layouts} FROM {} WHERE connector_name = ?",
                     self.table.quoted()
                 ),
                 (&self.connector,),
             )
             .await?;
-        let Some(row) = row else { return Ok(None) };
+        let Some(mut row) = row else { return Ok(None) };
+        let table_layouts: Option<String> = row.take_opt(6).and_then(Result::ok).flatten();
         let bad = |what: &str| {
             RelayError::Binlog(format!(
                 "the checkpoint row of connector {:?} in {} has an invalid {what}; fix or delete the row",
                 self.connector, self.table
             ))
         };
-        let (file, pos, rows_acked, gtid_set, server_id, server_uuid): (
-            String,
-            u64,
-            u64,
-            Option<String>,
-            u32,
-            Option<String>,
-        ) = mysql_async::from_row_opt(row).map_err(|_| bad("row"))?;
+        let fields = (
+            row.take_opt::<String, _>(0),
+            row.take_opt::<u64, _>(1),
+            row.take_opt::<u64, _>(2),
+            row.take_opt::<Option<String>, _>(3),
+            row.take_opt::<u32, _>(4),
+            row.take_opt::<Option<String>, _>(5),
+        );
+        let (file, pos, rows_acked, gtid_set, server_id, server_uuid) = match fields {
+            (Some(Ok(a)), Some(Ok(b)), Some(Ok(c)), Some(Ok(d)), Some(Ok(e)), Some(Ok(f))) => {
+                (a, b, c, d, e, f)
+            }
+            _ => return Err(bad("row")),
+        };
         if file.is_empty() {
             return Ok(None); // a lease placeholder: no position stored yet
         }
@@ -179,6 +214,7 @@ impl CheckpointStore for MysqlCheckpointStore {
             gtid_set: gtid_set.filter(|g| !g.trim().is_empty()),
             source_server_id: server_id,
             source_server_uuid: server_uuid,
+            table_layouts: table_layouts.filter(|l| !l.is_empty()).map(Arc::from),
         }))
     }
 
@@ -191,23 +227,33 @@ impl CheckpointStore for MysqlCheckpointStore {
         };
         // Fenced: matches only while this instance's lease token is the newest. updated_at is
         // set explicitly so the row always changes and affected_rows is 1 on success.
+        let layouts = checkpoint.table_layouts.as_deref();
+        let set_layouts = if self.stores_layouts() {
+            ", table_layouts = ?"
+        } else {
+            ""
+        };
+        let mut params: Vec<mysql_async::Value> = vec![
+            checkpoint.position.file.as_str().into(),
+            checkpoint.position.pos.into(),
+            checkpoint.rows_acked.into(),
+            checkpoint.gtid_set.as_deref().into(),
+            checkpoint.source_server_id.into(),
+            checkpoint.source_server_uuid.as_deref().into(),
+        ];
+        if self.stores_layouts() {
+            params.push(layouts.into());
+        }
+        params.push(self.connector.as_str().into());
+        params.push(token.into());
         conn.exec_drop(
             format!(
                 "UPDATE {} SET binlog_file = ?, binlog_pos = ?, rows_acked = ?, gtid_set = ?, \
-                 source_server_id = ?, source_server_uuid = ?, updated_at = CURRENT_TIMESTAMP(6) \
-                 WHERE connector_name = ? AND lease_token = ?",
+                 source_server_id = ?, source_server_uuid = ?{set_layouts}, \
+                 updated_at = CURRENT_TIMESTAMP(6) WHERE connector_name = ? AND lease_token = ?",
                 self.table.quoted()
             ),
-            (
-                &checkpoint.position.file,
-                checkpoint.position.pos,
-                checkpoint.rows_acked,
-                &checkpoint.gtid_set,
-                checkpoint.source_server_id,
-                &checkpoint.source_server_uuid,
-                &self.connector,
-                token,
-            ),
+            params,
         )
         .await?;
         if conn.affected_rows() == 0 {

@@ -27,6 +27,7 @@ use crate::error::RelayError;
 use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::mapping::TableMapping;
 use crate::position::{BinlogPosition, MariadbGtid, MariadbGtidPos};
+use crate::schema::LayoutTracker;
 
 /// The GTID state the decoder keeps up to date: MariaDB's position per domain, or MySQL's
 /// executed GTID set. Its text form is what the checkpoint stores as `gtid_set`.
@@ -134,6 +135,9 @@ pub struct TxBoundary {
     /// `false` when the transaction only wrote the relay's own checkpoint table: storing such a
     /// boundary is not worth a write (and writing it would make an idle relay feed itself).
     pub advances: bool,
+    /// The outbox tables' column layouts in force after this transaction (JSON, see
+    /// [`crate::schema`]), when known; stored with the checkpoint.
+    pub table_layouts: Option<Arc<str>>,
 }
 
 /// What one binlog event contributes to the pipeline.
@@ -181,7 +185,7 @@ pub struct Decoder {
     outbox_tables: HashMap<TableName, Arc<TableMapping>>,
     /// Column layouts known from `information_schema` and DDL tracking, for table maps
     /// without column names.
-    tracked: HashMap<TableName, Vec<String>>,
+    layouts: LayoutTracker,
     checkpoint_table: TableName,
     gtid: Option<GtidState>,
     tx: TxState,
@@ -211,12 +215,14 @@ impl Decoder {
         checkpoint_table: TableName,
         gtid: Option<GtidState>,
     ) -> Self {
+        let outbox_tables: HashMap<TableName, Arc<TableMapping>> = outbox_tables
+            .into_iter()
+            .map(|m| ((*m.table).clone(), Arc::new(m)))
+            .collect();
+        let layouts = LayoutTracker::new(outbox_tables.keys().cloned());
         Self {
-            outbox_tables: outbox_tables
-                .into_iter()
-                .map(|m| ((*m.table).clone(), Arc::new(m)))
-                .collect(),
-            tracked: HashMap::new(),
+            outbox_tables,
+            layouts,
             checkpoint_table,
             gtid,
             tx: TxState::default(),
@@ -229,7 +235,19 @@ impl Decoder {
     /// column names (`binlog_row_metadata=MINIMAL`): read from `information_schema` at a known
     /// position and kept up to date through the DDL in the binlog.
     pub fn track_layout(&mut self, table: TableName, columns: Vec<String>) {
-        self.tracked.insert(table, columns);
+        self.layouts.set(&table, columns);
+    }
+
+    /// Restores the layouts a checkpoint stored ([`TxBoundary::table_layouts`]).
+    ///
+    /// # Errors
+    /// [`RelayError::Binlog`] when the stored JSON is damaged.
+    pub fn restore_layouts(&mut self, json: &str) -> Result<(), RelayError> {
+        self.layouts.restore(json).map_err(|e| {
+            RelayError::Binlog(format!(
+                "{e}; fix or clear the checkpoint row's table_layouts column"
+            ))
+        })
     }
 
     /// What to do with an `XA COMMIT` whose `XA PREPARE` this decoder has not read (default
@@ -327,6 +345,7 @@ impl Decoder {
                 let is_end =
                     stmt.eq_ignore_ascii_case("COMMIT") || stmt.eq_ignore_ascii_case("ROLLBACK");
                 if !is_end && !stmt.eq_ignore_ascii_case("BEGIN") {
+                    self.layouts.observe(stmt, &q.schema(), &ev.position);
                     if let Some(failure) = self.statement_on_outbox(stmt, &q.schema(), ev) {
                         self.tx.advances = true;
                         return Ok(Decoded::Rows(vec![Err(failure)]));
@@ -371,6 +390,10 @@ impl Decoder {
                 Ok(Decoded::Rows(Vec::new()))
             }
             Some(EventData::XidEvent(_)) => Ok(self.end_tx(ev, Vec::new())),
+            Some(EventData::FormatDescriptionEvent(fde)) => {
+                self.layouts.set_server_version(&fde.server_version());
+                Ok(Decoded::Rows(Vec::new()))
+            }
             Some(EventData::RowsEvent(rows)) => self.decode_rows(ev, &rows, table_map),
             _ => Ok(Decoded::Rows(Vec::new())),
         }
@@ -499,6 +522,7 @@ impl Decoder {
             position: ev.position.clone(),
             gtid_set: self.gtid.as_ref().map(ToString::to_string),
             advances: tx.advances,
+            table_layouts: self.layouts.snapshot(),
         }
     }
 
@@ -529,6 +553,10 @@ impl Decoder {
         let Some(mapping) = self.outbox_tables.get(&name).cloned() else {
             return Ok(Decoded::Rows(Vec::new()));
         };
+        if let Some(names) = table_map_names(tme) {
+            // Column names in the table map are the truth: they repair a tracked layout.
+            self.layouts.set(&name, names);
+        }
         let row_error = |reason: String| RelayError::Row {
             position: ev.position.clone(),
             table: name.to_string(),
@@ -578,7 +606,7 @@ impl Decoder {
                         after_image.as_deref(),
                         &row,
                         &mapping,
-                        self.tracked.get(&name).map(Vec::as_slice),
+                        self.layouts.get(&name),
                     )
                     .map_err(row_error)?,
                 ),
@@ -864,13 +892,21 @@ impl ColumnLayout {
         after_image: Option<&[bool]>,
         sample: &BinlogRow,
         mapping: &TableMapping,
-        tracked: Option<&[String]>,
+        tracked: Option<Result<&[String], &str>>,
     ) -> Result<Self, String> {
         let count = usize::try_from(tme.columns_count()).map_err(|e| e.to_string())?;
         let names = match (table_map_names(tme), tracked) {
             (Some(names), _) => names,
-            (None, Some(tracked)) if tracked.len() == count => tracked.to_vec(),
-            (None, Some(tracked)) => {
+            (None, Some(Err(why))) => {
+                return Err(format!(
+                    "the table map event carries no column names and the table's layout is \
+                     unknown: {why}. Fix: SET GLOBAL binlog_row_metadata=FULL on the server \
+                     (MySQL 8.0.1+, MariaDB 10.5+), then move the checkpoint past this point \
+                     (outbox-relay reset) once the rows from here on were relayed another way"
+                ))
+            }
+            (None, Some(Ok(tracked))) if tracked.len() == count => tracked.to_vec(),
+            (None, Some(Ok(tracked))) => {
                 return Err(format!(
                     "the table map has {count} columns but the tracked layout of the table has \
                      {} ({}): the layout in force when the row was written is unknown. Fix: SET \

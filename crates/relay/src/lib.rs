@@ -25,6 +25,7 @@ pub mod position;
 pub mod preflight;
 pub mod replay;
 pub mod route;
+pub mod schema;
 pub mod sink;
 pub mod source;
 
@@ -252,6 +253,11 @@ async fn run_once(
         }),
     };
     let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
+    if let Some(layouts) = start.table_layouts.as_deref() {
+        if let Err(e) = decoder.restore_layouts(layouts) {
+            return (Some(start), Err(e));
+        }
+    }
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
@@ -366,6 +372,7 @@ pub async fn replay(
         gtid_set: None,
         source_server_id: 0,
         source_server_uuid: None,
+        table_layouts: None,
     };
     let stages = Stages {
         source: &mut source,
@@ -421,6 +428,24 @@ async fn prepare(
     let server = preflight::check_server(&mut conn).await?;
     preflight::check_outbox_tables(&mut conn, &config.table_mappings()?).await?;
     store.verify().await?;
+    if !server.row_metadata_full && !store.stores_layouts() {
+        return Err(RelayError::Prerequisite {
+            setting: "binlog_row_metadata".into(),
+            expected: "FULL (column names in the binlog), or a checkpoint table that can store \
+                       the outbox tables' column layouts"
+                .into(),
+            found: format!(
+                "no column names in table maps, and {} has no table_layouts column",
+                store.table()
+            ),
+            fix: format!(
+                "SET GLOBAL binlog_row_metadata=FULL (MySQL 8.0.1+, MariaDB 10.5+), or apply \
+                 migrations/0003_checkpoint_layouts.sql to {} so the relay can follow the \
+                 layouts itself",
+                store.table()
+            ),
+        });
+    }
     // Our own previous dump connection may still be registered until the server notices it is
     // gone (at its next heartbeat).
     let grace = Duration::from_millis(config.mysql.heartbeat_interval_ms * 2 + 1000);
@@ -441,8 +466,12 @@ async fn prepare(
                 stored
             }
             None => {
-                let (position, executed) =
-                    preflight::current_position(&mut conn, server.flavor).await?;
+                let (position, executed, table_layouts) = preflight::position_with_layouts(
+                    &mut conn,
+                    server.flavor,
+                    &config.outbox_tables(),
+                )
+                .await?;
                 let gtid_set = match server.flavor {
                     Flavor::MariaDb => preflight::mariadb_gtid_at(&mut conn, &position).await?,
                     Flavor::MySql => executed,
@@ -453,6 +482,7 @@ async fn prepare(
                     gtid_set,
                     source_server_id: server.server_id,
                     source_server_uuid: server.server_uuid.clone(),
+                    table_layouts,
                 };
                 store.save(&start).await?;
                 tracing::info!(position = %start.position, gtid = ?start.gtid_set,

@@ -418,6 +418,7 @@ impl Reader<'_> {
                             gtid_set: b.gtid_set,
                             source_server_id: self.settings.source_server_id,
                             source_server_uuid: self.settings.source_server_uuid.clone(),
+                            table_layouts: b.table_layouts,
                         });
                         let boundary = (Arc::clone(&self.tx_base), b.advances);
                         if inflight.is_empty() {

@@ -5,6 +5,7 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
+use crate::config::TableName;
 use crate::error::RelayError;
 use crate::mapping::TableMapping;
 use crate::position::BinlogPosition;
@@ -21,6 +22,9 @@ pub struct ServerInfo {
     pub server_id: u32,
     /// `@@server_uuid` (MySQL only).
     pub server_uuid: Option<String>,
+    /// Table maps carry column names (`binlog_row_metadata=FULL`); otherwise the relay follows
+    /// the outbox tables' layouts itself (see [`crate::schema`]).
+    pub row_metadata_full: bool,
 }
 
 /// Reads the server's identity and checks `log_bin`, `binlog_format`, `binlog_row_image` and
@@ -98,15 +102,12 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
         "FULL",
         format!("SET GLOBAL binlog_row_image=FULL and add binlog_row_image=FULL to {cnf}"),
     )?;
-    if get("binlog_row_metadata").is_some() {
-        require(
-            "binlog_row_metadata",
-            "FULL",
-            format!(
-                "SET GLOBAL binlog_row_metadata=FULL and add binlog_row_metadata=FULL to {cnf} \
-                 (the relay reads column names from the binlog's table map events)"
-            ),
-        )?;
+    let row_metadata_full = get("binlog_row_metadata").as_deref() == Some("FULL");
+    if !row_metadata_full {
+        tracing::warn!(binlog_row_metadata = ?get("binlog_row_metadata"),
+            "table maps carry no column names: the relay follows the outbox tables' layouts from \
+             information_schema and the DDL in the binlog; binlog_row_metadata=FULL is simpler \
+             and recommended");
     }
     // A replica writes what it applies to its own binlog only with log_slave_updates: without
     // it, the primary's outbox rows would never reach the binlog the relay reads.
@@ -130,6 +131,7 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
         version,
         server_id,
         server_uuid,
+        row_metadata_full,
     })
 }
 
@@ -186,6 +188,47 @@ pub async fn current_position(
             "SHOW MASTER STATUS returned an unexpected row".into(),
         )),
     }
+}
+
+/// The current binlog position (as [`current_position`]) together with the outbox tables'
+/// column layouts from `information_schema`, read so that they belong together: the position is
+/// read before and after the layouts, and the read is repeated until nothing was logged in
+/// between (a DDL between the two reads would otherwise pair a layout with the wrong position).
+///
+/// # Errors
+/// As [`current_position`]; [`RelayError::Mysql`] when the binlog keeps moving (a very busy
+/// server: 20 attempts).
+pub async fn position_with_layouts(
+    conn: &mut Conn,
+    flavor: Flavor,
+    tables: &[TableName],
+) -> Result<(BinlogPosition, Option<String>, Option<std::sync::Arc<str>>), RelayError> {
+    for _ in 0..20 {
+        let (before, executed) = current_position(conn, flavor).await?;
+        let mut tracker = crate::schema::LayoutTracker::new(tables.iter().cloned());
+        for table in tables {
+            let columns: Vec<String> = conn
+                .exec(
+                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                     WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                    (&table.database, &table.table),
+                )
+                .await?;
+            if !columns.is_empty() {
+                tracker.set(table, columns);
+            }
+        }
+        let (after, _) = current_position(conn, flavor).await?;
+        if after == before {
+            return Ok((before, executed, tracker.snapshot()));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(RelayError::Mysql(
+        "the binlog kept moving while the outbox tables' layouts were read (20 attempts); \
+         retrying"
+            .into(),
+    ))
 }
 
 /// Checks that each outbox table exists and has the mapped columns.

@@ -19,7 +19,11 @@ pub fn migrations_dir() -> PathBuf {
 }
 
 /// The migration files, in the order they are applied.
-pub const MIGRATIONS: [&str; 2] = ["0001_outbox.sql", "0002_checkpoint.sql"];
+pub const MIGRATIONS: [&str; 3] = [
+    "0001_outbox.sql",
+    "0002_checkpoint.sql",
+    "0003_checkpoint_layouts.sql",
+];
 
 /// A database of its own for one test, with both migrations applied (tables `outbox` and
 /// `outbox_relay_checkpoint`).

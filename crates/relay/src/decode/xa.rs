@@ -664,6 +664,7 @@ mod tests {
             position: BinlogPosition::new("b.000001", pos),
             gtid_set: Some(format!("0-1-{pos}")),
             advances,
+            table_layouts: None,
         }
     }
 
