@@ -155,9 +155,14 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
     let mut world = World::new(BIN, "mapping_dlq").await?;
     let dlq = format!("{}dead", world.topic_prefix());
     world.spec.dead_letter_topic = Some(dlq.clone());
-    world.spec.outbox_extra = "null_payload = \"skip\"\non_update = \"fail\"\n".into();
-    let (relay, _) = world.start(WAIT).await?;
+    let db = world.db.name().to_owned();
     let mut conn = world.db.conn().await?;
+    conn.query_drop("CREATE TABLE outbox2 LIKE outbox").await?;
+    world.spec.outbox_extra = format!(
+        "null_payload = \"skip\"\non_update = \"fail\"\n\
+         [[outbox.table]]\nname = \"{db}.outbox2\"\nnull_payload = \"dead_letter\"\n"
+    );
+    let (relay, _) = world.start(WAIT).await?;
     let insert = |key: &str, payload: &str| {
         format!(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
@@ -182,11 +187,13 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
     conn.query_drop("UPDATE outbox SET event_type = 'X' WHERE event_key = 'a'")
         .await?;
     conn.query_drop(insert("f", "'{\"n\": 2}'")).await?;
+    conn.query_drop(insert("null-in-outbox2", "NULL").replace("INTO outbox ", "INTO outbox2 "))
+        .await?;
     drop(conn);
 
     let main = world.topic("Order");
     let records = collect_records(&kafka_bootstrap(), std::slice::from_ref(&main), 3, WAIT).await?;
-    let dead = collect_records(&kafka_bootstrap(), std::slice::from_ref(&dlq), 2, WAIT).await?;
+    let dead = collect_records(&kafka_bootstrap(), std::slice::from_ref(&dlq), 3, WAIT).await?;
     relay.stop(WAIT).await?;
     let records = read_all_records(&kafka_bootstrap(), &[main], WAIT)
         .await
@@ -202,29 +209,38 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
             .is_some_and(|t| t > 1_700_000_000_000),
         "the MINIMAL-image row has its created_at"
     );
-    let reasons: Vec<&str> = dead
-        .iter()
-        .map(|r| r.header("dlq_reason").unwrap_or_default())
-        .collect();
-    ensure!(reasons.len() == 2, "dead letters: {reasons:?}");
+    // Dead letters are spread over partitions (the statement's has no key): find them by reason.
     ensure!(
-        reasons[0].contains("logged as a statement"),
-        "{}",
-        reasons[0]
+        dead.len() == 3,
+        "dead letters: {:?}",
+        dead.iter().map(describe_record).collect::<Vec<_>>()
     );
+    let find = |needle: &str| {
+        dead.iter()
+            .find(|d| d.header("dlq_reason").is_some_and(|r| r.contains(needle)))
+            .with_context(|| format!("no dead letter saying {needle:?}"))
+    };
+    let statement_dl = find("logged as a statement")?;
     ensure!(
-        dead[0].value_str() == Some(statement.as_str()),
+        statement_dl.value_str() == Some(statement.as_str()),
         "the statement is the dead letter's value: {:?}",
-        dead[0].value_str()
+        statement_dl.value_str()
     );
+    let update_dl = find("UPDATE of an outbox row")?;
+    // outbox2 maps NULL payloads to dead letters; the key and headers stay readable.
+    let null_dl = find("payload is NULL")?;
     ensure!(
-        reasons[1].contains("UPDATE of an outbox row"),
+        null_dl.key_str() == Some("o-1") && null_dl.header("event_key") == Some("null-in-outbox2"),
         "{}",
-        reasons[1]
+        describe_record(null_dl)
     );
-    for d in &dead {
+    for (d, table) in [
+        (statement_dl, world.db.outbox_table()),
+        (update_dl, world.db.outbox_table()),
+        (null_dl, format!("{db}.outbox2")),
+    ] {
         ensure!(
-            d.header("dlq_table") == Some(world.db.outbox_table().as_str())
+            d.header("dlq_table") == Some(table.as_str())
                 && d.header("dlq_binlog_file").is_some_and(|f| !f.is_empty())
                 && d.header("dlq_binlog_pos").is_some(),
             "where: {}",
@@ -232,5 +248,24 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
         );
     }
     world.db.drop_database().await.context("drop")?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_column_missing_from_the_table_stops_at_start_up() -> Result<()> {
+    let mut world = World::new(BIN, "mapping_missing").await?;
+    world.spec.outbox_extra = "additional = [{ column = \"tenant_id\", placement = \"header\" }]\n\
+                               [outbox.columns]\npartition = \"shard\"\n"
+        .into();
+    let relay = world.spawn()?;
+    let status = relay.wait_exit(WAIT).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        status.code() == Some(3)
+            && stderr.contains("\"tenant_id\" (outbox.additional)")
+            && stderr.contains("\"shard\" (outbox.columns.partition)"),
+        "expected exit code 3 naming both columns, got {status:?}\n{stderr}"
+    );
+    world.db.drop_database().await?;
     Ok(())
 }
