@@ -3,12 +3,16 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build demo test lint fmt services-up services-down clean
+.PHONY: all build release demo test lint fmt services-up services-down clean
 
 all: build
 
 build:
 	$(CARGO) build --workspace
+
+## The release binary (target/release/outbox-relay), built exactly as docker/Dockerfile builds it.
+release:
+	$(CARGO) build --release --locked -p outbox-relay
 
 ## The main job end to end: services, schema, relay, an order flow, the Kafka records, clean stop.
 demo:
