@@ -3,12 +3,16 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build demo test lint fmt services-up services-down clean
+.PHONY: all build release demo test lint fmt services-up services-down clean
 
 all: build
 
 build:
 	$(CARGO) build --workspace
+
+## The release binary (target/release/outbox-relay), built exactly as docker/Dockerfile builds it.
+release:
+	$(CARGO) build --release --locked -p outbox-relay
 
 ## The main job end to end: services, schema, relay, an order flow, the Kafka records, clean stop.
 demo:
@@ -31,10 +35,14 @@ services-up:
 	tests/services/mariadb.sh up
 	tests/services/kafka.sh up
 
+## Also stops the private servers tests/security_e2e.rs starts itself (TLS MariaDB on 3366, SASL
+## Kafka on 9492-9494, data in .services/private/) when a killed test run left them running.
 services-down:
 	tests/services/mariadb-replica.sh down
 	tests/services/kafka.sh down
 	tests/services/mariadb.sh down
+	OUTBOX_SERVICES_DIR=$(CURDIR)/.services/private/tls-mariadb tests/services/mariadb.sh down
+	OUTBOX_SERVICES_DIR=$(CURDIR)/.services/private/sasl-kafka tests/services/kafka.sh down
 
 clean: services-down
 	rm -rf .services

@@ -8,8 +8,11 @@ CREATE TABLE IF NOT EXISTS orders (
   status     VARCHAR(16)  NOT NULL
 ) ENGINE = InnoDB;
 
+-- DROP + CREATE (not CREATE OR REPLACE) so the same file runs on MySQL 8 too (docker-compose's
+-- writer service).
+DROP PROCEDURE IF EXISTS demo_order_flow;
 DELIMITER //
-CREATE OR REPLACE PROCEDURE demo_order_flow()
+CREATE PROCEDURE demo_order_flow()
 BEGIN
   DECLARE n INT DEFAULT 1001;
   WHILE n <= 1004 DO

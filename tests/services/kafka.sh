@@ -3,10 +3,20 @@
 # on 127.0.0.1:$KAFKA_PORT, from the official org.apache.kafka artifacts on Maven Central, run with
 # the machine's Java 17. Idempotent.
 #   tests/services/kafka.sh up|down|status
+# With KAFKA_SASL_SCRAM=1 the broker also has a SASL_PLAINTEXT listener on 127.0.0.1:$KAFKA_SASL_PORT
+# (default KAFKA_PORT+2) that accepts SCRAM-SHA-512 only, and user $KAFKA_SASL_USER (default
+# relay) with password $KAFKA_SASL_PASSWORD (default relay-secret) is created when the storage is
+# formatted (kafka-storage format --add-scram, KIP-900); the PLAINTEXT listener stays for the
+# broker itself and for tests' consumers. tests/security_e2e.rs starts such a private broker.
+# KAFKA_LIBS_DIR: where the Kafka jars are (default $OUTBOX_SERVICES_DIR/kafka-libs-VERSION).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DIR="$SERVICES_DIR/kafka"
-LIBS="$SERVICES_DIR/kafka-libs-$KAFKA_VERSION"
+LIBS="${KAFKA_LIBS_DIR:-$SERVICES_DIR/kafka-libs-$KAFKA_VERSION}"
+SASL="${KAFKA_SASL_SCRAM:-0}"
+SASL_PORT="${KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}"
+SASL_USER="${KAFKA_SASL_USER:-relay}"
+SASL_PASSWORD="${KAFKA_SASL_PASSWORD:-relay-secret}"
 PROPS="$DIR/server.properties"
 PIDFILE="$DIR/kafka.pid"
 LOG="$DIR/kafka.log"
@@ -37,17 +47,32 @@ up() {
   if ! running; then
     refuse_foreign_port Kafka "$KAFKA_PORT" KAFKA_PORT
     refuse_foreign_port "Kafka controller" "$KAFKA_CONTROLLER_PORT" KAFKA_CONTROLLER_PORT
+    [ "$SASL" != 1 ] || refuse_foreign_port "Kafka SASL listener" "$SASL_PORT" KAFKA_SASL_PORT
   fi
   mkdir -p "$DIR/data"
+  local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
+  local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
+  local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  local sasl_props="" format_args=()
+  if [ "$SASL" = 1 ]; then
+    listeners="$listeners,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
+    advertised="$advertised,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
+    protocols="$protocols,SASL_PLAINTEXT:SASL_PLAINTEXT"
+    sasl_props="sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    format_args=(--add-scram "SCRAM-SHA-512=[name=\"$SASL_USER\",password=\"$SASL_PASSWORD\"]")
+  fi
   cat > "$PROPS" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$protocols
+$sasl_props
 log.dirs=$DIR/data
 num.partitions=3
 auto.create.topics.enable=true
@@ -81,7 +106,7 @@ L4J
     local cluster_id
     cluster_id="$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
     log "formatting KRaft storage in $DIR/data (cluster $cluster_id)"
-    java "${java_opts[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" \
+    java "${java_opts[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" "${format_args[@]}" \
       >"$DIR/format.log" 2>&1 || die "formatting Kafka storage failed, see $DIR/format.log"
   fi
   log "starting Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$KAFKA_PORT (log: $LOG)"

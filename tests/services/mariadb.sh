@@ -2,6 +2,9 @@
 # Starts or stops a private MariaDB (Debian's mariadb-server) on 127.0.0.1:$MARIADB_PORT with the
 # binlog settings outbox-relay needs. Idempotent: `up` on a running server only checks it.
 #   tests/services/mariadb.sh up|down|status
+# With MARIADB_TLS_DIR=<folder holding ca.pem, server-cert.pem, server-key.pem> the server also
+# accepts TLS (ssl_ca/ssl_cert/ssl_key); plain connections keep working unless a user is created
+# REQUIRE SSL. tests/security_e2e.rs starts such a private server on its own port.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 DIR="$SERVICES_DIR/mariadb"
 CNF="$DIR/my.cnf"
@@ -21,6 +24,16 @@ up() {
   command -v mariadbd >/dev/null 2>&1 || apt_install mariadb-server mariadb-client
   running || refuse_foreign_port MariaDB "$MARIADB_PORT" MARIADB_PORT
   mkdir -p "$DIR/data" "$DIR/binlog"
+  local tls_conf=""
+  if [ -n "${MARIADB_TLS_DIR:-}" ]; then
+    local tls_dir; tls_dir="$(cd "$MARIADB_TLS_DIR" && pwd)" || die "MARIADB_TLS_DIR=$MARIADB_TLS_DIR is not a folder"
+    for f in ca.pem server-cert.pem server-key.pem; do
+      [ -r "$tls_dir/$f" ] || die "MARIADB_TLS_DIR=$tls_dir has no readable $f"
+    done
+    tls_conf="ssl_ca=$tls_dir/ca.pem
+ssl_cert=$tls_dir/server-cert.pem
+ssl_key=$tls_dir/server-key.pem"
+  fi
   cat > "$CNF" <<CNF
 [mariadbd]
 user=root
@@ -44,6 +57,7 @@ innodb_log_file_size=128M
 innodb_flush_log_at_trx_commit=2
 sync_binlog=0
 max_allowed_packet=64M
+$tls_conf
 CNF
   if [ ! -d "$DIR/data/mysql" ]; then
     log "initialising MariaDB data directory in $DIR/data"

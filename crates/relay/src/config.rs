@@ -5,7 +5,7 @@
 //! configuration reference and on each field below.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -51,8 +51,29 @@ fn default_connector_name() -> String {
 #[serde(deny_unknown_fields)]
 pub struct MysqlConfig {
     /// Connection URL, `mysql://user:password@host:port/database`. The database part is where the
-    /// checkpoint table lives unless `checkpoint.table` names one. Never logged.
+    /// checkpoint table lives unless `checkpoint.table` names one. May hold `${env:NAME}` and
+    /// `${file:PATH}` references ([`crate::secrets`]). Never logged.
     pub url: String,
+    /// The user's password, taken literally (no percent-encoding); replaces a password in
+    /// `url`. May hold `${env:NAME}` and `${file:PATH}` references. Never logged. Default: the
+    /// URL's password.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// TLS to the server, after the MySQL client's `--ssl-mode`: `disabled` (default),
+    /// `preferred`, `required`, `verify_ca` or `verify_identity` (see [`TlsMode`]).
+    #[serde(default)]
+    pub tls_mode: TlsMode,
+    /// PEM file of the CA(s) that signed the server's certificate (the server's `ssl_ca`);
+    /// with `verify_ca`/`verify_identity` only. Default: the system trust store.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM file of the client certificate (followed by any intermediates), for users created
+    /// `REQUIRE X509`; needs `tls_key` and a `tls_mode` other than `disabled`.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's unencrypted private key.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
     /// The `server_id` this relay registers with as a replica (COM_REGISTER_SLAVE). Must differ
     /// from every server and replica in the topology: the server drops an older connection that
     /// uses the same id.
@@ -83,6 +104,39 @@ pub enum ResumeMode {
     Gtid,
     /// Always by binlog file and position.
     Position,
+}
+
+/// `mysql.tls_mode`: the MySQL client's `--ssl-mode` values, in lower case.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// No TLS.
+    #[default]
+    Disabled,
+    /// TLS when the server offers it, else a plain connection; the certificate is not checked.
+    Preferred,
+    /// TLS or no connection; the certificate is not checked (protects against eavesdropping,
+    /// not against an impostor).
+    Required,
+    /// TLS with a server certificate signed by `tls_ca` (or a CA of the system trust store);
+    /// the host name is not checked.
+    VerifyCa,
+    /// As `verify_ca`, and the certificate must be issued for the host of `mysql.url` (a DNS
+    /// name, or an IP address in its subjectAltName).
+    VerifyIdentity,
+}
+
+impl TlsMode {
+    /// The value as written in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Preferred => "preferred",
+            Self::Required => "required",
+            Self::VerifyCa => "verify_ca",
+            Self::VerifyIdentity => "verify_identity",
+        }
+    }
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -119,6 +173,11 @@ impl std::fmt::Debug for MysqlConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlConfig")
             .field("url", &crate::redact_url(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls_mode", &self.tls_mode)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .field("server_id", &self.server_id)
             .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .field("read_timeout_ms", &self.read_timeout_ms)
@@ -431,8 +490,9 @@ pub enum KeyFormat {
     Raw,
 }
 
-/// `[kafka]`: the producer.
-#[derive(Debug, Clone, Deserialize)]
+/// `[kafka]`: the producer. Its `Debug` output shows secret properties
+/// ([`crate::secrets::is_secret_property`]) as `***`.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list (librdkafka `bootstrap.servers`).
@@ -446,6 +506,33 @@ pub struct KafkaConfig {
     /// `enable.idempotence`, `acks` and `partitioner` are fixed by the relay and rejected here.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("properties", &self.redacted_properties())
+            .finish()
+    }
+}
+
+impl KafkaConfig {
+    /// `properties` with the values of secret keys replaced by `***`, for logs.
+    pub fn redacted_properties(&self) -> BTreeMap<&str, &str> {
+        self.properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if crate::secrets::is_secret_property(k) {
+                    "***"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect()
+    }
 }
 
 fn default_max_in_flight() -> usize {
@@ -582,7 +669,7 @@ impl RelayConfig {
     }
 
     fn from_figment(figment: Figment) -> Result<Self, RelayError> {
-        let config: Self = figment
+        let mut config: Self = figment
             .merge(Env::prefixed(ENV_PREFIX).split("__"))
             .extract()
             .map_err(|e| {
@@ -594,19 +681,29 @@ impl RelayConfig {
                         .join("; "),
                 )
             })?;
+        config.resolve_secrets()?;
         config.validate()?;
         Ok(config)
     }
 
+    /// Replaces `${env:NAME}` and `${file:PATH}` references (see [`crate::secrets`]).
+    fn resolve_secrets(&mut self) -> Result<(), RelayError> {
+        use crate::secrets::resolve;
+        self.mysql.url = resolve("mysql.url", &self.mysql.url)?;
+        if let Some(p) = &self.mysql.password {
+            self.mysql.password = Some(resolve("mysql.password", p)?);
+        }
+        for (key, value) in self.kafka.properties.iter_mut() {
+            *value = resolve(&format!("kafka.properties.{key:?}"), value)?;
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), RelayError> {
         let bad = |msg: String| Err(RelayError::Config(msg));
-        if let Err(e) = mysql_async::Opts::from_url(&self.mysql.url) {
-            return bad(format!(
-                "mysql.url is not a valid URL ({e}); write it as \
-                 mysql://user:password@host:port/database, with characters such as @ : / # % in \
-                 the password percent-encoded (@ is %40)"
-            ));
-        }
+        self.validate_tls()?;
+        // URL, password and TLS files, as every connection will use them.
+        crate::mysql_tls::opts(&self.mysql)?;
         if self.connector_name.trim().is_empty() || self.connector_name.len() > 191 {
             return bad("connector_name must be 1 to 191 characters".into());
         }
@@ -648,6 +745,38 @@ impl RelayConfig {
             || self.retry.max_backoff_ms < self.retry.initial_backoff_ms
         {
             return bad("retry.initial_backoff_ms must be > 0 and <= retry.max_backoff_ms".into());
+        }
+        Ok(())
+    }
+
+    fn validate_tls(&self) -> Result<(), RelayError> {
+        let m = &self.mysql;
+        let bad = |msg: String| Err(RelayError::Config(msg));
+        match (&m.tls_cert, &m.tls_key) {
+            (Some(_), None) => {
+                return bad(
+                    "mysql.tls_cert needs mysql.tls_key (the certificate's private key)".into(),
+                )
+            }
+            (None, Some(_)) => {
+                return bad("mysql.tls_key needs mysql.tls_cert (the client certificate)".into())
+            }
+            _ => {}
+        }
+        if m.tls_mode == TlsMode::Disabled && (m.tls_ca.is_some() || m.tls_cert.is_some()) {
+            return bad(
+                "mysql.tls_ca/tls_cert/tls_key are set but mysql.tls_mode is \"disabled\": set \
+                 tls_mode = \"verify_identity\" (or verify_ca, required, preferred)"
+                    .into(),
+            );
+        }
+        if m.tls_ca.is_some() && matches!(m.tls_mode, TlsMode::Preferred | TlsMode::Required) {
+            return bad(format!(
+                "mysql.tls_ca is only used to verify the server's certificate, which tls_mode = \
+                 \"{}\" does not do: set tls_mode = \"verify_ca\" or \"verify_identity\", or remove \
+                 tls_ca",
+                m.tls_mode.as_str()
+            ));
         }
         Ok(())
     }
@@ -735,6 +864,57 @@ bootstrap_servers = "127.0.0.1:9092"
             .expect_err("no db")
             .to_string();
         assert!(err.contains("checkpoint.table"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_hides_every_secret() {
+        std::env::set_var("OUTBOX_RELAY_TEST_KAFKA_PW", "kafka-s3cret");
+        let toml = format!(
+            "{}\n[kafka.properties]\n\"sasl.username\" = \"relay\"\n\
+             \"sasl.password\" = \"${{env:OUTBOX_RELAY_TEST_KAFKA_PW}}\"\n\
+             \"ssl.key.password\" = \"key-s3cret\"\n",
+            MINIMAL.replace("root@", "root:url-s3cret@").replace(
+                "server_id = 4242",
+                "server_id = 4242\npassword = \"pw-s3cret\""
+            )
+        );
+        let c = RelayConfig::from_toml_str(&toml).expect("valid");
+        assert_eq!(c.kafka.properties["sasl.password"], "kafka-s3cret");
+        let debug = format!("{c:?}");
+        for secret in ["url-s3cret", "pw-s3cret", "kafka-s3cret", "key-s3cret"] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        assert!(debug.contains("\"sasl.username\": \"relay\""), "{debug}");
+        assert!(debug.contains("\"sasl.password\": \"***\""), "{debug}");
+    }
+
+    #[test]
+    fn unresolvable_secret_reference_names_the_key_not_the_value() {
+        let toml = format!(
+            "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"${{file:/nonexistent/kafka-pw}}\"\n"
+        );
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("missing file")
+            .to_string();
+        assert!(
+            err.starts_with(
+                "configuration error: kafka.properties.\"sasl.password\": cannot read secret \
+                 file /nonexistent/kafka-pw"
+            ),
+            "{err}"
+        );
+        let toml = MINIMAL.replace(
+            "server_id = 4242",
+            "server_id = 4242\npassword = \"${env:OUTBOX_RELAY_TEST_UNSET_PW}\"",
+        );
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("unset variable")
+            .to_string();
+        assert_eq!(
+            err,
+            "configuration error: mysql.password: environment variable \
+             OUTBOX_RELAY_TEST_UNSET_PW (referenced as ${env:OUTBOX_RELAY_TEST_UNSET_PW}) is not set"
+        );
     }
 
     #[test]

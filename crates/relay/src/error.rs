@@ -110,14 +110,68 @@ impl From<mysql_async::Error> for RelayError {
                      outbox tables and SELECT, INSERT, UPDATE on the checkpoint table"
                     .into(),
                 found: format!("error {}: {}", s.code, crate::redact_error(&s.message)),
-                fix: "check the user and password in mysql.url and grant what is missing (see the \
-                      README, \"Server prerequisites\")"
+                fix: "check the user and password in mysql.url (or mysql.password) and grant \
+                      what is missing (see the README, \"Server prerequisites\"); a user created \
+                      REQUIRE SSL or REQUIRE X509 also needs mysql.tls_mode (and for X509 \
+                      mysql.tls_cert and mysql.tls_key)"
                     .into(),
             },
             mysql_async::Error::Url(_) => Self::Config(format!("mysql.url: {e}")),
+            mysql_async::Error::Io(mysql_async::IoError::Tls(tls))
+                if is_tls_rejection(&tls.to_string()) =>
+            {
+                Self::Prerequisite {
+                    setting: "TLS connection to the MySQL server (mysql.tls_mode, mysql.tls_ca, \
+                              mysql.tls_cert, mysql.tls_key)"
+                        .into(),
+                    expected: "a server certificate signed by the CA in mysql.tls_ca (or the \
+                               system trust store), issued for the host of mysql.url when \
+                               tls_mode = \"verify_identity\"; and a client certificate the \
+                               server accepts when the user requires one"
+                        .into(),
+                    found: format!("the TLS handshake failed: {}", crate::redact_error(&tls.to_string())),
+                    fix: "set mysql.tls_ca to the CA file that signed the server's certificate \
+                          (the server's ssl_ca); when the certificate does not name the host of \
+                          mysql.url, connect by a name it holds or use tls_mode = \"verify_ca\"; \
+                          for a user created REQUIRE X509 set mysql.tls_cert and mysql.tls_key to \
+                          a certificate signed by the server's ssl_ca (see the README, \"TLS to \
+                          MySQL\")"
+                        .into(),
+                }
+            }
+            mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+                Self::Prerequisite {
+                    setting: "TLS on the MySQL server".into(),
+                    expected: "a server that accepts TLS connections (mysql.tls_mode is \
+                               required, verify_ca or verify_identity)"
+                        .into(),
+                    found: "the server does not offer TLS (have_ssl is not YES)".into(),
+                    fix: "give the server a certificate (ssl_cert, ssl_key, ssl_ca in its \
+                          configuration, then restart it), or set mysql.tls_mode = \"preferred\" \
+                          or \"disabled\" to connect without encryption"
+                        .into(),
+                }
+            }
             _ => Self::Mysql(crate::redact_error(&e.to_string())),
         }
     }
+}
+
+/// `true` when an error of the TLS handshake means the certificates or TLS settings are wrong
+/// (OpenSSL: "certificate verify failed", an alert about a certificate from the server, no
+/// common protocol version) rather than a connection lost in the middle of the handshake, which
+/// is retried.
+fn is_tls_rejection(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "certificate",
+        "unknown ca",
+        "alert",
+        "wrong version number",
+        "no protocols available",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
 }
 
 impl From<rdkafka::error::KafkaError> for RelayError {

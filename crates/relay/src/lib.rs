@@ -20,12 +20,14 @@ pub mod gtid;
 pub mod json;
 pub mod lease;
 pub mod mapping;
+pub mod mysql_tls;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;
 pub mod replay;
 pub mod route;
 pub mod schema;
+pub mod secrets;
 pub mod sink;
 pub mod source;
 
@@ -71,8 +73,9 @@ pub async fn run(
     config: RelayConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
-    let opts = Opts::from_url(&config.mysql.url)
-        .map_err(|e| RelayError::Config(format!("mysql.url: {e}")))?;
+    let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
+        return Ok(());
+    };
     let pool = Pool::new(opts.clone());
     let base_store = MysqlCheckpointStore::new(
         pool.clone(),
@@ -173,6 +176,40 @@ pub async fn run(
     }
     pool.disconnect().await.ok();
     result
+}
+
+/// The options of every MySQL connection ([`mysql_tls::resolve`]). With `tls_mode =
+/// "preferred"` that connects once; connection failures are retried with the `[retry]` backoff.
+/// `None` when `shutdown` came first.
+async fn mysql_opts(
+    config: &RelayConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Opts>, RelayError> {
+    let mut backoff = new_backoff(config);
+    let mut attempts = 0usize;
+    let timeout = Duration::from_millis(config.mysql.read_timeout_ms);
+    loop {
+        let e = match mysql_tls::resolve(&config.mysql, timeout).await {
+            Ok(opts) => return Ok(Some(opts)),
+            Err(e) if e.is_retriable() => e,
+            Err(e) => return Err(e),
+        };
+        attempts += 1;
+        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+            return Err(e);
+        }
+        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
+        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
+            "cannot connect to MySQL to negotiate TLS; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return Ok(None);
+        }
+    }
 }
 
 /// `host:pid`, stored as the lease owner for operators.

@@ -22,7 +22,12 @@ use crate::route::KafkaRecord;
 #[derive(Default)]
 pub struct RelayKafkaContext {
     last_logged: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// The last SASL/SSL authentication failure librdkafka reported (its reason text).
+    auth_failure: AuthFailure,
 }
+
+/// Where [`RelayKafkaContext`] leaves the last authentication failure for [`KafkaSink`].
+type AuthFailure = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 /// Least time between two identical librdkafka log lines.
 const LOG_REPEAT: Duration = Duration::from_secs(30);
@@ -65,6 +70,11 @@ impl rdkafka::ClientContext for RelayKafkaContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
+            if let Ok(mut last) = self.auth_failure.lock() {
+                *last = Some(reason.to_owned());
+            }
+        }
         // Client-level errors (broker down, all brokers down) are retried by librdkafka itself;
         // records that cannot be delivered fail in their delivery reports.
         if self.should_log(&error.to_string()) {
@@ -73,11 +83,23 @@ impl rdkafka::ClientContext for RelayKafkaContext {
     }
 }
 
+/// librdkafka's message for a rejected property, without the value of a secret one (its
+/// `Display` repeats the value).
+fn redact_config_error(e: KafkaError) -> String {
+    match e {
+        KafkaError::ClientConfig(_, desc, key, _) if crate::secrets::is_secret_property(&key) => {
+            format!("Client config error: {desc} {key} ***")
+        }
+        e => e.to_string(),
+    }
+}
+
 /// The Kafka producer of one pipeline run. Cheap to clone (one producer inside).
 #[derive(Clone)]
 pub struct KafkaSink {
     producer: FutureProducer<RelayKafkaContext>,
     dead_letter_topic: Option<String>,
+    auth_failure: AuthFailure,
 }
 
 /// A row that could not be relayed, for the dead-letter topic.
@@ -131,12 +153,16 @@ impl KafkaSink {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random");
-        let producer: FutureProducer<RelayKafkaContext> = client
-            .create_with_context(RelayKafkaContext::default())
-            .map_err(|e| RelayError::Config(format!("kafka.properties: {e}")))?;
+        let context = RelayKafkaContext::default();
+        let auth_failure = context.auth_failure.clone();
+        let producer: FutureProducer<RelayKafkaContext> =
+            client.create_with_context(context).map_err(|e| {
+                RelayError::Config(format!("kafka.properties: {}", redact_config_error(e)))
+            })?;
         Ok(Self {
             producer,
             dead_letter_topic,
+            auth_failure,
         })
     }
 
@@ -150,15 +176,32 @@ impl KafkaSink {
         timeout: Duration,
     ) -> Result<(), RelayError> {
         let producer = self.producer.clone();
-        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
-            .await
-            .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?
-            .map(|_| ())
-            .map_err(|e| {
-                RelayError::Kafka(format!(
-                    "no broker of {bootstrap} answered a metadata request: {e}"
-                ))
-            })
+        let result =
+            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
+                .await
+                .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
+        let Err(e) = result else {
+            return Ok(());
+        };
+        let auth = self.auth_failure.lock().ok().and_then(|a| a.clone());
+        match auth {
+            // Wrong credentials are the operator's to fix: retrying would only hide them.
+            Some(reason) => Err(RelayError::Prerequisite {
+                setting: "Kafka authentication (kafka.properties security.protocol, \
+                          sasl.mechanisms, sasl.username, sasl.password, ssl.*)"
+                    .into(),
+                expected: format!("credentials the brokers of {bootstrap} accept"),
+                found: reason,
+                fix: "check sasl.username and sasl.password in [kafka.properties] (and \
+                      sasl.mechanisms: the mechanism the broker's listener enables, e.g. \
+                      SCRAM-SHA-512), and that the user exists on the cluster \
+                      (kafka-configs.sh --describe --entity-type users)"
+                    .into(),
+            }),
+            None => Err(RelayError::Kafka(format!(
+                "no broker of {bootstrap} answered a metadata request: {e}"
+            ))),
+        }
     }
 
     /// Enqueues `record`; the returned future resolves when Kafka acknowledges it or gives up.

@@ -32,6 +32,8 @@ pub const MIGRATIONS: [&str; 3] = [
 /// [`TestDb::drop_database`] to remove it.
 pub struct TestDb {
     name: String,
+    /// `mysql://user@host:port` of the server (no database).
+    server_url: String,
     pool: Pool,
     created_at: BinlogPosition,
 }
@@ -44,14 +46,24 @@ impl TestDb {
     /// The server cannot be reached, the name is too long (prefix over ~40 characters) or a
     /// migration fails.
     pub async fn create(prefix: &str) -> Result<Self> {
+        Self::create_on(&mysql_url(None), prefix).await
+    }
+
+    /// Like [`TestDb::create`], on the server at `server_url` (`mysql://root@127.0.0.1:3366`,
+    /// no database part): a private server of one test binary.
+    ///
+    /// # Errors
+    /// As [`TestDb::create`].
+    pub async fn create_on(server_url: &str, prefix: &str) -> Result<Self> {
+        let server_url = server_url.trim_end_matches('/').to_owned();
         let name = format!("{prefix}_{}", unique_suffix());
         ensure!(
             name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
             "database name {name:?} must be at most 64 characters of [A-Za-z0-9_]"
         );
-        let mut admin = Conn::from_url(mysql_url(None))
+        let mut admin = Conn::from_url(&server_url)
             .await
-            .with_context(|| format!("connecting to MariaDB at {}", mysql_url(None)))?;
+            .with_context(|| format!("connecting to MariaDB at {server_url}"))?;
         admin
             .query_drop(format!(
                 "CREATE DATABASE `{name}` DEFAULT CHARACTER SET utf8mb4"
@@ -60,8 +72,9 @@ impl TestDb {
             .with_context(|| format!("creating database {name}"))?;
         admin.disconnect().await.ok();
 
-        let pool = Pool::new(Opts::from_url(&mysql_url(Some(&name)))?);
+        let pool = Pool::new(Opts::from_url(&format!("{server_url}/{name}"))?);
         let db = Self {
+            server_url,
             created_at: BinlogPosition {
                 file: String::new(),
                 pos: 0,
@@ -96,7 +109,7 @@ impl TestDb {
 
     /// Connection URL with this database selected (what the relay's `mysql.url` should be).
     pub fn url(&self) -> String {
-        mysql_url(Some(&self.name))
+        format!("{}/{}", self.server_url, self.name)
     }
 
     /// `<db>.outbox`, as the relay's `outbox.tables` names it.

@@ -71,3 +71,8 @@ pub use fixture::{
 pub mod faults;
 pub mod proxy;
 pub use proxy::{ConnectionInfo, TcpProxy, Trip};
+
+// Private servers started by a test binary itself (tests/security_e2e.rs): a MariaDB with TLS,
+// a Kafka with SASL/SCRAM, and test certificates.
+pub mod private;
+pub use private::{PrivateService, ServiceSpec, TestPki};

@@ -1,0 +1,223 @@
+//! Private test servers (a MariaDB with TLS, a Kafka with SASL/SCRAM) that a test binary starts
+//! itself through `tests/services/*.sh` on ports of their own, and the certificates they use.
+//!
+//! A [`PrivateService`] is shared by the tests of one binary that run at the same time: the
+//! first [`PrivateService::acquire`] starts it (`<script> up`), the last handle dropped stops it
+//! (`<script> down`). `make services-down` stops them too, for a run that was killed.
+//!
+//! Data lives under `<repo>/.services/private/<name>` (git-ignored), the folder the Makefile's
+//! `services-down` knows.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+
+use anyhow::{bail, Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+/// The repository root (where `tests/services/` is).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("..")
+}
+
+/// `<repo>/.services/private/<name>`: `OUTBOX_SERVICES_DIR` of a private service.
+pub fn private_services_dir(name: &str) -> PathBuf {
+    repo_root().join(".services").join("private").join(name)
+}
+
+/// How to start one private service.
+#[derive(Debug, Clone)]
+pub struct ServiceSpec {
+    /// Unique name; also the folder under `.services/private/`.
+    pub name: String,
+    /// Script under `tests/services/` (`mariadb.sh`, `kafka.sh`).
+    pub script: String,
+    /// Environment of the script (`MARIADB_PORT`, `MARIADB_TLS_DIR`, …); `OUTBOX_SERVICES_DIR`
+    /// is added.
+    pub env: Vec<(String, String)>,
+}
+
+/// A running private service; stopped when the last handle is dropped.
+#[derive(Debug)]
+pub struct PrivateService {
+    spec: ServiceSpec,
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Weak<PrivateService>>> {
+    static REGISTRY: std::sync::OnceLock<Mutex<HashMap<String, Weak<PrivateService>>>> =
+        std::sync::OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl PrivateService {
+    /// The running service named `spec.name`, started first when no test of this binary holds
+    /// it. `prepare` runs before the start (e.g. to write certificates).
+    ///
+    /// Blocks while the script runs (MariaDB: seconds; Kafka: up to two minutes).
+    ///
+    /// # Errors
+    /// `prepare` fails or the script cannot start the service (its output is in the error).
+    pub fn acquire(
+        spec: ServiceSpec,
+        prepare: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<Arc<PrivateService>> {
+        let mut map = registry()
+            .lock()
+            .map_err(|_| anyhow::anyhow!("private service registry poisoned"))?;
+        if let Some(existing) = map.get(&spec.name).and_then(Weak::upgrade) {
+            return Ok(existing);
+        }
+        let dir = private_services_dir(&spec.name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        prepare(&dir)?;
+        let service = Arc::new(PrivateService { spec });
+        service.script("up")?;
+        map.insert(service.spec.name.clone(), Arc::downgrade(&service));
+        Ok(service)
+    }
+
+    /// `OUTBOX_SERVICES_DIR` of this service.
+    pub fn dir(&self) -> PathBuf {
+        private_services_dir(&self.spec.name)
+    }
+
+    fn script(&self, action: &str) -> Result<()> {
+        let path = repo_root()
+            .join("tests")
+            .join("services")
+            .join(&self.spec.script);
+        let out = Command::new("bash")
+            .arg(&path)
+            .arg(action)
+            .env("OUTBOX_SERVICES_DIR", self.dir())
+            .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .with_context(|| format!("running {} {action}", path.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} {action} ({:?}) failed with {}:\n{}{}",
+                path.display(),
+                self.spec.env,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PrivateService {
+    fn drop(&mut self) {
+        if let Err(e) = self.script("down") {
+            eprintln!("stopping private service {}: {e:#}", self.spec.name);
+        }
+    }
+}
+
+/// Certificates for TLS tests, as PEM files in one folder: a CA (`ca.pem`), a server
+/// certificate it signed for `localhost` and `127.0.0.1` (`server-cert.pem`,
+/// `server-key.pem`), a client certificate it signed (`client-cert.pem`, `client-key.pem`,
+/// subject CN `outbox-relay-test-client`), and an unrelated CA (`other-ca.pem`).
+#[derive(Debug, Clone)]
+pub struct TestPki {
+    dir: PathBuf,
+}
+
+/// Subject common name of [`TestPki`]'s client certificate.
+pub const TEST_CLIENT_CN: &str = "outbox-relay-test-client";
+
+impl TestPki {
+    /// The certificates in `dir`, generated when `dir/ca.pem` does not exist yet (a server that
+    /// still runs from an earlier test run keeps using the files it was started with).
+    ///
+    /// # Errors
+    /// Generating or writing the files fails.
+    pub fn ensure(dir: &Path) -> Result<Self> {
+        let pki = Self {
+            dir: dir.to_owned(),
+        };
+        let files = [
+            "ca.pem",
+            "server-cert.pem",
+            "server-key.pem",
+            "client-cert.pem",
+            "client-key.pem",
+            "other-ca.pem",
+        ];
+        if files.iter().all(|f| dir.join(f).exists()) {
+            return Ok(pki);
+        }
+        std::fs::create_dir_all(dir)?;
+        let (ca_pem, ca) = new_ca("outbox-relay test CA")?;
+        let (other_pem, _) = new_ca("outbox-relay unrelated CA")?;
+
+        let mut server = CertificateParams::new(vec!["localhost".to_owned()])?;
+        server
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "outbox-relay test server");
+        server.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server_key = KeyPair::generate()?;
+        let server_cert = server.signed_by(&server_key, &ca)?;
+
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client
+            .distinguished_name
+            .push(DnType::CommonName, TEST_CLIENT_CN);
+        client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client_key = KeyPair::generate()?;
+        let client_cert = client.signed_by(&client_key, &ca)?;
+
+        for (name, text) in [
+            ("server-cert.pem", server_cert.pem()),
+            ("server-key.pem", server_key.serialize_pem()),
+            ("client-cert.pem", client_cert.pem()),
+            ("client-key.pem", client_key.serialize_pem()),
+            ("other-ca.pem", other_pem),
+            // Last: its presence marks a complete set.
+            ("ca.pem", ca_pem),
+        ] {
+            std::fs::write(dir.join(name), text)
+                .with_context(|| format!("writing {}", dir.join(name).display()))?;
+        }
+        Ok(pki)
+    }
+
+    /// The folder (what `MARIADB_TLS_DIR` points at).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of one of the files (`ca.pem`, `client-cert.pem`, …).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn new_ca(name: &str) -> Result<(String, Issuer<'static, KeyPair>)> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+    ];
+    let key = KeyPair::generate()?;
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), Issuer::new(params, key)))
+}

@@ -1,0 +1,465 @@
+//! Security end to end: TLS to MySQL (`mysql.tls_*`), SASL/SCRAM to Kafka (`kafka.properties`),
+//! and secrets read from files and environment variables (`${file:…}`, `${env:…}`).
+//!
+//! These tests start their own private servers, so that the shared ones are never reconfigured:
+//!
+//! * a MariaDB with TLS on 127.0.0.1:3366 (`TLS_MARIADB_PORT`), certificates generated here
+//!   (`TestPki`: a CA, a server certificate for localhost/127.0.0.1, a client certificate, an
+//!   unrelated CA);
+//! * a Kafka with a SASL_PLAINTEXT SCRAM-SHA-512 listener on 127.0.0.1:9494 (PLAINTEXT 9492,
+//!   controller 9493; `SASL_KAFKA_PORT` moves all three), user `relay` created at format time.
+//!
+//! Each is started by the first test that needs it (`tests/services/*.sh up`, data under
+//! `.services/private/`) and stopped when the last test of this binary that uses it ends;
+//! `make services-down` stops them too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use mysql_async::prelude::Queryable;
+use outbox_relay_testkit::mysql_async;
+use outbox_relay_testkit::private::repo_root;
+use outbox_relay_testkit::{
+    collect_records, describe_exit, insert_outbox_rows, next_server_id, recent_created_at_base,
+    unique_suffix, InsertStyle, OutboxRow, PrivateService, RelayConfigSpec, RelayProcess,
+    ServiceSpec, TestDb, TestPki,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn port(var: &str, default: u16) -> u16 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// The private MariaDB with TLS, its certificates and its root URL (plain, root has no
+/// password and no REQUIRE clause).
+fn tls_mariadb() -> Result<(Arc<PrivateService>, TestPki, String)> {
+    let port = port("TLS_MARIADB_PORT", 3366);
+    let pki_dir = outbox_relay_testkit::private::private_services_dir("tls-mariadb").join("pki");
+    let pki = TestPki::ensure(&pki_dir)?;
+    let spec = ServiceSpec {
+        name: "tls-mariadb".into(),
+        script: "mariadb.sh".into(),
+        env: vec![
+            ("MARIADB_PORT".into(), port.to_string()),
+            ("MARIADB_TLS_DIR".into(), pki_dir.display().to_string()),
+        ],
+    };
+    let service = PrivateService::acquire(spec, |_| Ok(()))?;
+    Ok((service, pki, format!("mysql://root@127.0.0.1:{port}")))
+}
+
+/// The private Kafka with SCRAM: (service, SASL bootstrap, PLAINTEXT bootstrap).
+fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
+    let plain = port("SASL_KAFKA_PORT", 9492);
+    let (controller, sasl) = (plain + 1, plain + 2);
+    let spec = ServiceSpec {
+        name: "sasl-kafka".into(),
+        script: "kafka.sh".into(),
+        env: vec![
+            ("KAFKA_PORT".into(), plain.to_string()),
+            ("KAFKA_CONTROLLER_PORT".into(), controller.to_string()),
+            ("KAFKA_SASL_PORT".into(), sasl.to_string()),
+            ("KAFKA_SASL_SCRAM".into(), "1".into()),
+            ("KAFKA_SASL_USER".into(), SASL_USER.into()),
+            ("KAFKA_SASL_PASSWORD".into(), SASL_PASSWORD.into()),
+            // The jars `make services-up` fetched for the shared broker.
+            (
+                "KAFKA_LIBS_DIR".into(),
+                repo_root()
+                    .join(".services")
+                    .join("kafka-libs-4.1.1")
+                    .display()
+                    .to_string(),
+            ),
+        ],
+    };
+    let service = PrivateService::acquire(spec, |_| Ok(()))?;
+    Ok((
+        service,
+        format!("127.0.0.1:{sasl}"),
+        format!("127.0.0.1:{plain}"),
+    ))
+}
+
+const SASL_USER: &str = "relay";
+const SASL_PASSWORD: &str = "relay-scram-secret";
+
+/// The grants the README documents for a least-privileged relay user on MariaDB 10.5+.
+async fn create_relay_user(db: &TestDb, user: &str, password: &str, require: &str) -> Result<()> {
+    let mut conn = db.conn().await?;
+    let name = db.name();
+    for sql in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' REQUIRE {require}"),
+        format!(
+            "GRANT REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR \
+             ON *.* TO '{user}'@'%'"
+        ),
+        format!("GRANT SELECT ON `{name}`.`outbox` TO '{user}'@'%'"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE ON `{name}`.`outbox_relay_checkpoint` TO '{user}'@'%'"
+        ),
+    ] {
+        conn.query_drop(&sql).await.with_context(|| sql.clone())?;
+    }
+    Ok(())
+}
+
+fn rows(uid: &str, n: usize) -> Vec<OutboxRow> {
+    let base = recent_created_at_base();
+    (0..n)
+        .map(|i| OutboxRow {
+            aggregate_type: "Order".into(),
+            aggregate_id: format!("order-{uid}-{i}"),
+            event_type: "OrderCreated".into(),
+            event_key: format!("ek-{uid}-{i}"),
+            payload: format!("{{\"n\": {i}}}"),
+            created_at_micros: base + i as i64 * 1_000,
+        })
+        .collect()
+}
+
+/// Inserts `rows` in one transaction once the relay has stored its start checkpoint, and checks
+/// that exactly these records arrive: key, value, event_key header.
+async fn relay_and_check(
+    relay: &RelayProcess,
+    db: &TestDb,
+    connector: &str,
+    spec: &RelayConfigSpec,
+    bootstrap_for_reading: &str,
+    rows: &[OutboxRow],
+) -> Result<()> {
+    relay
+        .wait_for_checkpoint_row(db.pool(), connector, RECORD_TIMEOUT)
+        .await?;
+    let mut conn = db.conn().await?;
+    let mut tx = conn
+        .start_transaction(mysql_async::TxOpts::default())
+        .await?;
+    insert_outbox_rows(&mut tx, "outbox", rows, InsertStyle::SingleRow).await?;
+    tx.commit().await?;
+    let topic = spec.topic_for("Order");
+    let records = collect_records(
+        bootstrap_for_reading,
+        std::slice::from_ref(&topic),
+        rows.len(),
+        RECORD_TIMEOUT,
+    )
+    .await?;
+    let mut got: Vec<(String, String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.key_str().unwrap_or_default().to_owned(),
+                r.value_str().unwrap_or_default().to_owned(),
+                r.header("event_key").unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.aggregate_id.clone(),
+                r.payload.clone(),
+                r.event_key.clone(),
+            )
+        })
+        .collect();
+    want.sort();
+    ensure!(
+        got == want,
+        "records on {topic}: {got:?}, expected {want:?}\n--- relay stderr ---\n{}",
+        relay.stderr_tail()
+    );
+    Ok(())
+}
+
+/// Lines added to the `[mysql]` section of a spec's TOML.
+fn with_mysql_lines(spec: &RelayConfigSpec, lines: &str) -> String {
+    let toml = spec.to_toml();
+    let anchor = format!("server_id = {}\n", spec.server_id);
+    toml.replacen(&anchor, &format!("{anchor}{lines}\n"), 1)
+}
+
+fn toml_path(p: &std::path::Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
+
+/// A user created REQUIRE SSL (the server refuses it any plain connection) with the README's
+/// least privileges: the relay connects with tls_mode = verify_ca against the test CA, its
+/// password read from a file (`${file:…}` in mysql.password), and relays the rows. Every
+/// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
+    let (_server, pki, root_url) = tls_mariadb()?;
+    let db = TestDb::create_on(&root_url, "sec_tls_ca").await?;
+    let uid = unique_suffix();
+    let user = format!("tls_{}", &uid[uid.len().saturating_sub(12)..]);
+    let password = "Tls:pass@word/#1";
+    create_relay_user(&db, &user, password, "SSL").await?;
+    let pw_file = std::env::temp_dir().join(format!("outbox-relay-pw-{uid}"));
+    std::fs::write(&pw_file, format!("{password}\n"))?;
+
+    let connector = format!("sec-tls-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.mysql_url = format!(
+        "mysql://{user}@127.0.0.1:{}/{}",
+        port("TLS_MARIADB_PORT", 3366),
+        db.name()
+    );
+    let toml = with_mysql_lines(
+        &spec,
+        &format!(
+            "password = \"${{file:{}}}\"\ntls_mode = \"verify_ca\"\ntls_ca = {}",
+            pw_file.display(),
+            toml_path(&pki.file("ca.pem"))
+        ),
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    relay_and_check(
+        &relay,
+        &db,
+        &connector,
+        &spec,
+        &spec.bootstrap_servers,
+        &rows(&uid, 3),
+    )
+    .await?;
+    let status = relay.stop(EXIT_TIMEOUT).await?;
+    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    let stderr = relay.stderr_text();
+    ensure!(
+        !stderr.contains(password),
+        "the password appears in the relay's log:\n{stderr}"
+    );
+    std::fs::remove_file(&pw_file).ok();
+    db.drop_database().await
+}
+
+/// A user created REQUIRE SUBJECT (a client certificate with that subject, signed by the
+/// server's CA): tls_mode = verify_identity (the server certificate names 127.0.0.1) with
+/// tls_cert/tls_key relays the rows; the password comes from `${env:…}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
+    let (_server, pki, root_url) = tls_mariadb()?;
+    let db = TestDb::create_on(&root_url, "sec_tls_x509").await?;
+    let uid = unique_suffix();
+    let user = format!("x509_{}", &uid[uid.len().saturating_sub(12)..]);
+    let password = "x509-secret";
+    create_relay_user(
+        &db,
+        &user,
+        password,
+        &format!(
+            "SUBJECT '/CN={}'",
+            outbox_relay_testkit::private::TEST_CLIENT_CN
+        ),
+    )
+    .await?;
+    let connector = format!("sec-x509-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.mysql_url = format!(
+        "mysql://{user}@127.0.0.1:{}/{}",
+        port("TLS_MARIADB_PORT", 3366),
+        db.name()
+    );
+    let toml = with_mysql_lines(
+        &spec,
+        &format!(
+            "password = \"${{env:TEST_RELAY_MYSQL_PASSWORD}}\"\ntls_mode = \"verify_identity\"\n\
+             tls_ca = {}\ntls_cert = {}\ntls_key = {}",
+            toml_path(&pki.file("ca.pem")),
+            toml_path(&pki.file("client-cert.pem")),
+            toml_path(&pki.file("client-key.pem")),
+        ),
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
+    relay_and_check(
+        &relay,
+        &db,
+        &connector,
+        &spec,
+        &spec.bootstrap_servers,
+        &rows(&uid, 2),
+    )
+    .await?;
+    let status = relay.stop(EXIT_TIMEOUT).await?;
+    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    db.drop_database().await
+}
+
+/// tls_ca names a CA that did not sign the server's certificate: the relay stops with exit
+/// code 3 and says it is TLS, what failed, and which settings fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> {
+    let (_server, pki, root_url) = tls_mariadb()?;
+    let db = TestDb::create_on(&root_url, "sec_tls_wrong_ca").await?;
+    let uid = unique_suffix();
+    let connector = format!("sec-wrongca-{uid}");
+    let spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let toml = with_mysql_lines(
+        &spec,
+        &format!(
+            "tls_mode = \"verify_ca\"\ntls_ca = {}",
+            toml_path(&pki.file("other-ca.pem"))
+        ),
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let status = relay.wait_exit(EXIT_TIMEOUT).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        status.code() == Some(3),
+        "expected exit code 3, got {}\n{stderr}",
+        describe_exit(&status)
+    );
+    for needle in [
+        "server prerequisite not met: TLS connection to the MySQL server",
+        "the TLS handshake failed",
+        "certificate verify failed",
+        "Fix: set mysql.tls_ca to the CA file that signed the server's certificate",
+    ] {
+        ensure!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    db.drop_database().await
+}
+
+/// A user created REQUIRE X509 connecting without a client certificate: the server refuses the
+/// login; the relay stops with exit code 3 and points at tls_cert/tls_key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Result<()> {
+    let (_server, pki, root_url) = tls_mariadb()?;
+    let db = TestDb::create_on(&root_url, "sec_tls_nocert").await?;
+    let uid = unique_suffix();
+    let user = format!("nocert_{}", &uid[uid.len().saturating_sub(12)..]);
+    create_relay_user(&db, &user, "pw", "X509").await?;
+    let connector = format!("sec-nocert-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.mysql_url = format!(
+        "mysql://{user}:pw@127.0.0.1:{}/{}",
+        port("TLS_MARIADB_PORT", 3366),
+        db.name()
+    );
+    let toml = with_mysql_lines(
+        &spec,
+        &format!(
+            "tls_mode = \"verify_ca\"\ntls_ca = {}",
+            toml_path(&pki.file("ca.pem"))
+        ),
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let status = relay.wait_exit(EXIT_TIMEOUT).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        status.code() == Some(3),
+        "expected exit code 3, got {}\n{stderr}",
+        describe_exit(&status)
+    );
+    for needle in [
+        "error 1045",
+        "REQUIRE X509",
+        "mysql.tls_cert and mysql.tls_key",
+    ] {
+        ensure!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    db.drop_database().await
+}
+
+/// The relay authenticates to Kafka with SASL/SCRAM-SHA-512 (librdkafka properties in
+/// [kafka.properties], the password from `${env:…}`), and the records arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produces_to_kafka_with_sasl_scram() -> Result<()> {
+    let (_kafka, sasl_bootstrap, plain_bootstrap) = sasl_kafka()?;
+    let db = TestDb::create("sec_sasl").await?;
+    let uid = unique_suffix();
+    let connector = format!("sec-sasl-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.bootstrap_servers = sasl_bootstrap;
+    spec.kafka_properties.extend([
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        (
+            "sasl.password".into(),
+            "${env:TEST_RELAY_KAFKA_PASSWORD}".into(),
+        ),
+    ]);
+    let relay = RelayProcess::spawn(
+        BIN,
+        &spec.to_toml(),
+        &[("TEST_RELAY_KAFKA_PASSWORD", SASL_PASSWORD)],
+    )?;
+    relay_and_check(
+        &relay,
+        &db,
+        &connector,
+        &spec,
+        &plain_bootstrap,
+        &rows(&uid, 3),
+    )
+    .await?;
+    let status = relay.stop(EXIT_TIMEOUT).await?;
+    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    let stderr = relay.stderr_text();
+    ensure!(
+        !stderr.contains(SASL_PASSWORD),
+        "the SASL password appears in the relay's log:\n{stderr}"
+    );
+    db.drop_database().await
+}
+
+/// A wrong SASL password: the relay stops with exit code 3, naming Kafka authentication, the
+/// broker's answer and the settings to fix, without printing the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_sasl_password_is_a_clear_error() -> Result<()> {
+    let (_kafka, sasl_bootstrap, _) = sasl_kafka()?;
+    let db = TestDb::create("sec_sasl_bad").await?;
+    let uid = unique_suffix();
+    let connector = format!("sec-saslbad-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.bootstrap_servers = sasl_bootstrap;
+    let wrong = "not-the-scram-password";
+    spec.kafka_properties.extend([
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        ("sasl.password".into(), wrong.into()),
+    ]);
+    let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+    let status = relay.wait_exit(EXIT_TIMEOUT).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        status.code() == Some(3),
+        "expected exit code 3, got {}\n{stderr}",
+        describe_exit(&status)
+    );
+    for needle in [
+        "server prerequisite not met: Kafka authentication",
+        "invalid credentials with SASL mechanism SCRAM-SHA-512",
+        "sasl.username",
+        "sasl.password",
+    ] {
+        ensure!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    ensure!(
+        !stderr.contains(wrong),
+        "the password is in the log:\n{stderr}"
+    );
+    db.drop_database().await
+}
