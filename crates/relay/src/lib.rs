@@ -20,6 +20,7 @@ pub mod gtid;
 pub mod json;
 pub mod lease;
 pub mod mapping;
+pub mod ops;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;
