@@ -317,11 +317,12 @@ async fn outbox_insert_between(
     let mut inspected = 0usize;
     for (file, _) in &logs[a..] {
         let start = if *file == from.file { from.pos } else { 4 };
+        // SHOW BINLOG EVENTS takes no placeholders: the name as a quoted literal.
+        let literal = file.replace('\\', "\\\\").replace('\'', "''");
         let rows: Vec<Row> = conn
-            .exec(
-                format!("SHOW BINLOG EVENTS IN ? FROM {start} LIMIT {MAX_EVENTS_INSPECTED}"),
-                (file,),
-            )
+            .query(format!(
+                "SHOW BINLOG EVENTS IN '{literal}' FROM {start} LIMIT {MAX_EVENTS_INSPECTED}"
+            ))
             .await?;
         for r in rows {
             let pos: u64 = r.get(1).unwrap_or(0);
