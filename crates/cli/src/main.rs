@@ -1,12 +1,15 @@
 //! `outbox-relay`: the command line. It only wires things together: parse arguments, set up
-//! logging, load the config, run the relay until SIGTERM/SIGINT (`run`) or replay binlog files
-//! (`replay`).
+//! logging, load the config, run the relay until SIGTERM/SIGINT (`run`), replay binlog files
+//! (`replay`), or an operator command (`check`, `status`, `reset`, `migrate`, `prune`: module
+//! `ops`, each documenting its exit codes; `reset` without `--yes` exits 4).
 //!
 //! Exit codes: 0 stopped on request (final checkpoint written) or replay complete; 1 runtime
 //! error (for `replay` also a truncated or damaged binlog file); 2 usage, configuration or
 //! argument error (for `replay` also a `--binlog` file that does not exist or is not a binlog
 //! file, and a start position inside a transaction); 3 a server prerequisite is not met; 130 a
 //! second signal (or, for `replay`, a stop request before the end of the range).
+
+mod ops;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +95,8 @@ enum Command {
         #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
         stop_datetime: Option<i64>,
     },
+    #[command(flatten)]
+    Ops(ops::OpsCommand),
 }
 
 fn init_logging(format: LogFormat) {
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Ops(command) => return ops::run(command, &runtime),
         Command::Run { config } => runtime.block_on(run(config)),
         Command::Replay {
             config,

@@ -87,33 +87,61 @@ impl Lease {
                 }
             }
         }
-        // Take the next fencing token; create the row if this connector has none yet (an
-        // empty binlog_file means "no position stored").
-        conn.exec_drop(
-            format!(
-                "INSERT INTO {} (connector_name, binlog_file, binlog_pos, source_server_id, \
-                 lease_token, lease_owner) VALUES (?, '', 0, 0, 1, ?) \
-                 ON DUPLICATE KEY UPDATE lease_token = lease_token + 1, \
-                 lease_owner = VALUES(lease_owner)",
-                table.quoted()
-            ),
-            (connector, owner),
-        )
-        .await?;
-        let token: Option<u64> = conn
-            .exec_first(
-                format!(
-                    "SELECT lease_token FROM {} WHERE connector_name = ?",
-                    table.quoted()
-                ),
-                (connector,),
-            )
-            .await?;
-        let token = token.ok_or_else(|| {
-            RelayError::Mysql(format!("the checkpoint row of {connector:?} vanished"))
-        })?;
+        let token = take_token(&mut conn, table, connector, owner).await?;
         tracing::info!(connector, lease_token = token, owner, "lease acquired");
         Ok(Some(Self {
+            conn,
+            lock_name,
+            token,
+            io_timeout,
+        }))
+    }
+
+    /// Takes the lease of `connector` only if no other instance holds it (`GET_LOCK` with no
+    /// wait), then the next fencing token in `table`, as [`Lease::acquire`] does. For operator
+    /// commands (`outbox-relay reset`) that must not run while a relay streams, and must keep
+    /// one from starting while they change the checkpoint row.
+    ///
+    /// Returns `Ok(Err(holder))` when another connection holds the lock (`holder`: its
+    /// connection id, from `IS_USED_LOCK`, `None` if it was released in between).
+    ///
+    /// # Errors
+    /// [`RelayError::Mysql`] when the server cannot be reached or `GET_LOCK` fails.
+    pub async fn try_acquire(
+        opts: Opts,
+        table: &TableName,
+        connector: &str,
+        owner: &str,
+        io_timeout: Duration,
+    ) -> Result<Result<Self, Option<u64>>, RelayError> {
+        let mut conn =
+            crate::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts)).await??;
+        let lock_name = lock_name(table, connector);
+        let got: Option<i64> = crate::with_timeout(
+            io_timeout,
+            "taking the lease",
+            conn.exec_first("SELECT GET_LOCK(?, 0)", (&lock_name,)),
+        )
+        .await??;
+        match got {
+            Some(1) => {}
+            Some(_) => {
+                let holder: Option<u64> = conn
+                    .exec_first("SELECT IS_USED_LOCK(?)", (&lock_name,))
+                    .await?
+                    .flatten();
+                let _ = conn.disconnect().await;
+                return Ok(Err(holder));
+            }
+            None => {
+                return Err(RelayError::Mysql(format!(
+                    "GET_LOCK({lock_name:?}) failed on the server"
+                )))
+            }
+        }
+        let token = take_token(&mut conn, table, connector, owner).await?;
+        tracing::info!(connector, lease_token = token, owner, "lease acquired");
+        Ok(Ok(Self {
             conn,
             lock_name,
             token,
@@ -168,8 +196,41 @@ impl Lease {
     }
 }
 
-/// `outbox_relay.<db>.<table>.<connector>`, or a CRC32-shortened form past 64 characters.
-fn lock_name(table: &TableName, connector: &str) -> String {
+/// Takes the next fencing token of `connector` in `table`, creating the row if this connector
+/// has none yet (an empty `binlog_file` means "no position stored"), and records `owner`.
+async fn take_token(
+    conn: &mut Conn,
+    table: &TableName,
+    connector: &str,
+    owner: &str,
+) -> Result<u64, RelayError> {
+    conn.exec_drop(
+        format!(
+            "INSERT INTO {} (connector_name, binlog_file, binlog_pos, source_server_id, \
+             lease_token, lease_owner) VALUES (?, '', 0, 0, 1, ?) \
+             ON DUPLICATE KEY UPDATE lease_token = lease_token + 1, \
+             lease_owner = VALUES(lease_owner)",
+            table.quoted()
+        ),
+        (connector, owner),
+    )
+    .await?;
+    let token: Option<u64> = conn
+        .exec_first(
+            format!(
+                "SELECT lease_token FROM {} WHERE connector_name = ?",
+                table.quoted()
+            ),
+            (connector,),
+        )
+        .await?;
+    token.ok_or_else(|| RelayError::Mysql(format!("the checkpoint row of {connector:?} vanished")))
+}
+
+/// The name of the MySQL user lock that is `connector`'s lease (checkpoint table `table`):
+/// `outbox_relay.<db>.<table>.<connector>`, or a CRC32-shortened form past MySQL's
+/// 64-character limit for lock names. `IS_USED_LOCK(name)` tells whether a relay holds it.
+pub fn lock_name(table: &TableName, connector: &str) -> String {
     let full = format!(
         "outbox_relay.{}.{}.{connector}",
         table.database, table.table

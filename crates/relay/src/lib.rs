@@ -21,6 +21,7 @@ pub mod json;
 pub mod lease;
 pub mod mapping;
 pub mod mysql_tls;
+pub mod ops;
 pub mod pipeline;
 pub mod position;
 pub mod preflight;

@@ -11,6 +11,10 @@ use crate::mapping::TableMapping;
 use crate::position::BinlogPosition;
 use crate::source::Flavor;
 
+/// ER_PARSE_ERROR: what a server answers to a statement it does not know (MySQL 8.4 for
+/// `SHOW MASTER STATUS`, MySQL before 8.0.22 for `SHOW REPLICAS`).
+pub const ER_PARSE_ERROR: u16 = 1064;
+
 /// What the relay learned about the source server.
 #[derive(Debug, Clone)]
 pub struct ServerInfo {
@@ -27,13 +31,103 @@ pub struct ServerInfo {
     pub row_metadata_full: bool,
 }
 
-/// Reads the server's identity and checks `log_bin`, `binlog_format`, `binlog_row_image` and
-/// (where the server has it) `binlog_row_metadata`.
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// Met.
+    Ok,
+    /// Works, but not as recommended (or could not be verified); the relay still runs.
+    Warn,
+    /// Not met: the relay refuses to start (or would fail later).
+    Fail,
+}
+
+impl Level {
+    /// `OK`, `WARN` or `FAIL`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "OK",
+            Self::Warn => "WARN",
+            Self::Fail => "FAIL",
+        }
+    }
+}
+
+/// The outcome of one prerequisite check: the setting or object, what the relay needs, what the
+/// server has and, unless it is met, the exact fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Outcome.
+    pub level: Level,
+    /// The setting or object (`binlog_format`, `outbox table shop.outbox`).
+    pub name: String,
+    /// What the relay needs.
+    pub expected: String,
+    /// What the server has.
+    pub found: String,
+    /// How to fix it (empty when met).
+    pub fix: String,
+}
+
+impl Check {
+    /// A met check.
+    pub fn ok(name: impl Into<String>, found: impl Into<String>) -> Self {
+        Self {
+            level: Level::Ok,
+            name: name.into(),
+            expected: String::new(),
+            found: found.into(),
+            fix: String::new(),
+        }
+    }
+
+    /// A check that is not met (`level` [`Level::Warn`] or [`Level::Fail`]).
+    pub fn not_met(
+        level: Level,
+        name: impl Into<String>,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self {
+            level,
+            name: name.into(),
+            expected: expected.into(),
+            found: found.into(),
+            fix: fix.into(),
+        }
+    }
+
+    /// The start-up error for this check ([`RelayError::Prerequisite`]).
+    pub fn into_error(self) -> RelayError {
+        RelayError::Prerequisite {
+            setting: self.name,
+            expected: self.expected,
+            found: self.found,
+            fix: self.fix,
+        }
+    }
+}
+
+/// The first failed check as the start-up error.
+fn first_failure(checks: Vec<Check>) -> Result<(), RelayError> {
+    match checks.into_iter().find(|c| c.level == Level::Fail) {
+        Some(c) => Err(c.into_error()),
+        None => Ok(()),
+    }
+}
+
+/// Whether the relay can read tables whose table map events carry no column names
+/// (`binlog_row_metadata=MINIMAL`) by tracking their layout from `information_schema` and the
+/// DDL in the binlog ([`crate::schema`]): MINIMAL is then a warning, not a failure. (`NO_LOG`
+/// stays a failure: without signedness metadata an UNSIGNED id could not be told apart.)
+pub const LAYOUT_TRACKING: bool = true;
+
+/// Reads the server's identity (`@@version`, `@@server_id`, on MySQL `@@server_uuid`).
 ///
 /// # Errors
-/// [`RelayError::Prerequisite`] for the first setting that is wrong; [`RelayError::Mysql`] when
-/// the server cannot be queried.
-pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
+/// [`RelayError::Mysql`] when the server cannot be queried.
+pub async fn server_identity(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
     let version: String = conn
         .query_first("SELECT @@version")
         .await?
@@ -49,7 +143,21 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
     } else {
         None
     };
+    Ok(ServerInfo {
+        flavor,
+        version,
+        server_id,
+        server_uuid,
+        row_metadata_full: true,
+    })
+}
 
+/// The binlog settings [`evaluate_binlog_settings`] looks at, from `SHOW GLOBAL VARIABLES`
+/// (names as the server spells them, values as it prints them).
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the server cannot be queried.
+pub async fn binlog_variables(conn: &mut Conn) -> Result<Vec<(String, String)>, RelayError> {
     let rows: Vec<Row> = conn
         .query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
@@ -57,10 +165,23 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
              'log_slave_updates', 'log_replica_updates')",
         )
         .await?;
-    let vars: Vec<(String, String)> = rows
+    Ok(rows
         .into_iter()
         .filter_map(|r| mysql_async::from_row_opt::<(String, String)>(r).ok())
-        .collect();
+        .collect())
+}
+
+/// Evaluates the binlog settings `vars` (see [`binlog_variables`]) of a `flavor` server:
+/// `log_bin=ON`, `binlog_format=ROW`, `binlog_row_image=FULL`, `binlog_row_metadata=FULL`
+/// (where the server has it; MINIMAL is a warning when `layout_tracking`, else a failure) and,
+/// when the server is itself a `replica`, `log_slave_updates`/`log_replica_updates=ON`. One
+/// [`Check`] per setting, in that order, each failure with its fix.
+pub fn evaluate_binlog_settings(
+    flavor: Flavor,
+    vars: &[(String, String)],
+    replica: bool,
+    layout_tracking: bool,
+) -> Vec<Check> {
     let get = |name: &str| {
         vars.iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -71,73 +192,111 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
     } else {
         "[mysqld]"
     };
-    let require = |name: &str, expected: &str, fix: String| -> Result<(), RelayError> {
+    let require = |name: &str, expected: &str, fix: String| -> Check {
         let found = get(name).unwrap_or_else(|| "(not set)".into());
         if found == expected {
-            Ok(())
+            Check::ok(name, found)
         } else {
-            Err(RelayError::Prerequisite {
-                setting: name.into(),
-                expected: expected.into(),
-                found,
-                fix,
-            })
+            Check::not_met(Level::Fail, name, expected, found, fix)
         }
     };
-    require(
-        "log_bin",
-        "ON",
-        format!("enable the binary log: add log_bin (and a server_id) to {cnf} in the server's config and restart it"),
-    )?;
-    require(
-        "binlog_format",
-        "ROW",
-        format!(
-            "SET GLOBAL binlog_format=ROW and add binlog_format=ROW to {cnf}; sessions that are \
-             already connected keep their old format until they reconnect"
+    let mut out = vec![
+        require(
+            "log_bin",
+            "ON",
+            format!("enable the binary log: add log_bin (and a server_id) to {cnf} in the server's config and restart it"),
         ),
-    )?;
-    require(
-        "binlog_row_image",
-        "FULL",
-        format!("SET GLOBAL binlog_row_image=FULL and add binlog_row_image=FULL to {cnf}"),
-    )?;
-    let row_metadata_full = get("binlog_row_metadata").as_deref() == Some("FULL");
-    if !row_metadata_full {
-        tracing::warn!(binlog_row_metadata = ?get("binlog_row_metadata"),
-            "table maps carry no column names: the relay follows the outbox tables' layouts from \
-             information_schema and the DDL in the binlog; binlog_row_metadata=FULL is simpler \
-             and recommended");
+        require(
+            "binlog_format",
+            "ROW",
+            format!(
+                "SET GLOBAL binlog_format=ROW and add binlog_format=ROW to {cnf}; sessions that are \
+                 already connected keep their old format until they reconnect"
+            ),
+        ),
+        require(
+            "binlog_row_image",
+            "FULL",
+            format!("SET GLOBAL binlog_row_image=FULL and add binlog_row_image=FULL to {cnf}"),
+        ),
+    ];
+    if get("binlog_row_metadata").is_some() {
+        let mut c = require(
+            "binlog_row_metadata",
+            "FULL",
+            format!(
+                "SET GLOBAL binlog_row_metadata=FULL and add binlog_row_metadata=FULL to {cnf} \
+                 (the relay reads column names from the binlog's table map events)"
+            ),
+        );
+        if layout_tracking && c.level == Level::Fail && c.found == "MINIMAL" {
+            c.level = Level::Warn;
+            c.expected = "FULL (recommended; MINIMAL works with layout tracking)".into();
+        }
+        out.push(c);
     }
     // A replica writes what it applies to its own binlog only with log_slave_updates: without
     // it, the primary's outbox rows would never reach the binlog the relay reads.
-    if is_replica(conn, flavor).await {
+    if replica {
         let name = if get("log_replica_updates").is_some() {
             "log_replica_updates"
         } else {
             "log_slave_updates"
         };
-        require(
+        out.push(require(
             name,
             "ON",
             format!(
                 "this server is a replica: add {name}=ON to {cnf} and restart it (rows it \
                  replicates are not in its binlog otherwise), or point mysql.url at the primary"
             ),
-        )?;
+        ));
     }
-    Ok(ServerInfo {
-        flavor,
-        version,
-        server_id,
-        server_uuid,
-        row_metadata_full,
-    })
+    out
+}
+
+/// Reads the server's identity and checks `log_bin`, `binlog_format`, `binlog_row_image` and
+/// (where the server has it) `binlog_row_metadata`.
+///
+/// # Errors
+/// [`RelayError::Prerequisite`] for the first setting that is wrong; [`RelayError::Mysql`] when
+/// the server cannot be queried.
+pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
+    let mut info = server_identity(conn).await?;
+    let vars = binlog_variables(conn).await?;
+    let metadata = vars
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("binlog_row_metadata"))
+        .map(|(_, v)| v.to_ascii_uppercase());
+    // Servers without the setting (MariaDB before 10.5, MySQL 5.7) log no names either.
+    info.row_metadata_full = metadata.as_deref() == Some("FULL");
+    if !info.row_metadata_full {
+        tracing::warn!(binlog_row_metadata = ?metadata,
+            "table maps carry no column names: the relay follows the outbox tables' layouts from \
+             information_schema and the DDL in the binlog; binlog_row_metadata=FULL is simpler \
+             and recommended");
+    }
+    // Settings before the replica question, as the first failure is reported.
+    first_failure(evaluate_binlog_settings(
+        info.flavor,
+        &vars,
+        false,
+        LAYOUT_TRACKING,
+    ))?;
+    if is_replica(conn, info.flavor).await {
+        first_failure(evaluate_binlog_settings(
+            info.flavor,
+            &vars,
+            true,
+            LAYOUT_TRACKING,
+        ))?;
+    }
+    Ok(info)
 }
 
 /// `true` when the server replicates from another (it has a replication source configured).
 /// Without the privilege to ask, assume not (the check is then skipped, with a log line).
-async fn is_replica(conn: &mut Conn, flavor: Flavor) -> bool {
+pub async fn is_replica(conn: &mut Conn, flavor: Flavor) -> bool {
     let statement = match flavor {
         Flavor::MariaDb => "SHOW ALL SLAVES STATUS",
         Flavor::MySql => "SHOW REPLICA STATUS",
@@ -164,7 +323,14 @@ pub async fn current_position(
 ) -> Result<(BinlogPosition, Option<String>), RelayError> {
     let row: Option<Row> = match conn.query_first("SHOW MASTER STATUS").await {
         Ok(row) => row,
-        Err(_) if flavor == Flavor::MySql => conn.query_first("SHOW BINARY LOG STATUS").await?,
+        // MySQL 8.4 removed the statement (a syntax error there); 8.2+ has the new one.
+        Err(mysql_async::Error::Server(e)) if e.code == ER_PARSE_ERROR => {
+            conn.query_first("SHOW BINARY LOG STATUS").await?
+        }
+        Err(e) if flavor == Flavor::MySql => {
+            tracing::debug!(error = %e, "SHOW MASTER STATUS failed; trying SHOW BINARY LOG STATUS");
+            conn.query_first("SHOW BINARY LOG STATUS").await?
+        }
         Err(e) => return Err(e.into()),
     };
     let row = row.ok_or_else(|| RelayError::Prerequisite {
@@ -231,6 +397,68 @@ pub async fn position_with_layouts(
     ))
 }
 
+/// Evaluates one outbox table from the names of its columns (`have`, from
+/// `information_schema.COLUMNS`; empty when the table does not exist or cannot be seen): it must
+/// exist and have every column the mapping names ([`TableMapping::required_columns`]).
+pub fn evaluate_outbox_columns(mapping: &TableMapping, have: &[String]) -> Check {
+    let table = &*mapping.table;
+    let name = format!("outbox table {table}");
+    if have.is_empty() {
+        return Check::not_met(
+            Level::Fail,
+            name,
+            "an existing table",
+            "no such table (or no SELECT privilege on it)",
+            "create it (migrations/0001_outbox.sql has the common shape), fix \
+             outbox.tables, or grant SELECT on it",
+        );
+    }
+    // Column names are case-insensitive in MySQL.
+    let missing: Vec<String> = mapping
+        .required_columns()
+        .into_iter()
+        .filter(|(_, name)| !have.iter().any(|h| h.eq_ignore_ascii_case(name)))
+        .map(|(key, name)| format!("{name:?} ({key})"))
+        .collect();
+    if missing.is_empty() {
+        let cols: Vec<&str> = mapping
+            .required_columns()
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        return Check::ok(name, format!("has the mapped columns {}", cols.join(", ")));
+    }
+    Check::not_met(
+        Level::Fail,
+        name,
+        "the mapped columns",
+        format!(
+            "no column {}; it has {}",
+            missing.join(", "),
+            have.join(", ")
+        ),
+        "map the table's column names in [outbox.columns] (or the table's \
+         [[outbox.table]] entry), or add the columns",
+    )
+}
+
+/// The names of `table`'s columns (`information_schema.COLUMNS`), in table order.
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the query fails.
+pub async fn column_names(
+    conn: &mut Conn,
+    table: &crate::config::TableName,
+) -> Result<Vec<String>, RelayError> {
+    Ok(conn
+        .exec(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (&table.database, &table.table),
+        )
+        .await?)
+}
+
 /// Checks that each outbox table exists and has the mapped columns.
 ///
 /// # Errors
@@ -240,45 +468,8 @@ pub async fn check_outbox_tables(
     mappings: &[TableMapping],
 ) -> Result<(), RelayError> {
     for mapping in mappings {
-        let table = &*mapping.table;
-        let have: Vec<String> = conn
-            .exec(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                (&table.database, &table.table),
-            )
-            .await?;
-        if have.is_empty() {
-            return Err(RelayError::Prerequisite {
-                setting: format!("outbox table {table}"),
-                expected: "an existing table".into(),
-                found: "no such table (or no SELECT privilege on it)".into(),
-                fix: "create it (migrations/0001_outbox.sql has the common shape), fix \
-                      outbox.tables, or grant SELECT on it"
-                    .into(),
-            });
-        }
-        // Column names are case-insensitive in MySQL.
-        let missing: Vec<String> = mapping
-            .required_columns()
-            .into_iter()
-            .filter(|(_, name)| !have.iter().any(|h| h.eq_ignore_ascii_case(name)))
-            .map(|(key, name)| format!("{name:?} ({key})"))
-            .collect();
-        if !missing.is_empty() {
-            return Err(RelayError::Prerequisite {
-                setting: format!("outbox table {table}"),
-                expected: "the mapped columns".into(),
-                found: format!(
-                    "no column {}; it has {}",
-                    missing.join(", "),
-                    have.join(", ")
-                ),
-                fix: "map the table's column names in [outbox.columns] (or the table's \
-                      [[outbox.table]] entry), or add the columns"
-                    .into(),
-            });
-        }
+        let have = column_names(conn, &mapping.table).await?;
+        first_failure(vec![evaluate_outbox_columns(mapping, &have)])?;
     }
     Ok(())
 }
@@ -336,6 +527,80 @@ pub async fn check_position_available(
     )))
 }
 
+/// The replicas and dump clients registered with the server, as (`server_id`, host) from
+/// `SHOW SLAVE HOSTS` (MariaDB) or `SHOW REPLICAS` (MySQL; `SHOW SLAVE HOSTS` before 8.0.22,
+/// chosen by the error code). Returns the statement that answered too.
+///
+/// # Errors
+/// The server's error (MariaDB 10.5+ needs REPLICATION MASTER ADMIN, MySQL REPLICATION SLAVE).
+pub async fn list_replicas(
+    conn: &mut Conn,
+    flavor: Flavor,
+) -> Result<(Vec<(u32, String)>, &'static str), mysql_async::Error> {
+    let (first, second) = match flavor {
+        Flavor::MariaDb => ("SHOW SLAVE HOSTS", "SHOW REPLICAS"),
+        Flavor::MySql => ("SHOW REPLICAS", "SHOW SLAVE HOSTS"),
+    };
+    let (rows, statement): (Vec<Row>, _) = match conn.query(first).await {
+        Ok(rows) => (rows, first),
+        Err(mysql_async::Error::Server(e)) if e.code == ER_PARSE_ERROR => {
+            (conn.query(second).await?, second)
+        }
+        Err(e) => return Err(e),
+    };
+    let replicas = rows
+        .into_iter()
+        .filter_map(|r| {
+            let id: Option<u32> = r.get(0);
+            let host: Option<String> = r.get::<Option<String>, _>(1).flatten();
+            Some((id?, host.unwrap_or_default()))
+        })
+        .collect();
+    Ok((replicas, statement))
+}
+
+/// Evaluates `mysql.server_id` = `server_id` against the source's own `@@server_id` and the
+/// registered `replicas` (from `statement`, see [`list_replicas`]). A registration with our own
+/// `report_host` is this connector's own (previous) connection, not a collision.
+pub fn evaluate_server_id(
+    server: &ServerInfo,
+    server_id: u32,
+    replicas: &[(u32, String)],
+    report_host: &str,
+    statement: &str,
+) -> Check {
+    let collision = |found: String| {
+        Check::not_met(
+            Level::Fail,
+            "mysql.server_id",
+            "a server_id no other server or replica of this topology uses",
+            found,
+            "choose another mysql.server_id (unique among the server_id of every server, \
+             replica and CDC client connected to this topology)",
+        )
+    };
+    if server.server_id == server_id {
+        return collision(format!("{server_id}, the source server's own @@server_id"));
+    }
+    match replicas.iter().find(|(id, _)| *id == server_id) {
+        Some((_, host)) if host != report_host => collision(format!(
+            "{server_id}, already registered by a replica or CDC client (host {host:?}) \
+             in {statement}"
+        )),
+        Some(_) => Check::ok(
+            "mysql.server_id",
+            format!("{server_id}, registered by this connector only"),
+        ),
+        None => Check::ok(
+            "mysql.server_id",
+            format!(
+                "{server_id}, not used by the server or its {} registered replicas",
+                replicas.len()
+            ),
+        ),
+    }
+}
+
 /// Checks that no other replica or dump client is registered with `server_id` (the server
 /// would drop one of the two connections each time the other connects: a reconnect storm).
 /// A registration with our own `report_host` is this connector's previous connection (the
@@ -351,50 +616,35 @@ pub async fn check_server_id_unique(
     report_host: &str,
     grace: std::time::Duration,
 ) -> Result<(), RelayError> {
-    let collision = |found: String| RelayError::Prerequisite {
-        setting: "mysql.server_id".into(),
-        expected: "a server_id no other server or replica of this topology uses".into(),
-        found,
-        fix: "choose another mysql.server_id (unique among the server_id of every server, \
-              replica and CDC client connected to this topology)"
-            .into(),
-    };
-    if server.server_id == server_id {
-        return Err(collision(format!(
-            "{server_id}, the source server's own @@server_id"
-        )));
-    }
     let deadline = std::time::Instant::now() + grace;
     loop {
-        let statement = match server.flavor {
-            Flavor::MariaDb => "SHOW SLAVE HOSTS",
-            Flavor::MySql => "SHOW REPLICAS",
-        };
-        let rows: Vec<Row> = match conn.query(statement).await {
-            Ok(rows) => rows,
+        let (replicas, statement) = match list_replicas(conn, server.flavor).await {
+            Ok(r) => r,
             Err(e) => {
                 // Needs REPLICATION MASTER ADMIN on MariaDB 10.5+; without it, skip the check.
-                tracing::warn!(error = %e, "cannot list replicas ({statement}): the mysql.server_id \
+                tracing::warn!(error = %e, "cannot list replicas: the mysql.server_id \
                     collision check is skipped; grant REPLICATION MASTER ADMIN (MariaDB) or \
                     REPLICATION SLAVE (MySQL) to enable it");
+                if server.server_id == server_id {
+                    return first_failure(vec![evaluate_server_id(
+                        server,
+                        server_id,
+                        &[],
+                        report_host,
+                        "",
+                    )]);
+                }
                 return Ok(());
             }
         };
-        let holder = rows.into_iter().find_map(|r| {
-            let id: Option<u32> = r.get(0);
-            let host: Option<String> = r.get(1);
-            (id == Some(server_id)).then(|| host.unwrap_or_default())
-        });
-        match holder {
-            None => return Ok(()),
-            Some(host) if host == report_host => return Ok(()),
-            Some(host) if std::time::Instant::now() >= deadline => {
-                return Err(collision(format!(
-                    "{server_id}, already registered by a replica or CDC client (host {host:?}) \
-                     in {statement}"
-                )))
-            }
-            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        let check = evaluate_server_id(server, server_id, &replicas, report_host, statement);
+        // The source's own id never goes away; a registration may (our previous connection).
+        if check.level == Level::Ok
+            || server.server_id == server_id
+            || std::time::Instant::now() >= deadline
+        {
+            return first_failure(vec![check]);
         }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }

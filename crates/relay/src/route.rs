@@ -69,6 +69,17 @@ impl TopicTemplate {
         Ok(Self { parts })
     }
 
+    /// The topic when the template has no placeholder (a fixed topic), else `None`.
+    pub fn fixed(&self) -> Option<String> {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Literal(s) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect::<Option<String>>()
+    }
+
     /// The topic for `event`.
     ///
     /// # Errors

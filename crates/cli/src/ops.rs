@@ -1,0 +1,215 @@
+//! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`): argument parsing
+//! and printing; the work is in `outbox_relay_core::ops`. Reports go to stdout, logs to stderr.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Subcommand;
+use outbox_relay_core::config::RelayConfig;
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::ops::{self, prune::PruneOptions, reset::Target};
+
+#[derive(Subcommand)]
+pub enum OpsCommand {
+    /// Check every prerequisite of `run`: one line per check (OK, WARN or FAIL), with the fix
+    /// for each failure.
+    ///
+    /// Checks the binlog settings, server_id, GTID settings (mysql.resume = "gtid"), binlog
+    /// retention against the checkpoint, privileges, the outbox tables (mapped columns and
+    /// their types), the checkpoint table, Kafka, the topics and the producer's message size
+    /// limit against the largest possible row. Changes nothing.
+    ///
+    /// Exit codes: 0 no check failed (warnings allowed); 2 configuration error; 3 a check
+    /// failed.
+    #[command(verbatim_doc_comment)]
+    Check {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+    },
+    /// Show the checkpoint, the server's current position, the lag and the lease.
+    ///
+    /// Lag in bytes: binlog from the checkpoint to the server's end (SHOW BINARY LOGS sizes).
+    /// Lag in seconds: 0 when caught up, else the time since the checkpoint was written.
+    ///
+    /// Exit codes: 0 printed; 1 runtime error; 2 configuration error; 3 the checkpoint table
+    /// is missing.
+    #[command(verbatim_doc_comment)]
+    Status {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Print one JSON object (keys in the README) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move the connector's checkpoint (rows_acked = 0, gtid_set of the new position).
+    ///
+    /// Refuses positions the server no longer has, positions inside a transaction, and runs
+    /// while an instance of the connector holds its lease. With --yes it takes the lease
+    /// (a relay started meanwhile waits), writes the row under a new lease token and releases
+    /// the lease. Without --yes it prints what it would do and changes nothing.
+    ///
+    /// Exit codes: 0 written; 1 runtime error; 2 configuration error or an unusable target;
+    /// 3 the lease is held (a relay runs) or the checkpoint table is missing; 4 not confirmed
+    /// (no --yes): the plan was printed, nothing changed.
+    #[command(verbatim_doc_comment)]
+    Reset {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// earliest | latest | FILE:POS | GTID-SET | "YYYY-MM-DD HH:MM:SS" (UTC: the boundary
+        /// before the first transaction committed at or after it).
+        #[arg(long, value_name = "TARGET", value_parser = parse_target)]
+        to: Target,
+        /// Write the new checkpoint (without it: dry run, exit code 4).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Create or upgrade the checkpoint table (and with --outbox the outbox tables) from the
+    /// SQL in migrations/ (embedded). Idempotent.
+    ///
+    /// Exit codes: 0 done (or nothing to do); 1 runtime error; 2 configuration error (also an
+    /// outbox table to create whose mapping is not the common shape); 3 missing privileges.
+    #[command(verbatim_doc_comment)]
+    Migrate {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Also create the configured outbox tables that do not exist, in the common shape
+        /// (migrations/0001_outbox.sql). Existing tables are not changed.
+        #[arg(long)]
+        outbox: bool,
+    },
+    /// Delete outbox rows that are older than --older-than AND already relayed.
+    ///
+    /// Selects old rows by the mapped created_at column, then waits until the checkpoint covers
+    /// the binlog up to a position read after that selection, then deletes exactly those rows
+    /// in batches. It can never delete a row the relay has not acknowledged (README, "prune").
+    ///
+    /// Exit codes: 0 done (the counts are printed); 1 runtime error (also: the checkpoint did
+    /// not cover the rows within --max-wait-ms; nothing more was deleted); 2 configuration or
+    /// argument error (also: a table mapped without created_at); 3 no checkpoint of this
+    /// server.
+    #[command(verbatim_doc_comment)]
+    Prune {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Retention: rows with created_at older than this (7d, 12h, 30m, 90s, 2w).
+        #[arg(long, value_name = "AGE", value_parser = ops::prune::parse_retention)]
+        older_than: Duration,
+        /// Rows per DELETE statement.
+        #[arg(long, default_value_t = 1000)]
+        batch_size: usize,
+        /// Pause between DELETE statements, in ms.
+        #[arg(long, default_value_t = 100)]
+        pause_ms: u64,
+        /// Count the rows that would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Longest wait for the relay's checkpoint to cover the selected rows, in ms.
+        #[arg(long, default_value_t = 30_000)]
+        max_wait_ms: u64,
+    },
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    s.parse::<Target>().map_err(|e| match e {
+        RelayError::Argument(m) => m,
+        other => other.to_string(),
+    })
+}
+
+fn load(config: &std::path::Path) -> Result<RelayConfig, RelayError> {
+    RelayConfig::load(config)
+}
+
+fn fail(e: &RelayError) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+}
+
+/// Runs one operator command on `runtime`.
+pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    match command {
+        OpsCommand::Check { config } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let report = runtime.block_on(ops::check::check(&config));
+            println!("{report}");
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            }
+        }
+        OpsCommand::Status { config, json } => {
+            let result = load(&config).and_then(|c| runtime.block_on(ops::status::status(&c)));
+            match result {
+                Ok(s) if json => {
+                    println!("{}", s.to_json());
+                    ExitCode::SUCCESS
+                }
+                Ok(s) => {
+                    println!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Reset { config, to, yes } => {
+            let result =
+                load(&config).and_then(|c| runtime.block_on(ops::reset::reset(&c, &to, yes)));
+            match result {
+                Ok(r) => {
+                    println!("{r}");
+                    if r.applied {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(ops::EXIT_NOT_CONFIRMED)
+                    }
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Migrate { config, outbox } => {
+            let result =
+                load(&config).and_then(|c| runtime.block_on(ops::migrate::migrate(&c, outbox)));
+            match result {
+                Ok(r) => {
+                    println!("{r}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Prune {
+            config,
+            older_than,
+            batch_size,
+            pause_ms,
+            dry_run,
+            max_wait_ms,
+        } => {
+            let opts = PruneOptions {
+                older_than,
+                batch_size,
+                pause: Duration::from_millis(pause_ms),
+                dry_run,
+                max_wait: Duration::from_millis(max_wait_ms),
+            };
+            let result = load(&config).and_then(|c| runtime.block_on(ops::prune::prune(&c, &opts)));
+            match result {
+                Ok(r) => {
+                    println!("{r}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}

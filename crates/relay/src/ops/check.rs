@@ -1,0 +1,1090 @@
+//! `outbox-relay check`: every prerequisite of `run`, one [`Check`] each, with the exact fix for
+//! each failure. The evaluation of server values is in pure functions (unit-tested on values);
+//! [`check`] gathers the values.
+
+use std::fmt;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Pool, Row};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+
+use super::{binary_logs, read_state_row, StateRow};
+use crate::checkpoint::MysqlCheckpointStore;
+use crate::config::{RelayConfig, ResumeMode};
+use crate::error::RelayError;
+use crate::mapping::TableMapping;
+use crate::preflight::{self, Check, Level};
+use crate::source::{report_host, Flavor};
+
+/// librdkafka's default `message.max.bytes` (CONFIGURATION.md).
+const LIBRDKAFKA_MESSAGE_MAX_BYTES: u64 = 1_000_000;
+/// How long the Kafka checks wait for the brokers.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every check, in order.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// The checks.
+    pub checks: Vec<Check>,
+}
+
+impl CheckReport {
+    /// `true` when no check failed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.level != Level::Fail)
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in &self.checks {
+            match c.level {
+                Level::Ok => writeln!(f, "OK    {}: {}", c.name, c.found)?,
+                _ => {
+                    writeln!(
+                        f,
+                        "{:<5} {}: expected {}, found {}",
+                        c.level.as_str(),
+                        c.name,
+                        c.expected,
+                        c.found
+                    )?;
+                    writeln!(f, "      fix: {}", c.fix)?;
+                }
+            }
+        }
+        let count = |l: Level| self.checks.iter().filter(|c| c.level == l).count();
+        write!(
+            f,
+            "{} OK, {} WARN, {} FAIL",
+            count(Level::Ok),
+            count(Level::Warn),
+            count(Level::Fail)
+        )
+    }
+}
+
+/// Runs every check against `config`'s server and brokers.
+pub async fn check(config: &RelayConfig) -> CheckReport {
+    let mut report = CheckReport::default();
+    match super::connect(config).await {
+        Ok(mut conn) => {
+            if let Err(e) = mysql_checks(config, &mut conn, &mut report.checks).await {
+                report.checks.push(error_check("MySQL checks", &e));
+            }
+            let _ = conn.disconnect().await;
+        }
+        Err(e) => report.checks.push(Check::not_met(
+            Level::Fail,
+            "MySQL connection",
+            format!("a connection to {}", crate::redact_url(&config.mysql.url)),
+            e.to_string(),
+            "check mysql.url (host, port, user, password) and that the server runs; the MySQL \
+             checks were skipped",
+        )),
+    }
+    kafka_checks(config, &mut report.checks).await;
+    report
+}
+
+fn error_check(name: &str, e: &RelayError) -> Check {
+    match e {
+        RelayError::Prerequisite {
+            setting,
+            expected,
+            found,
+            fix,
+        } => Check::not_met(
+            Level::Fail,
+            setting.clone(),
+            expected.clone(),
+            found.clone(),
+            fix.clone(),
+        ),
+        _ => Check::not_met(
+            Level::Fail,
+            name,
+            "an answer",
+            e.to_string(),
+            "see the error; the remaining checks of this group were skipped",
+        ),
+    }
+}
+
+async fn global_vars(conn: &mut Conn, names: &[&str]) -> Result<Vec<(String, String)>, RelayError> {
+    let list = names
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN ({list})"
+        ))
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| mysql_async::from_row_opt::<(String, String)>(r).ok())
+        .collect())
+}
+
+fn var<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    vars.iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+async fn mysql_checks(
+    config: &RelayConfig,
+    conn: &mut Conn,
+    out: &mut Vec<Check>,
+) -> Result<(), RelayError> {
+    let server = preflight::server_identity(conn).await?;
+    out.push(Check::ok(
+        "MySQL connection",
+        format!("{} (server_id {})", server.version, server.server_id),
+    ));
+    let vars = preflight::binlog_variables(conn).await?;
+    let replica = preflight::is_replica(conn, server.flavor).await;
+    out.extend(preflight::evaluate_binlog_settings(
+        server.flavor,
+        &vars,
+        replica,
+        preflight::LAYOUT_TRACKING,
+    ));
+    if !replica {
+        out.push(Check::ok(
+            "log_slave_updates",
+            "not needed: the server is not a replica",
+        ));
+    }
+    out.push(match preflight::list_replicas(conn, server.flavor).await {
+        Ok((replicas, statement)) => preflight::evaluate_server_id(
+            &server,
+            config.mysql.server_id,
+            &replicas,
+            &report_host(&config.connector_name),
+            statement,
+        ),
+        Err(e) => Check::not_met(
+            Level::Warn,
+            "mysql.server_id",
+            "a server_id no other replica uses (checked with SHOW SLAVE HOSTS / SHOW REPLICAS)",
+            format!(
+                "cannot list the replicas: {}",
+                crate::redact_error(&e.to_string())
+            ),
+            "grant REPLICATION MASTER ADMIN (MariaDB 10.5+) or REPLICATION SLAVE (MySQL) so the \
+             collision check can run",
+        ),
+    });
+    if config.mysql.resume == ResumeMode::Gtid {
+        let gv = global_vars(conn, &["gtid_mode", "enforce_gtid_consistency"]).await?;
+        out.push(evaluate_gtid_mode(
+            server.flavor,
+            var(&gv, "gtid_mode"),
+            var(&gv, "enforce_gtid_consistency"),
+        ));
+    }
+    // Privileges.
+    let grants: Vec<String> = conn.query("SHOW GRANTS").await.unwrap_or_default();
+    out.extend(evaluate_grants(&grants));
+    let logs = match binary_logs(conn).await {
+        Ok(logs) => {
+            out.push(Check::ok(
+                "REPLICATION CLIENT / BINLOG MONITOR",
+                format!("SHOW BINARY LOGS works ({} files)", logs.len()),
+            ));
+            Some(logs)
+        }
+        Err(e) => {
+            out.push(Check::not_met(
+                Level::Fail,
+                "REPLICATION CLIENT / BINLOG MONITOR",
+                "SHOW BINARY LOGS allowed",
+                e.to_string(),
+                replication_client_fix(server.flavor),
+            ));
+            None
+        }
+    };
+    // Tables.
+    let mappings = config.table_mappings()?;
+    for m in &mappings {
+        out.extend(outbox_table_checks(conn, m).await?);
+    }
+    let table = config.checkpoint_table()?;
+    let pool = Pool::new(super::opts(config)?);
+    let store =
+        MysqlCheckpointStore::new(pool.clone(), table.clone(), config.connector_name.clone());
+    match store.verify().await {
+        Ok(()) => {
+            out.push(Check::ok(
+                format!("checkpoint table {table}"),
+                "exists with the expected columns",
+            ));
+            out.push(checkpoint_privileges(conn, &table).await);
+            let row = read_state_row(conn, &table, &config.connector_name).await?;
+            let rv = global_vars(conn, &["binlog_expire_logs_seconds", "expire_logs_days"]).await?;
+            if let Some(logs) = &logs {
+                out.extend(evaluate_retention(
+                    row.as_ref(),
+                    logs,
+                    var(&rv, "binlog_expire_logs_seconds").and_then(|v| v.parse().ok()),
+                    var(&rv, "expire_logs_days").and_then(|v| v.parse().ok()),
+                ));
+            }
+            if config.mysql.resume == ResumeMode::Gtid {
+                out.push(evaluate_checkpoint_gtid(row.as_ref()));
+            }
+        }
+        Err(e) => out.push(error_check("checkpoint table", &e)),
+    }
+    let _ = pool.disconnect().await;
+    // Producer limit vs the largest row the server accepts.
+    let packet: Option<u64> = conn
+        .query_first::<Option<u64>, _>("SELECT @@GLOBAL.max_allowed_packet")
+        .await?
+        .flatten();
+    let producer_max = config
+        .kafka
+        .properties
+        .get("message.max.bytes")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES);
+    for m in &mappings {
+        let len: Option<Option<u64>> = conn
+            .exec_first(
+                "SELECT CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+                (&m.table.database, &m.table.table, &m.columns.payload),
+            )
+            .await?;
+        if let Some(len) = len {
+            out.push(evaluate_message_size(
+                m,
+                len,
+                packet,
+                producer_max,
+                config.dead_letter.enabled,
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn replication_client_fix(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::MariaDb => {
+            "GRANT BINLOG MONITOR ON *.* TO the relay's user (MariaDB 10.5+; \
+                            REPLICATION CLIENT before)"
+        }
+        Flavor::MySql => "GRANT REPLICATION CLIENT ON *.* TO the relay's user",
+    }
+}
+
+/// `gtid_mode`/`enforce_gtid_consistency` for `mysql.resume = "gtid"`: MariaDB always logs
+/// GTIDs; MySQL needs `gtid_mode=ON` (and `enforce_gtid_consistency=ON`, which it requires).
+pub fn evaluate_gtid_mode(flavor: Flavor, gtid_mode: Option<&str>, enforce: Option<&str>) -> Check {
+    if flavor == Flavor::MariaDb {
+        return Check::ok(
+            "GTIDs (mysql.resume = \"gtid\")",
+            "MariaDB always logs GTIDs",
+        );
+    }
+    let mode = gtid_mode.unwrap_or("(not set)").to_ascii_uppercase();
+    let enforce = enforce.unwrap_or("(not set)").to_ascii_uppercase();
+    if mode == "ON" && enforce == "ON" {
+        return Check::ok(
+            "gtid_mode (mysql.resume = \"gtid\")",
+            "gtid_mode=ON, enforce_gtid_consistency=ON",
+        );
+    }
+    Check::not_met(
+        Level::Fail,
+        "gtid_mode (mysql.resume = \"gtid\")",
+        "gtid_mode=ON and enforce_gtid_consistency=ON",
+        format!("gtid_mode={mode}, enforce_gtid_consistency={enforce}"),
+        "set enforce_gtid_consistency=ON, then step gtid_mode OFF -> OFF_PERMISSIVE -> \
+         ON_PERMISSIVE -> ON (SET GLOBAL, one step at a time, and in [mysqld]); or set \
+         mysql.resume = \"auto\" or \"position\"",
+    )
+}
+
+/// With `mysql.resume = "gtid"` the stored checkpoint must carry a GTID set.
+pub fn evaluate_checkpoint_gtid(row: Option<&StateRow>) -> Check {
+    match row.and_then(|r| r.position().map(|_| r.gtid_set.clone())) {
+        Some(Some(g)) => Check::ok("checkpoint gtid_set", g),
+        Some(None) => Check::not_met(
+            Level::Fail,
+            "checkpoint gtid_set",
+            "a GTID set (mysql.resume = \"gtid\")",
+            "none",
+            "move the checkpoint with `outbox-relay reset --to …` (it stores the GTID state \
+             there), or set mysql.resume = \"auto\"",
+        ),
+        None => Check::ok("checkpoint gtid_set", "no checkpoint yet"),
+    }
+}
+
+/// REPLICATION SLAVE (needed for the binlog dump) and, from `SHOW GRANTS`, whether it is
+/// granted on `*.*` (directly or as ALL PRIVILEGES). Grants through roles are not expanded: a
+/// user with roles gets a warning instead of a failure.
+pub fn evaluate_grants(grants: &[String]) -> Vec<Check> {
+    let global: Vec<String> = grants
+        .iter()
+        .map(|g| g.to_ascii_uppercase())
+        .filter(|g| g.starts_with("GRANT ") && g.contains(" ON *.* TO "))
+        .collect();
+    let has = |p: &str| {
+        global
+            .iter()
+            .any(|g| g.contains("ALL PRIVILEGES") || g.contains(p))
+    };
+    let roles = grants.iter().any(|g| {
+        let u = g.to_ascii_uppercase();
+        u.starts_with("GRANT ") && !u.contains(" ON ")
+    });
+    let name = "REPLICATION SLAVE";
+    if has("REPLICATION SLAVE") || has("REPLICATION REPLICA") {
+        return vec![Check::ok(name, "granted on *.*")];
+    }
+    let level = if roles || grants.is_empty() {
+        Level::Warn
+    } else {
+        Level::Fail
+    };
+    let found = if grants.is_empty() {
+        "SHOW GRANTS returned nothing".to_owned()
+    } else if roles {
+        "not granted directly (the user has roles, which were not expanded)".to_owned()
+    } else {
+        "not granted".to_owned()
+    };
+    vec![Check::not_met(
+        level,
+        name,
+        "REPLICATION SLAVE on *.* (the binlog dump needs it)",
+        found,
+        "GRANT REPLICATION SLAVE ON *.* TO the relay's user",
+    )]
+}
+
+/// SELECT, INSERT and UPDATE on the checkpoint table, tested with statements that change no
+/// row (inside a transaction that is rolled back).
+async fn checkpoint_privileges(conn: &mut Conn, table: &crate::config::TableName) -> Check {
+    let t = table.quoted();
+    let result = async {
+        conn.query_drop("START TRANSACTION").await?;
+        conn.query_drop(format!(
+            "INSERT INTO {t} (connector_name, binlog_file, binlog_pos, source_server_id) \
+             SELECT connector_name, binlog_file, binlog_pos, source_server_id FROM {t} WHERE 1 = 0"
+        ))
+        .await?;
+        conn.query_drop(format!(
+            "UPDATE {t} SET lease_owner = lease_owner WHERE 1 = 0"
+        ))
+        .await?;
+        Ok::<_, mysql_async::Error>(())
+    }
+    .await;
+    let _ = conn.query_drop("ROLLBACK").await;
+    match result {
+        Ok(()) => Check::ok(format!("privileges on {table}"), "SELECT, INSERT, UPDATE"),
+        Err(e) => Check::not_met(
+            Level::Fail,
+            format!("privileges on {table}"),
+            "SELECT, INSERT, UPDATE",
+            crate::redact_error(&e.to_string()),
+            format!("GRANT SELECT, INSERT, UPDATE ON {t} TO the relay's user"),
+        ),
+    }
+}
+
+/// One column of an outbox table as `information_schema.COLUMNS` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnInfo {
+    /// `COLUMN_NAME`.
+    pub name: String,
+    /// `DATA_TYPE`, lowercase (`json`, `longtext`, `datetime`, …).
+    pub data_type: String,
+    /// `COLUMN_TYPE` (`datetime(6)`, `varchar(255)`, …).
+    pub column_type: String,
+}
+
+async fn outbox_table_checks(conn: &mut Conn, m: &TableMapping) -> Result<Vec<Check>, RelayError> {
+    let rows: Vec<(String, String, String)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, LOWER(DATA_TYPE), COLUMN_TYPE FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (&m.table.database, &m.table.table),
+        )
+        .await?;
+    let cols: Vec<ColumnInfo> = rows
+        .into_iter()
+        .map(|(name, data_type, column_type)| ColumnInfo {
+            name,
+            data_type,
+            column_type,
+        })
+        .collect();
+    let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+    let mut out = vec![preflight::evaluate_outbox_columns(m, &names)];
+    if cols.is_empty() {
+        return Ok(out);
+    }
+    out.extend(evaluate_column_types(m, &cols));
+    let select = conn
+        .query_drop(format!("SELECT 1 FROM {} LIMIT 0", m.table.quoted()))
+        .await;
+    out.push(match select {
+        Ok(()) => Check::ok(format!("SELECT on {}", m.table), "granted"),
+        Err(e) => Check::not_met(
+            Level::Fail,
+            format!("SELECT on {}", m.table),
+            "SELECT",
+            crate::redact_error(&e.to_string()),
+            format!("GRANT SELECT ON {} TO the relay's user", m.table.quoted()),
+        ),
+    });
+    Ok(out)
+}
+
+/// Types of the mapped columns: the payload a JSON, text or binary string type, `created_at` a
+/// DATETIME or TIMESTAMP, the partition column an integer. Columns that do not exist are left
+/// to [`preflight::evaluate_outbox_columns`].
+pub fn evaluate_column_types(m: &TableMapping, cols: &[ColumnInfo]) -> Vec<Check> {
+    let find = |name: &str| cols.iter().find(|c| c.name.eq_ignore_ascii_case(name));
+    let t = m.table.quoted();
+    let mut out = Vec::new();
+    let mut one = |key: &str,
+                   name: &str,
+                   allowed: &[&str],
+                   expected: &str,
+                   fix_type: &str,
+                   alt: &str| {
+        if name.is_empty() {
+            return;
+        }
+        let Some(c) = find(name) else { return };
+        let check_name = format!("{}.{} ({key})", m.table, c.name);
+        if allowed.contains(&c.data_type.as_str()) {
+            out.push(Check::ok(check_name, c.column_type.clone()));
+        } else {
+            out.push(Check::not_met(
+                Level::Fail,
+                check_name,
+                expected,
+                c.column_type.clone(),
+                format!(
+                    "ALTER TABLE {t} MODIFY `{}` {fix_type} (converting the existing values), {alt}",
+                    c.name
+                ),
+            ));
+        }
+    };
+    one(
+        "outbox.columns.payload",
+        &m.columns.payload,
+        &[
+            "json",
+            "text",
+            "tinytext",
+            "mediumtext",
+            "longtext",
+            "blob",
+            "tinyblob",
+            "mediumblob",
+            "longblob",
+            "varbinary",
+            "binary",
+            "varchar",
+            "char",
+        ],
+        "JSON, TEXT, BLOB or VARBINARY",
+        "JSON",
+        "or map another column as outbox.columns.payload",
+    );
+    one(
+        "outbox.columns.created_at",
+        &m.columns.created_at,
+        &["datetime", "timestamp"],
+        "DATETIME or TIMESTAMP",
+        "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+        "or set outbox.columns.created_at = \"\" to use the binlog event time",
+    );
+    one(
+        "outbox.columns.partition",
+        &m.columns.partition,
+        &["tinyint", "smallint", "mediumint", "int", "bigint"],
+        "an integer type",
+        "INT NULL",
+        "or map another column as outbox.columns.partition",
+    );
+    out
+}
+
+/// Binlog retention against the checkpoint: its file must still be on the server (and the
+/// position not past its end); a checkpoint older than half the retention is a warning (its
+/// file will be purged soon if the relay does not move on). `expire_seconds`
+/// (`binlog_expire_logs_seconds`, 0 = unset) wins over `expire_days` (`expire_logs_days`).
+pub fn evaluate_retention(
+    row: Option<&StateRow>,
+    logs: &[(String, u64)],
+    expire_seconds: Option<u64>,
+    expire_days: Option<f64>,
+) -> Vec<Check> {
+    let retention = match (expire_seconds, expire_days) {
+        (Some(s), _) if s > 0 => Some(s as f64),
+        (_, Some(d)) if d > 0.0 => Some(d * 86_400.0),
+        _ => None,
+    };
+    let retention_text = retention.map_or_else(
+        || "never (binlog_expire_logs_seconds and expire_logs_days are 0)".to_owned(),
+        super::human_duration,
+    );
+    let Some((row, pos)) = row.and_then(|r| r.position().map(|p| (r, p))) else {
+        return vec![Check::ok(
+            "checkpoint position",
+            format!(
+                "no checkpoint yet: the relay starts at the server's current end (binlogs expire \
+                 after {retention_text})"
+            ),
+        )];
+    };
+    let available = match (logs.first(), logs.last()) {
+        (Some((a, _)), Some((b, size))) => format!("{a}:4 to {b}:{size}"),
+        _ => "none".to_owned(),
+    };
+    let mut out = Vec::new();
+    match logs.iter().find(|(f, _)| *f == pos.file) {
+        Some((_, size)) if pos.pos <= *size => out.push(Check::ok(
+            "checkpoint position",
+            format!("{pos} is on the server (available {available})"),
+        )),
+        found => {
+            out.push(Check::not_met(
+                Level::Fail,
+                "checkpoint position",
+                "a position the server still has",
+                format!(
+                    "{pos}, {} (available {available})",
+                    if found.is_some() {
+                        "past the end of its file (the binlog history was reset)"
+                    } else {
+                        "whose file was purged"
+                    }
+                ),
+                "move the checkpoint: `outbox-relay reset --to earliest --yes` (rows between the \
+                 checkpoint and there are not relayed) or `--to latest`; replay the gap from a \
+                 binlog backup with `outbox-relay replay` if you have one",
+            ));
+            return out;
+        }
+    }
+    let age = row.age_seconds;
+    out.push(match retention {
+        Some(r) if age > r / 2.0 => Check::not_met(
+            Level::Warn,
+            "binlog retention",
+            format!("a checkpoint younger than half the retention ({retention_text})"),
+            format!("a checkpoint written {} ago", super::human_duration(age)),
+            "make sure the relay runs (`outbox-relay status`); raise binlog_expire_logs_seconds \
+             so its file is not purged before it moves on",
+        ),
+        _ => Check::ok(
+            "binlog retention",
+            format!(
+                "binlogs expire after {retention_text}; the checkpoint was written {} ago",
+                super::human_duration(age)
+            ),
+        ),
+    });
+    out
+}
+
+/// The largest payload a row can carry (`payload_octets`: the column's
+/// `CHARACTER_OCTET_LENGTH`, `None` for JSON on MySQL; bounded by `max_allowed_packet`) against
+/// the producer's `message.max.bytes`. A warning, not a failure: such a row is dead-lettered
+/// (or stops the relay when dead letters are off) rather than lost.
+pub fn evaluate_message_size(
+    m: &TableMapping,
+    payload_octets: Option<u64>,
+    max_allowed_packet: Option<u64>,
+    producer_max: u64,
+    dead_letter: bool,
+) -> Check {
+    let largest = match (payload_octets, max_allowed_packet) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let name = format!("message size of {}", m.table);
+    match largest {
+        Some(l) if l <= producer_max => Check::ok(
+            name,
+            format!("the largest payload ({l} bytes) fits message.max.bytes = {producer_max}"),
+        ),
+        _ => Check::not_met(
+            Level::Warn,
+            name,
+            format!("every possible row within message.max.bytes = {producer_max}"),
+            format!(
+                "payloads up to {} bytes (column {:?}{})",
+                largest.map_or_else(|| "unknown".to_owned(), |l| l.to_string()),
+                m.columns.payload,
+                if max_allowed_packet.is_some() {
+                    ", bounded by max_allowed_packet"
+                } else {
+                    ""
+                }
+            ),
+            format!(
+                "a larger row is {}; raise \"message.max.bytes\" in [kafka.properties] and the \
+                 topics' max.message.bytes (broker message.max.bytes), or keep payloads smaller",
+                if dead_letter {
+                    "sent to the dead-letter topic without its value"
+                } else {
+                    "refused and stops the relay (dead_letter.enabled = false)"
+                }
+            ),
+        ),
+    }
+}
+
+async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
+    let mut client = ClientConfig::new();
+    for (k, v) in &config.kafka.properties {
+        client.set(k, v);
+    }
+    client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    let admin: AdminClient<DefaultClientContext> = match client.create() {
+        Ok(a) => a,
+        Err(e) => {
+            out.push(Check::not_met(
+                Level::Fail,
+                "Kafka client",
+                "valid kafka.properties",
+                e.to_string(),
+                "fix kafka.properties",
+            ));
+            return;
+        }
+    };
+    let admin = std::sync::Arc::new(admin);
+    let meta_admin = admin.clone();
+    let metadata = tokio::task::spawn_blocking(move || {
+        meta_admin
+            .inner()
+            .fetch_metadata(None, KAFKA_TIMEOUT)
+            .map(|m| {
+                (
+                    m.brokers().iter().map(|b| b.id()).collect::<Vec<_>>(),
+                    m.topics()
+                        .iter()
+                        .map(|t| t.name().to_owned())
+                        .collect::<Vec<_>>(),
+                )
+            })
+    })
+    .await;
+    let (brokers, topics) = match metadata {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            out.push(Check::not_met(
+                Level::Fail,
+                "Kafka",
+                format!(
+                    "a broker of {} answering a metadata request",
+                    config.kafka.bootstrap_servers
+                ),
+                e.to_string(),
+                "check kafka.bootstrap_servers, the network and the security settings in \
+                 [kafka.properties]; the topic checks were skipped",
+            ));
+            return;
+        }
+        Err(e) => {
+            out.push(Check::not_met(
+                Level::Fail,
+                "Kafka",
+                "a metadata answer",
+                e.to_string(),
+                "retry",
+            ));
+            return;
+        }
+    };
+    out.push(Check::ok(
+        "Kafka",
+        format!(
+            "{} answered ({} brokers, {} topics)",
+            config.kafka.bootstrap_servers,
+            brokers.len(),
+            topics.len()
+        ),
+    ));
+    let auto_create = match brokers.first() {
+        Some(id) => {
+            let spec = ResourceSpecifier::Broker(*id);
+            let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
+            match admin.describe_configs([&spec], &opts).await {
+                Ok(results) => results.into_iter().find_map(|r| {
+                    r.ok()?
+                        .get("auto.create.topics.enable")?
+                        .value
+                        .clone()
+                        .map(|v| v.eq_ignore_ascii_case("true"))
+                }),
+                Err(_) => None,
+            }
+        }
+        None => None,
+    };
+    let mappings = config.table_mappings().unwrap_or_default();
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    for m in &mappings {
+        if let Some(t) = m.topic.fixed() {
+            wanted.push((t, format!("topic of {}", m.table)));
+        } else {
+            out.push(match auto_create {
+                Some(false) => Check::not_met(
+                    Level::Warn,
+                    format!("topics of {}", m.table),
+                    "existing topics for every value of the template",
+                    "a templated topic and auto.create.topics.enable=false",
+                    "create each topic the template can produce before rows arrive (a missing \
+                     topic is dead-lettered or stops the relay)",
+                ),
+                _ => Check::ok(
+                    format!("topics of {}", m.table),
+                    "templated (per row); the broker creates missing topics \
+                     (auto.create.topics.enable=true)",
+                ),
+            });
+        }
+    }
+    if config.dead_letter.enabled {
+        wanted.push((
+            config.dead_letter.topic.clone(),
+            "dead-letter topic".to_owned(),
+        ));
+    }
+    for (topic, what) in wanted {
+        let name = format!("{what} {topic}");
+        out.push(if topics.contains(&topic) {
+            Check::ok(name, "exists")
+        } else if auto_create == Some(true) {
+            Check::ok(
+                name,
+                "does not exist yet; auto.create.topics.enable=true creates it",
+            )
+        } else {
+            Check::not_met(
+                Level::Fail,
+                name,
+                "an existing topic (or auto.create.topics.enable=true)",
+                format!(
+                    "no such topic; auto.create.topics.enable={}",
+                    auto_create.map_or("unknown", |a| if a { "true" } else { "false" })
+                ),
+                format!("create it: kafka-topics.sh --create --topic {topic} --bootstrap-server …"),
+            )
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::ServerInfo;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    }
+
+    fn mapping(extra: &str) -> TableMapping {
+        let toml = format!(
+            "[mysql]\nurl = \"mysql://root@127.0.0.1:3306/shop\"\nserver_id = 4242\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[outbox]\ntables = [\"shop.outbox\"]\n{extra}"
+        );
+        RelayConfig::from_toml_str(&toml)
+            .and_then(|c| c.table_mappings())
+            .expect("valid")
+            .remove(0)
+    }
+
+    #[test]
+    fn binlog_settings_each_get_a_line_and_a_fix() {
+        let good = vars(&[
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+            ("binlog_row_metadata", "FULL"),
+        ]);
+        let checks = preflight::evaluate_binlog_settings(Flavor::MariaDb, &good, false, false);
+        assert_eq!(checks.len(), 4);
+        assert!(checks.iter().all(|c| c.level == Level::Ok), "{checks:?}");
+
+        let bad = vars(&[
+            ("log_bin", "OFF"),
+            ("binlog_format", "MIXED"),
+            ("binlog_row_image", "MINIMAL"),
+            ("binlog_row_metadata", "MINIMAL"),
+            ("log_slave_updates", "OFF"),
+        ]);
+        let checks = preflight::evaluate_binlog_settings(Flavor::MariaDb, &bad, true, false);
+        let fails: Vec<(&str, &str, &str)> = checks
+            .iter()
+            .map(|c| (c.name.as_str(), c.level.as_str(), c.found.as_str()))
+            .collect();
+        assert_eq!(
+            fails,
+            vec![
+                ("log_bin", "FAIL", "OFF"),
+                ("binlog_format", "FAIL", "MIXED"),
+                ("binlog_row_image", "FAIL", "MINIMAL"),
+                ("binlog_row_metadata", "FAIL", "MINIMAL"),
+                ("log_slave_updates", "FAIL", "OFF"),
+            ]
+        );
+        assert!(checks[1].fix.contains("SET GLOBAL binlog_format=ROW"));
+        assert!(checks[1].fix.contains("[mariadbd]"));
+        assert!(checks[4].fix.contains("log_slave_updates=ON"));
+        // With layout tracking MINIMAL metadata only warns.
+        let checks = preflight::evaluate_binlog_settings(Flavor::MySql, &bad, false, true);
+        assert_eq!(checks[3].level, Level::Warn);
+        assert!(checks[3].fix.contains("[mysqld]"));
+        // MySQL 8 names it log_replica_updates.
+        let v = vars(&[("log_replica_updates", "OFF"), ("log_slave_updates", "OFF")]);
+        let checks = preflight::evaluate_binlog_settings(Flavor::MySql, &v, true, false);
+        assert_eq!(
+            checks.last().map(|c| c.name.as_str()),
+            Some("log_replica_updates")
+        );
+        // A server without binlog_row_metadata (MariaDB < 10.5) gets no line for it.
+        let old = vars(&[
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+        ]);
+        assert_eq!(
+            preflight::evaluate_binlog_settings(Flavor::MariaDb, &old, false, false).len(),
+            3
+        );
+    }
+
+    #[test]
+    fn server_id_collisions_name_the_holder() {
+        let server = ServerInfo {
+            flavor: Flavor::MariaDb,
+            version: "10.11".into(),
+            server_id: 1,
+            server_uuid: None,
+            row_metadata_full: true,
+        };
+        let me = report_host("orders");
+        let replicas = vec![(7, "replica-7".to_owned()), (9, me.clone())];
+        let c = preflight::evaluate_server_id(&server, 7, &replicas, &me, "SHOW SLAVE HOSTS");
+        assert_eq!(c.level, Level::Fail);
+        assert!(
+            c.found.contains("\"replica-7\"") && c.found.contains("SHOW SLAVE HOSTS"),
+            "{c:?}"
+        );
+        assert_eq!(
+            preflight::evaluate_server_id(&server, 9, &replicas, &me, "").level,
+            Level::Ok
+        );
+        assert_eq!(
+            preflight::evaluate_server_id(&server, 8, &replicas, &me, "").level,
+            Level::Ok
+        );
+        let own = preflight::evaluate_server_id(&server, 1, &[], &me, "");
+        assert!(own.found.contains("own @@server_id"), "{own:?}");
+    }
+
+    #[test]
+    fn gtid_mode_matters_only_on_mysql() {
+        assert_eq!(
+            evaluate_gtid_mode(Flavor::MariaDb, None, None).level,
+            Level::Ok
+        );
+        assert_eq!(
+            evaluate_gtid_mode(Flavor::MySql, Some("ON"), Some("ON")).level,
+            Level::Ok
+        );
+        let c = evaluate_gtid_mode(Flavor::MySql, Some("OFF_PERMISSIVE"), Some("OFF"));
+        assert_eq!(c.level, Level::Fail);
+        assert_eq!(
+            c.found,
+            "gtid_mode=OFF_PERMISSIVE, enforce_gtid_consistency=OFF"
+        );
+    }
+
+    #[test]
+    fn grants_are_read_from_show_grants() {
+        let g = |v: &[&str]| {
+            evaluate_grants(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).remove(0)
+        };
+        assert_eq!(
+            g(&["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION"]).level,
+            Level::Ok
+        );
+        assert_eq!(
+            g(&["GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `relay`@`%`"]).level,
+            Level::Ok
+        );
+        let c = g(&[
+            "GRANT USAGE ON *.* TO `relay`@`%`",
+            "GRANT SELECT ON `shop`.* TO `relay`@`%`",
+        ]);
+        assert_eq!(c.level, Level::Fail);
+        assert_eq!(c.fix, "GRANT REPLICATION SLAVE ON *.* TO the relay's user");
+        // Only database-level: not enough.
+        assert_eq!(
+            g(&["GRANT ALL PRIVILEGES ON `shop`.* TO `relay`@`%`"]).level,
+            Level::Fail
+        );
+        // Roles are not expanded: a warning.
+        assert_eq!(
+            g(&[
+                "GRANT USAGE ON *.* TO `relay`@`%`",
+                "GRANT `cdc` TO `relay`@`%`"
+            ])
+            .level,
+            Level::Warn
+        );
+    }
+
+    #[test]
+    fn column_types_are_checked_per_mapped_column() {
+        let m = mapping("[outbox.columns]\npartition = \"part\"\n");
+        let col = |n: &str, t: &str, ct: &str| ColumnInfo {
+            name: n.into(),
+            data_type: t.into(),
+            column_type: ct.into(),
+        };
+        let good = [
+            col("payload", "longtext", "longtext"),
+            col("created_at", "datetime", "datetime(6)"),
+            col("part", "int", "int(11)"),
+        ];
+        assert!(evaluate_column_types(&m, &good)
+            .iter()
+            .all(|c| c.level == Level::Ok));
+        let bad = [
+            col("payload", "int", "int(11)"),
+            col("created_at", "varchar", "varchar(32)"),
+            col("part", "varchar", "varchar(8)"),
+        ];
+        let checks = evaluate_column_types(&m, &bad);
+        assert_eq!(checks.len(), 3);
+        assert!(checks.iter().all(|c| c.level == Level::Fail));
+        assert_eq!(
+            checks[1].name,
+            "shop.outbox.created_at (outbox.columns.created_at)"
+        );
+        assert_eq!(checks[1].expected, "DATETIME or TIMESTAMP");
+        assert_eq!(checks[1].found, "varchar(32)");
+        assert!(checks[1]
+            .fix
+            .starts_with("ALTER TABLE `shop`.`outbox` MODIFY `created_at` DATETIME(6)"));
+    }
+
+    fn row(file: &str, pos: u64, age: f64) -> StateRow {
+        StateRow {
+            binlog_file: file.into(),
+            binlog_pos: pos,
+            rows_acked: 0,
+            gtid_set: None,
+            source_server_id: 1,
+            source_server_uuid: None,
+            lease_token: 1,
+            lease_owner: None,
+            updated_at_utc: String::new(),
+            age_seconds: age,
+        }
+    }
+
+    #[test]
+    fn retention_against_the_checkpoint() {
+        let logs = vec![
+            ("bin.000002".to_owned(), 5000),
+            ("bin.000003".to_owned(), 700),
+        ];
+        let r = |row: &StateRow, s: Option<u64>, d: Option<f64>| {
+            evaluate_retention(Some(row), &logs, s, d)
+        };
+        let ok = r(&row("bin.000003", 400, 60.0), Some(86_400), None);
+        assert!(ok.iter().all(|c| c.level == Level::Ok), "{ok:?}");
+        let purged = r(&row("bin.000001", 400, 60.0), Some(86_400), None);
+        assert_eq!(purged.len(), 1);
+        assert_eq!(purged[0].level, Level::Fail);
+        assert!(
+            purged[0].found.contains("purged")
+                && purged[0].found.contains("bin.000002:4 to bin.000003:700")
+        );
+        assert!(purged[0].fix.contains("reset --to earliest"));
+        let past_end = r(&row("bin.000003", 900, 60.0), None, None);
+        assert!(past_end[0].found.contains("past the end"));
+        // 13 h old with 1 day retention (expire_logs_days, MariaDB prints a decimal).
+        let old = r(&row("bin.000003", 400, 13.0 * 3600.0), Some(0), Some(1.0));
+        assert_eq!(old[1].level, Level::Warn, "{old:?}");
+        // binlog_expire_logs_seconds wins over expire_logs_days; 0 and 0 never expire.
+        assert_eq!(
+            r(
+                &row("bin.000003", 400, 13.0 * 3600.0),
+                Some(30 * 86_400),
+                Some(1.0)
+            )[1]
+            .level,
+            Level::Ok
+        );
+        assert_eq!(
+            r(&row("bin.000003", 400, 1e9), Some(0), Some(0.0))[1].level,
+            Level::Ok
+        );
+        assert_eq!(
+            evaluate_retention(None, &logs, None, None)[0].level,
+            Level::Ok
+        );
+    }
+
+    #[test]
+    fn message_size_against_the_largest_payload() {
+        let m = mapping("");
+        assert_eq!(
+            evaluate_message_size(&m, Some(65_535), Some(16 << 20), 1_000_000, false).level,
+            Level::Ok
+        );
+        let c = evaluate_message_size(&m, Some(4_294_967_295), Some(16 << 20), 1_000_000, false);
+        assert_eq!(c.level, Level::Warn);
+        assert!(
+            c.found.starts_with("payloads up to 16777216 bytes"),
+            "{c:?}"
+        );
+        assert!(c.fix.contains("stops the relay"));
+        assert!(
+            evaluate_message_size(&m, None, Some(64 << 20), 1_000_000, true)
+                .fix
+                .contains("dead-letter")
+        );
+    }
+
+    #[test]
+    fn checkpoint_gtid_needed_for_gtid_resume() {
+        assert_eq!(evaluate_checkpoint_gtid(None).level, Level::Ok);
+        assert_eq!(
+            evaluate_checkpoint_gtid(Some(&row("bin.000001", 4, 0.0))).level,
+            Level::Fail
+        );
+        let mut r = row("bin.000001", 4, 0.0);
+        r.gtid_set = Some("0-1-5".into());
+        assert_eq!(evaluate_checkpoint_gtid(Some(&r)).found, "0-1-5");
+    }
+}

@@ -1,0 +1,244 @@
+//! Operator commands of the `outbox-relay` binary besides `run` and `replay`: [`check`] (every
+//! prerequisite, one line each), [`status`] (checkpoint, lag, lease), [`reset`] (move the
+//! checkpoint), [`migrate`] (create or upgrade the tables) and [`prune`] (delete relayed outbox
+//! rows). Each returns a report the command line prints; exit codes are in the README
+//! ("Operations").
+
+pub mod check;
+pub mod migrate;
+pub mod prune;
+pub mod reset;
+pub mod scan;
+pub mod status;
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Row};
+
+use crate::config::{RelayConfig, TableName};
+use crate::error::RelayError;
+use crate::position::BinlogPosition;
+
+/// Exit code of `reset` without `--yes`: the plan was printed, nothing was changed.
+pub const EXIT_NOT_CONFIRMED: u8 = 4;
+
+/// Opens one connection to `config`'s server (`mysql.url`), within `mysql.read_timeout_ms`.
+///
+/// # Errors
+/// [`RelayError::Config`] for an invalid URL; [`RelayError::Mysql`] (or
+/// [`RelayError::Prerequisite`] for access denied) when the server cannot be reached.
+pub async fn connect(config: &RelayConfig) -> Result<Conn, RelayError> {
+    let opts = opts(config)?;
+    let mut conn = crate::with_timeout(
+        Duration::from_millis(config.mysql.read_timeout_ms),
+        "connecting to MySQL",
+        Conn::new(opts),
+    )
+    .await??;
+    // TIMESTAMP values (updated_at) and NOW() in UTC, whatever the server's zone.
+    conn.query_drop("SET time_zone = '+00:00'").await?;
+    Ok(conn)
+}
+
+/// `mysql.url` as connection options.
+///
+/// # Errors
+/// [`RelayError::Config`] for an invalid URL.
+pub fn opts(config: &RelayConfig) -> Result<Opts, RelayError> {
+    Opts::from_url(&config.mysql.url).map_err(|e| RelayError::Config(format!("mysql.url: {e}")))
+}
+
+/// `SHOW BINARY LOGS`: every binlog file the server has, oldest first, with its size in bytes.
+///
+/// # Errors
+/// [`RelayError::Mysql`] (or [`RelayError::Prerequisite`] without REPLICATION CLIENT / BINLOG
+/// MONITOR) when the statement fails.
+pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>, RelayError> {
+    let rows: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
+        .collect())
+}
+
+/// Bytes of binlog from `from` to `to` (`to` at or after `from`), from the file sizes of `logs`
+/// ([`binary_logs`]): the rest of `from`'s file, every file in between, and `to.pos` bytes of
+/// `to`'s file (counting from the file start, header included). `None` when a file is not in
+/// `logs` or `to` is before `from`.
+pub fn bytes_between(
+    logs: &[(String, u64)],
+    from: &BinlogPosition,
+    to: &BinlogPosition,
+) -> Option<u64> {
+    let a = logs.iter().position(|(n, _)| *n == from.file)?;
+    let b = logs.iter().position(|(n, _)| *n == to.file)?;
+    if a == b {
+        return to.pos.checked_sub(from.pos);
+    }
+    if b < a {
+        return None;
+    }
+    let rest = logs[a].1.checked_sub(from.pos)?;
+    let middle: u64 = logs[a + 1..b].iter().map(|(_, size)| size).sum();
+    Some(rest + middle + to.pos)
+}
+
+/// The whole state row of one connector, as stored (lease columns included), with the row's
+/// age by the server's clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateRow {
+    /// `binlog_file` (`""`: a lease placeholder, no position stored yet).
+    pub binlog_file: String,
+    /// `binlog_pos`.
+    pub binlog_pos: u64,
+    /// `rows_acked`.
+    pub rows_acked: u64,
+    /// `gtid_set` (`None` when NULL or empty).
+    pub gtid_set: Option<String>,
+    /// `source_server_id`.
+    pub source_server_id: u32,
+    /// `source_server_uuid`.
+    pub source_server_uuid: Option<String>,
+    /// `lease_token`.
+    pub lease_token: u64,
+    /// `lease_owner` (`host:pid` of the instance that took the lease last).
+    pub lease_owner: Option<String>,
+    /// `updated_at` in UTC, `YYYY-MM-DD HH:MM:SS.ffffff`.
+    pub updated_at_utc: String,
+    /// Seconds from `updated_at` to the server's `NOW()`.
+    pub age_seconds: f64,
+}
+
+impl StateRow {
+    /// The stored position, unless the row is a lease placeholder.
+    pub fn position(&self) -> Option<BinlogPosition> {
+        (!self.binlog_file.is_empty())
+            .then(|| BinlogPosition::new(self.binlog_file.clone(), self.binlog_pos))
+    }
+}
+
+/// Reads `connector`'s row of `table` (on a connection from [`connect`], whose session zone is
+/// UTC).
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the query fails (for example the table does not exist).
+pub async fn read_state_row(
+    conn: &mut Conn,
+    table: &TableName,
+    connector: &str,
+) -> Result<Option<StateRow>, RelayError> {
+    // updated_at is a TIMESTAMP: read in UTC whatever the session's zone.
+    let row: Option<Row> = conn
+        .exec_first(
+            format!(
+                "SELECT binlog_file, binlog_pos, rows_acked, gtid_set, source_server_id, \
+                 source_server_uuid, lease_token, lease_owner, \
+                 DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f'), \
+                 TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) FROM {} \
+                 WHERE connector_name = ?",
+                table.quoted()
+            ),
+            (connector,),
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let bad = || {
+        RelayError::Mysql(format!(
+            "the checkpoint row of connector {connector:?} in {table} has unexpected values"
+        ))
+    };
+    let get_str = |i: usize| row.get::<Option<String>, _>(i).flatten();
+    Ok(Some(StateRow {
+        binlog_file: get_str(0).ok_or_else(bad)?,
+        binlog_pos: row.get::<u64, _>(1).ok_or_else(bad)?,
+        rows_acked: row.get::<u64, _>(2).ok_or_else(bad)?,
+        gtid_set: get_str(3).filter(|g| !g.trim().is_empty()),
+        source_server_id: row.get::<u32, _>(4).ok_or_else(bad)?,
+        source_server_uuid: get_str(5),
+        lease_token: row.get::<u64, _>(6).ok_or_else(bad)?,
+        lease_owner: get_str(7),
+        updated_at_utc: get_str(8).unwrap_or_default(),
+        age_seconds: row
+            .get::<Option<i64>, _>(9)
+            .flatten()
+            .map_or(0.0, |us| us as f64 / 1e6),
+    }))
+}
+
+/// The connection id holding `connector`'s lease (`IS_USED_LOCK` on
+/// [`crate::lease::lock_name`]), if any.
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the query fails.
+pub async fn lease_holder(
+    conn: &mut Conn,
+    table: &TableName,
+    connector: &str,
+) -> Result<Option<u64>, RelayError> {
+    let holder: Option<Option<u64>> = conn
+        .exec_first(
+            "SELECT IS_USED_LOCK(?)",
+            (crate::lease::lock_name(table, connector),),
+        )
+        .await?;
+    Ok(holder.flatten())
+}
+
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn format_utc(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| format!("{secs} s since the epoch"))
+}
+
+/// A human-readable duration: `42 s`, `3 min 5 s`, `2 h 3 min`, `4 d 2 h`.
+pub fn human_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        3600..=86_399 => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+        _ => format!("{} d {} h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_between_sums_the_files_in_between() {
+        let logs = vec![
+            ("bin.000001".to_owned(), 1000),
+            ("bin.000002".to_owned(), 2000),
+            ("bin.000003".to_owned(), 500),
+        ];
+        let p = |f: &str, pos| BinlogPosition::new(f, pos);
+        assert_eq!(
+            bytes_between(&logs, &p("bin.000002", 100), &p("bin.000002", 350)),
+            Some(250)
+        );
+        // 900 left in 000001, all 2000 of 000002, 300 of 000003.
+        assert_eq!(
+            bytes_between(&logs, &p("bin.000001", 100), &p("bin.000003", 300)),
+            Some(3200)
+        );
+        assert_eq!(
+            bytes_between(&logs, &p("bin.000000", 4), &p("bin.000003", 300)),
+            None
+        );
+        assert_eq!(
+            bytes_between(&logs, &p("bin.000003", 4), &p("bin.000001", 300)),
+            None
+        );
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human_duration(0.4), "0 s");
+        assert_eq!(human_duration(185.0), "3 min 5 s");
+        assert_eq!(human_duration(7380.0), "2 h 3 min");
+        assert_eq!(human_duration(360_000.0), "4 d 4 h");
+    }
+}

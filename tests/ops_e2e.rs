@@ -1,0 +1,652 @@
+//! The operator commands `check`, `status`, `reset`, `migrate` and `prune` against the shared
+//! MariaDB (3306) and Kafka (9092). Nothing here changes a global server variable: the
+//! evaluation of server settings is unit-tested on values (`ops::check` tests).
+//!
+//! Expected values come from SQL the tests run themselves (SHOW BINARY LOGS, BINLOG_GTID_POS,
+//! information_schema) and from the rows they wrote.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use mysql_async::prelude::*;
+use mysql_async::Conn;
+use outbox_relay_testkit::{
+    binary_logs, current_binlog_position, describe_exit, insert_outbox_rows, lease_lock_name,
+    mysql_url, recent_created_at_base, unique_suffix, BinlogPosition, InsertStyle, RelayConfigSpec,
+    RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const EXIT: Duration = Duration::from_secs(90);
+const START: Duration = Duration::from_secs(60);
+
+/// Runs `outbox-relay <args> --config <spec>` to its end.
+async fn run(spec: &RelayConfigSpec, args: &[&str]) -> Result<(ExitStatus, String, String)> {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push("--config");
+    let p = RelayProcess::spawn_args(BIN, &all, &spec.to_toml(), &[])?;
+    let status = p.wait_exit(EXIT).await?;
+    Ok((status, p.stdout_text(), p.stderr_text()))
+}
+
+fn expect(status: &ExitStatus, code: i32, out: &str, err: &str) -> Result<()> {
+    ensure!(
+        status.code() == Some(code),
+        "expected exit code {code}, got {}\n--- stdout ---\n{out}\n--- stderr ---\n{err}",
+        describe_exit(status)
+    );
+    Ok(())
+}
+
+fn has(text: &str, needle: &str) -> Result<()> {
+    ensure!(text.contains(needle), "{needle:?} not in:\n{text}");
+    Ok(())
+}
+
+async fn gtid_at(conn: &mut Conn, p: &BinlogPosition) -> Result<Option<String>> {
+    let g: Option<Option<String>> = conn
+        .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&p.file, p.pos))
+        .await?;
+    Ok(g.flatten().filter(|g| !g.is_empty()))
+}
+
+/// Binlog bytes from `from` to `to`, from SHOW BINARY LOGS.
+async fn lag(conn: &mut Conn, from: &BinlogPosition, to: &BinlogPosition) -> Result<u64> {
+    let logs = binary_logs(conn).await?;
+    let a = logs
+        .iter()
+        .position(|(f, _)| *f == from.file)
+        .context("from")?;
+    let b = logs.iter().position(|(f, _)| *f == to.file).context("to")?;
+    if a == b {
+        return Ok(to.pos - from.pos);
+    }
+    Ok(logs[a].1 - from.pos + logs[a + 1..b].iter().map(|(_, s)| s).sum::<u64>() + to.pos)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<()> {
+    let w = World::new(BIN, "opscheck").await?;
+    let db = w.db.name().to_owned();
+    let (status, out, err) = run(&w.spec, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    for line in [
+        "OK    binlog_format: ROW".to_owned(),
+        "OK    binlog_row_image: FULL".to_owned(),
+        format!(
+            "OK    outbox table {db}.outbox: has the mapped columns id, aggregate_type, \
+             aggregate_id, event_type, event_key, payload, created_at"
+        ),
+        format!("OK    {db}.outbox.created_at (outbox.columns.created_at): datetime(6)"),
+        format!(
+            "OK    checkpoint table {db}.outbox_relay_checkpoint: exists with the expected columns"
+        ),
+        format!("OK    privileges on {db}.outbox_relay_checkpoint: SELECT, INSERT, UPDATE"),
+        "OK    Kafka: ".to_owned(),
+        " 0 FAIL".to_owned(),
+    ] {
+        has(&out, &line)?;
+    }
+    ensure!(!out.contains("FAIL "), "{out}");
+
+    // Break it: a missing column, a wrong type, a missing outbox table, no checkpoint table.
+    let mut conn = w.db.conn().await?;
+    conn.query_drop(
+        "ALTER TABLE outbox DROP COLUMN event_type, MODIFY created_at VARCHAR(32) NULL",
+    )
+    .await?;
+    conn.query_drop("DROP TABLE outbox_relay_checkpoint")
+        .await?;
+    let mut spec = w.spec.clone();
+    spec.tables.push(format!("{db}.no_such_outbox"));
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    expect(&status, 3, &out, &err)?;
+    for line in [
+        format!(
+            "FAIL  outbox table {db}.outbox: expected the mapped columns, found no column \
+             \"event_type\" (outbox.columns.event_type); it has id, aggregate_type, aggregate_id, \
+             event_key, payload, created_at\n      fix: map the table's column names in \
+             [outbox.columns] (or the table's [[outbox.table]] entry), or add the columns"
+        ),
+        format!(
+            "FAIL  {db}.outbox.created_at (outbox.columns.created_at): expected DATETIME or \
+             TIMESTAMP, found varchar(32)\n      fix: ALTER TABLE `{db}`.`outbox` MODIFY \
+             `created_at` DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) (converting the \
+             existing values), or set outbox.columns.created_at = \"\" to use the binlog event time"
+        ),
+        format!(
+            "FAIL  outbox table {db}.no_such_outbox: expected an existing table, found no such \
+             table (or no SELECT privilege on it)\n      fix: create it (migrations/0001_outbox.sql"
+        ),
+        format!(
+            "FAIL  checkpoint table {db}.outbox_relay_checkpoint: expected the outbox-relay state \
+             table, found no such table\n      fix: create it"
+        ),
+        " 4 FAIL".to_owned(),
+    ] {
+        has(&out, &line)?;
+    }
+    // The server settings are still fine.
+    has(&out, "OK    binlog_format: ROW")?;
+    drop(conn);
+    w.db.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
+    let w = World::new(BIN, "opsstatus").await?;
+    let mut conn = w.db.conn().await?;
+    let cp = w.db.created_at_binlog().clone();
+    let gtid = gtid_at(&mut conn, &cp)
+        .await?
+        .context("the server has GTIDs")?;
+    conn.query_drop("SET time_zone = '+00:00'").await?;
+    conn.exec_drop(
+        "INSERT INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
+         rows_acked, gtid_set, source_server_id, lease_token, lease_owner, updated_at) \
+         VALUES (?, ?, ?, 3, ?, @@server_id, 7, 'opshost:4242', UTC_TIMESTAMP(6) - INTERVAL 90 SECOND)",
+        (w.connector(), &cp.file, cp.pos, &gtid),
+    )
+    .await?;
+    let before = current_binlog_position(&mut conn).await?;
+    let lag_before = lag(&mut conn, &cp, &before).await?;
+    let (status, out, err) = run(&w.spec, &["status"]).await?;
+    expect(&status, 0, &out, &err)?;
+    for line in [
+        format!("connector         {}", w.connector()),
+        format!("checkpoint        {}:{} (rows_acked 3)", cp.file, cp.pos),
+        format!("checkpoint gtid   {gtid}"),
+        "lease             free (last owner opshost:4242, token 7)".to_owned(),
+        " (1 min 30 s ago)".to_owned(),
+    ] {
+        has(&out, &line)?;
+    }
+
+    // Hold the lease as a relay would: --json says who.
+    let mut holder = Conn::from_url(mysql_url(None)).await?;
+    let lock = lease_lock_name(w.db.name(), DEFAULT_CHECKPOINT_TABLE, w.connector());
+    let got: Option<i64> = holder.exec_first("SELECT GET_LOCK(?, 5)", (&lock,)).await?;
+    ensure!(got == Some(1), "GET_LOCK {lock}");
+    let holder_id: u64 = holder
+        .query_first("SELECT CONNECTION_ID()")
+        .await?
+        .context("id")?;
+    let (status, out, err) = run(&w.spec, &["status", "--json"]).await?;
+    let after = current_binlog_position(&mut conn).await?;
+    let lag_after = lag(&mut conn, &cp, &after).await?;
+    holder.exec_drop("DO RELEASE_LOCK(?)", (&lock,)).await.ok();
+    drop(holder);
+    expect(&status, 0, &out, &err)?;
+    let v: serde_json::Value = serde_json::from_str(out.trim()).context(out.clone())?;
+    ensure!(v["connector"] == w.connector(), "{v}");
+    ensure!(
+        v["checkpoint_table"] == format!("{}.outbox_relay_checkpoint", w.db.name()),
+        "{v}"
+    );
+    let c = &v["checkpoint"];
+    ensure!(
+        c["binlog_file"] == cp.file.as_str() && c["binlog_pos"] == cp.pos,
+        "{v}"
+    );
+    ensure!(
+        c["rows_acked"] == 3 && c["gtid_set"] == gtid.as_str(),
+        "{v}"
+    );
+    ensure!(c["available"] == true, "{v}");
+    let age = c["age_seconds"].as_f64().context("age")?;
+    ensure!((90.0..150.0).contains(&age), "age {age}: {v}");
+    let lease = &v["lease"];
+    ensure!(
+        lease["held"] == true && lease["holder_connection_id"] == holder_id,
+        "{v}"
+    );
+    ensure!(
+        lease["owner"] == "opshost:4242" && lease["token"] == 7,
+        "{v}"
+    );
+    let bytes = v["lag"]["bytes"].as_u64().context("lag bytes")?;
+    ensure!(
+        (lag_before..=lag_after).contains(&bytes),
+        "lag {bytes} not within [{lag_before}, {lag_after}]: {v}"
+    );
+    ensure!(
+        bytes == 0 || v["lag"]["seconds"].as_f64() == Some(age),
+        "{v}"
+    );
+    let server_pos = BinlogPosition {
+        file: v["server"]["binlog_file"]
+            .as_str()
+            .context("file")?
+            .to_owned(),
+        pos: v["server"]["binlog_pos"].as_u64().context("pos")?,
+    };
+    ensure!(
+        lag(&mut conn, &before, &server_pos).await.is_ok()
+            && lag(&mut conn, &server_pos, &after).await.is_ok(),
+        "server position {server_pos} not between {before} and {after}"
+    );
+    drop(conn);
+    w.db.drop_database().await
+}
+
+async fn state(w: &World) -> Result<outbox_relay_testkit::StateRow> {
+    w.state().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Result<()> {
+    let w = World::new(BIN, "opsreset").await?;
+    let mut conn = w.db.conn().await?;
+    let logs = binary_logs(&mut conn).await?;
+    let (first, _) = logs.first().context("binlogs")?.clone();
+    let (last, last_size) = logs.last().context("binlogs")?.clone();
+
+    // A file the server does not have (before the first one), a position past the end.
+    let (base, seq) = first.rsplit_once('.').context("name")?;
+    let gone = format!(
+        "{base}.{:0width$}",
+        seq.parse::<u64>()? - 1,
+        width = seq.len()
+    );
+    let (status, out, err) =
+        run(&w.spec, &["reset", "--to", &format!("{gone}:4"), "--yes"]).await?;
+    expect(&status, 2, &out, &err)?;
+    has(
+        &err,
+        &format!("the server no longer has (or never had) binlog file {gone:?}"),
+    )?;
+    let past = format!("{last}:{}", last_size + 100_000_000);
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &past, "--yes"]).await?;
+    expect(&status, 2, &out, &err)?;
+    has(&err, "is outside the file")?;
+
+    // A position inside a transaction: the end of the table map event of our insert.
+    let start = current_binlog_position(&mut conn).await?;
+    let mut gen = RowGen::new(&w.uid, "r", 2);
+    let rows = gen.rows(2);
+    let mut tx = conn.start_transaction(Default::default()).await?;
+    insert_outbox_rows(&mut tx, "outbox", &rows, InsertStyle::MultiRow).await?;
+    tx.commit().await?;
+    let events: Vec<mysql_async::Row> = conn
+        .query(format!(
+            "SHOW BINLOG EVENTS IN '{}' FROM {} LIMIT 2000",
+            start.file, start.pos
+        ))
+        .await?;
+    let table_map_end = events
+        .iter()
+        .find_map(|r| {
+            let kind: String = r.get(2)?;
+            let info: String = r.get(5)?;
+            (kind == "Table_map" && info.contains(&format!("({}.outbox)", w.db.name())))
+                .then(|| r.get::<u64, _>(4))
+                .flatten()
+        })
+        .context("our table map event")?;
+    let inside = format!("{}:{table_map_end}", start.file);
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &inside, "--yes"]).await?;
+    expect(&status, 2, &out, &err)?;
+    has(
+        &err,
+        &format!("{inside} is not a transaction boundary: it is inside a transaction"),
+    )?;
+    ensure!(
+        outbox_relay_testkit::read_state_row(w.db.pool(), DEFAULT_CHECKPOINT_TABLE, w.connector())
+            .await?
+            .is_none_or(|r| r.is_placeholder()),
+        "a refused reset wrote a position"
+    );
+
+    // FILE:POS (a transaction boundary: the server's end after our commit), dry run first.
+    let target = current_binlog_position(&mut conn).await?;
+    let to = target.to_string();
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &to]).await?;
+    expect(&status, 4, &out, &err)?;
+    has(
+        &out,
+        "not applied (dry run): run again with --yes to write it",
+    )?;
+    has(&out, &format!("new         {to} (rows_acked 0, gtid "))?;
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &to, "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let row = state(&w).await?;
+    let server_id: u32 = conn
+        .query_first("SELECT @@server_id")
+        .await?
+        .context("id")?;
+    ensure!(row.position() == target, "{row:?}");
+    ensure!(
+        row.rows_acked == 0 && row.source_server_id == server_id,
+        "{row:?}"
+    );
+    ensure!(
+        row.gtid_set == gtid_at(&mut conn, &target).await?,
+        "{row:?}"
+    );
+    has(
+        &out,
+        &format!(
+            "done        checkpoint written under lease token {}",
+            row.lease_token
+        ),
+    )?;
+    let token = row.lease_token;
+
+    // latest
+    let before = current_binlog_position(&mut conn).await?;
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "latest", "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let after = current_binlog_position(&mut conn).await?;
+    let row = state(&w).await?;
+    ensure!(
+        row.lease_token == token + 1,
+        "the reset must take a new lease token: {row:?}"
+    );
+    lag(&mut conn, &before, &row.position())
+        .await
+        .context("latest before the command")?;
+    lag(&mut conn, &row.position(), &after)
+        .await
+        .context("latest after the command")?;
+    ensure!(
+        row.gtid_set == gtid_at(&mut conn, &row.position()).await?,
+        "{row:?}"
+    );
+
+    // earliest
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "earliest", "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let row = state(&w).await?;
+    let first_now = binary_logs(&mut conn)
+        .await?
+        .first()
+        .context("logs")?
+        .0
+        .clone();
+    ensure!(
+        row.binlog_file == first_now && row.binlog_pos == 4,
+        "{row:?}"
+    );
+    has(&out, "moves BACK")?;
+
+    // A GTID position: kept as given; the position is where the binlog goes on after it.
+    let gtid = gtid_at(&mut conn, &target).await?.context("gtid")?;
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &gtid, "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let row = state(&w).await?;
+    ensure!(row.gtid_set.as_deref() == Some(gtid.as_str()), "{row:?}");
+    let next_gtid: Vec<mysql_async::Row> = conn
+        .query(format!(
+            "SHOW BINLOG EVENTS IN '{}' FROM {} LIMIT 50",
+            target.file, target.pos
+        ))
+        .await?;
+    if let Some(pos) = next_gtid.iter().find_map(|r| {
+        (r.get::<String, _>(2)? == "Gtid")
+            .then(|| r.get::<u64, _>(1))
+            .flatten()
+    }) {
+        ensure!(
+            row.position()
+                == BinlogPosition {
+                    file: target.file.clone(),
+                    pos
+                },
+            "GTID {gtid}: {row:?}, expected {}:{pos}",
+            target.file
+        );
+    }
+
+    // While a relay holds the lease: refused, nothing written.
+    let relay = w.spawn()?;
+    let held = outbox_relay_testkit::wait_until(
+        "the relay to take the lease",
+        START,
+        Duration::from_millis(100),
+        async || {
+            relay.ensure_running()?;
+            let row = state(&w).await?;
+            Ok((row.lease_owner_pid() == Some(relay.pid())).then_some(row))
+        },
+    )
+    .await?;
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "latest", "--yes"]).await?;
+    expect(&status, 3, &out, &err)?;
+    has(&err, &format!("lease of connector {:?}", w.connector()))?;
+    has(&err, "held by connection")?;
+    let now = state(&w).await?;
+    ensure!(now.lease_token == held.lease_token, "{held:?} -> {now:?}");
+    relay.stop(EXIT).await?;
+    drop(conn);
+    w.db.drop_database().await
+}
+
+/// The columns of a table, in order, with their types.
+async fn columns(conn: &mut Conn, db: &str, table: &str) -> Result<Vec<(String, String)>> {
+    Ok(conn
+        .exec(
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (db, table),
+        )
+        .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Result<()> {
+    let db = format!("ops_migrate_{}", unique_suffix());
+    let mut admin = Conn::from_url(mysql_url(None)).await?;
+    admin.query_drop(format!("CREATE DATABASE `{db}`")).await?;
+    let uid = unique_suffix();
+    let spec = RelayConfigSpec {
+        connector_name: format!("mig-{uid}"),
+        mysql_url: mysql_url(Some(&db)),
+        server_id: outbox_relay_testkit::next_server_id(),
+        tables: vec![format!("{db}.outbox")],
+        topic: format!("t_{uid}.outbox.event.{{aggregate_type}}"),
+        bootstrap_servers: outbox_relay_testkit::kafka_bootstrap(),
+        checkpoint_interval_ms: 500,
+        kafka_properties: Vec::new(),
+        initial_backoff_ms: 200,
+        max_backoff_ms: 2_000,
+        max_in_flight: 10_000,
+        heartbeat_interval_ms: None,
+        read_timeout_ms: None,
+        resume: None,
+        dead_letter_topic: None,
+        outbox_extra: String::new(),
+        unknown_xa_commit: None,
+    };
+    let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim() == format!("{db}.outbox_relay_checkpoint: created\n{db}.outbox: created"),
+        "{out}"
+    );
+    // The layouts of migrations/0002_checkpoint.sql and 0001_outbox.sql.
+    let expected_cp = [
+        ("connector_name", "varchar(191)"),
+        ("binlog_file", "varchar(255)"),
+        ("binlog_pos", "bigint(20) unsigned"),
+        ("rows_acked", "bigint(20) unsigned"),
+        ("gtid_set", "text"),
+        ("source_server_id", "int(10) unsigned"),
+        ("source_server_uuid", "varchar(64)"),
+        ("lease_token", "bigint(20) unsigned"),
+        ("lease_owner", "varchar(255)"),
+        ("table_layouts", "text"),
+        ("updated_at", "timestamp(6)"),
+    ]
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .to_vec();
+    ensure!(columns(&mut admin, &db, "outbox_relay_checkpoint").await? == expected_cp);
+    let outbox_cols: Vec<String> = columns(&mut admin, &db, "outbox")
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    ensure!(
+        outbox_cols
+            == [
+                "id",
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "event_key",
+                "payload",
+                "created_at"
+            ],
+        "{outbox_cols:?}"
+    );
+    let show = |t: &'static str| format!("SHOW CREATE TABLE `{db}`.`{t}`");
+    let cp_before: Option<(String, String)> =
+        admin.query_first(show("outbox_relay_checkpoint")).await?;
+    let ob_before: Option<(String, String)> = admin.query_first(show("outbox")).await?;
+
+    let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim()
+            == format!(
+                "{db}.outbox_relay_checkpoint: up to date (unchanged)\n{db}.outbox: up to date (unchanged)"
+            ),
+        "{out}"
+    );
+    ensure!(
+        admin
+            .query_first::<(String, String), _>(show("outbox_relay_checkpoint"))
+            .await?
+            == cp_before
+    );
+    ensure!(
+        admin
+            .query_first::<(String, String), _>(show("outbox"))
+            .await?
+            == ob_before
+    );
+
+    // The first layout (before rows_acked and the lease) is upgraded in place, rows kept.
+    admin
+        .query_drop(format!("DROP TABLE `{db}`.outbox_relay_checkpoint"))
+        .await?;
+    admin
+        .query_drop(format!(
+            "CREATE TABLE `{db}`.outbox_relay_checkpoint (connector_name VARCHAR(191) NOT NULL, \
+             binlog_file VARCHAR(255) NOT NULL, binlog_pos BIGINT UNSIGNED NOT NULL, \
+             gtid_set TEXT NULL, source_server_id INT UNSIGNED NOT NULL, \
+             source_server_uuid VARCHAR(64) NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT \
+             CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), PRIMARY KEY (connector_name)) \
+             ENGINE = InnoDB DEFAULT CHARSET = utf8mb4; \
+             INSERT INTO `{db}`.outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
+             source_server_id) VALUES ('old', 'bin.000007', 1234, 1)"
+        ))
+        .await?;
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim()
+            == format!("{db}.outbox_relay_checkpoint: upgraded (added rows_acked, lease_token, lease_owner, table_layouts)"),
+        "{out}"
+    );
+    ensure!(columns(&mut admin, &db, "outbox_relay_checkpoint").await? == expected_cp);
+    let kept: Option<(String, u64, u64, u64)> = admin
+        .query_first(format!(
+            "SELECT binlog_file, binlog_pos, rows_acked, lease_token FROM `{db}`.outbox_relay_checkpoint"
+        ))
+        .await?;
+    ensure!(kept == Some(("bin.000007".into(), 1234, 0, 0)), "{kept:?}");
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "up to date (unchanged)")?;
+    admin.query_drop(format!("DROP DATABASE `{db}`")).await?;
+    Ok(())
+}
+
+async fn outbox_ids(conn: &mut Conn) -> Result<Vec<u64>> {
+    Ok(conn.query("SELECT id FROM outbox ORDER BY id").await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
+    let w = World::new(BIN, "opsprune").await?;
+    let mut conn = w.db.conn().await?;
+    let now = recent_created_at_base() + 3_600_000_000;
+    let mut gen = RowGen::new(&w.uid, "p", 3);
+    let day = 86_400_000_000i64;
+    let mut rows = gen.rows(6);
+    for (i, r) in rows.iter_mut().enumerate() {
+        // ids 1..=3 are 10 days old, 4 is 6 days old, 5..=6 an hour old.
+        r.created_at_micros = match i {
+            0..=2 => now - 10 * day,
+            3 => now - 6 * day,
+            _ => now - 3_600_000_000,
+        };
+    }
+    let (relay, _) = w.start(START).await?;
+    insert_outbox_rows(&mut conn, "outbox", &rows, InsertStyle::SingleRow).await?;
+    let end = current_binlog_position(&mut conn).await?;
+    w.wait_checkpoint_covers(&relay, &end, START).await?;
+    relay.stop(EXIT).await?;
+
+    // Two more old rows the stopped relay has not relayed: ids 7, 8.
+    let mut late = gen.rows(2);
+    for r in &mut late {
+        r.created_at_micros = now - 10 * day;
+    }
+    insert_outbox_rows(&mut conn, "outbox", &late, InsertStyle::SingleRow).await?;
+    let all = outbox_ids(&mut conn).await?;
+    ensure!(all == (1..=8).collect::<Vec<u64>>(), "{all:?}");
+
+    let (status, out, err) = run(
+        &w.spec,
+        &["prune", "--older-than", "7d", "--max-wait-ms", "1500"],
+    )
+    .await?;
+    expect(&status, 1, &out, &err)?;
+    has(&err, "does not cover the binlog up to")?;
+    has(&err, "Write_rows")?;
+    ensure!(
+        outbox_ids(&mut conn).await? == all,
+        "nothing may be deleted while rows are unrelayed"
+    );
+
+    // The relay catches up; then the old rows go, in batches of 2, and the others stay.
+    let relay = w.spawn()?;
+    let end = current_binlog_position(&mut conn).await?;
+    w.wait_checkpoint_covers(&relay, &end, START).await?;
+    let (status, out, err) = run(&w.spec, &["prune", "--older-than", "7d", "--dry-run"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!("{}.outbox: 5 rows would be deleted", w.db.name()),
+    )?;
+    ensure!(outbox_ids(&mut conn).await? == all);
+    let (status, out, err) = run(
+        &w.spec,
+        &[
+            "prune",
+            "--older-than",
+            "7d",
+            "--batch-size",
+            "2",
+            "--pause-ms",
+            "10",
+        ],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, &format!("{}.outbox: deleted 5 rows", w.db.name()))?;
+    let left = outbox_ids(&mut conn).await?;
+    ensure!(left == vec![4, 5, 6], "{left:?}");
+    relay.stop(EXIT).await?;
+
+    // A mapping without created_at cannot be pruned.
+    let mut spec = w.spec.clone();
+    spec.outbox_extra = "[outbox.columns]\ncreated_at = \"\"\n".into();
+    let (status, out, err) = run(&spec, &["prune", "--older-than", "7d"]).await?;
+    expect(&status, 2, &out, &err)?;
+    has(&err, "has no created_at column mapped")?;
+    drop(conn);
+    w.db.drop_database().await
+}
