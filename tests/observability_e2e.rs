@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
+use mysql_async::prelude::*;
 use outbox_relay_testkit::{
     collect_records, commit_rows, current_binlog_position, expect_exit_code, free_local_port,
     wait_until, Record, RelayProcess, RowGen, World,
@@ -354,5 +355,98 @@ async fn http_port_in_use_is_a_configuration_error() -> Result<()> {
     ensure!(stderr.contains(&want), "{want:?} not in\n{stderr}");
     ensure!(stderr.contains("http.enabled = false"), "{stderr}");
     drop(taken);
+    Ok(())
+}
+
+/// Rows that go to the dead-letter topic are counted by why, and not as produced records.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_counted_by_kind() -> Result<()> {
+    let mut w = World::new(BIN, "obs_dlq").await?;
+    let port = free_local_port()?;
+    let dlq = format!("t_{}.dead_letter", w.uid);
+    w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    w.spec.dead_letter_topic = Some(dlq.clone());
+    w.spec
+        .kafka_properties
+        .push(("message.max.bytes".into(), "2000".into()));
+    let relay = w.spawn()?;
+    wait_for_status(&relay, port, "/readyz", 200, STARTUP).await?;
+
+    let mut conn = w.db.conn().await?;
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(5_000));
+    // (aggregate type, payload): good, no valid topic (a space), too large, good.
+    let rows = [
+        ("Order", r#"{"n":1}"#.to_owned()),
+        ("Bad Type", r#"{"n":2}"#.to_owned()),
+        ("Order", big),
+        ("Order", r#"{"n":4}"#.to_owned()),
+    ];
+    for (i, (agg_type, payload)) in rows.iter().enumerate() {
+        conn.exec_drop(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
+             VALUES (?, 'o-1', 'Created', ?, ?)",
+            (agg_type, format!("{}-obs-dl-{i}", w.uid), payload),
+        )
+        .await?;
+    }
+    let topic = w.topic("Order");
+    collect_records(
+        &w.spec.bootstrap_servers,
+        std::slice::from_ref(&dlq),
+        2,
+        RELAY_WAIT,
+    )
+    .await?;
+    collect_records(
+        &w.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        2,
+        RELAY_WAIT,
+    )
+    .await?;
+
+    let produced = format!("outbox_relay_records_produced_total{{topic=\"{topic}\"}}");
+    let page = wait_until(
+        "the metrics to count every row",
+        RELAY_WAIT,
+        POLL,
+        async || {
+            let (_, page) = http_get(port, "/metrics").await?;
+            Ok((metric(&page, &produced) == Some(2.0)).then_some(page))
+        },
+    )
+    .await?;
+    let table = format!(
+        "outbox_relay_outbox_rows_read_total{{table=\"{}\"}}",
+        w.db.outbox_table()
+    );
+    for (series, want) in [
+        (table.as_str(), Some(4.0)),
+        (
+            "outbox_relay_records_dead_lettered_total{kind=\"route\"}",
+            Some(1.0),
+        ),
+        (
+            "outbox_relay_records_dead_lettered_total{kind=\"producer\"}",
+            Some(1.0),
+        ),
+        (
+            "outbox_relay_records_dead_lettered_total{kind=\"decode\"}",
+            None,
+        ),
+        ("outbox_relay_read_to_ack_seconds_count", Some(2.0)),
+    ] {
+        ensure!(
+            metric(&page, series) == want,
+            "{series}: expected {want:?}, got {:?}\n{page}",
+            metric(&page, series)
+        );
+    }
+    ensure!(
+        !page.contains(&format!("topic=\"{dlq}\"")),
+        "dead letters counted as produced records:\n{page}"
+    );
+    let status = relay.stop(STOP).await?;
+    expect_exit_code(status, 0, &relay)?;
     Ok(())
 }

@@ -343,16 +343,17 @@ impl Metrics {
             binlog_to_ack: histogram(
                 &r,
                 "outbox_relay_binlog_to_ack_seconds",
-                "Per record: from the binlog timestamp of the row's event (when its statement \
-                 began on the source; for an XA transaction its XA COMMIT) to Kafka's \
-                 acknowledgement. Binlog timestamps are whole seconds, so values are up to 1 s \
-                 too high.",
+                "Per record counted by outbox_relay_records_produced_total: from the binlog \
+                 timestamp of the row's event (when its statement began on the source; for an XA \
+                 transaction its XA COMMIT) to Kafka's acknowledgement. Binlog timestamps are \
+                 whole seconds, so values are up to 1 s too high.",
                 &BINLOG_TO_ACK_BUCKETS,
             ),
             read_to_ack: histogram(
                 &r,
                 "outbox_relay_read_to_ack_seconds",
-                "Per record: from reading its row in the relay to Kafka's acknowledgement.",
+                "Per record counted by outbox_relay_records_produced_total: from reading its row \
+                 in the relay to Kafka's acknowledgement.",
                 &READ_TO_ACK_BUCKETS,
             ),
             reconnects: counter_vec(
