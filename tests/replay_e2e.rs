@@ -443,6 +443,7 @@ fn fixture_config(topic: &str) -> String {
         dead_letter_topic: None,
         outbox_extra: String::new(),
         unknown_xa_commit: None,
+        http_listen: None,
     };
     format!(
         "{}\n[outbox.columns]\nid = \"id\"\naggregate_type = \"name\"\naggregate_id = \"id\"\n\

@@ -57,6 +57,12 @@ for t in demo.outbox.event.Order demo.outbox.event.Payment; do
 done
 echo "total: $(count) records (8 Order + 4 Payment; the rolled-back order-1005 and the DELETEs produced none)"
 
+if command -v curl >/dev/null 2>&1; then
+  step "health and metrics (http.listen, default 127.0.0.1:9719; README \"Metrics and health\")"
+  curl -s http://127.0.0.1:9719/readyz
+  curl -s http://127.0.0.1:9719/metrics | grep -E '^outbox_relay_(outbox_rows_read_total|records_produced_total|records_in_flight|lag_seconds|checkpoint_binlog)' || true
+fi
+
 step "stopping the relay (SIGTERM: finish the transaction, wait for acks, write the checkpoint)"
 kill -TERM "$relay_pid"
 wait "$relay_pid" && echo "relay exited with code 0"

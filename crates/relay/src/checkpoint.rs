@@ -208,14 +208,16 @@ impl CheckpointStore for MysqlCheckpointStore {
         if pos < 4 {
             return Err(bad("binlog position"));
         }
-        Ok(Some(Checkpoint {
+        let checkpoint = Checkpoint {
             position: BinlogPosition::new(file, pos),
             rows_acked,
             gtid_set: gtid_set.filter(|g| !g.trim().is_empty()),
             source_server_id: server_id,
             source_server_uuid: server_uuid,
             table_layouts: table_layouts.filter(|l| !l.is_empty()).map(Arc::from),
-        }))
+        };
+        crate::metrics::global().checkpoint_stored(&checkpoint, false);
+        Ok(Some(checkpoint))
     }
 
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), RelayError> {
@@ -263,6 +265,7 @@ impl CheckpointStore for MysqlCheckpointStore {
                 self.connector
             )));
         }
+        crate::metrics::global().checkpoint_stored(checkpoint, true);
         Ok(())
     }
 }

@@ -40,6 +40,39 @@ pub struct RelayConfig {
     /// What to do with a row that cannot be relayed.
     #[serde(default)]
     pub dead_letter: DeadLetterConfig,
+    /// The HTTP endpoints: Prometheus metrics, liveness and readiness.
+    #[serde(default)]
+    pub http: HttpConfig,
+}
+
+/// `[http]`: `/metrics` (Prometheus), `/healthz` (the process runs) and `/readyz` (streaming and
+/// not stalled), see [`crate::http`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Serve the endpoints. Default `true`.
+    pub enabled: bool,
+    /// `IP:port` to listen on. Default `127.0.0.1:9719` (loopback only; `0.0.0.0:9719` to be
+    /// scraped from other hosts). Port 0 picks a free port (logged at start-up). A port in use
+    /// is a configuration error at start-up.
+    pub listen: String,
+    /// `/readyz` answers 503 when no binlog event or heartbeat was read for this long, in ms
+    /// (the stream is stalled, or reading waits for Kafka). Must exceed
+    /// `mysql.heartbeat_interval_ms`. Default 30000.
+    pub ready_stall_ms: u64,
+}
+
+/// Default `http.listen`.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9719";
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: DEFAULT_HTTP_LISTEN.into(),
+            ready_stall_ms: 30_000,
+        }
+    }
 }
 
 fn default_connector_name() -> String {
@@ -741,6 +774,13 @@ impl RelayConfig {
                 ));
             }
         }
+        if self.http.enabled && self.http.ready_stall_ms <= self.mysql.heartbeat_interval_ms {
+            return bad(format!(
+                "http.ready_stall_ms ({}) must exceed mysql.heartbeat_interval_ms ({}): an idle \
+                 source only sends a heartbeat that often",
+                self.http.ready_stall_ms, self.mysql.heartbeat_interval_ms
+            ));
+        }
         if self.retry.initial_backoff_ms == 0
             || self.retry.max_backoff_ms < self.retry.initial_backoff_ms
         {
@@ -833,6 +873,9 @@ bootstrap_servers = "127.0.0.1:9092"
         assert_eq!(c.outbox.columns.aggregate_id, "aggregate_id");
         assert_eq!(c.kafka.max_in_flight, 10_000);
         assert_eq!(c.checkpoint.interval_ms, 1000);
+        assert!(c.http.enabled);
+        assert_eq!(c.http.listen, "127.0.0.1:9719");
+        assert_eq!(c.http.ready_stall_ms, 30_000);
         assert_eq!(
             c.checkpoint_table().expect("resolves").to_string(),
             "shop.outbox_relay_checkpoint"
@@ -924,5 +967,41 @@ bootstrap_servers = "127.0.0.1:9092"
             .expect_err("bare name")
             .to_string();
         assert!(err.contains("database.table"), "{err}");
+    }
+
+    #[test]
+    fn http_section_is_read_and_checked() {
+        let toml = format!(
+            "{MINIMAL}\n[http]\nenabled = false\nlisten = \"0.0.0.0:9000\"\nready_stall_ms = 60000\n"
+        );
+        let c = RelayConfig::from_toml_str(&toml).expect("valid");
+        assert!(!c.http.enabled);
+        assert_eq!(c.http.listen, "0.0.0.0:9000");
+        assert_eq!(c.http.ready_stall_ms, 60_000);
+        let toml = format!("{MINIMAL}\n[http]\nready_stall_ms = 5000\n");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("not above the heartbeat")
+            .to_string();
+        assert!(
+            err.contains(
+                "http.ready_stall_ms (5000) must exceed mysql.heartbeat_interval_ms (5000)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn debug_dump_hides_passwords() {
+        let toml = MINIMAL.replace("root@", "relay:Pa55word@")
+            + "\n[kafka.properties]\n\"sasl.password\" = \"KafkaSecret\"\n\"linger.ms\" = \"5\"\n";
+        let c = RelayConfig::from_toml_str(&toml).expect("valid");
+        let dump = format!("{c:?}");
+        assert!(!dump.contains("Pa55word"), "{dump}");
+        assert!(!dump.contains("KafkaSecret"), "{dump}");
+        assert!(
+            dump.contains("mysql://relay:***@127.0.0.1:3306/shop"),
+            "{dump}"
+        );
+        assert!(dump.contains("\"linger.ms\": \"5\""), "{dump}");
     }
 }

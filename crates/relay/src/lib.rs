@@ -17,9 +17,11 @@ pub mod ddl;
 pub mod decode;
 pub mod error;
 pub mod gtid;
+pub mod http;
 pub mod json;
 pub mod lease;
 pub mod mapping;
+pub mod metrics;
 pub mod mysql_tls;
 pub mod ops;
 pub mod pipeline;
@@ -46,6 +48,7 @@ use crate::decode::GtidState;
 use crate::error::RelayError;
 use crate::gtid::MysqlGtidSet;
 use crate::lease::Lease;
+use crate::metrics::State;
 use crate::pipeline::{PipelineSettings, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
@@ -62,18 +65,33 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
 /// or a non-retriable error occurs.
 ///
-/// First it waits for the connector's lease (one active instance per connector name). MySQL and
+/// Before anything else it starts the HTTP endpoints of `[http]` ([`http`]: `/metrics`,
+/// `/healthz`, `/readyz`), which stop when it returns. Then it waits for the connector's lease (one active instance per connector name). MySQL and
 /// Kafka failures are retried with capped exponential backoff (`[retry]`), resuming from the
 /// last acknowledged point; a lost lease sends the instance back to waiting for it.
 ///
 /// # Errors
 /// The first error that retrying cannot fix: configuration, server prerequisites, an
 /// undecodable outbox row (with its position), an unavailable binlog position, or
-/// `retry.max_attempts` consecutive failures.
-pub async fn run(
+/// `retry.max_attempts` consecutive failures. [`RelayError::Config`] when `http.listen` cannot
+/// be bound.
+pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+    let metrics = metrics::global();
+    let server = http::start(&config.http, metrics).await?;
+    let result = supervise(config, shutdown).await;
+    metrics.set_state(State::Stopping);
+    if let Some(server) = server {
+        server.stop().await;
+    }
+    result
+}
+
+/// [`run`] without the HTTP endpoints.
+async fn supervise(
     config: RelayConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
+    let metrics = metrics::global();
     let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
         return Ok(());
     };
@@ -100,6 +118,7 @@ pub async fn run(
                         break Err(e);
                     }
                 }
+                metrics.set_state(State::WaitingForLease);
                 match Lease::acquire(
                     opts.clone(),
                     base_store.table(),
@@ -138,6 +157,9 @@ pub async fn run(
                 result
             }
         };
+        if let Err(e) = &result {
+            metrics.error(e);
+        }
         let e = match result {
             Ok(()) => break Ok(()),
             Err(e) if e.is_retriable() && !*shutdown.borrow() => e,
@@ -164,6 +186,11 @@ pub async fn run(
         let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
             resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
+        metrics.set_state(State::Retrying {
+            error: e.to_string(),
+            attempt: attempts,
+            delay_ms: delay.as_millis() as u64,
+        });
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.changed() => {}
@@ -171,6 +198,7 @@ pub async fn run(
         if *shutdown.borrow() {
             break Ok(());
         }
+        metrics.reconnect(&e);
     };
     if let Some(lease) = lease {
         lease.release().await;
@@ -249,6 +277,7 @@ async fn run_once(
     resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> (Option<Checkpoint>, Result<(), RelayError>) {
+    metrics::global().set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
         return (resume, Err(e));
     }
@@ -312,7 +341,9 @@ async fn run_once(
         store: Some(store),
         lease: Some(lease),
     };
+    metrics::global().set_state(State::Streaming);
     let outcome = pipeline::run(stages, &settings, start, shutdown).await;
+    metrics::global().set_state(State::Connecting);
     tracing::info!(
         records_acked = outcome.stats.records_acked,
         dead_lettered = outcome.stats.dead_lettered,

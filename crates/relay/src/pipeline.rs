@@ -44,6 +44,7 @@ use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::decode::{Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::lease::Lease;
+use crate::metrics::{self, DeadLetterKind, ProgressLog};
 use crate::route::{KafkaRecord, Router};
 use crate::sink::{delivery_result, DeadLetter, Delivered, KafkaSink, SendError};
 use crate::source::{BinlogSource, SourceEvent};
@@ -165,6 +166,9 @@ impl<S: CheckpointStore> Progress<'_, S> {
     /// worth a write).
     async fn persist(&mut self, force: bool) -> Result<(), RelayError> {
         if !(self.dirty || force) {
+            if self.store.is_some() {
+                metrics::global().checkpoint_current();
+            }
             return Ok(());
         }
         let Some(store) = self.store else {
@@ -192,6 +196,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
         }
         self.dirty = false;
         self.last_write = Instant::now();
+        metrics::global().checkpoint_current();
         Ok(())
     }
 }
@@ -260,6 +265,7 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         records_in_flight: 0,
         pending: None,
         settings,
+        event_time: 0,
     };
     let result = reader
         .stream(
@@ -295,6 +301,8 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
             other.and(drained).and(stored)
         }
     };
+    // What was not drained is no longer waited for.
+    metrics::global().set_in_flight(0);
     RunOutcome {
         acked: progress.acked(),
         result,
@@ -315,6 +323,8 @@ struct Reader<'a> {
     /// Newest boundary read after the last queued record, not queued yet (see `stream`).
     pending: Option<(Arc<Checkpoint>, bool)>,
     settings: &'a PipelineSettings,
+    /// Binlog timestamp of the event being decoded (s since the epoch), for the latency metric.
+    event_time: u32,
 }
 
 impl Reader<'_> {
@@ -327,6 +337,7 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         if matches!(ack, Ack::Record(_)) {
             self.records_in_flight -= 1;
+            metrics::global().set_in_flight(self.records_in_flight);
         }
         progress.on_ack(ack)?;
         if queue_empty {
@@ -351,6 +362,12 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut progress_tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + metrics::PROGRESS_LOG_INTERVAL,
+            metrics::PROGRESS_LOG_INTERVAL,
+        );
+        progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut progress_log = ProgressLog::new(progress.stats.records_acked);
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -373,11 +390,16 @@ impl Reader<'_> {
                         progress.persist(false).await?;
                     }
                 }
+                _ = progress_tick.tick() => {
+                    progress_log.log(progress.stats.records_acked, &progress.acked_base.position);
+                }
                 event = source.next_event(), if self.records_in_flight < self.settings.max_in_flight => {
                     let Some(event) = event? else {
                         tracing::debug!("the source has no more events");
                         return Ok(());
                     };
+                    metrics::global().event_read(&event);
+                    self.event_time = event.timestamp;
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
                     for row in rows {
                         let index = self.rows_in_tx;
@@ -396,6 +418,7 @@ impl Reader<'_> {
                         let done = (Arc::clone(&self.tx_base), index + 1);
                         let ack = self.produce(row, router, sink, done, progress, inflight).await?;
                         self.records_in_flight += 1;
+                        metrics::global().set_in_flight(self.records_in_flight);
                         if let Some((base, advances)) = self.pending.take() {
                             inflight.push_back(futures::future::ready(Ack::Boundary(base, advances)).boxed());
                         }
@@ -457,6 +480,8 @@ impl Reader<'_> {
                 _ => (self.tx_base.position.clone(), String::new()),
             },
         };
+        let read_at = Instant::now();
+        metrics::global().row_read(&table);
         let routed = match row {
             Ok(event) => router.try_route(event).map_err(|(reason, event)| {
                 // Unroutable (e.g. a topic name Kafka forbids): keep what the row had.
@@ -469,6 +494,7 @@ impl Reader<'_> {
                 (
                     err,
                     dead_letter_of(record, reason, position.clone(), table.clone(), true),
+                    DeadLetterKind::Route,
                 )
             }),
             Err(f) => {
@@ -482,17 +508,19 @@ impl Reader<'_> {
                     value: f.value,
                     headers: f.headers,
                 };
-                Err((f.error, dl))
+                Err((f.error, dl, DeadLetterKind::Decode))
             }
         };
         let record = match routed {
             Ok(record) => record,
-            Err((err, dl)) => {
+            Err((err, dl, kind)) => {
                 return self
-                    .dead_letter(dl, err, sink, done, progress, inflight)
+                    .dead_letter((dl, kind), err, sink, done, progress, inflight)
                     .await;
             }
         };
+        let (topic, bytes, event_time) =
+            (record.topic.clone(), record_bytes(&record), self.event_time);
         let delivery = match self
             .send_with_backpressure(sink, progress, inflight, |s| s.send(&record))
             .await
@@ -506,7 +534,14 @@ impl Reader<'_> {
                 };
                 let dl = dead_letter_of(record, reason, position, table, false);
                 return self
-                    .dead_letter(dl, err, sink, done, progress, inflight)
+                    .dead_letter(
+                        (dl, DeadLetterKind::Producer),
+                        err,
+                        sink,
+                        done,
+                        progress,
+                        inflight,
+                    )
                     .await;
             }
             Err(Refusal::Failed(e)) => return Err(e),
@@ -514,7 +549,10 @@ impl Reader<'_> {
         let sink = sink.clone();
         Ok(async move {
             let result = match delivery_result(delivery.await) {
-                Ok(Delivered::Acked(..)) => Ok(done),
+                Ok(Delivered::Acked(..)) => {
+                    metrics::global().record_acked(&topic, bytes, event_time, read_at);
+                    Ok(done)
+                }
                 Ok(Delivered::Refused {
                     reason,
                     key,
@@ -544,10 +582,11 @@ impl Reader<'_> {
         .boxed())
     }
 
-    /// Sends `dl` to the dead-letter topic when one is configured; otherwise returns `err`.
+    /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured;
+    /// otherwise returns `err`.
     async fn dead_letter<S: CheckpointStore>(
         &mut self,
-        dl: DeadLetter,
+        (dl, kind): (DeadLetter, DeadLetterKind),
         err: RelayError,
         sink: &KafkaSink,
         done: (Arc<Checkpoint>, u64),
@@ -559,6 +598,7 @@ impl Reader<'_> {
         }
         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "row sent to the dead-letter topic");
         progress.stats.dead_lettered += 1;
+        metrics::global().dead_lettered(kind);
         let delivery = match self
             .send_with_backpressure(sink, progress, inflight, |s| s.send_dead_letter(&dl))
             .await
@@ -636,6 +676,13 @@ fn dead_letter_of(
     }
 }
 
+/// Bytes of `record` as counted by `outbox_relay_bytes_produced_total`: key, value, header
+/// names and values.
+fn record_bytes(record: &KafkaRecord) -> u64 {
+    let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (record.key.len() + record.value.as_ref().map_or(0, Vec::len) + headers) as u64
+}
+
 /// The error for a row whose dead letter was refused as well: the relay must stop.
 fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
     RelayError::Row {
@@ -651,6 +698,7 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
 /// Produces a dead letter from inside an acknowledgement future and waits for its delivery.
 async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), RelayError> {
     tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
+    metrics::global().dead_lettered(DeadLetterKind::Broker);
     let delivery = loop {
         match sink.send_dead_letter(dl) {
             Ok(d) => break d,

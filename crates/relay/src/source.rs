@@ -202,6 +202,7 @@ impl BinlogSource {
             let header = event.header();
             let raw_type = header.event_type_raw();
             if raw_type == EventType::HEARTBEAT_EVENT as u8 {
+                crate::metrics::global().heartbeat();
                 continue;
             }
             // Before a ROTATE changes the file name: an error names the payload's file.

@@ -47,7 +47,7 @@ pub use kafka::{
 pub use outbox::{
     epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,
 };
-pub use relay::{describe_exit, RelayConfigSpec, RelayProcess};
+pub use relay::{describe_exit, free_local_port, RelayConfigSpec, RelayProcess};
 pub use unique::{next_server_id, unique_suffix};
 pub use wait::wait_until;
 

@@ -62,6 +62,10 @@ pub struct RelayConfigSpec {
     /// at another test's XA COMMIT whose XA PREPARE came before their start (those XA
     /// transactions never write their outbox). XA tests set `stop`.
     pub unknown_xa_commit: Option<String>,
+    /// `http.listen`; `None` writes `enabled = false`. [`RelayConfigSpec::new`] sets
+    /// `127.0.0.1:0` (a free port, so relays of parallel tests never collide on the default
+    /// port); tests of the endpoints choose a port (see [`free_local_port`]).
+    pub http_listen: Option<String>,
 }
 
 impl RelayConfigSpec {
@@ -92,6 +96,7 @@ impl RelayConfigSpec {
             dead_letter_topic: None,
             outbox_extra: String::new(),
             unknown_xa_commit: Some("skip".into()),
+            http_listen: Some("127.0.0.1:0".into()),
         }
     }
 
@@ -153,8 +158,22 @@ impl RelayConfigSpec {
                 toml_str(topic)
             ));
         }
+        match &self.http_listen {
+            Some(listen) => out.push_str(&format!("\n[http]\nlisten = {}\n", toml_str(listen))),
+            None => out.push_str("\n[http]\nenabled = false\n"),
+        }
         out
     }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released), for a
+/// relay's `http.listen`.
+///
+/// # Errors
+/// No port can be bound.
+pub fn free_local_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// A TOML basic string.
@@ -523,6 +542,7 @@ mod tests {
             dead_letter_topic: None,
             outbox_extra: "null_payload = \"skip\"\n".into(),
             unknown_xa_commit: None,
+            http_listen: Some("127.0.0.1:0".into()),
         };
         let toml = spec.to_toml();
         for needle in [
@@ -535,6 +555,7 @@ mod tests {
             "[kafka.properties]\n\"linger.ms\" = \"5\"",
             "[checkpoint]",
             "[retry]",
+            "[http]\nlisten = \"127.0.0.1:0\"\n",
         ] {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
         }
@@ -550,6 +571,7 @@ mod tests {
             resume: Some("gtid".into()),
             dead_letter_topic: Some("t_1.dlq".into()),
             unknown_xa_commit: Some("stop".into()),
+            http_listen: None,
             ..spec
         };
         let toml = tuned.to_toml();
@@ -559,6 +581,7 @@ mod tests {
             "max_in_flight = 2000",
             "[dead_letter]\nenabled = true\ntopic = \"t_1.dlq\"",
             "topic = \"t_1.outbox.event.{aggregate_type}\"\nunknown_xa_commit = \"stop\"\n",
+            "[http]\nenabled = false\n",
         ] {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
         }

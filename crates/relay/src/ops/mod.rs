@@ -41,12 +41,13 @@ pub async fn connect(config: &RelayConfig) -> Result<Conn, RelayError> {
     Ok(conn)
 }
 
-/// `mysql.url` as connection options.
+/// The connection options of `[mysql]`, with its TLS settings and password
+/// ([`crate::mysql_tls::opts`]), as `run` uses them.
 ///
 /// # Errors
-/// [`RelayError::Config`] for an invalid URL.
+/// [`RelayError::Config`] for an invalid URL or TLS setting.
 pub fn opts(config: &RelayConfig) -> Result<Opts, RelayError> {
-    Opts::from_url(&config.mysql.url).map_err(|e| RelayError::Config(format!("mysql.url: {e}")))
+    crate::mysql_tls::opts(&config.mysql)
 }
 
 /// `SHOW BINARY LOGS`: every binlog file the server has, oldest first, with its size in bytes.

@@ -1,0 +1,859 @@
+//! Metrics and health: the counters, gauges and histograms served at `/metrics` (Prometheus text
+//! format 0.0.4, see [`crate::http`]), the relay's state behind `/readyz`, and the progress log
+//! line written while the relay catches up.
+//!
+//! One process-wide [`Metrics`] ([`global`]) is updated by the pipeline with one call per
+//! site: events and rows read, records acknowledged, dead letters, checkpoint writes, errors and
+//! reconnects. Every metric is named `outbox_relay_…` with its unit as suffix; the README's
+//! "Metrics" section lists them all.
+//!
+//! # Label cardinality
+//! Topics come from a template (`outbox.event.{aggregate_type}`), so their number depends on the
+//! data. The first [`MAX_TOPIC_LABELS`] topics get their own `topic` label value; records of any
+//! further topic are counted under `topic="_other"`. Tables are the configured outbox tables,
+//! dead-letter kinds, error kinds and reconnect causes are fixed lists.
+//!
+//! # Lag and latency
+//! Binlog event headers carry a timestamp in whole seconds (when the statement began on the
+//! source). `outbox_relay_lag_seconds` is now minus the timestamp of the last event read, and 0
+//! once a heartbeat arrived after it (the server sends heartbeats only when it has nothing else to
+//! send, so the relay has read everything). `outbox_relay_binlog_to_ack_seconds` is the time from
+//! a row's event timestamp to Kafka's acknowledgement, so it is up to 1 s too high;
+//! `outbox_relay_read_to_ack_seconds` measures inside the relay, from reading the row to the
+//! acknowledgement, with sub-millisecond resolution.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mysql_async::binlog::EventType;
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::RelayError;
+use crate::position::BinlogPosition;
+use crate::source::SourceEvent;
+
+/// Most distinct `topic` label values; records of further topics count under
+/// [`OTHER_TOPICS`].
+pub const MAX_TOPIC_LABELS: usize = 100;
+
+/// The `topic` label value of records beyond [`MAX_TOPIC_LABELS`] distinct topics.
+pub const OTHER_TOPICS: &str = "_other";
+
+/// Interval of the progress log line while records flow or the relay lags behind.
+pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Buckets of `outbox_relay_binlog_to_ack_seconds` (event timestamps are whole seconds).
+const BINLOG_TO_ACK_BUCKETS: [f64; 14] = [
+    0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// Buckets of `outbox_relay_read_to_ack_seconds`.
+const READ_TO_ACK_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// What the relay is doing, for `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Before the first connection attempt.
+    Starting,
+    /// Waiting for the connector's lease: another instance is active.
+    WaitingForLease,
+    /// Checking the server, loading the checkpoint, connecting to MySQL and Kafka.
+    Connecting,
+    /// The binlog stream is connected.
+    Streaming,
+    /// A run failed; the next attempt follows after a delay.
+    Retrying {
+        /// The error (already free of passwords).
+        error: String,
+        /// Consecutive failed attempts.
+        attempt: usize,
+        /// Delay before the next attempt, in ms.
+        delay_ms: u64,
+    },
+    /// A stop was requested or the relay gave up.
+    Stopping,
+}
+
+/// Which row the dead-letter topic received, by why it could not be relayed
+/// (`outbox_relay_records_dead_lettered_total{kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// `decode`: the row could not be read or mapped (a NULL aggregate id, an UPDATE with
+    /// `on_update = "fail"`, a NULL payload with `null_payload = "dead_letter"`).
+    Decode,
+    /// `route`: no valid record could be built (a topic name Kafka forbids).
+    Route,
+    /// `producer`: the producer refused the record when it was queued (larger than
+    /// `message.max.bytes`).
+    Producer,
+    /// `broker`: the broker refused the record for good (topic missing, not authorized, too
+    /// large for the topic).
+    Broker,
+}
+
+impl DeadLetterKind {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Decode => "decode",
+            Self::Route => "route",
+            Self::Producer => "producer",
+            Self::Broker => "broker",
+        }
+    }
+}
+
+/// The `kind` label of `outbox_relay_errors_total`: the [`RelayError`] variant in snake case.
+pub fn error_kind(e: &RelayError) -> &'static str {
+    match e {
+        RelayError::Config(_) => "config",
+        RelayError::Prerequisite { .. } => "prerequisite",
+        RelayError::Row { .. } => "row",
+        RelayError::Mysql(_) => "mysql",
+        RelayError::Kafka(_) => "kafka",
+        RelayError::Binlog(_) => "binlog",
+        RelayError::LeaseLost(_) => "lease_lost",
+        RelayError::Argument(_) => "argument",
+    }
+}
+
+/// State behind the gauges computed at scrape time and `/readyz`.
+#[derive(Debug)]
+struct Live {
+    state: State,
+    /// When the last binlog event or heartbeat was read.
+    last_activity: Option<Instant>,
+    /// Source time (s since the epoch) up to which the relay has read everything: the
+    /// timestamp of the last event read with a usable timestamp, or the time of a heartbeat
+    /// that came after it.
+    current_as_of: Option<f64>,
+    /// A heartbeat arrived after the last event: everything was read.
+    caught_up: bool,
+    /// When the stored checkpoint was last known to include every acknowledged record.
+    checkpoint_current_at: Option<Instant>,
+}
+
+/// The relay's metrics registry and health state. See the module documentation.
+pub struct Metrics {
+    registry: Registry,
+    binlog_events: IntCounter,
+    heartbeats: IntCounter,
+    rows_read: IntCounterVec,
+    records_produced: IntCounterVec,
+    bytes_produced: IntCounterVec,
+    dead_lettered: IntCounterVec,
+    in_flight: IntGauge,
+    checkpoint_file: IntGauge,
+    checkpoint_pos: IntGauge,
+    checkpoint_age: Gauge,
+    checkpoint_writes: IntCounter,
+    lag: Gauge,
+    connected: IntGauge,
+    binlog_to_ack: Histogram,
+    read_to_ack: Histogram,
+    reconnects: IntCounterVec,
+    errors: IntCounterVec,
+    rows_read_total: AtomicU64,
+    topics: Mutex<HashSet<String>>,
+    live: Mutex<Live>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process-wide metrics (one relay per process).
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+/// Registers `metric` in `registry`; the definitions are constants, so a failure is a bug
+/// caught by the unit tests.
+fn reg<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric definitions are valid and unique");
+    metric
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    reg(
+        r,
+        IntCounter::new(name, help).expect("valid counter definition"),
+    )
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, label: &str) -> IntCounterVec {
+    reg(
+        r,
+        IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter definition"),
+    )
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    reg(
+        r,
+        IntGauge::new(name, help).expect("valid gauge definition"),
+    )
+}
+
+fn float_gauge(r: &Registry, name: &str, help: &str) -> Gauge {
+    reg(r, Gauge::new(name, help).expect("valid gauge definition"))
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    reg(
+        r,
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+            .expect("valid histogram definition"),
+    )
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Seconds since the Unix epoch, as a float.
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The sequence number of a binlog file name (`mariadb-bin.000042` → 42).
+fn file_sequence(file: &str) -> Option<i64> {
+    file.rsplit_once('.')?.1.parse().ok()
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero (state [`State::Starting`]).
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let info = reg(
+            &r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "outbox_relay_build_info",
+                    "Always 1; the label names the outbox-relay version.",
+                ),
+                &["version"],
+            )
+            .expect("valid gauge definition"),
+        );
+        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Self {
+            binlog_events: counter(
+                &r,
+                "outbox_relay_binlog_events_read_total",
+                "Binlog events read from the source (heartbeats not included).",
+            ),
+            heartbeats: counter(
+                &r,
+                "outbox_relay_binlog_heartbeats_total",
+                "Heartbeats received from the source while it had no events to send.",
+            ),
+            rows_read: counter_vec(
+                &r,
+                "outbox_relay_outbox_rows_read_total",
+                "Inserted outbox rows read from the binlog and handed to the producer, by outbox \
+                 table (database.table). Rows acknowledged before a restart and skipped on \
+                 resume are not counted.",
+                "table",
+            ),
+            records_produced: counter_vec(
+                &r,
+                "outbox_relay_records_produced_total",
+                "Records of outbox rows acknowledged by Kafka (acks=all), by topic; the first \
+                 100 distinct topics have their own label value, later ones count as \
+                 topic=\"_other\". Dead letters are counted by \
+                 outbox_relay_records_dead_lettered_total instead.",
+                "topic",
+            ),
+            bytes_produced: counter_vec(
+                &r,
+                "outbox_relay_bytes_produced_total",
+                "Bytes of the records counted by outbox_relay_records_produced_total: key, \
+                 value, header names and header values (protocol overhead not included), by \
+                 topic.",
+                "topic",
+            ),
+            dead_lettered: counter_vec(
+                &r,
+                "outbox_relay_records_dead_lettered_total",
+                "Rows sent to the dead-letter topic, by why: decode (the row cannot be read or \
+                 mapped), route (no valid topic), producer (refused when queued, e.g. too \
+                 large), broker (refused by the broker for good).",
+                "kind",
+            ),
+            in_flight: gauge(
+                &r,
+                "outbox_relay_records_in_flight",
+                "Records produced and not yet acknowledged by Kafka (at most \
+                 kafka.max_in_flight).",
+            ),
+            checkpoint_file: gauge(
+                &r,
+                "outbox_relay_checkpoint_binlog_file_sequence",
+                "Sequence number of the stored checkpoint's binlog file (mariadb-bin.000042 is \
+                 42).",
+            ),
+            checkpoint_pos: gauge(
+                &r,
+                "outbox_relay_checkpoint_binlog_position_bytes",
+                "Byte offset of the stored checkpoint in its binlog file.",
+            ),
+            checkpoint_age: float_gauge(
+                &r,
+                "outbox_relay_checkpoint_age_seconds",
+                "Seconds since the stored checkpoint was last known to include every record \
+                 Kafka acknowledged (a checkpoint write, or a check that found nothing new to \
+                 write); grows while checkpoint writes fail. Computed at scrape time.",
+            ),
+            checkpoint_writes: counter(
+                &r,
+                "outbox_relay_checkpoint_writes_total",
+                "Checkpoint rows written to the state table.",
+            ),
+            lag: float_gauge(
+                &r,
+                "outbox_relay_lag_seconds",
+                "How far behind the source the relay reads: now minus the timestamp of the last \
+                 binlog event read, 0 once a heartbeat came after it (all read). Event \
+                 timestamps have 1 s resolution. Computed at scrape time.",
+            ),
+            connected: gauge(
+                &r,
+                "outbox_relay_source_connected",
+                "1 while the binlog stream is connected, else 0.",
+            ),
+            binlog_to_ack: histogram(
+                &r,
+                "outbox_relay_binlog_to_ack_seconds",
+                "Per record counted by outbox_relay_records_produced_total: from the binlog \
+                 timestamp of the row's event (when its statement began on the source; for an XA \
+                 transaction its XA COMMIT) to Kafka's acknowledgement. Binlog timestamps are \
+                 whole seconds, so values are up to 1 s too high.",
+                &BINLOG_TO_ACK_BUCKETS,
+            ),
+            read_to_ack: histogram(
+                &r,
+                "outbox_relay_read_to_ack_seconds",
+                "Per record counted by outbox_relay_records_produced_total: from reading its row \
+                 in the relay to Kafka's acknowledgement.",
+                &READ_TO_ACK_BUCKETS,
+            ),
+            reconnects: counter_vec(
+                &r,
+                "outbox_relay_reconnects_total",
+                "Reconnections of the relay to MySQL and Kafka after a failure, by the failure's \
+                 cause: mysql, kafka or lease (the lease was lost).",
+                "cause",
+            ),
+            errors: counter_vec(
+                &r,
+                "outbox_relay_errors_total",
+                "Errors that ended a run, by kind (the RelayError variant): config, \
+                 prerequisite, row, mysql, kafka, binlog, lease_lost, argument.",
+                "kind",
+            ),
+            registry: r,
+            rows_read_total: AtomicU64::new(0),
+            topics: Mutex::new(HashSet::new()),
+            live: Mutex::new(Live {
+                state: State::Starting,
+                last_activity: None,
+                current_as_of: None,
+                caught_up: false,
+                checkpoint_current_at: None,
+            }),
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The Prometheus text exposition of every metric, after updating the gauges computed at
+    /// scrape time (lag, checkpoint age).
+    pub fn render(&self) -> String {
+        {
+            let live = self.live();
+            self.lag.set(lag_of(&live, now_unix()));
+            if let Some(at) = live.checkpoint_current_at {
+                self.checkpoint_age.set(at.elapsed().as_secs_f64());
+            }
+        }
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
+    }
+
+    /// `Ok(text)` when the relay is streaming and has read an event or heartbeat within
+    /// `stall`; otherwise `Err(reason)`.
+    pub fn readiness(&self, stall: Duration) -> Result<String, String> {
+        let live = self.live();
+        match &live.state {
+            State::Streaming => {}
+            State::Starting => return Err("starting".into()),
+            State::WaitingForLease => {
+                return Err("waiting for this connector's lease: another instance is \
+                            active (it releases the lease when it stops)"
+                    .into())
+            }
+            State::Connecting => {
+                return Err(
+                    "connecting: checking the server, loading the checkpoint and \
+                            connecting to MySQL and Kafka"
+                        .into(),
+                )
+            }
+            State::Retrying {
+                error,
+                attempt,
+                delay_ms,
+            } => {
+                return Err(format!(
+                    "not streaming: attempt {attempt} failed, retrying in {delay_ms} ms: {}",
+                    crate::redact_error(error)
+                ))
+            }
+            State::Stopping => return Err("stopping".into()),
+        }
+        let idle = live.last_activity.map_or(Duration::MAX, |t| t.elapsed());
+        if idle > stall {
+            let in_flight = self.in_flight.get();
+            let why = if in_flight > 0 {
+                format!("{in_flight} records in flight: reading waits for Kafka's acknowledgements")
+            } else {
+                "the source sends neither events nor heartbeats".to_owned()
+            };
+            return Err(format!(
+                "stalled: no binlog event or heartbeat read for {} ms (http.ready_stall_ms = \
+                 {}); {why}",
+                idle.as_millis(),
+                stall.as_millis()
+            ));
+        }
+        Ok("streaming".into())
+    }
+
+    /// Sets the state; any state but [`State::Streaming`] means the stream is not connected.
+    pub fn set_state(&self, state: State) {
+        let mut live = self.live();
+        if state == State::Streaming {
+            live.last_activity = Some(Instant::now());
+            live.caught_up = false;
+        }
+        self.connected.set(i64::from(state == State::Streaming));
+        live.state = state;
+    }
+
+    /// One binlog event was read from the source.
+    pub fn event_read(&self, event: &SourceEvent) {
+        self.binlog_events.inc();
+        let header = event.event.header();
+        // The format description a dump starts with carries the file's creation time, and
+        // artificial events carry none: neither says how current the stream is.
+        let dated = event.timestamp != 0
+            && header.log_pos() != 0
+            && header.event_type_raw() != EventType::FORMAT_DESCRIPTION_EVENT as u8;
+        let mut live = self.live();
+        live.last_activity = Some(Instant::now());
+        if dated {
+            live.current_as_of = Some(f64::from(event.timestamp));
+            live.caught_up = false;
+        }
+    }
+
+    /// A heartbeat arrived: the source had nothing more to send.
+    pub fn heartbeat(&self) {
+        self.heartbeats.inc();
+        let mut live = self.live();
+        live.last_activity = Some(Instant::now());
+        live.current_as_of = Some(now_unix().floor());
+        live.caught_up = true;
+    }
+
+    /// An outbox row of `table` was read and is about to be produced.
+    pub fn row_read(&self, table: &str) {
+        self.rows_read.with_label_values(&[table]).inc();
+        self.rows_read_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Outbox rows read so far (every table).
+    pub fn rows_read_total(&self) -> u64 {
+        self.rows_read_total.load(Ordering::Relaxed)
+    }
+
+    /// The `topic` label value for `topic` (see [`MAX_TOPIC_LABELS`]).
+    fn topic_label(&self, topic: &str) -> String {
+        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        if topics.contains(topic) {
+            topic.to_owned()
+        } else if topics.len() < MAX_TOPIC_LABELS {
+            topics.insert(topic.to_owned());
+            topic.to_owned()
+        } else {
+            OTHER_TOPICS.to_owned()
+        }
+    }
+
+    /// Kafka acknowledged a record of `bytes` bytes on `topic`, whose row's binlog event has
+    /// timestamp `event_time` (s since the epoch; 0 if unknown) and which was read at `read_at`.
+    pub fn record_acked(&self, topic: &str, bytes: u64, event_time: u32, read_at: Instant) {
+        let label = self.topic_label(topic);
+        self.records_produced.with_label_values(&[&label]).inc();
+        self.bytes_produced
+            .with_label_values(&[&label])
+            .inc_by(bytes);
+        self.read_to_ack.observe(read_at.elapsed().as_secs_f64());
+        if event_time != 0 {
+            self.binlog_to_ack
+                .observe((now_unix() - f64::from(event_time)).max(0.0));
+        }
+    }
+
+    /// A row goes to the dead-letter topic.
+    pub fn dead_lettered(&self, kind: DeadLetterKind) {
+        self.dead_lettered.with_label_values(&[kind.as_str()]).inc();
+    }
+
+    /// Records produced and not acknowledged yet.
+    pub fn set_in_flight(&self, records: usize) {
+        self.in_flight
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    /// The stored checkpoint is `cp` (`written`: this process just wrote it, rather than read
+    /// it).
+    pub fn checkpoint_stored(&self, cp: &Checkpoint, written: bool) {
+        if let Some(seq) = file_sequence(&cp.position.file) {
+            self.checkpoint_file.set(seq);
+        }
+        self.checkpoint_pos
+            .set(i64::try_from(cp.position.pos).unwrap_or(i64::MAX));
+        if written {
+            self.checkpoint_writes.inc();
+        }
+        self.checkpoint_current();
+    }
+
+    /// The stored checkpoint includes every acknowledged record.
+    pub fn checkpoint_current(&self) {
+        self.live().checkpoint_current_at = Some(Instant::now());
+    }
+
+    /// A run ended with `e`.
+    pub fn error(&self, e: &RelayError) {
+        self.errors.with_label_values(&[error_kind(e)]).inc();
+    }
+
+    /// The relay reconnects after `cause` ended the previous run.
+    pub fn reconnect(&self, cause: &RelayError) {
+        let label = match cause {
+            RelayError::Kafka(_) => "kafka",
+            RelayError::LeaseLost(_) => "lease",
+            _ => "mysql",
+        };
+        self.reconnects.with_label_values(&[label]).inc();
+    }
+
+    /// The current lag behind the source, in seconds (see `outbox_relay_lag_seconds`).
+    pub fn lag_seconds(&self) -> f64 {
+        lag_of(&self.live(), now_unix())
+    }
+}
+
+/// `outbox_relay_lag_seconds` at `now` (s since the epoch): whole seconds, like event
+/// timestamps. While disconnected (or after a reconnect, until a heartbeat or event arrives) it
+/// counts from the last point known to be current.
+fn lag_of(live: &Live, now: f64) -> f64 {
+    match live.current_as_of {
+        Some(_) if live.caught_up && live.state == State::Streaming => 0.0,
+        Some(t) => (now.floor() - t).max(0.0),
+        None => 0.0,
+    }
+}
+
+/// The progress line logged every [`PROGRESS_LOG_INTERVAL`] while records flow or the relay
+/// lags behind the source (catching up after a pause or a restart).
+#[derive(Debug)]
+pub struct ProgressLog {
+    since: Instant,
+    rows_read: u64,
+    records_acked: u64,
+}
+
+impl ProgressLog {
+    /// Counting from now, with `records_acked` acknowledged so far.
+    pub fn new(records_acked: u64) -> Self {
+        Self {
+            since: Instant::now(),
+            rows_read: global().rows_read_total(),
+            records_acked,
+        }
+    }
+
+    /// Logs the progress since the last call if rows were read, records acknowledged, or the
+    /// relay is at least 1 s behind. `position`: the acknowledged checkpoint.
+    pub fn log(&mut self, records_acked: u64, position: &BinlogPosition) {
+        let metrics = global();
+        let rows_read = metrics.rows_read_total();
+        let lag = metrics.lag_seconds();
+        let secs = self.since.elapsed().as_secs_f64().max(0.001);
+        let rows = rows_read.saturating_sub(self.rows_read);
+        let acked = records_acked.saturating_sub(self.records_acked);
+        if rows > 0 || acked > 0 || lag >= 1.0 {
+            tracing::info!(
+                rows_per_second = (rows as f64 / secs * 10.0).round() / 10.0,
+                rows_read = rows,
+                records_acked = acked,
+                records_acked_total = records_acked,
+                lag_seconds = lag,
+                position = %position,
+                "progress"
+            );
+        }
+        *self = Self {
+            since: Instant::now(),
+            rows_read,
+            records_acked,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    fn checkpoint(file: &str, pos: u64) -> Checkpoint {
+        Checkpoint {
+            position: BinlogPosition::new(file, pos),
+            rows_acked: 0,
+            gtid_set: None,
+            source_server_id: 1,
+            source_server_uuid: None,
+            table_layouts: None,
+        }
+    }
+
+    #[test]
+    fn renders_counters_gauges_and_histograms_in_text_format() {
+        let m = Metrics::new();
+        m.row_read("shop.outbox");
+        m.row_read("shop.outbox");
+        let read_at = Instant::now();
+        m.record_acked("t.Order", 10, 0, read_at);
+        m.record_acked("t.Order", 15, 0, read_at);
+        m.record_acked("t.Payment", 7, 0, read_at);
+        m.dead_lettered(DeadLetterKind::Broker);
+        m.set_in_flight(3);
+        m.checkpoint_stored(&checkpoint("mariadb-bin.000042", 1234), true);
+        m.error(&RelayError::Mysql("gone".into()));
+        m.reconnect(&RelayError::Kafka("down".into()));
+        let text = m.render();
+        let expect = [
+            (
+                "outbox_relay_outbox_rows_read_total{table=\"shop.outbox\"}",
+                2.0,
+            ),
+            (
+                "outbox_relay_records_produced_total{topic=\"t.Order\"}",
+                2.0,
+            ),
+            (
+                "outbox_relay_records_produced_total{topic=\"t.Payment\"}",
+                1.0,
+            ),
+            ("outbox_relay_bytes_produced_total{topic=\"t.Order\"}", 25.0),
+            (
+                "outbox_relay_records_dead_lettered_total{kind=\"broker\"}",
+                1.0,
+            ),
+            ("outbox_relay_records_in_flight", 3.0),
+            ("outbox_relay_checkpoint_binlog_file_sequence", 42.0),
+            ("outbox_relay_checkpoint_binlog_position_bytes", 1234.0),
+            ("outbox_relay_checkpoint_writes_total", 1.0),
+            ("outbox_relay_errors_total{kind=\"mysql\"}", 1.0),
+            ("outbox_relay_reconnects_total{cause=\"kafka\"}", 1.0),
+            ("outbox_relay_read_to_ack_seconds_count", 3.0),
+            // Unknown event times are not observed.
+            ("outbox_relay_binlog_to_ack_seconds_count", 0.0),
+            ("outbox_relay_source_connected", 0.0),
+        ];
+        for (series, want) in expect {
+            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
+        }
+        let info = format!(
+            "outbox_relay_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&text, &info), Some(1.0), "{text}");
+        assert!(
+            text.contains("# TYPE outbox_relay_read_to_ack_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE outbox_relay_records_produced_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE outbox_relay_checkpoint_age_seconds gauge"),
+            "{text}"
+        );
+        let age = value(&text, "outbox_relay_checkpoint_age_seconds").expect("age");
+        assert!((0.0..5.0).contains(&age), "{age}");
+    }
+
+    #[test]
+    fn binlog_to_ack_uses_the_event_timestamp() {
+        let m = Metrics::new();
+        let ten_s_ago = (now_unix() as u32) - 10;
+        m.record_acked("t", 1, ten_s_ago, Instant::now());
+        let text = m.render();
+        assert_eq!(
+            value(&text, "outbox_relay_binlog_to_ack_seconds_count"),
+            Some(1.0)
+        );
+        let sum = value(&text, "outbox_relay_binlog_to_ack_seconds_sum").expect("sum");
+        assert!((10.0..12.0).contains(&sum), "{sum}");
+        // 10 s lies in the 10 s bucket, not the 5 s one.
+        assert_eq!(
+            value(&text, "outbox_relay_binlog_to_ack_seconds_bucket{le=\"5\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "outbox_relay_binlog_to_ack_seconds_bucket{le=\"30\"}"
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn topic_labels_are_capped() {
+        let m = Metrics::new();
+        for i in 0..MAX_TOPIC_LABELS + 5 {
+            m.record_acked(&format!("topic{i}"), 1, 0, Instant::now());
+        }
+        m.record_acked("topic0", 1, 0, Instant::now());
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                "outbox_relay_records_produced_total{topic=\"_other\"}"
+            ),
+            Some(5.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "outbox_relay_records_produced_total{topic=\"topic0\"}"
+            ),
+            Some(2.0)
+        );
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("outbox_relay_records_produced_total{"))
+            .count();
+        assert_eq!(series, MAX_TOPIC_LABELS + 1);
+    }
+
+    #[test]
+    fn lag_is_zero_after_a_heartbeat_and_grows_from_the_last_event() {
+        let mut live = Live {
+            state: State::Streaming,
+            last_activity: None,
+            current_as_of: None,
+            caught_up: false,
+            checkpoint_current_at: None,
+        };
+        assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
+        live.current_as_of = Some(990.0);
+        assert_eq!(lag_of(&live, 1_000.5), 10.0);
+        live.caught_up = true;
+        assert_eq!(lag_of(&live, 1_000.5), 0.0, "a heartbeat came after it");
+        live.state = State::Connecting;
+        assert_eq!(lag_of(&live, 1_000.5), 10.0, "disconnected: not known");
+    }
+
+    #[test]
+    fn a_heartbeat_marks_the_stream_current_until_the_next_event() {
+        let m = Metrics::new();
+        m.set_state(State::Streaming);
+        m.heartbeat();
+        assert_eq!(m.lag_seconds(), 0.0);
+        // Disconnected since that heartbeat: the lag counts from it (0 or 1 s here).
+        m.set_state(State::Connecting);
+        assert!(m.lag_seconds() <= 1.0, "{}", m.lag_seconds());
+    }
+
+    #[test]
+    fn readiness_needs_streaming_and_recent_activity() {
+        let m = Metrics::new();
+        let stall = Duration::from_secs(30);
+        assert_eq!(m.readiness(stall), Err("starting".to_owned()));
+        m.set_state(State::Retrying {
+            error: "MySQL: cannot connect to mysql://relay:pw@db:3306/shop".into(),
+            attempt: 2,
+            delay_ms: 400,
+        });
+        let reason = m.readiness(stall).expect_err("retrying");
+        assert_eq!(
+            reason,
+            "not streaming: attempt 2 failed, retrying in 400 ms: MySQL: cannot connect to \
+             mysql://relay:***@db:3306/shop"
+        );
+        m.set_state(State::Streaming);
+        assert_eq!(m.readiness(stall), Ok("streaming".to_owned()));
+        std::thread::sleep(Duration::from_millis(2));
+        let reason = m.readiness(Duration::ZERO).expect_err("stalled");
+        assert!(
+            reason.starts_with("stalled: no binlog event or heartbeat read for"),
+            "{reason}"
+        );
+        m.set_state(State::Stopping);
+        assert_eq!(m.readiness(stall), Err("stopping".to_owned()));
+    }
+
+    #[test]
+    fn file_sequence_numbers() {
+        assert_eq!(file_sequence("mariadb-bin.000042"), Some(42));
+        assert_eq!(file_sequence("binlog.1000001"), Some(1_000_001));
+        assert_eq!(file_sequence("weird"), None);
+    }
+
+    #[test]
+    fn error_kinds_are_variant_names() {
+        assert_eq!(error_kind(&RelayError::LeaseLost("x".into())), "lease_lost");
+        assert_eq!(
+            error_kind(&RelayError::Prerequisite {
+                setting: String::new(),
+                expected: String::new(),
+                found: String::new(),
+                fix: String::new()
+            }),
+            "prerequisite"
+        );
+    }
+}
