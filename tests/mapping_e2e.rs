@@ -269,3 +269,52 @@ async fn a_configured_column_missing_from_the_table_stops_at_start_up() -> Resul
     world.db.drop_database().await?;
     Ok(())
 }
+
+/// Many topics created by the relay's first records to them, while rows for them arrive in
+/// multi-statement transactions: every row reaches its topic exactly once. (An idempotent
+/// producer sending to a partition of a topic still being created could lose its first batch
+/// while reporting it delivered; the relay waits for the partitions' leaders first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_for_many_new_topics_all_arrive() -> Result<()> {
+    use outbox_relay_testkit::{
+        ensure_exactly_once, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,
+    };
+    use std::collections::HashSet;
+
+    let world = World::new(BIN, "mapping_topics").await?;
+    let (relay, _) = world.start(WAIT).await?;
+    let mut conn = world.db.conn().await?;
+    let base = recent_created_at_base();
+    let types: Vec<String> = (0..30).map(|i| format!("Agg{i:02}")).collect();
+    let mut rows = Vec::new();
+    for round in 0..4 {
+        for (i, t) in types.iter().enumerate() {
+            let n = round * types.len() + i;
+            rows.push(OutboxRow {
+                aggregate_type: t.clone(),
+                aggregate_id: format!("{t}-{}", n % 7),
+                event_type: "Created".into(),
+                event_key: format!("{}-t{n:04}", world.uid),
+                payload: format!("{{\"n\":{n}}}"),
+                created_at_micros: base + i64::try_from(n)? * 1_000,
+            });
+        }
+    }
+    // Transactions of 3 single-row statements, so new topics start mid-transaction.
+    for chunk in rows.chunks(3) {
+        let mut tx = conn
+            .start_transaction(mysql_async::TxOpts::default())
+            .await?;
+        insert_outbox_rows(&mut tx, "outbox", chunk, InsertStyle::SingleRow).await?;
+        tx.commit().await?;
+    }
+    drop(conn);
+    let topics: Vec<String> = types.iter().map(|t| world.topic(t)).collect();
+    let expected: HashSet<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    let _ = collect_records(&kafka_bootstrap(), &topics, rows.len(), WAIT).await?;
+    relay.stop(WAIT).await?;
+    let records = read_all_records(&kafka_bootstrap(), &topics, WAIT).await?;
+    ensure_exactly_once(&records, &expected)?;
+    world.db.drop_database().await?;
+    Ok(())
+}

@@ -669,8 +669,9 @@ impl std::fmt::Display for TableName {
 
 /// Producer properties the relay sets itself; overriding them would break ordering or
 /// at-least-once delivery.
-pub const FIXED_PRODUCER_PROPERTIES: [&str; 5] = [
+pub const FIXED_PRODUCER_PROPERTIES: [&str; 6] = [
     "enable.idempotence",
+    "enable.gapless.guarantee",
     "acks",
     "request.required.acks",
     "partitioner",

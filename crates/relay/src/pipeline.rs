@@ -521,6 +521,7 @@ impl Reader<'_> {
         };
         let (topic, bytes, event_time) =
             (record.topic.clone(), record_bytes(&record), self.event_time);
+        sink.ensure_topic(&record.topic).await?;
         let delivery = match self
             .send_with_backpressure(sink, progress, inflight, |s| s.send(&record))
             .await
@@ -599,6 +600,7 @@ impl Reader<'_> {
         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "row sent to the dead-letter topic");
         progress.stats.dead_lettered += 1;
         metrics::global().dead_lettered(kind);
+        sink.ensure_dead_letter_topic().await?;
         let delivery = match self
             .send_with_backpressure(sink, progress, inflight, |s| s.send_dead_letter(&dl))
             .await
@@ -699,6 +701,7 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
 async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), RelayError> {
     tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
     metrics::global().dead_lettered(DeadLetterKind::Broker);
+    sink.ensure_dead_letter_topic().await?;
     let delivery = loop {
         match sink.send_dead_letter(dl) {
             Ok(d) => break d,

@@ -6,6 +6,8 @@
 //! CONFIGURATION.md). Keys are hashed with `murmur2_random`, the Java client's partitioner, so
 //! an aggregate lands on the same partition as with a Java producer.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -57,6 +59,12 @@ impl rdkafka::ClientContext for RelayKafkaContext {
         if !self.should_log(message) {
             return;
         }
+        // librdkafka flags the property as experimental at every start; the relay sets it on
+        // purpose (see KafkaSink::new), so this is not worth an operator's attention.
+        if message.contains("enable.gapless.guarantee is experimental") {
+            tracing::debug!(target: "librdkafka", facility = fac, "{message}");
+            return;
+        }
         match level {
             L::Emerg | L::Alert | L::Critical | L::Error => {
                 tracing::error!(target: "librdkafka", facility = fac, "{message}")
@@ -100,7 +108,12 @@ pub struct KafkaSink {
     producer: FutureProducer<RelayKafkaContext>,
     dead_letter_topic: Option<String>,
     auth_failure: AuthFailure,
+    /// Topics whose partitions all had a leader when first used (see [`KafkaSink::ensure_topic`]).
+    ready_topics: Arc<Mutex<HashSet<String>>>,
 }
+
+/// Longest wait for a new topic's partitions to get leaders before its first record.
+const TOPIC_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A row that could not be relayed, for the dead-letter topic.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,6 +164,9 @@ impl KafkaSink {
         client
             .set("bootstrap.servers", &config.bootstrap_servers)
             .set("enable.idempotence", "true")
+            // A failed batch that would leave a gap in a partition is a fatal producer error
+            // (the run ends and resumes from the checkpoint), never a silently missing record.
+            .set("enable.gapless.guarantee", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random");
         let context = RelayKafkaContext::default();
@@ -163,7 +179,67 @@ impl KafkaSink {
             producer,
             dead_letter_topic,
             auth_failure,
+            ready_topics: Arc::new(Mutex::new(HashSet::new())),
         })
+    }
+
+    /// Before the first record to `topic` in this run: asks for the topic's metadata (which
+    /// makes the broker auto-create it when it allows that) and waits until every partition
+    /// has a leader, at most 30 s.
+    ///
+    /// Why: an idempotent producer that sends to a partition of a topic still being created can
+    /// see the partition vanish from and come back into the metadata, which resets its sequence
+    /// numbers; the broker then takes the first batch for a duplicate and acknowledges it
+    /// without storing it (librdkafka issue #3712). Seen here as one missing record in a fresh
+    /// topic's partition. Waiting for the leaders first avoids the window.
+    ///
+    /// # Errors
+    /// Never for a topic that does not become ready (the send then fails as usual: unknown
+    /// topic, a permanent refusal); [`RelayError::Kafka`] when the metadata task fails.
+    pub async fn ensure_topic(&self, topic: &str) -> Result<(), RelayError> {
+        if self
+            .ready_topics
+            .lock()
+            .map(|set| set.contains(topic))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        let ready = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + TOPIC_READY_TIMEOUT;
+            loop {
+                let ready = producer
+                    .client()
+                    .fetch_metadata(Some(&name), Duration::from_secs(5))
+                    .ok()
+                    .is_some_and(|md| {
+                        md.topics().iter().any(|t| {
+                            t.name() == name
+                                && t.error().is_none()
+                                && !t.partitions().is_empty()
+                                && t.partitions()
+                                    .iter()
+                                    .all(|p| p.leader() >= 0 && p.error().is_none())
+                        })
+                    });
+                if ready || std::time::Instant::now() >= deadline {
+                    return ready;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .await
+        .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
+        if ready {
+            if let Ok(mut set) = self.ready_topics.lock() {
+                set.insert(topic.to_owned());
+            }
+        } else {
+            tracing::warn!(topic, "the topic's partitions have no leader yet (or it does not exist and auto-creation is off); sending anyway");
+        }
+        Ok(())
     }
 
     /// Fetches cluster metadata once, to fail fast (and retry) when no broker answers.
@@ -232,6 +308,17 @@ impl KafkaSink {
         self.producer
             .send_result(fr)
             .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
+    }
+
+    /// [`KafkaSink::ensure_topic`] for the dead-letter topic, when one is configured.
+    ///
+    /// # Errors
+    /// As [`KafkaSink::ensure_topic`].
+    pub async fn ensure_dead_letter_topic(&self) -> Result<(), RelayError> {
+        match &self.dead_letter_topic {
+            Some(topic) => self.ensure_topic(topic).await,
+            None => Ok(()),
+        }
     }
 
     /// `true` when rows that cannot be relayed go to a dead-letter topic instead of stopping.
