@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo test lint fmt services-up services-down clean
+.PHONY: all build release demo test lint fmt services-up services-down clean bench
 
 all: build
 
@@ -64,3 +64,11 @@ faults: services-up
 faults-full: services-up
 	$(CARGO) build -p outbox-relay --bin outbox-relay
 	$(CARGO) run -p outbox-relay-testkit --bin faults -- --profile full $(FAULTS_ARGS)
+
+## Benchmark (not part of `make test`): backlog drain and steady-state latency of the relay, side
+## by side with the machine's limit, a polling relay and Debezium (tests/bench/bench.sh,
+## crates/bench). Writes tests/bench/results/{latest.json,latest.md,latency.png} and the README's
+## bench section. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
+## BENCH_STEADY_SECS=15 make bench. Takes ~30 min at the defaults; run it on a quiet machine.
+bench: services-up
+	tests/bench/bench.sh

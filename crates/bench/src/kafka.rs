@@ -1,0 +1,354 @@
+//! Kafka side of the benchmark: topics with broker append times, counting and timing what
+//! arrived, per-record latencies, and the bare producer that gives the produce limit.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders, Timestamp};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::workload::{event_key, key_of, now_micros, payload, payload_ts};
+
+/// Partitions of every benchmark topic (the broker's `num.partitions` in tests/services).
+pub const PARTITIONS: i32 = 3;
+
+/// The relay's producer settings (crates/relay/src/sink.rs): idempotent, `acks=all`, Java
+/// partitioner, `linger.ms=5`. The polling relay, the raw-produce limit and the Debezium runner
+/// use the same.
+pub fn producer_config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "120000")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("partitioner", "murmur2_random");
+    c
+}
+
+fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outbox-relay-bench")
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760")
+        .create()
+        .context("creating a Kafka consumer")
+}
+
+/// Creates `topics` ([`PARTITIONS`] partitions, replication 1,
+/// `message.timestamp.type=LogAppendTime`).
+///
+/// # Errors
+/// The broker refuses a topic (other than "already exists").
+pub async fn create_topics(bootstrap: &str, topics: &[String]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .context("creating a Kafka admin client")?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| {
+            NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1))
+                .set("message.timestamp.type", "LogAppendTime")
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in admin.create_topics(&new, &opts).await? {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => bail!("creating topic {t}: {e}"),
+        }
+    }
+    // Let the partitions' leaders settle before anyone produces.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(())
+}
+
+/// Deletes `topics` (best effort: errors are printed, not returned).
+pub async fn delete_topics(bootstrap: &str, topics: &[String]) {
+    let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create();
+    let Ok(admin) = admin else { return };
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    if let Err(e) = admin.delete_topics(&names, &AdminOptions::new()).await {
+        eprintln!("[bench] deleting topics: {e}");
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .context("blocking Kafka task")?
+}
+
+fn count_of(c: &BaseConsumer, topic: &str) -> Result<u64> {
+    let mut total = 0;
+    for p in 0..PARTITIONS {
+        let (lo, hi) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{p}"))?;
+        total += u64::try_from(hi - lo).unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// Polls the record count of `topic` every 50 ms until it reaches `want` or `timeout` passes,
+/// or `give_up` says so; returns the count last seen.
+///
+/// # Errors
+/// A watermark query fails.
+pub async fn wait_for_count(
+    bootstrap: &str,
+    topic: &str,
+    want: u64,
+    timeout: Duration,
+    mut give_up: impl FnMut() -> Result<()>,
+) -> Result<u64> {
+    let c = consumer(bootstrap)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = count_of(&c, topic)?;
+        if n >= want || Instant::now() >= deadline {
+            return Ok(n);
+        }
+        give_up()?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The largest broker append time (ms since the epoch) among the last records of `topic`'s
+/// partitions: when the last record was acknowledged.
+///
+/// # Errors
+/// The topic is empty or cannot be read.
+pub async fn last_append_ms(bootstrap: &str, topic: &str) -> Result<i64> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    blocking(move || {
+        let c = consumer(&bootstrap)?;
+        let mut best = None;
+        for p in 0..PARTITIONS {
+            let (_, hi) = c.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
+            if hi == 0 {
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, p, Offset::Offset(hi - 1))?;
+            c.assign(&tpl)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match c.poll(Duration::from_millis(200)) {
+                    Some(Ok(m)) if m.partition() == p => {
+                        if let Some(ms) = m.timestamp().to_millis() {
+                            best = Some(best.map_or(ms, |b: i64| b.max(ms)));
+                        }
+                        break;
+                    }
+                    Some(Err(e)) => bail!("reading {topic}/{p}: {e}"),
+                    _ if Instant::now() > deadline => bail!("no record at the end of {topic}/{p}"),
+                    _ => {}
+                }
+            }
+        }
+        best.with_context(|| format!("{topic} is empty"))
+    })
+    .await
+}
+
+/// What was read back from one steady-state topic.
+#[derive(Debug, Clone, Default)]
+pub struct Latencies {
+    /// Commit → broker append latency of every record, µs, sorted.
+    pub micros: Vec<i64>,
+    /// Records whose append time was not `LogAppendTime` or whose payload had no `ts`.
+    pub unusable: u64,
+    /// Records read.
+    pub records: u64,
+}
+
+/// Reads every record of `topic` and computes append time − payload `ts` for each.
+///
+/// # Errors
+/// The topic cannot be read.
+pub async fn latencies(bootstrap: &str, topic: &str) -> Result<Latencies> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    blocking(move || {
+        let c = consumer(&bootstrap)?;
+        let want = count_of(&c, &topic)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)?;
+        }
+        c.assign(&tpl)?;
+        let mut out = Latencies::default();
+        let mut last_progress = Instant::now();
+        while out.records < want {
+            match c.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    out.records += 1;
+                    last_progress = Instant::now();
+                    let ts = m.payload().and_then(payload_ts);
+                    match (m.timestamp(), ts) {
+                        (Timestamp::LogAppendTime(ms), Some(ts)) => {
+                            out.micros.push((ms * 1000 - ts).max(0));
+                        }
+                        _ => out.unusable += 1,
+                    }
+                }
+                Some(Err(e)) => bail!("reading {topic}: {e}"),
+                None if last_progress.elapsed() > Duration::from_secs(30) => {
+                    bail!(
+                        "{topic}: read {} of {want} records, then nothing for 30 s",
+                        out.records
+                    )
+                }
+                None => {}
+            }
+        }
+        out.micros.sort_unstable();
+        Ok(out)
+    })
+    .await
+}
+
+struct Counting {
+    acked: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl ClientContext for Counting {}
+
+impl ProducerContext for Counting {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(_) => self.acked.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// The bare producer's run.
+#[derive(Debug, Clone, Default)]
+pub struct Produced {
+    /// Records acknowledged.
+    pub records: u64,
+    /// Value bytes acknowledged.
+    pub payload_bytes: u64,
+    /// First send → last acknowledgement, seconds.
+    pub secs: f64,
+}
+
+/// Produces rows `0..rows` of workload `agg` (the backlog's keys, sizes and headers) to
+/// `topic` with [`producer_config`], at most `max_in_flight` unacknowledged (the relay's
+/// `kafka.max_in_flight` default), and times it.
+///
+/// # Errors
+/// The producer cannot be created, or a record fails.
+pub async fn raw_produce(
+    bootstrap: &str,
+    topic: &str,
+    agg: &str,
+    rows: u64,
+    max_in_flight: u64,
+) -> Result<Produced> {
+    let (bootstrap, topic, agg) = (bootstrap.to_owned(), topic.to_owned(), agg.to_owned());
+    blocking(move || {
+        let producer: BaseProducer<Counting> = producer_config(&bootstrap)
+            .create_with_context(Counting {
+                acked: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
+            })
+            .context("creating the bare producer")?;
+        let started = Instant::now();
+        let mut bytes = 0u64;
+        for seq in 0..rows {
+            let key = key_of(seq);
+            let value = payload(now_micros(), seq, &key);
+            let ek = event_key(&agg, seq);
+            let id = (seq + 1).to_string();
+            bytes += value.len() as u64;
+            let headers = OwnedHeaders::new_with_capacity(4)
+                .insert(Header {
+                    key: "id",
+                    value: Some(id.as_bytes()),
+                })
+                .insert(Header {
+                    key: "event_key",
+                    value: Some(ek.as_bytes()),
+                })
+                .insert(Header {
+                    key: "event_type",
+                    value: Some("OrderCreated"),
+                })
+                .insert(Header {
+                    key: "aggregate_type",
+                    value: Some(agg.as_bytes()),
+                });
+            let mut record = BaseRecord::to(&topic)
+                .key(key.as_bytes())
+                .payload(value.as_bytes())
+                .headers(headers);
+            while seq - producer.context().acked.load(Ordering::Relaxed) >= max_in_flight {
+                producer.poll(Duration::from_millis(1));
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => bail!("bare producer: {e}"),
+                }
+            }
+            if seq % 256 == 0 {
+                producer.poll(Duration::ZERO);
+            }
+        }
+        producer
+            .flush(Duration::from_secs(300))
+            .context("flushing the bare producer")?;
+        let secs = started.elapsed().as_secs_f64();
+        let failed = producer.context().failed.load(Ordering::Relaxed);
+        if failed > 0 {
+            bail!("bare producer: {failed} records failed");
+        }
+        Ok(Produced {
+            records: producer.context().acked.load(Ordering::Relaxed),
+            payload_bytes: bytes,
+            secs,
+        })
+    })
+    .await
+}
+
+/// Percentile `q` (0–1) of sorted `v`, in ms.
+pub fn pct_ms(v: &[i64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i] as f64 / 1000.0
+}
+
+/// Summary of a latency distribution, ms.
+pub fn summary(v: &[i64]) -> BTreeMap<&'static str, f64> {
+    BTreeMap::from([
+        ("p50_ms", pct_ms(v, 0.5)),
+        ("p99_ms", pct_ms(v, 0.99)),
+        ("p999_ms", pct_ms(v, 0.999)),
+        ("max_ms", v.last().map_or(f64::NAN, |m| *m as f64 / 1000.0)),
+    ])
+}

@@ -1,0 +1,704 @@
+//! `make bench`: outbox-relay's backlog drain and steady-state latency, measured in one run on
+//! this machine's MariaDB and Kafka, side by side with the machine's limit (bare binlog read,
+//! bare producer), a polling relay and Debezium embedded. Writes
+//! `tests/bench/results/latest.{json,md}` and `latency.png`, and the README's bench section.
+//!
+//! Settings (environment): `BENCH_ROWS` (1000000), `BENCH_STEADY_SECS` (60), `BENCH_RATES`
+//! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,polling,debezium`),
+//! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder; no
+//! Debezium when unset), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty:
+//! leave it), `MARIADB_PORT`, `KAFKA_PORT`.
+
+mod binlog;
+mod debezium;
+mod kafka;
+mod polling;
+mod procs;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use mysql_async::prelude::*;
+use mysql_async::Pool;
+use outbox_relay_testkit::binlog::current_binlog_position;
+use outbox_relay_testkit::{
+    kafka_bootstrap, mysql_port, next_server_id, unique_suffix, RelayProcess, TestDb,
+};
+use serde_json::{json, Map, Value};
+
+use crate::workload::{now_micros, Written};
+
+/// One of the compared relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum System {
+    Relay,
+    Polling,
+    Debezium,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Relay => "relay",
+            System::Polling => "polling",
+            System::Debezium => "debezium",
+        }
+    }
+}
+
+struct Settings {
+    rows: u64,
+    steady_secs: u64,
+    rates: Vec<u64>,
+    txns: Vec<u64>,
+    systems: Vec<System>,
+    relay_bin: PathBuf,
+    debezium_libs: Option<PathBuf>,
+    out: PathBuf,
+    readme: Option<PathBuf>,
+    bootstrap: String,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn list(name: &str, default: &str) -> Result<Vec<u64>> {
+    env_or(name, default)
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .with_context(|| format!("{name}: {s:?} is not a number"))
+        })
+        .collect()
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let systems = env_or("BENCH_SYSTEMS", "relay,polling,debezium")
+            .split(',')
+            .map(|s| match s.trim() {
+                "relay" => Ok(System::Relay),
+                "polling" => Ok(System::Polling),
+                "debezium" => Ok(System::Debezium),
+                other => anyhow::bail!(
+                    "BENCH_SYSTEMS: unknown system {other:?} (relay, polling, debezium)"
+                ),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let readme = env_or(
+            "BENCH_README",
+            &root.join("README.md").display().to_string(),
+        );
+        Ok(Self {
+            rows: env_or("BENCH_ROWS", "1000000")
+                .parse()
+                .context("BENCH_ROWS")?,
+            steady_secs: env_or("BENCH_STEADY_SECS", "60")
+                .parse()
+                .context("BENCH_STEADY_SECS")?,
+            rates: list("BENCH_RATES", "1000,5000,20000")?,
+            txns: list("BENCH_TXN_SIZES", "1,10")?,
+            systems,
+            relay_bin: PathBuf::from(env_or(
+                "BENCH_RELAY_BIN",
+                &root
+                    .join("target/release/outbox-relay")
+                    .display()
+                    .to_string(),
+            )),
+            debezium_libs: std::env::var("BENCH_DEBEZIUM_LIBS").ok().map(PathBuf::from),
+            out: PathBuf::from(env_or(
+                "BENCH_OUT",
+                &root.join("tests/bench/results").display().to_string(),
+            )),
+            readme: (!readme.is_empty()).then(|| PathBuf::from(readme)),
+            bootstrap: kafka_bootstrap(),
+        })
+    }
+}
+
+/// Everything one run shares.
+struct Bench {
+    s: Settings,
+    /// Prefix of every topic and connector name of this run.
+    prefix: String,
+    scratch: PathBuf,
+    runner: PathBuf,
+    db_pid: Option<u32>,
+    topics: Vec<String>,
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("[bench] {}", msg.as_ref());
+}
+
+fn relay_toml(connector: &str, db: &TestDb, topic_prefix: &str) -> String {
+    format!(
+        "connector_name = \"{connector}\"\n\n[mysql]\nurl = \"{url}\"\nserver_id = {sid}\n\n\
+         [outbox]\ntables = [\"{table}\"]\ntopic = \"{topic_prefix}{{aggregate_type}}\"\n\n\
+         [kafka]\nbootstrap_servers = \"{bs}\"\n",
+        url = db.url(),
+        sid = next_server_id(),
+        table = db.outbox_table(),
+        bs = kafka_bootstrap(),
+    )
+}
+
+/// A running system under test.
+enum Running {
+    Relay(RelayProcess),
+    Polling {
+        stop: Arc<AtomicBool>,
+        counters: Arc<polling::Counters>,
+        task: tokio::task::JoinHandle<Result<()>>,
+    },
+    Debezium(debezium::Debezium),
+}
+
+impl Running {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Running::Relay(r) => Some(r.pid()),
+            Running::Debezium(d) => Some(d.pid()),
+            Running::Polling { .. } => None,
+        }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        match self {
+            Running::Relay(r) => r.ensure_running(),
+            Running::Debezium(d) => d.ensure_running(),
+            Running::Polling { task, .. } => {
+                anyhow::ensure!(!task.is_finished(), "the polling relay stopped");
+                Ok(())
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<procs::Usage> {
+        self.pid().and_then(|p| procs::usage(p).ok())
+    }
+
+    async fn stop(self) -> Result<()> {
+        match self {
+            Running::Relay(r) => {
+                r.stop(Duration::from_secs(60)).await?;
+            }
+            Running::Debezium(mut d) => d.stop().await,
+            Running::Polling { stop, task, .. } => {
+                stop.store(true, Ordering::Relaxed);
+                task.await.context("polling task")??;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Bench {
+    fn topic(&mut self, sys: &str, agg: &str) -> String {
+        let t = format!("{}.{sys}.{agg}", self.prefix);
+        self.topics.push(t.clone());
+        t
+    }
+
+    fn topic_prefix(&self, sys: System) -> String {
+        format!("{}.{}.", self.prefix, sys.name())
+    }
+
+    /// Starts `sys` on `db`. The relay starts where its checkpoint says (or at the binlog end);
+    /// Debezium where its offsets file (named `dbz_name`) says (or at the binlog end).
+    async fn start(&self, sys: System, db: &TestDb, dbz_name: &str) -> Result<Running> {
+        Ok(match sys {
+            System::Relay => {
+                let connector = format!("{}_{}", self.prefix, db.name());
+                let toml = relay_toml(&connector, db, &self.topic_prefix(sys));
+                let r = RelayProcess::spawn(&self.s.relay_bin, &toml, &[("RUST_LOG", "warn")])?;
+                r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
+                    .await?;
+                Running::Relay(r)
+            }
+            System::Polling => {
+                let stop = Arc::new(AtomicBool::new(false));
+                let counters = Arc::new(polling::Counters::default());
+                let task = tokio::spawn(polling::run(
+                    db.pool().clone(),
+                    self.s.bootstrap.clone(),
+                    self.topic_prefix(sys),
+                    stop.clone(),
+                    counters.clone(),
+                ));
+                Running::Polling {
+                    stop,
+                    counters,
+                    task,
+                }
+            }
+            System::Debezium => {
+                let libs = self.s.debezium_libs.as_deref().context(
+                    "BENCH_DEBEZIUM_LIBS is not set (tests/bench/debezium.sh resolves the jars)",
+                )?;
+                let prefix = self.topic_prefix(sys);
+                let spec = debezium::Spec {
+                    libs,
+                    runner: &self.runner,
+                    dir: &self.scratch,
+                    name: dbz_name,
+                    database: db.name(),
+                    topic_prefix: &prefix,
+                    server_id: next_server_id(),
+                    mysql_port: mysql_port(),
+                    bootstrap: &self.s.bootstrap,
+                };
+                Running::Debezium(debezium::Debezium::start(&spec).await?)
+            }
+        })
+    }
+
+    /// Commits one row of workload `ready` and waits until `sys` relayed it: the system is
+    /// streaming (and, for Debezium, has an offset to commit).
+    async fn wait_ready(&mut self, sys: System, db: &TestDb, run: &mut Running) -> Result<()> {
+        let seq = u64::try_from(now_micros()).unwrap_or_default();
+        let ts = now_micros();
+        let key = workload::key_of(seq);
+        db.pool()
+            .get_conn()
+            .await?
+            .exec_drop(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, created_at) VALUES ('ready', ?, 'Ready', ?, ?, ?)",
+                (key.clone(), workload::event_key("ready", seq), workload::payload(ts, seq, &key), workload::datetime6(ts)),
+            )
+            .await?;
+        let topic = self.topic(sys.name(), "ready");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            run.check()?;
+            // The topic is auto-created by the first record: missing means not yet.
+            let n = kafka::wait_for_count(&self.s.bootstrap, &topic, 1, Duration::ZERO, || Ok(()))
+                .await
+                .unwrap_or(0);
+            if n >= 1 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{} relayed no row within 120 s",
+                sys.name()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn db_cpu(&self) -> Option<f64> {
+        self.db_pid
+            .and_then(|p| procs::usage(p).ok())
+            .map(|u| u.cpu_s)
+    }
+
+    /// Phase 1, 2, 4, 5 (drain part): one backlog, drained by each system in turn, plus the
+    /// limit measured on the same binlog range and records.
+    async fn drain(&mut self) -> Result<Value> {
+        let db = TestDb::create("bench_drain").await?;
+        db.pool()
+            .get_conn()
+            .await?
+            .query_drop(polling::SCHEMA)
+            .await?;
+        let mut out = Map::new();
+        let mut started = Vec::new();
+        // Each binlog reader starts once before the backlog and stops: its position is before it.
+        for sys in self.s.systems.clone() {
+            if sys == System::Polling {
+                continue;
+            }
+            log(format!(
+                "drain: starting {} once to fix its position",
+                sys.name()
+            ));
+            match self.start(sys, &db, "dbz_drain").await {
+                Ok(mut run) => {
+                    let r = self.wait_ready(sys, &db, &mut run).await;
+                    run.stop().await?;
+                    match r {
+                        Ok(()) => started.push(sys),
+                        Err(e) => {
+                            out.insert(sys.name().into(), json!({"error": format!("{e:#}")}));
+                        }
+                    }
+                }
+                Err(e) => {
+                    log(format!("{} cannot run: {e:#}", sys.name()));
+                    out.insert(sys.name().into(), json!({"error": format!("{e:#}")}));
+                }
+            }
+        }
+        if self.s.systems.contains(&System::Polling) {
+            started.push(System::Polling);
+            // Rows written so far (the ready rows) are not part of the backlog.
+            db.pool()
+                .get_conn()
+                .await?
+                .query_drop("UPDATE outbox SET status = 'SENT'")
+                .await?;
+        }
+        let mut conn = db.conn().await?;
+        let from = current_binlog_position(&mut conn).await?;
+        log(format!("drain: writing {} rows", self.s.rows));
+        let written = workload::write_backlog(db.pool(), "drain", self.s.rows, 4).await?;
+        let to = current_binlog_position(&mut conn).await?;
+        drop(conn);
+        log(format!(
+            "drain: wrote {} rows ({} transactions, {:.1} MB payload) in {:.1} s; binlog {}:{} .. {}:{}",
+            written.rows,
+            written.txns,
+            written.payload_bytes as f64 / 1e6,
+            written.secs,
+            from.file,
+            from.pos,
+            to.file,
+            to.pos
+        ));
+        out.insert(
+            "backlog".into(),
+            json!({
+                "rows": written.rows, "transactions": written.txns,
+                "payload_mb": written.payload_bytes as f64 / 1e6, "write_secs": written.secs,
+            }),
+        );
+
+        // The limit: (a) bare binlog read of the same range, (b) bare produce of the same records.
+        log("drain: limit (a) bare binlog read");
+        let raw = binlog::raw_read(&db.url(), next_server_id(), &from, &to).await?;
+        let limit_topic = self.topic("limit", "drain");
+        kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&limit_topic)).await?;
+        log("drain: limit (b) bare produce");
+        let produced = kafka::raw_produce(
+            &self.s.bootstrap,
+            &limit_topic,
+            "drain",
+            self.s.rows,
+            10_000,
+        )
+        .await?;
+        let read_rate = written.rows as f64 / raw.secs;
+        let produce_rate = produced.records as f64 / produced.secs;
+        let limit_rate = read_rate.min(produce_rate);
+        out.insert("limit".into(), json!({
+            "binlog_read": {"secs": raw.secs, "events": raw.events, "mb": raw.bytes as f64 / 1e6,
+                            "rows_per_s": read_rate, "mb_per_s": raw.bytes as f64 / 1e6 / raw.secs},
+            "produce": {"secs": produced.secs, "records": produced.records,
+                        "rows_per_s": produce_rate, "mb_per_s": produced.payload_bytes as f64 / 1e6 / produced.secs},
+            "rows_per_s": limit_rate,
+            "bound_by": if read_rate < produce_rate { "binlog_read" } else { "produce" },
+        }));
+        log(format!(
+            "drain: limit: binlog read {read_rate:.0} rows/s, produce {produce_rate:.0} rows/s"
+        ));
+
+        for sys in started {
+            let topic = self.topic(sys.name(), "drain");
+            kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
+            log(format!("drain: {}", sys.name()));
+            let db_cpu0 = self.db_cpu();
+            let t0 = now_micros();
+            let clock = Instant::now();
+            let mut run = self.start(sys, &db, "dbz_drain").await?;
+            let timeout = Duration::from_secs((self.s.rows / 500).max(600));
+            let n = kafka::wait_for_count(&self.s.bootstrap, &topic, written.rows, timeout, || {
+                run.check()
+            })
+            .await?;
+            let usage = run.usage();
+            let wall = clock.elapsed().as_secs_f64();
+            let db_cpu1 = self.db_cpu();
+            let counters = match &run {
+                Running::Polling { counters, .. } => Some((
+                    counters.queries.load(Ordering::Relaxed),
+                    counters.rows_updated.load(Ordering::Relaxed),
+                )),
+                _ => None,
+            };
+            run.stop().await?;
+            let mut r = Map::new();
+            if n < written.rows {
+                r.insert(
+                    "error".into(),
+                    json!(format!(
+                        "only {n} of {} records within {timeout:?}",
+                        written.rows
+                    )),
+                );
+            }
+            let end_ms = kafka::last_append_ms(&self.s.bootstrap, &topic).await?;
+            let secs = ((end_ms * 1000 - t0) as f64 / 1e6).max(1e-3);
+            let rate = n as f64 / secs;
+            r.insert("records".into(), json!(n));
+            r.insert("secs".into(), json!(secs));
+            r.insert("rows_per_s".into(), json!(rate));
+            r.insert(
+                "mb_per_s".into(),
+                json!(written.payload_bytes as f64 / 1e6 / secs),
+            );
+            r.insert("fraction_of_limit".into(), json!(rate / limit_rate));
+            if let Some(u) = usage {
+                r.insert("cpu_s".into(), json!(u.cpu_s));
+                r.insert(
+                    "cpu_s_per_million".into(),
+                    json!(u.cpu_s / (n as f64 / 1e6)),
+                );
+                r.insert("records_per_cpu_s".into(), json!(n as f64 / u.cpu_s));
+                r.insert("peak_rss_mb".into(), json!(u.peak_rss_mb));
+            }
+            if let (Some(a), Some(b)) = (db_cpu0, db_cpu1) {
+                r.insert("db_cpu_s".into(), json!(b - a));
+            }
+            if let Some((q, u)) = counters {
+                r.insert("db_queries".into(), json!(q));
+                r.insert("db_queries_per_s".into(), json!(q as f64 / wall));
+                r.insert("db_rows_updated".into(), json!(u));
+            }
+            log(format!(
+                "drain: {}: {}",
+                sys.name(),
+                Value::Object(r.clone())
+            ));
+            out.insert(sys.name().into(), Value::Object(r));
+        }
+        db.drop_database().await?;
+        Ok(Value::Object(out))
+    }
+
+    /// Phase 3, 4, 5 (steady part): each system in turn on a database of its own, every rate and
+    /// transaction size.
+    async fn steady(&mut self) -> Result<Vec<Value>> {
+        let mut out = Vec::new();
+        for sys in self.s.systems.clone() {
+            let db = TestDb::create("bench_steady").await?;
+            if sys == System::Polling {
+                db.pool()
+                    .get_conn()
+                    .await?
+                    .query_drop(polling::SCHEMA)
+                    .await?;
+            }
+            log(format!("steady: {}", sys.name()));
+            let mut run = match self.start(sys, &db, "dbz_steady").await {
+                Ok(r) => r,
+                Err(e) => {
+                    log(format!("steady: {} cannot run: {e:#}", sys.name()));
+                    out.push(json!({"system": sys.name(), "error": format!("{e:#}")}));
+                    db.drop_database().await?;
+                    continue;
+                }
+            };
+            if let Err(e) = self.wait_ready(sys, &db, &mut run).await {
+                out.push(json!({"system": sys.name(), "error": format!("{e:#}")}));
+                run.stop().await.ok();
+                db.drop_database().await?;
+                continue;
+            }
+            for &rate in &self.s.rates.clone() {
+                for &txn in &self.s.txns.clone() {
+                    let r = self.steady_one(sys, &db, &mut run, rate, txn).await;
+                    match r {
+                        Ok(v) => {
+                            log(format!("steady: {v}"));
+                            out.push(v);
+                        }
+                        Err(e) => {
+                            log(format!("steady: {} {rate}/s x{txn}: {e:#}", sys.name()));
+                            out.push(json!({"system": sys.name(), "rate": rate, "txn": txn, "error": format!("{e:#}")}));
+                        }
+                    }
+                }
+            }
+            if let Some(u) = run.usage() {
+                out.push(json!({"system": sys.name(), "steady_peak_rss_mb": u.peak_rss_mb}));
+            }
+            run.stop().await?;
+            db.drop_database().await?;
+        }
+        Ok(out)
+    }
+
+    async fn steady_one(
+        &mut self,
+        sys: System,
+        db: &TestDb,
+        run: &mut Running,
+        rate: u64,
+        txn: u64,
+    ) -> Result<Value> {
+        let agg = format!("s{rate}x{txn}");
+        let topic = self.topic(sys.name(), &agg);
+        kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
+        let cpu0 = run.usage().map(|u| u.cpu_s);
+        let db_cpu0 = self.db_cpu();
+        let q0 = polling_queries(run);
+        let w: Written =
+            workload::write_steady(db.pool(), &agg, rate, txn, self.s.steady_secs).await?;
+        let writer_end = Instant::now();
+        let n = kafka::wait_for_count(
+            &self.s.bootstrap,
+            &topic,
+            w.rows,
+            Duration::from_secs(60),
+            || run.check(),
+        )
+        .await?;
+        let catch_up = writer_end.elapsed().as_secs_f64();
+        let cpu = run.usage().map(|u| u.cpu_s).zip(cpu0).map(|(b, a)| b - a);
+        let db_cpu = self.db_cpu().zip(db_cpu0).map(|(b, a)| b - a);
+        let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
+        let lat = kafka::latencies(&self.s.bootstrap, &topic).await?;
+        let mut v = json!({
+            "system": sys.name(), "rate": rate, "txn": txn,
+            "rows": w.rows, "writer_rows_per_s": w.rows as f64 / w.secs,
+            "writer_deadlocks": w.deadlocks,
+            "delivered": n, "catch_up_s": catch_up,
+            // Kept up: everything delivered within 5 s of the writer's last commit.
+            "kept_up": n >= w.rows && catch_up <= 5.0,
+            "latency_samples": lat.micros.len(), "unusable": lat.unusable,
+        });
+        for (k, x) in kafka::summary(&lat.micros) {
+            v[k] = json!(x);
+        }
+        if let Some(c) = cpu {
+            v["cpu_s"] = json!(c);
+            v["cpu_pct"] = json!(100.0 * c / (w.secs + catch_up));
+        }
+        if let Some(c) = db_cpu {
+            v["db_cpu_s"] = json!(c);
+        }
+        if let Some(q) = queries {
+            v["db_queries_per_s"] = json!(q as f64 / (w.secs + catch_up));
+            v["db_rows_updated"] = json!(n);
+        }
+        Ok(v)
+    }
+}
+
+fn polling_queries(run: &Running) -> Option<u64> {
+    match run {
+        Running::Polling { counters, .. } => Some(counters.queries.load(Ordering::Relaxed)),
+        _ => None,
+    }
+}
+
+async fn db_info() -> Result<(String, Option<u32>)> {
+    let pool = Pool::new(outbox_relay_testkit::mysql_url(None).as_str());
+    let mut c = pool.get_conn().await?;
+    let row: Option<(String, String)> = c.query_first("SELECT @@version, @@pid_file").await?;
+    drop(c);
+    pool.disconnect().await.ok();
+    let (version, pid_file) = row.unwrap_or_default();
+    Ok((version, procs::pid_from_file(&pid_file)))
+}
+
+fn machine(db_version: &str) -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let mem_gb = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0 / 1024.0);
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": model,
+        "mem_gb": mem_gb,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "loadavg_at_start": read("/proc/loadavg").trim(),
+        "mariadb": db_version,
+        "kafka": env_or("KAFKA_VERSION", "4.1.1"),
+        "relay_commit": git,
+    })
+}
+
+fn steady_p99(steady: &[Value], sys: &str, rate: u64) -> Option<f64> {
+    steady
+        .iter()
+        .filter(|v| v["system"] == sys && v["rate"] == rate)
+        .filter_map(|v| v["p99_ms"].as_f64())
+        .reduce(f64::max)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let s = Settings::from_env()?;
+    anyhow::ensure!(
+        s.relay_bin.exists(),
+        "{} does not exist: build it with `cargo build --release -p outbox-relay` (make bench does)",
+        s.relay_bin.display()
+    );
+    let (db_version, db_pid) = db_info().await.context("MariaDB (make services-up)")?;
+    let sfx = unique_suffix();
+    let scratch = std::env::temp_dir().join(format!("outbox-relay-bench-{sfx}"));
+    std::fs::create_dir_all(&scratch)?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut b = Bench {
+        prefix: format!("bench_{sfx}"),
+        scratch,
+        runner: root.join("tests/bench/debezium/Runner.java"),
+        db_pid,
+        topics: Vec::new(),
+        s,
+    };
+    let started = Instant::now();
+    let machine = machine(&db_version);
+    log(format!("machine: {machine}"));
+    let result = async {
+        let drain = b.drain().await?;
+        let steady = b.steady().await?;
+        anyhow::Ok((drain, steady))
+    }
+    .await;
+    kafka::delete_topics(&b.s.bootstrap, &b.topics).await;
+    std::fs::remove_dir_all(&b.scratch).ok();
+    let (drain, steady) = result?;
+
+    let f = |v: &Value| v.as_f64();
+    let relay_rate = f(&drain["relay"]["rows_per_s"]);
+    let summary = json!({
+        "drain_fraction_of_limit": f(&drain["relay"]["fraction_of_limit"]),
+        "drain_ratio_to_debezium": relay_rate.zip(f(&drain["debezium"]["rows_per_s"])).map(|(a, b)| a / b),
+        "drain_ratio_to_polling": relay_rate.zip(f(&drain["polling"]["rows_per_s"])).map(|(a, b)| a / b),
+        "p99_ms_at_5k": steady_p99(&steady, "relay", 5000),
+    });
+    let mut all = json!({
+        "machine": machine,
+        "settings": {
+            "rows": b.s.rows, "steady_secs": b.s.steady_secs, "rates": b.s.rates,
+            "txn_sizes": b.s.txns, "payload_bytes": workload::PAYLOAD_BYTES, "keys": workload::KEYS,
+            "partitions": kafka::PARTITIONS, "polling_batch": polling::BATCH,
+            "polling_interval_ms": polling::INTERVAL.as_millis() as u64,
+        },
+        "drain": drain,
+        "steady": steady,
+        "duration_s": started.elapsed().as_secs_f64(),
+    });
+    for (k, v) in summary.as_object().into_iter().flatten() {
+        all[k] = v.clone();
+    }
+    all["targets"] = report::targets(&all);
+    report::write_all(&all, &b.s.out, b.s.readme.as_deref())?;
+    print!("{}", report::markdown(&all));
+    Ok(())
+}

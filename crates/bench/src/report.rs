@@ -1,0 +1,366 @@
+//! The benchmark's outputs: targets, Markdown tables, the JSON file, the latency plot and the
+//! README section between `<!-- bench:begin -->` and `<!-- bench:end -->`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde_json::{json, Value};
+
+const SYSTEMS: [&str; 3] = ["relay", "polling", "debezium"];
+
+fn num(v: &Value) -> Option<f64> {
+    v.as_f64().filter(|x| x.is_finite())
+}
+
+/// The targets with the measured value and whether it is met (`null`: not measured).
+pub fn targets(all: &Value) -> Value {
+    let steady = all["steady"].as_array().cloned().unwrap_or_default();
+    let relay_20k: Vec<&Value> = steady
+        .iter()
+        .filter(|v| v["system"] == "relay" && v["rate"] == 20_000)
+        .collect();
+    let kept_up_20k =
+        (!relay_20k.is_empty()).then(|| relay_20k.iter().all(|v| v["kept_up"] == true));
+    let steady_rss = steady
+        .iter()
+        .find(|v| v["system"] == "relay" && v.get("steady_peak_rss_mb").is_some())
+        .and_then(|v| num(&v["steady_peak_rss_mb"]));
+    let t = |name: &str, value: Option<f64>, goal: &str, met: Option<bool>| json!({"target": name, "value": value, "goal": goal, "met": met});
+    let ge = |v: Option<f64>, g: f64| v.map(|v| v >= g);
+    let le = |v: Option<f64>, g: f64| v.map(|v| v <= g);
+    let frac = num(&all["drain_fraction_of_limit"]);
+    let dbz = num(&all["drain_ratio_to_debezium"]);
+    let p99 = num(&all["p99_ms_at_5k"]);
+    let drain_rss = num(&all["drain"]["relay"]["peak_rss_mb"]);
+    let per_cpu = num(&all["drain"]["relay"]["records_per_cpu_s"]);
+    json!([
+        t("drain rate / limit", frac, ">= 0.8", ge(frac, 0.8)),
+        t("drain rate / Debezium's", dbz, ">= 5", ge(dbz, 5.0)),
+        t(
+            "p99 commit -> ack at 5k rows/s (ms)",
+            p99,
+            "<= 10",
+            le(p99, 10.0)
+        ),
+        t(
+            "keeps up at 20k rows/s",
+            kept_up_20k.map(|k| if k { 1.0 } else { 0.0 }),
+            "yes",
+            kept_up_20k
+        ),
+        t(
+            "peak RSS steady (MB)",
+            steady_rss,
+            "<= 32",
+            le(steady_rss, 32.0)
+        ),
+        t(
+            "peak RSS draining (MB)",
+            drain_rss,
+            "<= 64",
+            le(drain_rss, 64.0)
+        ),
+        t(
+            "records per relay CPU-second (drain)",
+            per_cpu,
+            ">= 500000",
+            ge(per_cpu, 500_000.0)
+        ),
+    ])
+}
+
+fn f(v: &Value, digits: usize) -> String {
+    match num(v) {
+        Some(x) => format!("{x:.digits$}"),
+        None => "–".into(),
+    }
+}
+
+/// The Markdown report: drain, limit, steady state, targets.
+pub fn markdown(all: &Value) -> String {
+    let mut m = String::new();
+    let d = &all["drain"];
+    let mc = &all["machine"];
+    let st = &all["settings"];
+    let _ = writeln!(
+        m,
+        "Machine: {} CPUs ({}), {} GB RAM, Linux {}, MariaDB {}, Kafka {}; load at start {}; relay {}.\n",
+        mc["cpus"], mc["cpu_model"].as_str().unwrap_or("?"), f(&mc["mem_gb"], 1),
+        mc["kernel"].as_str().unwrap_or("?"), mc["mariadb"].as_str().unwrap_or("?"),
+        mc["kafka"].as_str().unwrap_or("?"), mc["loadavg_at_start"].as_str().unwrap_or("?"),
+        mc["relay_commit"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        m,
+        "**Backlog drain** ({} rows, {}-byte JSON payloads, {} keys, transactions of 1–100 rows; written in {} s):\n",
+        st["rows"], st["payload_bytes"], st["keys"], f(&d["backlog"]["write_secs"], 1)
+    );
+    m.push_str("| | rows/s | MB/s | × limit | CPU s / M rows | records / CPU s | peak RSS MB | DB CPU s | DB queries/s |\n");
+    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let l = &d["limit"];
+    let _ = writeln!(
+        m,
+        "| limit: bare binlog read | {} | {} | | | | | | |",
+        f(&l["binlog_read"]["rows_per_s"], 0),
+        f(&l["binlog_read"]["mb_per_s"], 1)
+    );
+    let _ = writeln!(
+        m,
+        "| limit: bare producer | {} | {} | | | | | | |",
+        f(&l["produce"]["rows_per_s"], 0),
+        f(&l["produce"]["mb_per_s"], 1)
+    );
+    for s in SYSTEMS {
+        let r = &d[s];
+        if r.is_null() {
+            continue;
+        }
+        if let Some(e) = r["error"].as_str() {
+            let first = e.lines().next().unwrap_or("");
+            let _ = writeln!(m, "| {s} | not measured: {first} | | | | | | | |");
+            if r.get("rows_per_s").is_none() {
+                continue;
+            }
+        }
+        let _ = writeln!(
+            m,
+            "| **{s}** | {} | {} | {} | {} | {} | {} | {} | {} |",
+            f(&r["rows_per_s"], 0),
+            f(&r["mb_per_s"], 1),
+            f(&r["fraction_of_limit"], 2),
+            f(&r["cpu_s_per_million"], 2),
+            f(&r["records_per_cpu_s"], 0),
+            f(&r["peak_rss_mb"], 1),
+            f(&r["db_cpu_s"], 1),
+            f(&r["db_queries_per_s"], 0),
+        );
+    }
+    let _ = writeln!(
+        m,
+        "\n**Steady state** ({} s per rate; latency = broker LogAppendTime − the writer's clock in the row, ms, 1 ms resolution):\n",
+        st["steady_secs"]
+    );
+    m.push_str("| system | rows/s | rows/txn | written rows/s | p50 | p99 | p999 | max | kept up | CPU % | DB CPU s | DB queries/s |\n");
+    m.push_str(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
+    );
+    for v in all["steady"].as_array().into_iter().flatten() {
+        if v.get("rate").is_none() {
+            if let Some(e) = v["error"].as_str() {
+                let _ = writeln!(
+                    m,
+                    "| {} | not measured: {} | | | | | | | | | | |",
+                    v["system"].as_str().unwrap_or("?"),
+                    e.lines().next().unwrap_or("")
+                );
+            }
+            continue;
+        }
+        if let Some(e) = v["error"].as_str() {
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | error: {} | | | | | | | | |",
+                v["system"].as_str().unwrap_or("?"),
+                v["rate"],
+                v["txn"],
+                e.lines().next().unwrap_or("")
+            );
+            continue;
+        }
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            v["system"].as_str().unwrap_or("?"),
+            v["rate"],
+            v["txn"],
+            f(&v["writer_rows_per_s"], 0),
+            f(&v["p50_ms"], 1),
+            f(&v["p99_ms"], 1),
+            f(&v["p999_ms"], 1),
+            f(&v["max_ms"], 1),
+            if v["kept_up"] == true {
+                "yes"
+            } else {
+                "**no**"
+            },
+            f(&v["cpu_pct"], 0),
+            f(&v["db_cpu_s"], 1),
+            f(&v["db_queries_per_s"], 0),
+        );
+    }
+    let rss: Vec<String> = all["steady"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            Some(format!(
+                "{} {} MB",
+                v["system"].as_str()?,
+                f(v.get("steady_peak_rss_mb")?, 1)
+            ))
+        })
+        .collect();
+    if !rss.is_empty() {
+        let _ = writeln!(m, "\nPeak RSS over the steady runs: {}.", rss.join(", "));
+    }
+    m.push_str(
+        "\n**Targets**:\n\n| target | goal | measured | met |\n| --- | --- | ---: | --- |\n",
+    );
+    for t in all["targets"].as_array().into_iter().flatten() {
+        let met = match t["met"].as_bool() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not measured",
+        };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {met} |",
+            t["target"].as_str().unwrap_or("?"),
+            t["goal"].as_str().unwrap_or("?"),
+            f(&t["value"], 2)
+        );
+    }
+    m
+}
+
+/// Writes `latest.json`, `latest.md`, `latency.png` into `out` and the README section.
+///
+/// # Errors
+/// A file cannot be written (the plot failing is only reported).
+pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("latest.json"),
+        serde_json::to_string_pretty(all)? + "\n",
+    )?;
+    let md = markdown(all);
+    std::fs::write(out.join("latest.md"), &md)?;
+    if let Err(e) = plot(all, &out.join("latency.png")) {
+        eprintln!("[bench] no plot: {e:#}");
+    }
+    if let Some(readme) = readme {
+        let text = std::fs::read_to_string(readme)
+            .with_context(|| format!("reading {}", readme.display()))?;
+        let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
+        if let (Some(a), Some(b)) = (text.find(begin), text.find(end)) {
+            let new = format!(
+                "{}{begin}\n{md}\n![latency percentiles per rate](tests/bench/results/latency.png)\n{}",
+                &text[..a],
+                &text[b..]
+            );
+            std::fs::write(readme, new)?;
+        }
+    }
+    Ok(())
+}
+
+const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+fn register_font() -> Result<()> {
+    let path = FONT_PATHS
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .context("no DejaVuSans.ttf (Debian package fonts-dejavu-core)")?;
+    let bytes: &'static [u8] = Box::leak(std::fs::read(path)?.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("{path} is not a usable font"))?;
+    Ok(())
+}
+
+/// Latency percentiles (p50, p99, p99.9; log scale) per rate, one line per system, one row of
+/// panels per transaction size.
+fn plot(all: &Value, path: &Path) -> Result<()> {
+    register_font()?;
+    let steady: Vec<&Value> = all["steady"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| num(&v["p50_ms"]).is_some())
+        .collect();
+    let mut txns: Vec<u64> = steady.iter().filter_map(|v| v["txn"].as_u64()).collect();
+    txns.sort_unstable();
+    txns.dedup();
+    let mut rates: Vec<u64> = steady.iter().filter_map(|v| v["rate"].as_u64()).collect();
+    rates.sort_unstable();
+    rates.dedup();
+    anyhow::ensure!(!txns.is_empty(), "no steady-state latencies to plot");
+    let ymax = steady
+        .iter()
+        .filter_map(|v| num(&v["p999_ms"]))
+        .fold(1.0f64, f64::max)
+        * 2.0;
+    let pcts = [("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")];
+    let root = BitMapBackend::new(path, (1500, 480 * txns.len() as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        "commit -> Kafka ack latency (ms, log scale) per rate",
+        ("sans-serif", 26),
+    )?;
+    let panels = root.split_evenly((txns.len(), pcts.len()));
+    let colors = [
+        RGBColor(200, 30, 30),
+        RGBColor(30, 90, 200),
+        RGBColor(40, 150, 40),
+    ];
+    let xs = |rate: u64| rates.iter().position(|r| *r == rate).unwrap_or(0) as i32;
+    for (i, panel) in panels.iter().enumerate() {
+        let (txn, (key, label)) = (txns[i / pcts.len()], pcts[i % pcts.len()]);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{label}, {txn}-row transactions"),
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(
+                -0.5f64..(rates.len() as f64 - 0.5),
+                (0.1f64..ymax).log_scale(),
+            )?;
+        let rates_fmt = rates.clone();
+        chart
+            .configure_mesh()
+            .x_labels(rates.len())
+            .x_label_formatter(&|x| {
+                let i = x.round() as usize;
+                rates_fmt
+                    .get(i)
+                    .map(|r| format!("{r}/s"))
+                    .unwrap_or_default()
+            })
+            .y_desc("ms")
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        for (si, sys) in SYSTEMS.iter().enumerate() {
+            let pts: Vec<(f64, f64)> = steady
+                .iter()
+                .filter(|v| v["system"] == *sys && v["txn"] == txn)
+                .filter_map(|v| Some((f64::from(xs(v["rate"].as_u64()?)), num(&v[key])?.max(0.1))))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let c = colors[si];
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
+                .label(*sys)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
