@@ -312,25 +312,16 @@ async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> 
             toml_path(&pki.file("other-ca.pem"))
         ),
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
-    let status = relay.wait_exit(EXIT_TIMEOUT).await?;
-    let stderr = relay.stderr_text();
-    ensure!(
-        status.code() == Some(3),
-        "expected exit code 3, got {}\n{stderr}",
-        describe_exit(&status)
-    );
-    for needle in [
-        "server prerequisite not met: TLS connection to the MySQL server",
-        "the TLS handshake failed",
-        "certificate verify failed",
-        "Fix: set mysql.tls_ca to the CA file that signed the server's certificate",
-    ] {
-        ensure!(
-            stderr.contains(needle),
-            "stderr lacks {needle:?}:\n{stderr}"
-        );
-    }
+    expect_prerequisite_failure(
+        &toml,
+        &[
+            "server prerequisite not met: TLS connection to the MySQL server",
+            "the TLS handshake failed",
+            "certificate verify failed",
+            "Fix: set mysql.tls_ca to the CA file that signed the server's certificate",
+        ],
+    )
+    .await?;
     db.drop_database().await
 }
 
@@ -357,24 +348,15 @@ async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Resul
             toml_path(&pki.file("ca.pem"))
         ),
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
-    let status = relay.wait_exit(EXIT_TIMEOUT).await?;
-    let stderr = relay.stderr_text();
-    ensure!(
-        status.code() == Some(3),
-        "expected exit code 3, got {}\n{stderr}",
-        describe_exit(&status)
-    );
-    for needle in [
-        "error 1045",
-        "REQUIRE X509",
-        "mysql.tls_cert and mysql.tls_key",
-    ] {
-        ensure!(
-            stderr.contains(needle),
-            "stderr lacks {needle:?}:\n{stderr}"
-        );
-    }
+    expect_prerequisite_failure(
+        &toml,
+        &[
+            "error 1045",
+            "REQUIRE X509",
+            "mysql.tls_cert and mysql.tls_key",
+        ],
+    )
+    .await?;
     db.drop_database().await
 }
 
@@ -438,7 +420,27 @@ async fn wrong_sasl_password_is_a_clear_error() -> Result<()> {
         ("sasl.username".into(), SASL_USER.into()),
         ("sasl.password".into(), wrong.into()),
     ]);
-    let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+    let stderr = expect_prerequisite_failure(
+        &spec.to_toml(),
+        &[
+            "server prerequisite not met: Kafka authentication",
+            "invalid credentials with SASL mechanism SCRAM-SHA-512",
+            "sasl.username",
+            "sasl.password",
+        ],
+    )
+    .await?;
+    ensure!(
+        !stderr.contains(wrong),
+        "the password is in the log:\n{stderr}"
+    );
+    db.drop_database().await
+}
+
+/// Runs a relay with `toml` that must stop with exit code 3 (a prerequisite not met) and say each
+/// of `needles` on stderr; returns its stderr.
+async fn expect_prerequisite_failure(toml: &str, needles: &[&str]) -> Result<String> {
+    let relay = RelayProcess::spawn(BIN, toml, &[])?;
     let status = relay.wait_exit(EXIT_TIMEOUT).await?;
     let stderr = relay.stderr_text();
     ensure!(
@@ -446,20 +448,11 @@ async fn wrong_sasl_password_is_a_clear_error() -> Result<()> {
         "expected exit code 3, got {}\n{stderr}",
         describe_exit(&status)
     );
-    for needle in [
-        "server prerequisite not met: Kafka authentication",
-        "invalid credentials with SASL mechanism SCRAM-SHA-512",
-        "sasl.username",
-        "sasl.password",
-    ] {
+    for needle in needles {
         ensure!(
             stderr.contains(needle),
             "stderr lacks {needle:?}:\n{stderr}"
         );
     }
-    ensure!(
-        !stderr.contains(wrong),
-        "the password is in the log:\n{stderr}"
-    );
-    db.drop_database().await
+    Ok(stderr)
 }
