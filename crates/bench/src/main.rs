@@ -134,6 +134,8 @@ struct Bench {
     runner: PathBuf,
     db_pid: Option<u32>,
     topics: Vec<String>,
+    /// `wait_ready` calls so far (names each call's topic).
+    ready_calls: u32,
 }
 
 fn log(msg: impl AsRef<str>) {
@@ -268,15 +270,18 @@ impl Bench {
         let seq = u64::try_from(now_micros()).unwrap_or_default();
         let ts = now_micros();
         let key = workload::key_of(seq);
+        // A topic of its own per call: a record left by an earlier phase must not count.
+        self.ready_calls += 1;
+        let agg = format!("ready{}", self.ready_calls);
         db.pool()
             .get_conn()
             .await?
             .exec_drop(
-                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, created_at) VALUES ('ready', ?, 'Ready', ?, ?, ?)",
-                (key.clone(), workload::event_key("ready", seq), workload::payload(ts, seq, &key), workload::datetime6(ts)),
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, created_at) VALUES (?, ?, 'Ready', ?, ?, ?)",
+                (agg.clone(), key.clone(), workload::event_key(&agg, seq), workload::payload(ts, seq, &key), workload::datetime6(ts)),
             )
             .await?;
-        let topic = self.topic(sys.name(), "ready");
+        let topic = self.topic(sys.name(), &agg);
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             run.check()?;
@@ -659,6 +664,7 @@ async fn main() -> Result<()> {
         runner: root.join("tests/bench/debezium/Runner.java"),
         db_pid,
         topics: Vec::new(),
+        ready_calls: 0,
         s,
     };
     let started = Instant::now();
