@@ -15,11 +15,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use mysql_async::binlog::events::{EventData, OptionalMetadataField, RowsEventData, TableMapEvent};
-use mysql_async::binlog::row::BinlogRow;
+use mysql_async::binlog::events::{
+    EventData, OptionalMetaExtractor, OptionalMetadataField, RowsEventData, TableMapEvent,
+};
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
+use mysql_common::io::ParseBuf;
 
 use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
 use crate::config::{KeyFormat, NullPayload, OnUpdate, Placement, TableName, UnknownXaCommit};
@@ -191,6 +193,36 @@ pub struct Decoder {
     tx: TxState,
     xa: XaTracker,
     unknown_xa_commit: UnknownXaCommit,
+    /// What was derived from each table id's table map, reused while the server repeats the
+    /// same table map (it sends one before every transaction's rows events).
+    table_maps: HashMap<u64, TableMapInfo>,
+}
+
+/// Most table ids whose [`TableMapInfo`] is kept; the cache is emptied when it would grow past
+/// this (table ids change with DDL and table cache flushes, so old ones go stale).
+const TABLE_MAP_CACHE_LIMIT: usize = 1024;
+
+/// What the decoder derived from one table map event.
+#[derive(Debug)]
+struct TableMapInfo {
+    /// The table map it was derived from: reused only while the next one is equal.
+    tme: TableMapEvent<'static>,
+    /// A state table (ours, or another connector's of the same name in another database).
+    is_state_table: bool,
+    /// The outbox mapping, `None` for any other table.
+    mapping: Option<Arc<TableMapping>>,
+    /// The layout resolved for the last rows event of this table, with what it depends on
+    /// besides the table map.
+    layout: Option<CachedLayout>,
+}
+
+#[derive(Debug)]
+struct CachedLayout {
+    /// The rows event's after-image bitmap (raw bytes; all columns when `None`).
+    after_image: Option<Vec<bool>>,
+    /// The tracked layout of the table when resolved (names without `binlog_row_metadata=FULL`).
+    tracked: Option<Result<Vec<String>, String>>,
+    layout: Arc<ColumnLayout>,
 }
 
 #[derive(Debug, Default)]
@@ -228,6 +260,7 @@ impl Decoder {
             tx: TxState::default(),
             xa: XaTracker::default(),
             unknown_xa_commit: UnknownXaCommit::Stop,
+            table_maps: HashMap::new(),
         }
     }
 
@@ -526,6 +559,93 @@ impl Decoder {
         }
     }
 
+    /// The cached [`TableMapInfo`] of `table_id`, (re)derived when `tme` differs from the
+    /// table map it was derived from.
+    fn table_map_info(&mut self, table_id: u64, tme: &TableMapEvent<'static>) -> &TableMapInfo {
+        let fresh = self
+            .table_maps
+            .get(&table_id)
+            .is_some_and(|info| info.tme == *tme);
+        if !fresh {
+            if self.table_maps.len() >= TABLE_MAP_CACHE_LIMIT {
+                self.table_maps.clear();
+            }
+            let name = TableName {
+                database: tme.database_name().into_owned(),
+                table: tme.table_name().into_owned(),
+            };
+            let mapping = self.outbox_tables.get(&name).cloned();
+            if mapping.is_some() {
+                if let Some(names) = table_map_names(tme) {
+                    // Column names in the table map are the truth: they repair a tracked layout.
+                    self.layouts.set(&name, names);
+                }
+            }
+            self.table_maps.insert(
+                table_id,
+                TableMapInfo {
+                    tme: tme.clone(),
+                    is_state_table: name.table == self.checkpoint_table.table,
+                    mapping,
+                    layout: None,
+                },
+            );
+        }
+        &self.table_maps[&table_id]
+    }
+
+    /// The column layout of an outbox rows event: the cached one while the table map, the
+    /// after-image bitmap and the tracked layout are those it was resolved with.
+    fn layout_for(
+        &mut self,
+        rows: &RowsEventData<'_>,
+        tme: &TableMapEvent<'static>,
+        name: &TableName,
+        mapping: &TableMapping,
+    ) -> Result<Arc<ColumnLayout>, String> {
+        let after_image: Option<Vec<bool>> = rows
+            .columns_after_image()
+            .map(|bits| bits.iter().map(|b| *b).collect());
+        let tracked = self.layouts.get(name);
+        let same_tracked = |cached: &Option<Result<Vec<String>, String>>| match (cached, tracked)
+        {
+            (None, None) => true,
+            (Some(Ok(a)), Some(Ok(b))) => a.as_slice() == b,
+            (Some(Err(a)), Some(Err(b))) => a == b,
+            _ => false,
+        };
+        if let Some(cached) = self
+            .table_maps
+            .get(&rows.table_id())
+            .and_then(|info| info.layout.as_ref())
+        {
+            if cached.after_image == after_image && same_tracked(&cached.tracked) {
+                return Ok(Arc::clone(&cached.layout));
+            }
+        }
+        // A DDL may have changed the tracked layout since the table map was first seen: names
+        // in the table map repair it again.
+        if let Some(names) = table_map_names(tme) {
+            self.layouts.set(name, names);
+        }
+        let tracked = self.layouts.get(name);
+        let layout = Arc::new(ColumnLayout::resolve(
+            tme,
+            after_image.as_deref(),
+            mapping,
+            tracked,
+        )?);
+        let tracked = tracked.map(|t| t.map(<[String]>::to_vec).map_err(str::to_owned));
+        if let Some(info) = self.table_maps.get_mut(&rows.table_id()) {
+            info.layout = Some(CachedLayout {
+                after_image,
+                tracked,
+                layout: Arc::clone(&layout),
+            });
+        }
+        Ok(layout)
+    }
+
     fn decode_rows<'t>(
         &mut self,
         ev: &SourceEvent,
@@ -539,24 +659,19 @@ impl Decoder {
                 rows.table_id()
             ))
         })?;
-        let name = TableName {
-            database: tme.database_name().into_owned(),
-            table: tme.table_name().into_owned(),
-        };
+        let info = self.table_map_info(rows.table_id(), tme);
+        let (is_state_table, mapping) = (info.is_state_table, info.mapping.clone());
         // Our own checkpoint writes, and those of other connectors keeping a state table of the
         // same name in another database, are not progress: counting them would make idle
         // relays on one server write in answer to each other forever.
-        if name.table == self.checkpoint_table.table {
+        if is_state_table {
             return Ok(Decoded::Rows(Vec::new()));
         }
         self.tx.advances = true;
-        let Some(mapping) = self.outbox_tables.get(&name).cloned() else {
+        let Some(mapping) = mapping else {
             return Ok(Decoded::Rows(Vec::new()));
         };
-        if let Some(names) = table_map_names(tme) {
-            // Column names in the table map are the truth: they repair a tracked layout.
-            self.layouts.set(&name, names);
-        }
+        let name = Arc::clone(&mapping.table);
         let row_error = |reason: String| RelayError::Row {
             position: ev.position.clone(),
             table: name.to_string(),
@@ -588,30 +703,19 @@ impl Decoder {
                 return Ok(Decoded::Rows(Vec::new()))
             }
         }
-        let after_image: Option<Vec<bool>> = rows
-            .columns_after_image()
-            .map(|bits| bits.iter().map(|b| *b).collect());
+        let layout = self
+            .layout_for(rows, tme, &name, &mapping)
+            .map_err(row_error)?;
         let mut out = Vec::new();
-        let mut layout: Option<ColumnLayout> = None;
-        for row in rows.rows(tme) {
-            let (_, after) =
-                row.map_err(|e| row_error(format!("the rows event cannot be decoded: {e}")))?;
-            let mut row =
-                after.ok_or_else(|| row_error("WRITE_ROWS without an after image".into()))?;
-            let layout = match &layout {
-                Some(l) => l,
-                None => layout.insert(
-                    ColumnLayout::resolve(
-                        tme,
-                        after_image.as_deref(),
-                        &row,
-                        &mapping,
-                        self.layouts.get(&name),
-                    )
-                    .map_err(row_error)?,
-                ),
-            };
-            match layout.extract(&mut row, &mapping, ev, &row_error) {
+        // The row images are parsed in place (values borrow the event's bytes); one values
+        // vector serves every row of the event.
+        let mut buf = ParseBuf(rows.rows_data());
+        let mut values = Vec::with_capacity(layout.image.len());
+        while !buf.0.is_empty() {
+            layout
+                .read_row(&mut buf, &mut values)
+                .map_err(|e| row_error(format!("the rows event cannot be decoded: {e}")))?;
+            match layout.extract(&mut values, &mapping, ev, &row_error) {
                 Ok(Some(event)) => out.push(Ok(event)),
                 Ok(None) => {} // skipped by configuration (NULL payload)
                 Err(failure) => out.push(Err(failure)),
@@ -799,17 +903,22 @@ fn parse_mariadb_gtid(ev: &SourceEvent) -> Result<(MariadbGtid, u8), RelayError>
     ))
 }
 
-/// Where the mapped columns are in one rows event, and what the table map says about them.
+/// Where the mapped columns are in a table's rows events, what the table map says about them,
+/// and how to read a row image.
 ///
-/// Built once per rows event: the table map (and with it the column layout) may change between
-/// events, never within one.
+/// Resolved from a table map, an after-image bitmap and the tracked layout; reused (see
+/// [`Decoder::layout_for`]) while all three stay the same.
 #[derive(Debug)]
 struct ColumnLayout {
     /// Per table column: name and type information.
     columns: Vec<ColumnInfo>,
+    /// Per table column: its metadata bytes from the table map (how its values are stored).
+    meta: Vec<Vec<u8>>,
     /// Per table column: its index in the row image, `None` when the image leaves it out
     /// (`binlog_row_image=MINIMAL`/`NOBLOB`).
     in_image: Vec<Option<usize>>,
+    /// The table columns in the row image, in image order.
+    image: Vec<usize>,
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
@@ -890,7 +999,6 @@ impl ColumnLayout {
     fn resolve(
         tme: &TableMapEvent<'_>,
         after_image: Option<&[bool]>,
-        sample: &BinlogRow,
         mapping: &TableMapping,
         tracked: Option<Result<&[String], &str>>,
     ) -> Result<Self, String> {
@@ -934,26 +1042,50 @@ impl ColumnLayout {
                 in_image.push(None);
             }
         }
+        let image: Vec<usize> = (0..count).filter(|&i| in_image[i].is_some()).collect();
         let labels = table_map_labels(tme, count);
-        let columns: Vec<ColumnInfo> = names
-            .into_iter()
-            .zip(labels)
-            .enumerate()
-            .map(|(i, (name, labels))| {
-                let col = in_image[i].and_then(|p| sample.columns_ref().get(p));
-                let column_type = tme.get_column_type(i).ok().flatten();
-                ColumnInfo {
-                    name,
-                    column_type,
-                    collation: col.map_or(0, |c| c.character_set()),
-                    unsigned: col.is_some_and(|c| crate::columns::is_unsigned(c.flags())),
-                    labels,
-                    fixed_len: (column_type == Some(ColumnType::MYSQL_TYPE_STRING))
-                        .then(|| tme.get_column_metadata(i).and_then(string_column_length))
-                        .flatten(),
+        // Signedness and character sets come per numeric / character / ENUM-SET column, in
+        // column order (MySQL `Table_map_log_event` optional metadata; read as mysql_common's
+        // `BinlogRow` reads them).
+        let extractor = OptionalMetaExtractor::new(tme.iter_optional_meta())
+            .map_err(|e| format!("the table map's optional metadata cannot be read: {e}"))?;
+        let mut signedness = extractor.iter_signedness();
+        let mut charsets = extractor.iter_charset();
+        let mut enum_set_charsets = extractor.iter_enum_and_set_charset();
+        let mut columns = Vec::with_capacity(count);
+        let mut meta = Vec::with_capacity(count);
+        for (i, (name, labels)) in names.into_iter().zip(labels).enumerate() {
+            let column_type = tme.get_column_type(i).ok().flatten();
+            let column_meta = tme.get_column_metadata(i).unwrap_or_default();
+            let (mut unsigned, mut collation) = (false, 0);
+            if let Some(ty) = column_type {
+                if ty.is_numeric_type() {
+                    unsigned = signedness.next().unwrap_or_default();
                 }
-            })
-            .collect();
+                let charset = if ty.is_character_type() {
+                    charsets.next()
+                } else if ty.is_enum_or_set_type() {
+                    enum_set_charsets.next()
+                } else {
+                    None
+                };
+                collation = charset
+                    .transpose()
+                    .map_err(|e| format!("the table map's character sets cannot be read: {e}"))?
+                    .unwrap_or_default();
+            }
+            columns.push(ColumnInfo {
+                name,
+                column_type,
+                collation,
+                unsigned,
+                labels,
+                fixed_len: (column_type == Some(ColumnType::MYSQL_TYPE_STRING))
+                    .then(|| string_column_length(column_meta))
+                    .flatten(),
+            });
+            meta.push(column_meta.to_vec());
+        }
         let find = |key: &str, name: &str| {
             columns
                 .iter()
@@ -994,7 +1126,9 @@ impl ColumnLayout {
                 .collect::<Result<_, _>>()?,
             shared: Vec::new(),
             columns,
+            meta,
             in_image,
+            image,
         };
         let mut all: Vec<usize> = vec![
             layout.id,
@@ -1015,24 +1149,55 @@ impl ColumnLayout {
         Ok(layout)
     }
 
+    /// Reads one row image from `buf` into `values` (one per image column, in image order):
+    /// the NULL bitmap over the image's columns, then each non-NULL value as the table map's
+    /// type and metadata say (MySQL `Rows_log_event`, "Row image" in the source's
+    /// `log_event.h`). Values borrow `buf`'s bytes where they can.
+    ///
+    /// # Errors
+    /// Data too short, or a value that its column type cannot read.
+    fn read_row<'a>(
+        &'a self,
+        buf: &mut ParseBuf<'a>,
+        values: &mut Vec<Option<BinlogValue<'a>>>,
+    ) -> std::io::Result<()> {
+        values.clear();
+        let nulls: &[u8] = buf.parse(self.image.len().div_ceil(8))?;
+        for (k, &col) in self.image.iter().enumerate() {
+            if nulls.get(k / 8).is_some_and(|b| b & (1 << (k % 8)) != 0) {
+                values.push(Some(BinlogValue::Value(Value::NULL)));
+                continue;
+            }
+            let info = &self.columns[col];
+            let ty = info.column_type.ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("the table map gives no known type for column {:?}", info.name),
+                )
+            })?;
+            let ctx = (ty, self.meta[col].as_slice(), info.unsigned, false);
+            values.push(Some(buf.parse::<BinlogValue<'a>>(ctx)?));
+        }
+        Ok(())
+    }
+
     fn extract(
         &self,
-        row: &mut BinlogRow,
+        row: &mut [Option<BinlogValue<'_>>],
         mapping: &Arc<TableMapping>,
         ev: &SourceEvent,
         row_error: &dyn Fn(String) -> RelayError,
     ) -> Result<Option<OutboxEvent>, Box<RowFailure>> {
         let fail = |reason: String| RowFailure::bare(row_error(reason));
-        let mut take =
-            |idx: usize| -> Result<(BinlogValue<'static>, &ColumnInfo), Box<RowFailure>> {
-                let info = &self.columns[idx];
-                let value = match self.in_image[idx] {
-                    Some(p) if self.shared.contains(&idx) => {
-                        row.as_ref(p).map(|v| v.clone().into_owned())
-                    }
-                    Some(p) => row.take(p).map(BinlogValue::into_owned),
-                    None => None,
-                };
+        let mut take = |idx: usize| -> Result<(BinlogValue<'_>, &ColumnInfo), Box<RowFailure>> {
+            let info = &self.columns[idx];
+            let value = match self.in_image[idx] {
+                Some(p) if self.shared.contains(&idx) => {
+                    row.get(p).and_then(|v| v.as_ref()).cloned()
+                }
+                Some(p) => row.get_mut(p).and_then(Option::take),
+                None => None,
+            };
                 value.map(|v| (v, info)).ok_or_else(|| {
                     fail(format!(
                         "column {:?} is missing from the row image (the server logs partial rows: \
@@ -1042,7 +1207,7 @@ impl ColumnLayout {
                     ))
                 })
             };
-        let text = |(v, info): (BinlogValue<'static>, &ColumnInfo)| {
+        let text = |(v, info): (BinlogValue<'_>, &ColumnInfo)| {
             text_form(v, info, mapping.binary_format)
                 .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
         };
