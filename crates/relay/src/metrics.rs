@@ -22,7 +22,7 @@
 //! `outbox_relay_read_to_ack_seconds` measures inside the relay, from reading the row to the
 //! acknowledgement, with sub-millisecond resolution.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -162,8 +162,19 @@ pub struct Metrics {
     reconnects: IntCounterVec,
     errors: IntCounterVec,
     rows_read_total: AtomicU64,
-    topics: Mutex<HashSet<String>>,
+    /// Counters per topic label, so a record's acknowledgement costs one lookup (no label
+    /// hashing in the registry, no allocation).
+    topics: Mutex<HashMap<String, TopicCounters>>,
+    /// `outbox_rows_read_total` per table (the configured outbox tables: a bounded set).
+    tables: Mutex<HashMap<String, IntCounter>>,
     live: Mutex<Live>,
+}
+
+/// `records_produced_total` and `bytes_produced_total` of one `topic` label value.
+#[derive(Clone)]
+struct TopicCounters {
+    records: IntCounter,
+    bytes: IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -372,7 +383,8 @@ impl Metrics {
             ),
             registry: r,
             rows_read_total: AtomicU64::new(0),
-            topics: Mutex::new(HashSet::new()),
+            topics: Mutex::new(HashMap::new()),
+            tables: Mutex::new(HashMap::new()),
             live: Mutex::new(Live {
                 state: State::Starting,
                 last_activity: None,
@@ -490,7 +502,16 @@ impl Metrics {
 
     /// An outbox row of `table` was read and is about to be produced.
     pub fn row_read(&self, table: &str) {
-        self.rows_read.with_label_values(&[table]).inc();
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        match tables.get(table) {
+            Some(c) => c.inc(),
+            None => {
+                let c = self.rows_read.with_label_values(&[table]);
+                c.inc();
+                tables.insert(table.to_owned(), c);
+            }
+        }
+        drop(tables);
         self.rows_read_total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -499,27 +520,34 @@ impl Metrics {
         self.rows_read_total.load(Ordering::Relaxed)
     }
 
-    /// The `topic` label value for `topic` (see [`MAX_TOPIC_LABELS`]).
-    fn topic_label(&self, topic: &str) -> String {
-        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        if topics.contains(topic) {
-            topic.to_owned()
-        } else if topics.len() < MAX_TOPIC_LABELS {
-            topics.insert(topic.to_owned());
-            topic.to_owned()
-        } else {
-            OTHER_TOPICS.to_owned()
-        }
-    }
-
     /// Kafka acknowledged a record of `bytes` bytes on `topic`, whose row's binlog event has
     /// timestamp `event_time` (s since the epoch; 0 if unknown) and which was read at `read_at`.
     pub fn record_acked(&self, topic: &str, bytes: u64, event_time: u32, read_at: Instant) {
-        let label = self.topic_label(topic);
-        self.records_produced.with_label_values(&[&label]).inc();
-        self.bytes_produced
-            .with_label_values(&[&label])
-            .inc_by(bytes);
+        {
+            let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+            let counters = match topics.get(topic) {
+                Some(c) => c.clone(),
+                None => {
+                    // The first MAX_TOPIC_LABELS topics get their own label value (see
+                    // MAX_TOPIC_LABELS); the others share OTHER_TOPICS's entry.
+                    let label = if topics.len() < MAX_TOPIC_LABELS {
+                        topic
+                    } else {
+                        OTHER_TOPICS
+                    };
+                    let c = TopicCounters {
+                        records: self.records_produced.with_label_values(&[label]),
+                        bytes: self.bytes_produced.with_label_values(&[label]),
+                    };
+                    if topics.len() < MAX_TOPIC_LABELS {
+                        topics.insert(topic.to_owned(), c.clone());
+                    }
+                    c
+                }
+            };
+            counters.records.inc();
+            counters.bytes.inc_by(bytes);
+        }
         self.read_to_ack.observe(read_at.elapsed().as_secs_f64());
         if event_time != 0 {
             self.binlog_to_ack
