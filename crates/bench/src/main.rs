@@ -7,7 +7,7 @@
 //! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,polling,debezium`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder; no
 //! Debezium when unset), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty:
-//! leave it), `MARIADB_PORT`, `KAFKA_PORT`.
+//! leave it), `BENCH_PHASES` (`drain,steady`: run one for profiling), `MARIADB_PORT`, `KAFKA_PORT`.
 
 mod binlog;
 mod debezium;
@@ -57,6 +57,8 @@ struct Settings {
     rates: Vec<u64>,
     txns: Vec<u64>,
     systems: Vec<System>,
+    drain: bool,
+    steady: bool,
     relay_bin: PathBuf,
     debezium_libs: Option<PathBuf>,
     out: PathBuf,
@@ -97,7 +99,14 @@ impl Settings {
             "BENCH_README",
             &root.join("README.md").display().to_string(),
         );
+        let phases = env_or("BENCH_PHASES", "drain,steady");
+        let phases: Vec<&str> = phases.split(',').map(str::trim).collect();
+        if let Some(p) = phases.iter().find(|p| !["drain", "steady"].contains(p)) {
+            anyhow::bail!("BENCH_PHASES: unknown phase {p:?} (drain, steady)");
+        }
         Ok(Self {
+            drain: phases.contains(&"drain"),
+            steady: phases.contains(&"steady"),
             rows: env_or("BENCH_ROWS", "1000000")
                 .parse()
                 .context("BENCH_ROWS")?,
@@ -380,10 +389,24 @@ impl Bench {
 
         // The limit: (a) bare binlog read of the same range, (b) bare produce of the same records.
         log("drain: limit (a) bare binlog read");
+        // CPU of this process during each limit phase: the least a relay could spend on it.
+        let own_cpu = || procs::usage(std::process::id()).map(|u| u.cpu_s).ok();
+        // Busy share of all the machine's cores (relay or harness, MariaDB, Kafka together):
+        // near 1.0 means the phase was bound by this machine's CPUs.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let busy = || procs::machine_busy_s().ok();
+        let busy_share =
+            |b0: Option<f64>, secs: f64| busy().zip(b0).map(|(b, a)| (b - a) / (secs * cores));
+        let cpu0 = own_cpu();
+        let b0 = busy();
         let raw = binlog::raw_read(&db.url(), next_server_id(), &from, &to).await?;
+        let read_busy = busy_share(b0, raw.secs);
+        let read_cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
         let limit_topic = self.topic("limit", "drain");
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&limit_topic)).await?;
         log("drain: limit (b) bare produce");
+        let cpu0 = own_cpu();
+        let b0 = busy();
         let produced = kafka::raw_produce(
             &self.s.bootstrap,
             &limit_topic,
@@ -392,19 +415,30 @@ impl Bench {
             10_000,
         )
         .await?;
+        let produce_busy = busy_share(b0, produced.secs);
+        let produce_cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
+        let per_million = |cpu: Option<f64>, n: u64| cpu.map(|c| c / (n as f64 / 1e6));
         let read_rate = written.rows as f64 / raw.secs;
         let produce_rate = produced.records as f64 / produced.secs;
         let limit_rate = read_rate.min(produce_rate);
         out.insert("limit".into(), json!({
             "binlog_read": {"secs": raw.secs, "events": raw.events, "mb": raw.bytes as f64 / 1e6,
-                            "rows_per_s": read_rate, "mb_per_s": raw.bytes as f64 / 1e6 / raw.secs},
+                            "rows_per_s": read_rate, "mb_per_s": raw.bytes as f64 / 1e6 / raw.secs,
+                            "cpu_s_per_million": per_million(read_cpu, written.rows),
+                            "machine_busy": read_busy},
             "produce": {"secs": produced.secs, "records": produced.records,
-                        "rows_per_s": produce_rate, "mb_per_s": produced.payload_bytes as f64 / 1e6 / produced.secs},
+                        "rows_per_s": produce_rate, "mb_per_s": produced.payload_bytes as f64 / 1e6 / produced.secs,
+                        "cpu_s_per_million": per_million(produce_cpu, produced.records),
+                        "machine_busy": produce_busy},
             "rows_per_s": limit_rate,
             "bound_by": if read_rate < produce_rate { "binlog_read" } else { "produce" },
         }));
         log(format!(
-            "drain: limit: binlog read {read_rate:.0} rows/s, produce {produce_rate:.0} rows/s"
+            "drain: limit: binlog read {read_rate:.0} rows/s ({:.2} CPU s/M rows, machine {:.0}% busy), produce {produce_rate:.0} rows/s ({:.2} CPU s/M records, machine {:.0}% busy)",
+            per_million(read_cpu, written.rows).unwrap_or(f64::NAN),
+            read_busy.unwrap_or(f64::NAN) * 100.0,
+            per_million(produce_cpu, produced.records).unwrap_or(f64::NAN),
+            produce_busy.unwrap_or(f64::NAN) * 100.0,
         ));
 
         for sys in started {
@@ -412,6 +446,7 @@ impl Bench {
             kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
             log(format!("drain: {}", sys.name()));
             let db_cpu0 = self.db_cpu();
+            let b0 = busy();
             let t0 = now_micros();
             let clock = Instant::now();
             let mut run = self.start(sys, &db, "dbz_drain").await?;
@@ -423,6 +458,7 @@ impl Bench {
             let usage = run.usage();
             let wall = clock.elapsed().as_secs_f64();
             let db_cpu1 = self.db_cpu();
+            let machine_busy = busy_share(b0, wall);
             let counters = match &run {
                 Running::Polling { counters, .. } => Some((
                     counters.queries.load(Ordering::Relaxed),
@@ -452,6 +488,7 @@ impl Bench {
                 json!(written.payload_bytes as f64 / 1e6 / secs),
             );
             r.insert("fraction_of_limit".into(), json!(rate / limit_rate));
+            r.insert("machine_busy".into(), json!(machine_busy));
             if let Some(u) = usage {
                 r.insert("cpu_s".into(), json!(u.cpu_s));
                 r.insert(
@@ -671,8 +708,16 @@ async fn main() -> Result<()> {
     let machine = machine(&db_version);
     log(format!("machine: {machine}"));
     let result = async {
-        let drain = b.drain().await?;
-        let steady = b.steady().await?;
+        let drain = if b.s.drain {
+            b.drain().await?
+        } else {
+            json!({})
+        };
+        let steady = if b.s.steady {
+            b.steady().await?
+        } else {
+            Vec::new()
+        };
         anyhow::Ok((drain, steady))
     }
     .await;

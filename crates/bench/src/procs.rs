@@ -49,3 +49,28 @@ pub fn usage(pid: u32) -> Result<Usage> {
 pub fn pid_from_file(path: &str) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
+
+/// CPU seconds the whole machine has been busy so far (all cores: `/proc/stat` first line,
+/// every field but idle and iowait), to tell whether a phase was bound by the machine's CPUs.
+///
+/// # Errors
+/// `/proc/stat` cannot be read or is not as expected.
+pub fn machine_busy_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let fields: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse::<f64>())
+        .collect::<Result<_, _>>()
+        .context("malformed /proc/stat")?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy: f64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    Ok(busy / TICKS)
+}

@@ -14,6 +14,11 @@ fn num(v: &Value) -> Option<f64> {
     v.as_f64().filter(|x| x.is_finite())
 }
 
+/// A share (0–1) as a whole percentage, `–` when absent.
+fn pct(v: &Value) -> String {
+    num(v).map_or_else(|| "–".to_owned(), |x| format!("{:.0}%", x * 100.0))
+}
+
 /// The targets with the measured value and whether it is met (`null`: not measured).
 pub fn targets(all: &Value) -> Value {
     let steady = all["steady"].as_array().cloned().unwrap_or_default();
@@ -97,20 +102,24 @@ pub fn markdown(all: &Value) -> String {
         "**Backlog drain** ({} rows, {}-byte JSON payloads, {} keys, transactions of 1–100 rows; written in {} s):\n",
         st["rows"], st["payload_bytes"], st["keys"], f(&d["backlog"]["write_secs"], 1)
     );
-    m.push_str("| | rows/s | MB/s | × limit | CPU s / M rows | records / CPU s | peak RSS MB | DB CPU s | DB queries/s |\n");
-    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    m.push_str("| | rows/s | MB/s | × limit | CPU s / M rows | records / CPU s | peak RSS MB | DB CPU s | DB queries/s | machine busy |\n");
+    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     let l = &d["limit"];
     let _ = writeln!(
         m,
-        "| limit: bare binlog read | {} | {} | | | | | | |",
+        "| limit: bare binlog read | {} | {} | | {} | | | | | {} |",
         f(&l["binlog_read"]["rows_per_s"], 0),
-        f(&l["binlog_read"]["mb_per_s"], 1)
+        f(&l["binlog_read"]["mb_per_s"], 1),
+        f(&l["binlog_read"]["cpu_s_per_million"], 2),
+        pct(&l["binlog_read"]["machine_busy"]),
     );
     let _ = writeln!(
         m,
-        "| limit: bare producer | {} | {} | | | | | | |",
+        "| limit: bare producer | {} | {} | | {} | | | | | {} |",
         f(&l["produce"]["rows_per_s"], 0),
-        f(&l["produce"]["mb_per_s"], 1)
+        f(&l["produce"]["mb_per_s"], 1),
+        f(&l["produce"]["cpu_s_per_million"], 2),
+        pct(&l["produce"]["machine_busy"]),
     );
     for s in SYSTEMS {
         let r = &d[s];
@@ -119,14 +128,14 @@ pub fn markdown(all: &Value) -> String {
         }
         if let Some(e) = r["error"].as_str() {
             let first = e.lines().next().unwrap_or("");
-            let _ = writeln!(m, "| {s} | not measured: {first} | | | | | | | |");
+            let _ = writeln!(m, "| {s} | not measured: {first} | | | | | | | | |");
             if r.get("rows_per_s").is_none() {
                 continue;
             }
         }
         let _ = writeln!(
             m,
-            "| **{s}** | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| **{s}** | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f(&r["rows_per_s"], 0),
             f(&r["mb_per_s"], 1),
             f(&r["fraction_of_limit"], 2),
@@ -135,6 +144,7 @@ pub fn markdown(all: &Value) -> String {
             f(&r["peak_rss_mb"], 1),
             f(&r["db_cpu_s"], 1),
             f(&r["db_queries_per_s"], 0),
+            pct(&r["machine_busy"]),
         );
     }
     let _ = writeln!(

@@ -607,8 +607,7 @@ impl Decoder {
             .columns_after_image()
             .map(|bits| bits.iter().map(|b| *b).collect());
         let tracked = self.layouts.get(name);
-        let same_tracked = |cached: &Option<Result<Vec<String>, String>>| match (cached, tracked)
-        {
+        let same_tracked = |cached: &Option<Result<Vec<String>, String>>| match (cached, tracked) {
             (None, None) => true,
             (Some(Ok(a)), Some(Ok(b))) => a.as_slice() == b,
             (Some(Err(a)), Some(Err(b))) => a == b,
@@ -1172,7 +1171,10 @@ impl ColumnLayout {
             let ty = info.column_type.ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!("the table map gives no known type for column {:?}", info.name),
+                    format!(
+                        "the table map gives no known type for column {:?}",
+                        info.name
+                    ),
                 )
             })?;
             let ctx = (ty, self.meta[col].as_slice(), info.unsigned, false);
@@ -1198,15 +1200,15 @@ impl ColumnLayout {
                 Some(p) => row.get_mut(p).and_then(Option::take),
                 None => None,
             };
-                value.map(|v| (v, info)).ok_or_else(|| {
-                    fail(format!(
-                        "column {:?} is missing from the row image (the server logs partial rows: \
+            value.map(|v| (v, info)).ok_or_else(|| {
+                fail(format!(
+                    "column {:?} is missing from the row image (the server logs partial rows: \
                      binlog_row_image=MINIMAL or NOBLOB). Fix: SET GLOBAL binlog_row_image=FULL \
                      (and in the writers' sessions)",
-                        info.name
-                    ))
-                })
-            };
+                    info.name
+                ))
+            })
+        };
         let text = |(v, info): (BinlogValue<'_>, &ColumnInfo)| {
             text_form(v, info, mapping.binary_format)
                 .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
