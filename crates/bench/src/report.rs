@@ -147,6 +147,24 @@ pub fn markdown(all: &Value) -> String {
             pct(&r["machine_busy"]),
         );
     }
+    if let Some(runs) = d["relay_runs"].as_array().filter(|r| r.len() > 1) {
+        let list: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} / {} = {}",
+                    f(&r["rows_per_s"], 0),
+                    f(&r["limit_rows_per_s"], 0),
+                    f(&r["fraction_of_limit"], 2)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            m,
+            "\nRelay drains, each against the bare producer measured right before it (rows/s; the median is in the table): {}.",
+            list.join("; ")
+        );
+    }
     let _ = writeln!(
         m,
         "\n**Steady state** ({} s per rate; latency = broker LogAppendTime − the writer's clock in the row, ms, 1 ms resolution):\n",
