@@ -2,7 +2,7 @@
 //!
 //! # Progress and resumption
 //! Records are produced in binlog order. Every produced record and every transaction boundary
-//! enter one ordered queue of acknowledgements ([`FuturesOrdered`]); an entry comes out only
+//! enter one ordered queue of acknowledgements (module `acks`); an entry comes out only
 //! after everything before it did. A record's entry carries the checkpoint it completes: the
 //! boundary before its transaction plus its index in the transaction (`rows_acked`), so even
 //! inside a 100,000-row transaction the checkpoint follows Kafka's acknowledgements. The latest
@@ -33,12 +33,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
-use futures::{FutureExt, StreamExt};
 use mysql_async::binlog::events::TableMapEvent;
-use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
+
+mod acks;
+use acks::{AckQueue, Done, RecordInfo};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::decode::{Decoder, OutboxEvent, RowFailure};
@@ -46,7 +45,7 @@ use crate::error::RelayError;
 use crate::lease::Lease;
 use crate::metrics::{self, DeadLetterKind, ProgressLog};
 use crate::route::{KafkaRecord, Router};
-use crate::sink::{delivery_result, DeadLetter, Delivered, KafkaSink, SendError};
+use crate::sink::{DeadLetter, KafkaSink, SendError};
 use crate::source::{BinlogSource, SourceEvent};
 
 /// Where a run's binlog events come from.
@@ -257,7 +256,7 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         last_write: Instant::now(),
         stats: RunStats::default(),
     };
-    let mut inflight: FuturesOrdered<BoxFuture<'static, Ack>> = FuturesOrdered::new();
+    let mut inflight = AckQueue::new(sink);
     let mut reader = Reader {
         tx_base: Arc::clone(&progress.acked_base),
         rows_in_tx: 0,
@@ -291,7 +290,7 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
             // Stop requested, the source failed, or a row stopped the relay: let Kafka
             // acknowledge what was sent so the checkpoint gets as far as it can, then store it.
             let mut drained = Ok(());
-            while let Some(ack) = inflight.next().await {
+            while let Some(ack) = inflight.next(sink).await {
                 if let Err(e) = reader.on_ack(ack, inflight.is_empty(), &mut progress) {
                     drained = Err(e);
                     break;
@@ -358,7 +357,7 @@ impl Reader<'_> {
         mut lease: Option<&mut Lease>,
         shutdown: &mut watch::Receiver<bool>,
         progress: &mut Progress<'_, S>,
-        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
+        inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
         let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -379,7 +378,7 @@ impl Reader<'_> {
                     tracing::info!(in_transaction = decoder.in_transaction(), undecided_xa = decoder.undecided_xa().0, "stop requested");
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
-                Some(ack) = inflight.next(), if !inflight.is_empty() => {
+                Some(ack) = inflight.next(sink), if !inflight.is_empty() => {
                     self.on_ack(ack, inflight.is_empty(), progress)?;
                 }
                 _ = tick.tick() => {
@@ -410,19 +409,19 @@ impl Reader<'_> {
                         // One event can carry many rows (an XA COMMIT relays all of its
                         // transaction's): keep to max_in_flight within it too.
                         while self.records_in_flight >= self.settings.max_in_flight {
-                            match inflight.next().await {
+                            match inflight.next(sink).await {
                                 Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
                                 None => break,
                             }
                         }
+                        // Before the record's entry (whose sequence number is taken at send).
+                        if let Some((base, advances)) = self.pending.take() {
+                            inflight.push_boundary(base, advances);
+                        }
                         let done = (Arc::clone(&self.tx_base), index + 1);
-                        let ack = self.produce(row, router, sink, done, progress, inflight).await?;
+                        self.produce(row, router, sink, done, progress, inflight).await?;
                         self.records_in_flight += 1;
                         metrics::global().set_in_flight(self.records_in_flight);
-                        if let Some((base, advances)) = self.pending.take() {
-                            inflight.push_back(futures::future::ready(Ack::Boundary(base, advances)).boxed());
-                        }
-                        inflight.push_back(ack);
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
@@ -460,17 +459,16 @@ impl Reader<'_> {
         }
     }
 
-    /// Routes and sends one row (or its dead letter); the returned future is its entry in the
-    /// acknowledgement queue.
+    /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry.
     async fn produce<S: CheckpointStore>(
         &mut self,
         row: Result<OutboxEvent, Box<RowFailure>>,
         router: &Router,
         sink: &KafkaSink,
-        done: (Arc<Checkpoint>, u64),
+        done: Done,
         progress: &mut Progress<'_, S>,
-        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
-    ) -> Result<BoxFuture<'static, Ack>, RelayError> {
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
         let (position, table) = match &row {
             Ok(e) => (e.position.clone(), e.table.to_string()),
             Err(f) => match &f.error {
@@ -519,14 +517,26 @@ impl Reader<'_> {
                     .await;
             }
         };
-        let (topic, bytes, event_time) =
-            (record.topic.clone(), record_bytes(&record), self.event_time);
+        let bytes = record_bytes(&record);
         sink.ensure_topic(&record.topic).await?;
-        let delivery = match self
-            .send_with_backpressure(sink, progress, inflight, |s| s.send(&record))
+        match self
+            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
             .await
         {
-            Ok(d) => d,
+            Ok(()) => {
+                inflight.push_record(
+                    done,
+                    RecordInfo {
+                        topic: record.topic,
+                        bytes,
+                        event_time: self.event_time,
+                        read_at,
+                        position,
+                        table,
+                    },
+                );
+                Ok(())
+            }
             Err(Refusal::Permanent(reason)) => {
                 let err = RelayError::Row {
                     position: position.clone(),
@@ -534,66 +544,31 @@ impl Reader<'_> {
                     reason: reason.clone(),
                 };
                 let dl = dead_letter_of(record, reason, position, table, false);
-                return self
-                    .dead_letter(
-                        (dl, DeadLetterKind::Producer),
-                        err,
-                        sink,
-                        done,
-                        progress,
-                        inflight,
-                    )
-                    .await;
+                self.dead_letter(
+                    (dl, DeadLetterKind::Producer),
+                    err,
+                    sink,
+                    done,
+                    progress,
+                    inflight,
+                )
+                .await
             }
-            Err(Refusal::Failed(e)) => return Err(e),
-        };
-        let sink = sink.clone();
-        Ok(async move {
-            let result = match delivery_result(delivery.await) {
-                Ok(Delivered::Acked(..)) => {
-                    metrics::global().record_acked(&topic, bytes, event_time, read_at);
-                    Ok(done)
-                }
-                Ok(Delivered::Refused {
-                    reason,
-                    key,
-                    value,
-                    headers,
-                }) if sink.has_dead_letter() => {
-                    let dl = DeadLetter {
-                        reason,
-                        position,
-                        table,
-                        topic: None,
-                        key,
-                        value,
-                        headers,
-                    };
-                    dead_letter_delivery(&sink, &dl).await.map(|()| done)
-                }
-                Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
-                    position,
-                    table,
-                    reason,
-                }),
-                Err(e) => Err(e),
-            };
-            Ack::Record(result)
+            Err(Refusal::Failed(e)) => Err(e),
         }
-        .boxed())
     }
 
-    /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured;
-    /// otherwise returns `err`.
+    /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured
+    /// and queues its acknowledgement entry; otherwise returns `err`.
     async fn dead_letter<S: CheckpointStore>(
         &mut self,
         (dl, kind): (DeadLetter, DeadLetterKind),
         err: RelayError,
         sink: &KafkaSink,
-        done: (Arc<Checkpoint>, u64),
+        done: Done,
         progress: &mut Progress<'_, S>,
-        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
-    ) -> Result<BoxFuture<'static, Ack>, RelayError> {
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
         if !sink.has_dead_letter() {
             return Err(err);
         }
@@ -601,40 +576,36 @@ impl Reader<'_> {
         progress.stats.dead_lettered += 1;
         metrics::global().dead_lettered(kind);
         sink.ensure_dead_letter_topic().await?;
-        let delivery = match self
-            .send_with_backpressure(sink, progress, inflight, |s| s.send_dead_letter(&dl))
+        match self
+            .send_with_backpressure(sink, progress, inflight, |s, seq| {
+                s.send_dead_letter(&dl, seq)
+            })
             .await
         {
-            Ok(d) => d,
-            Err(Refusal::Permanent(reason)) => return Err(refused_too(&dl, &reason)),
-            Err(Refusal::Failed(e)) => return Err(e),
-        };
-        Ok(async move {
-            let result = match delivery_result(delivery.await) {
-                Ok(Delivered::Acked(..)) => Ok(done),
-                Ok(Delivered::Refused { reason, .. }) => Err(refused_too(&dl, &reason)),
-                Err(e) => Err(e),
-            };
-            Ack::Record(result)
+            Ok(()) => {
+                inflight.push_dead_letter(done, dl);
+                Ok(())
+            }
+            Err(Refusal::Permanent(reason)) => Err(refused_too(&dl, &reason)),
+            Err(Refusal::Failed(e)) => Err(e),
         }
-        .boxed())
     }
 
-    /// Calls `send` until librdkafka's queue has room, taking acknowledgements meanwhile
-    /// (backpressure).
+    /// Calls `send` with the queue's next sequence number until librdkafka's queue has room,
+    /// taking acknowledgements meanwhile (backpressure).
     async fn send_with_backpressure<S: CheckpointStore>(
         &mut self,
         sink: &KafkaSink,
         progress: &mut Progress<'_, S>,
-        inflight: &mut FuturesOrdered<BoxFuture<'static, Ack>>,
-        send: impl Fn(&KafkaSink) -> Result<DeliveryFuture, SendError>,
-    ) -> Result<DeliveryFuture, Refusal> {
+        inflight: &mut AckQueue,
+        send: impl Fn(&KafkaSink, u64) -> Result<(), SendError>,
+    ) -> Result<(), Refusal> {
         loop {
-            match send(sink) {
-                Ok(d) => return Ok(d),
+            match send(sink, inflight.next_seq()) {
+                Ok(()) => return Ok(()),
                 Err(SendError::Permanent(reason)) => return Err(Refusal::Permanent(reason)),
                 Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
-                Err(SendError::QueueFull) => match inflight.next().await {
+                Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
                         self.on_ack(ack, inflight.is_empty(), progress)
                             .map_err(Refusal::Failed)?;
@@ -694,24 +665,5 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
             "{}; the dead-letter topic refused it too: {reason}",
             dl.reason
         ),
-    }
-}
-
-/// Produces a dead letter from inside an acknowledgement future and waits for its delivery.
-async fn dead_letter_delivery(sink: &KafkaSink, dl: &DeadLetter) -> Result<(), RelayError> {
-    tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
-    metrics::global().dead_lettered(DeadLetterKind::Broker);
-    sink.ensure_dead_letter_topic().await?;
-    let delivery = loop {
-        match sink.send_dead_letter(dl) {
-            Ok(d) => break d,
-            Err(SendError::QueueFull) => tokio::time::sleep(Duration::from_millis(10)).await,
-            Err(SendError::Permanent(reason)) => return Err(refused_too(dl, &reason)),
-            Err(SendError::Failed(e)) => return Err(e),
-        }
-    };
-    match delivery_result(delivery.await)? {
-        Delivered::Acked(..) => Ok(()),
-        Delivered::Refused { reason, .. } => Err(refused_too(dl, &reason)),
     }
 }

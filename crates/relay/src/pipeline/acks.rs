@@ -1,0 +1,280 @@
+//! The acknowledgement queue: every produced record and every transaction boundary in binlog
+//! order, each resolved by its delivery report, taken out only after everything before it.
+//!
+//! Entry `i` of the queue is the record sent with sequence number `first_seq + i` (boundaries
+//! take a number too, and are resolved from the start). librdkafka's polling thread files
+//! delivery reports by number in [`Deliveries`]; [`AckQueue::next`] applies them and yields
+//! [`Ack`]s in order. A record Kafka refuses for good at delivery time is sent to the
+//! dead-letter topic under the same number, so its place in the order holds until the dead
+//! letter is acknowledged.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{refused_too, Ack};
+use crate::checkpoint::Checkpoint;
+use crate::error::RelayError;
+use crate::metrics::{self, DeadLetterKind};
+use crate::position::BinlogPosition;
+use crate::sink::{DeadLetter, Delivered, Deliveries, DeliveryReport, KafkaSink, SendError};
+
+/// Where a record entry's acknowledgement moves the checkpoint: the boundary before its
+/// transaction plus its index in the transaction.
+pub(super) type Done = (Arc<Checkpoint>, u64);
+
+/// What an acknowledged or refused record needs later: metrics, and its dead letter.
+pub(super) struct RecordInfo {
+    pub topic: String,
+    /// Key, value and header bytes (`bytes_produced_total`).
+    pub bytes: u64,
+    /// Binlog event time of its row (s since the epoch).
+    pub event_time: u32,
+    pub read_at: Instant,
+    /// End of the rows event that carried its row.
+    pub position: BinlogPosition,
+    /// `database.table` of its outbox.
+    pub table: String,
+}
+
+enum Entry {
+    Boundary(Arc<Checkpoint>, bool),
+    Record {
+        done: Done,
+        info: RecordInfo,
+        outcome: Option<Result<Delivered, RelayError>>,
+    },
+    DeadLetter {
+        done: Done,
+        dl: Box<DeadLetter>,
+        /// Enqueued already (false: refused at delivery, its dead letter still to be sent).
+        sent: bool,
+        outcome: Option<Result<Delivered, RelayError>>,
+    },
+}
+
+/// The acknowledgement queue of one pipeline run. See the module documentation.
+pub(super) struct AckQueue {
+    entries: VecDeque<Entry>,
+    /// Sequence number of `entries[0]`.
+    first_seq: u64,
+    deliveries: Arc<Deliveries>,
+    has_dead_letter: bool,
+    /// Scratch space for taking reports.
+    reports: Vec<DeliveryReport>,
+    /// Entries refused at delivery whose dead letter is not enqueued yet.
+    unsent: usize,
+}
+
+impl AckQueue {
+    /// An empty queue for `sink`'s records.
+    pub fn new(sink: &KafkaSink) -> Self {
+        Self {
+            entries: VecDeque::new(),
+            first_seq: 0,
+            deliveries: Arc::clone(sink.deliveries()),
+            has_dead_letter: sink.has_dead_letter(),
+            reports: Vec::new(),
+            unsent: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The sequence number the next pushed entry gets: send the record with it, then push.
+    pub fn next_seq(&self) -> u64 {
+        self.first_seq + self.entries.len() as u64
+    }
+
+    /// A transaction boundary (resolved at once).
+    pub fn push_boundary(&mut self, base: Arc<Checkpoint>, advances: bool) {
+        self.entries.push_back(Entry::Boundary(base, advances));
+    }
+
+    /// A record just sent with [`AckQueue::next_seq`].
+    pub fn push_record(&mut self, done: Done, info: RecordInfo) {
+        self.entries.push_back(Entry::Record {
+            done,
+            info,
+            outcome: None,
+        });
+    }
+
+    /// A dead letter just sent with [`AckQueue::next_seq`].
+    pub fn push_dead_letter(&mut self, done: Done, dl: DeadLetter) {
+        self.entries.push_back(Entry::DeadLetter {
+            done,
+            dl: Box::new(dl),
+            sent: true,
+            outcome: None,
+        });
+    }
+
+    /// The next acknowledgement in order, waiting for delivery reports as needed; `None` when
+    /// the queue is empty. Cancel-safe: state only changes in `self`, before each wait.
+    pub async fn next(&mut self, sink: &KafkaSink) -> Option<Ack> {
+        loop {
+            if let Some(ack) = self.pop_ready() {
+                return Some(ack);
+            }
+            if self.entries.is_empty() {
+                return None;
+            }
+            self.apply_reports();
+            if self.front_ready() {
+                continue;
+            }
+            if self.unsent > 0 {
+                // Its first record waits for the topic's partition leaders (KafkaSink::ensure_topic);
+                // a failure here shows again as a send error.
+                let _ = sink.ensure_dead_letter_topic().await;
+            }
+            if self.unsent > 0 && !self.send_dead_letters(sink) {
+                // librdkafka's queue is full: its deliveries make room.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            self.deliveries.arrived().await;
+        }
+    }
+
+    fn front_ready(&self) -> bool {
+        match self.entries.front() {
+            Some(Entry::Boundary(..)) => true,
+            Some(Entry::Record { outcome, .. } | Entry::DeadLetter { outcome, .. }) => {
+                outcome.is_some()
+            }
+            None => false,
+        }
+    }
+
+    fn pop_ready(&mut self) -> Option<Ack> {
+        if !self.front_ready() {
+            return None;
+        }
+        let entry = self.entries.pop_front()?;
+        self.first_seq += 1;
+        Some(match entry {
+            Entry::Boundary(base, advances) => Ack::Boundary(base, advances),
+            Entry::Record {
+                done,
+                info,
+                outcome,
+            } => Ack::Record(match outcome? {
+                Ok(Delivered::Acked(..)) => Ok(done),
+                // Refused with a dead-letter topic became a DeadLetter entry when applied.
+                Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
+                    position: info.position,
+                    table: info.table,
+                    reason,
+                }),
+                Err(e) => Err(e),
+            }),
+            Entry::DeadLetter {
+                done, dl, outcome, ..
+            } => Ack::Record(match outcome? {
+                Ok(Delivered::Acked(..)) => Ok(done),
+                Ok(Delivered::Refused { reason, .. }) => Err(refused_too(&dl, &reason)),
+                Err(e) => Err(e),
+            }),
+        })
+    }
+
+    /// Files the delivery reports that arrived under their entries.
+    fn apply_reports(&mut self) {
+        self.deliveries.take_into(&mut self.reports);
+        for (seq, outcome) in self.reports.drain(..) {
+            let Some(entry) = seq
+                .checked_sub(self.first_seq)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| self.entries.get_mut(i))
+            else {
+                continue; // not of this queue (cannot happen: one sink per run)
+            };
+            match entry {
+                Entry::Record {
+                    done,
+                    info,
+                    outcome: slot @ None,
+                } => match outcome {
+                    Ok(Delivered::Acked(..)) => {
+                        metrics::global().record_acked(
+                            &info.topic,
+                            info.bytes,
+                            info.event_time,
+                            info.read_at,
+                        );
+                        *slot = Some(outcome);
+                    }
+                    Ok(Delivered::Refused {
+                        reason,
+                        key,
+                        value,
+                        headers,
+                    }) if self.has_dead_letter => {
+                        let dl = DeadLetter {
+                            reason,
+                            position: info.position.clone(),
+                            table: info.table.clone(),
+                            topic: None,
+                            key,
+                            value,
+                            headers,
+                        };
+                        tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
+                        metrics::global().dead_lettered(DeadLetterKind::Broker);
+                        *entry = Entry::DeadLetter {
+                            done: done.clone(),
+                            dl: Box::new(dl),
+                            sent: false,
+                            outcome: None,
+                        };
+                        self.unsent += 1;
+                    }
+                    other => *slot = Some(other),
+                },
+                Entry::DeadLetter {
+                    sent: true,
+                    outcome: slot @ None,
+                    ..
+                } => *slot = Some(outcome),
+                _ => {} // a second report for one record: librdkafka sends one
+            }
+        }
+    }
+
+    /// Enqueues the dead letters of records refused at delivery, under their records' numbers.
+    /// `false` when librdkafka's queue is full (try again later).
+    fn send_dead_letters(&mut self, sink: &KafkaSink) -> bool {
+        for (i, entry) in self.entries.iter_mut().enumerate() {
+            if self.unsent == 0 {
+                break;
+            }
+            let Entry::DeadLetter {
+                dl,
+                sent: sent @ false,
+                outcome,
+                ..
+            } = entry
+            else {
+                continue;
+            };
+            match sink.send_dead_letter(dl, self.first_seq + i as u64) {
+                Ok(()) => *sent = true,
+                Err(SendError::QueueFull) => return false,
+                Err(SendError::Permanent(reason)) => {
+                    *sent = true;
+                    *outcome = Some(Err(refused_too(dl, &reason)));
+                }
+                Err(SendError::Failed(e)) => {
+                    *sent = true;
+                    *outcome = Some(Err(e));
+                }
+            }
+            self.unsent -= 1;
+        }
+        true
+    }
+}
