@@ -57,6 +57,7 @@ innodb_log_file_size=128M
 innodb_flush_log_at_trx_commit=2
 sync_binlog=0
 max_allowed_packet=64M
+${MARIADB_VERSION_STRING:+version=$MARIADB_VERSION_STRING}
 $tls_conf
 CNF
   if [ ! -d "$DIR/data/mysql" ]; then
