@@ -20,11 +20,22 @@ fi
 # >= 8.4 and fails on SHOW BINARY LOG STATUS; its JDBC driver asks for @@transaction_isolation
 # from 8.0.3 on. So for the run the server reports version 8.0.2-MariaDB-log (still "MariaDB":
 # the relay and the binlog client recognise it), and gets its own version back afterwards.
+# A full run writes ~10 GB of binlog (backlog, polling updates, steady workloads) on the
+# project's own test server: purge it at the end (all but the current file).
+after_run() {
+  log "purging the test server's binary logs (all but the current file)"
+  mariadb --protocol=TCP -h127.0.0.1 -P"$MARIADB_PORT" -uroot -e "PURGE BINARY LOGS BEFORE NOW()" || true
+  if [ -n "${BENCH_DEBEZIUM_LIBS:-}" ]; then
+    log "restarting MariaDB with its own version string"
+    tests/services/mariadb.sh down
+    tests/services/mariadb.sh up
+  fi
+}
+trap after_run EXIT
 if [ -n "${BENCH_DEBEZIUM_LIBS:-}" ]; then
   log "restarting MariaDB with version=8.0.2-MariaDB-log for Debezium's MySQL connector"
   tests/services/mariadb.sh down
   MARIADB_VERSION_STRING=8.0.2-MariaDB-log tests/services/mariadb.sh up
-  trap 'log "restarting MariaDB with its own version string"; tests/services/mariadb.sh down; tests/services/mariadb.sh up' EXIT
 fi
 log "load before the run: $(cat /proc/loadavg)"
 target/release/outbox-relay-bench
