@@ -603,9 +603,14 @@ impl Decoder {
         name: &TableName,
         mapping: &TableMapping,
     ) -> Result<Arc<ColumnLayout>, String> {
-        let after_image: Option<Vec<bool>> = rows
-            .columns_after_image()
-            .map(|bits| bits.iter().map(|b| *b).collect());
+        // Compared in place: a hit (every rows event after the first) allocates nothing.
+        let same_image = |cached: &Option<Vec<bool>>| match (cached, rows.columns_after_image()) {
+            (None, None) => true,
+            (Some(c), Some(bits)) => {
+                c.len() == bits.len() && c.iter().zip(bits.iter()).all(|(a, b)| *a == *b)
+            }
+            _ => false,
+        };
         let tracked = self.layouts.get(name);
         let same_tracked = |cached: &Option<Result<Vec<String>, String>>| match (cached, tracked) {
             (None, None) => true,
@@ -618,10 +623,13 @@ impl Decoder {
             .get(&rows.table_id())
             .and_then(|info| info.layout.as_ref())
         {
-            if cached.after_image == after_image && same_tracked(&cached.tracked) {
+            if same_image(&cached.after_image) && same_tracked(&cached.tracked) {
                 return Ok(Arc::clone(&cached.layout));
             }
         }
+        let after_image: Option<Vec<bool>> = rows
+            .columns_after_image()
+            .map(|bits| bits.iter().map(|b| *b).collect());
         // A DDL may have changed the tracked layout since the table map was first seen: names
         // in the table map repair it again.
         if let Some(names) = table_map_names(tme) {
