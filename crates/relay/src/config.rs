@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -400,14 +401,14 @@ impl PartialColumnMapping {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeaderNames {
-    /// Header carrying the `id` column. Default `id`.
-    pub id: String,
+    /// Header carrying the `id` column. Default `id`. (Shared, not copied, by every record.)
+    pub id: Arc<str>,
     /// Header carrying the `event_key` column. Default `event_key`.
-    pub event_key: String,
+    pub event_key: Arc<str>,
     /// Header carrying the `event_type` column. Default `event_type`.
-    pub event_type: String,
+    pub event_type: Arc<str>,
     /// Header carrying the `aggregate_type` column. Default `aggregate_type`.
-    pub aggregate_type: String,
+    pub aggregate_type: Arc<str>,
 }
 
 impl Default for HeaderNames {
@@ -435,7 +436,8 @@ pub struct PartialHeaderNames {
 impl PartialHeaderNames {
     /// `base` with the fields set here replaced.
     pub fn over(&self, base: &HeaderNames) -> HeaderNames {
-        let pick = |o: &Option<String>, b: &String| o.clone().unwrap_or_else(|| b.clone());
+        let pick =
+            |o: &Option<String>, b: &Arc<str>| o.as_deref().map_or_else(|| b.clone(), Arc::from);
         HeaderNames {
             id: pick(&self.id, &base.id),
             event_key: pick(&self.event_key, &base.event_key),

@@ -1338,7 +1338,7 @@ impl ColumnLayout {
                 ]
                 .into_iter()
                 .filter(|(name, _)| !name.is_empty())
-                .filter_map(|(name, v)| Some((name.clone(), v?)))
+                .filter_map(|(name, v)| Some((name.to_string(), v?)))
                 .collect();
                 headers.extend(extra_headers);
                 Err(Box::new(RowFailure {

@@ -94,7 +94,7 @@ fn check_headers(
     let mut seen = HashSet::new();
     let names = [&h.id, &h.event_key, &h.event_type, &h.aggregate_type]
         .into_iter()
-        .map(String::as_str)
+        .map(|n| &**n)
         .chain(
             additional
                 .iter()
@@ -266,8 +266,8 @@ binary_format = "hex"
         assert_eq!(m[1].table.to_string(), "billing.outbox");
         assert_eq!(m[1].columns.payload, "body", "inherited");
         assert_eq!(m[1].columns.aggregate_id, "invoice_id");
-        assert_eq!(m[1].headers.event_key, "idempotency-key");
-        assert_eq!(m[1].headers.id, "id");
+        assert_eq!(&*m[1].headers.event_key, "idempotency-key");
+        assert_eq!(&*m[1].headers.id, "id");
         assert_eq!(m[1].null_payload, NullPayload::Skip);
         assert_eq!(m[1].binary_format, BinaryFormat::Hex);
         assert_eq!(m[1].datetime_time_zone, chrono_tz::Europe::Berlin);

@@ -40,6 +40,7 @@ mod acks;
 use acks::{AckQueue, Done, RecordInfo};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::config::TableName;
 use crate::decode::{Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::lease::Lease;
@@ -265,6 +266,8 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         pending: None,
         settings,
         event_time: 0,
+        read_at: Instant::now(),
+        table: None,
     };
     let result = reader
         .stream(
@@ -324,6 +327,11 @@ struct Reader<'a> {
     settings: &'a PipelineSettings,
     /// Binlog timestamp of the event being decoded (s since the epoch), for the latency metric.
     event_time: u32,
+    /// When the event being decoded was read (the read → ack latency metric of its rows).
+    read_at: Instant,
+    /// The last outbox table a row came from: its `database.table` label and row counter,
+    /// looked up once per table rather than per row.
+    table: Option<(Arc<TableName>, Arc<str>, metrics::TableRows)>,
 }
 
 impl Reader<'_> {
@@ -399,6 +407,7 @@ impl Reader<'_> {
                     };
                     metrics::global().event_read(&event);
                     self.event_time = event.timestamp;
+                    self.read_at = Instant::now();
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
                     for row in rows {
                         let index = self.rows_in_tx;
@@ -469,29 +478,34 @@ impl Reader<'_> {
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
-        let (position, table) = match &row {
-            Ok(e) => (e.position.clone(), e.table.to_string()),
-            Err(f) => match &f.error {
-                RelayError::Row {
-                    position, table, ..
-                } => (position.clone(), table.clone()),
-                _ => (self.tx_base.position.clone(), String::new()),
-            },
+        let mut row = row;
+        let (position, table) = match &mut row {
+            // Moved out: the record does not need it, the acknowledgement entry does.
+            Ok(e) => (std::mem::take(&mut e.position), self.table_label(&e.table)),
+            Err(f) => {
+                let (position, table) = match &f.error {
+                    RelayError::Row {
+                        position, table, ..
+                    } => (position.clone(), table.as_str()),
+                    _ => (self.tx_base.position.clone(), ""),
+                };
+                metrics::global().row_read(table);
+                (position, Arc::from(table))
+            }
         };
-        let read_at = Instant::now();
-        metrics::global().row_read(&table);
+        let read_at = self.read_at;
         let routed = match row {
             Ok(event) => router.try_route(event).map_err(|(reason, event)| {
                 // Unroutable (e.g. a topic name Kafka forbids): keep what the row had.
                 let record = Router::record_without_topic(*event);
                 let err = RelayError::Row {
                     position: position.clone(),
-                    table: table.clone(),
+                    table: table.to_string(),
                     reason: reason.clone(),
                 };
                 (
                     err,
-                    dead_letter_of(record, reason, position.clone(), table.clone(), true),
+                    dead_letter_of(record, reason, position.clone(), table.to_string(), true),
                     DeadLetterKind::Route,
                 )
             }),
@@ -500,7 +514,7 @@ impl Reader<'_> {
                 let dl = DeadLetter {
                     reason: f.error.to_string(),
                     position: position.clone(),
-                    table: table.clone(),
+                    table: table.to_string(),
                     topic: None,
                     key: f.key,
                     value: f.value,
@@ -540,10 +554,10 @@ impl Reader<'_> {
             Err(Refusal::Permanent(reason)) => {
                 let err = RelayError::Row {
                     position: position.clone(),
-                    table: table.clone(),
+                    table: table.to_string(),
                     reason: reason.clone(),
                 };
-                let dl = dead_letter_of(record, reason, position, table, false);
+                let dl = dead_letter_of(record, reason, position, table.to_string(), false);
                 self.dead_letter(
                     (dl, DeadLetterKind::Producer),
                     err,
@@ -556,6 +570,20 @@ impl Reader<'_> {
             }
             Err(Refusal::Failed(e)) => Err(e),
         }
+    }
+
+    /// The `database.table` label of `table` (counting one row read in it).
+    fn table_label(&mut self, table: &Arc<TableName>) -> Arc<str> {
+        let (_, label, rows) = match &self.table {
+            Some(t) if Arc::ptr_eq(&t.0, table) => t,
+            _ => {
+                let label: Arc<str> = table.to_string().into();
+                let rows = metrics::global().table_rows(&label);
+                self.table.insert((Arc::clone(table), label, rows))
+            }
+        };
+        metrics::global().row_read_in(rows);
+        Arc::clone(label)
     }
 
     /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured
@@ -638,13 +666,13 @@ fn dead_letter_of(
         reason,
         position,
         table,
-        topic: (!record.topic.is_empty()).then_some(record.topic),
+        topic: (!record.topic.is_empty()).then(|| record.topic.to_string()),
         key: Some(record.key),
         value: if keep_value { record.value } else { None },
         headers: record
             .headers
             .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
+            .map(|(k, v)| (k.to_string(), v))
             .collect(),
     }
 }

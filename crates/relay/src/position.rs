@@ -13,7 +13,7 @@ use std::str::FromStr;
 ///
 /// The offset of a stored position is always the end of an event (an event header's `log_pos`,
 /// MySQL Internals "Binlog Event Header"), so dumping from it starts at the next event.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct BinlogPosition {
     /// Binlog file name, e.g. `mariadb-bin.000042` (no directory).
     pub file: String,

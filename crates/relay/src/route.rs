@@ -1,5 +1,7 @@
 //! Route: an [`OutboxEvent`] becomes a Kafka record (topic, key, headers, value, timestamp).
 
+use std::sync::{Arc, Mutex};
+
 use crate::decode::OutboxEvent;
 use crate::error::RelayError;
 
@@ -115,6 +117,28 @@ impl TopicTemplate {
     }
 }
 
+impl TopicTemplate {
+    /// `true` when rendering the template for `event` gives `topic` (compared part by part:
+    /// no allocation).
+    fn renders_to(&self, event: &OutboxEvent, topic: &str) -> bool {
+        let mut rest = topic.as_bytes();
+        for part in &self.parts {
+            let value: &[u8] = match part {
+                Part::Literal(s) => s.as_bytes(),
+                Part::AggregateType => event.aggregate_type.as_bytes(),
+                Part::EventType => event.event_type.as_deref().unwrap_or_default(),
+                Part::Database => event.table.database.as_bytes(),
+                Part::Table => event.table.table.as_bytes(),
+            };
+            match rest.strip_prefix(value) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        }
+        rest.is_empty()
+    }
+}
+
 fn is_topic_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
@@ -122,15 +146,15 @@ fn is_topic_char(c: char) -> bool {
 /// A Kafka record ready for the sink. Borrowed from nothing: the sink owns it until delivery.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KafkaRecord {
-    /// Destination topic.
-    pub topic: String,
+    /// Destination topic (shared by the records of one topic).
+    pub topic: Arc<str>,
     /// Partition key (the aggregate id).
     pub key: Vec<u8>,
     /// Value; `None` produces a tombstone.
     pub value: Option<Vec<u8>>,
     /// Headers in order: the standard ones (`id`, `event_key`, `event_type`, `aggregate_type`
     /// under their configured names, those not NULL), then the additional header columns.
-    pub headers: Vec<(String, Vec<u8>)>,
+    pub headers: Vec<(Arc<str>, Vec<u8>)>,
     /// Explicit partition (from the partition column); `None` lets the key choose.
     pub partition: Option<i32>,
     /// Record timestamp, ms since the Unix epoch.
@@ -138,13 +162,35 @@ pub struct KafkaRecord {
 }
 
 /// Maps outbox events to Kafka records, following each event's table mapping.
-#[derive(Debug, Clone, Default)]
-pub struct Router;
+#[derive(Debug, Default)]
+pub struct Router {
+    /// The last topic rendered: consecutive events of one aggregate type share it instead of
+    /// rendering and allocating it again.
+    last_topic: Mutex<Option<Arc<str>>>,
+}
+
+impl Clone for Router {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
 
 impl Router {
     /// A router.
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// The topic of `event`: the last one when it renders the same.
+    fn topic(&self, event: &OutboxEvent) -> Result<Arc<str>, String> {
+        let template = &event.mapping.topic;
+        let mut last = self.last_topic.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(topic) = last.as_ref().filter(|t| template.renders_to(event, t)) {
+            return Ok(Arc::clone(topic));
+        }
+        let topic: Arc<str> = template.render(event)?.into();
+        *last = Some(Arc::clone(&topic));
+        Ok(topic)
     }
 
     /// The record for `event`.
@@ -167,7 +213,7 @@ impl Router {
     /// The reason and the event, when the topic cannot be built from the row or its payload
     /// cannot go into the configured JSON envelope.
     pub fn try_route(&self, event: OutboxEvent) -> Result<KafkaRecord, (String, Box<OutboxEvent>)> {
-        let topic = match event.mapping.topic.render(&event) {
+        let topic = match self.topic(&event) {
             Ok(topic) => topic,
             Err(reason) => return Err((reason, Box::new(event))),
         };
@@ -181,11 +227,11 @@ impl Router {
 
     /// The record of an event that has no valid topic (empty topic), for its dead letter.
     pub fn record_without_topic(event: OutboxEvent) -> KafkaRecord {
-        Self::record(event, String::new())
+        Self::record(event, Arc::from(""))
     }
 
     /// The record of `event` on `topic`: key, value, headers and timestamp moved out of it.
-    fn record(event: OutboxEvent, topic: String) -> KafkaRecord {
+    fn record(event: OutboxEvent, topic: Arc<str>) -> KafkaRecord {
         let names = &event.mapping.headers;
         let value = match (&event.payload, event.mapping.has_envelope()) {
             (Some(_), true) => envelope_payload(&event).ok(),
@@ -205,7 +251,12 @@ impl Router {
                 headers.push((name.clone(), v));
             }
         }
-        headers.extend(event.extra_headers);
+        headers.extend(
+            event
+                .extra_headers
+                .into_iter()
+                .map(|(name, value)| (Arc::from(name), value)),
+        );
         KafkaRecord {
             topic,
             key: event.aggregate_id,
@@ -290,12 +341,28 @@ mod tests {
     }
 
     #[test]
+    fn the_last_topic_is_reused_only_when_it_renders_the_same() {
+        let router = Router::new();
+        for agg in ["Order", "Order", "Ord", "Orders", "Payment", "Order"] {
+            let record = router.route(event(agg)).expect("routes");
+            assert_eq!(&*record.topic, format!("outbox.event.{agg}"));
+        }
+        let by_type = mapping("topic = \"{aggregate_type}.{event_type}\"\n");
+        for ty in ["Created", "Created", "Paid"] {
+            let mut e = event_with("Order", Arc::clone(&by_type));
+            e.event_type = Some(ty.as_bytes().to_vec());
+            let record = router.route(e).expect("routes");
+            assert_eq!(&*record.topic, format!("Order.{ty}"));
+        }
+    }
+
+    #[test]
     fn default_template_routes_by_aggregate_type() {
         let record = Router::new().route(event("Order")).expect("routes");
-        assert_eq!(record.topic, "outbox.event.Order");
+        assert_eq!(&*record.topic, "outbox.event.Order");
         assert_eq!(record.key, b"order-1");
         assert_eq!(record.value.as_deref(), Some(&br#"{"a":1}"#[..]));
-        let names: Vec<_> = record.headers.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<_> = record.headers.iter().map(|(n, _)| &**n).collect();
         assert_eq!(names, ["id", "event_key", "event_type", "aggregate_type"]);
         assert_eq!(record.headers[0].1, b"7");
         assert_eq!(record.partition, None);
@@ -320,8 +387,8 @@ mod tests {
         e.extra_headers = vec![("tenant".into(), b"acme".to_vec())];
         e.partition = Some(3);
         let record = Router::new().route(e).expect("routes");
-        assert_eq!(record.topic, "all-events");
-        let names: Vec<_> = record.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(&*record.topic, "all-events");
+        let names: Vec<_> = record.headers.iter().map(|(n, _)| &**n).collect();
         assert_eq!(
             names,
             ["idempotency-key", "event_type", "aggregate_type", "tenant"]

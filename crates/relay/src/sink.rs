@@ -6,23 +6,37 @@
 //! CONFIGURATION.md). Keys are hashed with `murmur2_random`, the Java client's partitioner, so
 //! an aggregate lands on the same partition as with a Java producer.
 //!
-//! Each record is sent with a sequence number chosen by the caller; librdkafka's polling thread
-//! files the delivery report under that number in [`Deliveries`] and wakes the pipeline, which
-//! keeps the records' order itself. (No future, channel or allocation per record: with
-//! rdkafka's `FutureProducer` those were a tenth of the relay's CPU while draining a backlog.)
+//! Each record is sent with a sequence number chosen by the caller; the delivery report is
+//! filed under that number in [`Deliveries`], and the pipeline keeps the records' order itself.
+//! (No future, channel or allocation per record: with rdkafka's `FutureProducer` those were a
+//! tenth of the relay's CPU while draining a backlog.)
+//!
+//! # Who serves librdkafka's queue
+//! Delivery reports, client errors and librdkafka's logs arrive on its main queue (librdkafka
+//! INTRODUCTION.md, "Event interface"). The pipeline serves it itself ([`KafkaSink::serve`]),
+//! on the thread that sends, and sleeps on [`KafkaSink::events`], which librdkafka wakes when
+//! the queue becomes non-empty (`rd_kafka_queue_cb_event_enable`). Why not rdkafka's
+//! `ThreadedProducer`: a record (and each of its headers) is allocated by librdkafka on the
+//! sending thread and freed when its report is served; served on another thread, every free
+//! was a cross-thread free, and malloc plus the extra thread cost ~20 % of the relay's CPU
+//! while draining a backlog. A background task serves the queue every 100 ms too, so logs and
+//! errors are not held back while no pipeline runs (start-up, a stopped run).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::route::KafkaRecord;
+
+mod served;
+use served::ServedProducer;
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
 /// per [`LOG_REPEAT`]: an unreachable broker otherwise floods the log with the same lines.
@@ -39,12 +53,11 @@ pub struct RelayKafkaContext {
 /// ([`RelayError::Kafka`] for failures worth a retry from the checkpoint).
 pub type DeliveryReport = (u64, Result<Delivered, RelayError>);
 
-/// Delivery reports of a [`KafkaSink`]'s records, filed by librdkafka's polling thread until
-/// the pipeline takes them.
+/// Delivery reports of a [`KafkaSink`]'s records, filed when librdkafka's queue is served
+/// ([`KafkaSink::serve`]) until the pipeline takes them.
 #[derive(Default)]
 pub struct Deliveries {
     reports: Mutex<Vec<DeliveryReport>>,
-    arrived: tokio::sync::Notify,
 }
 
 impl Deliveries {
@@ -58,10 +71,11 @@ impl Deliveries {
         }
     }
 
-    /// Resolves once a report arrived since the last call (at once if one arrived while no
-    /// one was waiting). Cancel-safe.
-    pub async fn arrived(&self) {
-        self.arrived.notified().await;
+    fn is_empty(&self) -> bool {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     fn file(&self, report: DeliveryReport) {
@@ -69,7 +83,6 @@ impl Deliveries {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(report);
-        self.arrived.notify_one();
     }
 }
 
@@ -156,10 +169,35 @@ fn redact_config_error(e: KafkaError) -> String {
     }
 }
 
+/// How often the background task serves librdkafka's queue (logs and errors while no
+/// pipeline does).
+const IDLE_SERVE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Serves `producer`'s queue every [`IDLE_SERVE_INTERVAL`] until it is dropped; wakes the
+/// pipeline when that filed delivery reports.
+fn spawn_idle_server(producer: Weak<ServedProducer>, deliveries: Arc<Deliveries>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // no runtime (a unit test): the caller serves
+    };
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(IDLE_SERVE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(p) = producer.upgrade() else {
+                return;
+            };
+            if p.serve(1000) > 0 && !deliveries.is_empty() {
+                p.wake().notify_one();
+            }
+        }
+    });
+}
+
 /// The Kafka producer of one pipeline run. Cheap to clone (one producer inside).
 #[derive(Clone)]
 pub struct KafkaSink {
-    producer: Arc<ThreadedProducer<RelayKafkaContext>>,
+    producer: Arc<ServedProducer>,
     deliveries: Arc<Deliveries>,
     dead_letter_topic: Option<String>,
     auth_failure: AuthFailure,
@@ -227,12 +265,14 @@ impl KafkaSink {
         let context = RelayKafkaContext::default();
         let auth_failure = context.auth_failure.clone();
         let deliveries = Arc::clone(&context.deliveries);
-        let producer: ThreadedProducer<RelayKafkaContext> =
+        let producer: BaseProducer<RelayKafkaContext> =
             client.create_with_context(context).map_err(|e| {
                 RelayError::Config(format!("kafka.properties: {}", redact_config_error(e)))
             })?;
+        let producer = Arc::new(ServedProducer::new(producer)?);
+        spawn_idle_server(Arc::downgrade(&producer), Arc::clone(&deliveries));
         Ok(Self {
-            producer: Arc::new(producer),
+            producer,
             deliveries,
             dead_letter_topic,
             auth_failure,
@@ -268,6 +308,7 @@ impl KafkaSink {
             let deadline = std::time::Instant::now() + TOPIC_READY_TIMEOUT;
             loop {
                 let ready = producer
+                    .producer
                     .client()
                     .fetch_metadata(Some(&name), Duration::from_secs(5))
                     .ok()
@@ -309,13 +350,16 @@ impl KafkaSink {
         timeout: Duration,
     ) -> Result<(), RelayError> {
         let producer = self.producer.clone();
-        let result =
-            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
-                .await
-                .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
+        let result = tokio::task::spawn_blocking(move || {
+            producer.producer.client().fetch_metadata(None, timeout)
+        })
+        .await
+        .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
         let Err(e) = result else {
             return Ok(());
         };
+        // The authentication failure, if any, is an error event in the queue.
+        self.serve();
         let auth = self.auth_failure.lock().ok().and_then(|a| a.clone());
         match auth {
             // Wrong credentials are the operator's to fix: retrying would only hide them.
@@ -337,9 +381,22 @@ impl KafkaSink {
         }
     }
 
-    /// The delivery reports of this sink's records.
+    /// The delivery reports of this sink's records, filed by [`KafkaSink::serve`].
     pub fn deliveries(&self) -> &Arc<Deliveries> {
         &self.deliveries
+    }
+
+    /// Serves librdkafka's main queue on the calling thread until it is empty: delivery reports
+    /// go to [`KafkaSink::deliveries`], errors and logs to `tracing`. Does not block.
+    pub fn serve(&self) {
+        self.producer.serve(usize::MAX);
+    }
+
+    /// Resolves once librdkafka's main queue became non-empty since the last call (or the
+    /// background task filed reports), at once if that happened while no one waited. Call
+    /// [`KafkaSink::serve`] after it. Cancel-safe.
+    pub async fn events(&self) {
+        self.producer.wake().notified().await;
     }
 
     /// Enqueues `record`; its delivery report is filed under `seq` in
@@ -370,6 +427,7 @@ impl KafkaSink {
         }
         let size = record_size(&record.key, record.value.as_deref(), &record.headers);
         self.producer
+            .producer
             .send(br)
             .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
     }
@@ -440,6 +498,7 @@ impl KafkaSink {
             br = br.payload(value.as_slice());
         }
         self.producer
+            .producer
             .send(br)
             .map_err(|(e, _)| classify_send_error(e, topic, size))
     }
@@ -450,7 +509,7 @@ impl KafkaSink {
     /// [`RelayError::Kafka`] when records are still outstanding after `timeout`.
     pub async fn flush(&self, timeout: Duration) -> Result<(), RelayError> {
         let producer = Arc::clone(&self.producer);
-        tokio::task::spawn_blocking(move || producer.flush(timeout))
+        tokio::task::spawn_blocking(move || producer.producer.flush(timeout))
             .await
             .map_err(|e| RelayError::Kafka(format!("flush task failed: {e}")))?
             .map_err(RelayError::from)

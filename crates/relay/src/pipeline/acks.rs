@@ -2,8 +2,8 @@
 //! order, each resolved by its delivery report, taken out only after everything before it.
 //!
 //! Entry `i` of the queue is the record sent with sequence number `first_seq + i` (boundaries
-//! take a number too, and are resolved from the start). librdkafka's polling thread files
-//! delivery reports by number in [`Deliveries`]; [`AckQueue::next`] applies them and yields
+//! take a number too, and are resolved from the start). Serving librdkafka's queue files
+//! delivery reports by number in [`Deliveries`]; [`AckQueue::next`] serves it, applies them and yields
 //! [`Ack`]s in order. A record Kafka refuses for good at delivery time is sent to the
 //! dead-letter topic under the same number, so its place in the order holds until the dead
 //! letter is acknowledged.
@@ -25,7 +25,7 @@ pub(super) type Done = (Arc<Checkpoint>, u64);
 
 /// What an acknowledged or refused record needs later: metrics, and its dead letter.
 pub(super) struct RecordInfo {
-    pub topic: String,
+    pub topic: Arc<str>,
     /// Key, value and header bytes (`bytes_produced_total`).
     pub bytes: u64,
     /// Binlog event time of its row (s since the epoch).
@@ -34,7 +34,7 @@ pub(super) struct RecordInfo {
     /// End of the rows event that carried its row.
     pub position: BinlogPosition,
     /// `database.table` of its outbox.
-    pub table: String,
+    pub table: Arc<str>,
 }
 
 enum Entry {
@@ -64,6 +64,8 @@ pub(super) struct AckQueue {
     reports: Vec<DeliveryReport>,
     /// Entries refused at delivery whose dead letter is not enqueued yet.
     unsent: usize,
+    /// The metric counters of the last acknowledged record's topic.
+    topic_counters: Option<(Arc<str>, metrics::TopicCounters)>,
 }
 
 impl AckQueue {
@@ -76,6 +78,7 @@ impl AckQueue {
             has_dead_letter: sink.has_dead_letter(),
             reports: Vec::new(),
             unsent: 0,
+            topic_counters: None,
         }
     }
 
@@ -122,6 +125,7 @@ impl AckQueue {
             if self.entries.is_empty() {
                 return None;
             }
+            sink.serve();
             self.apply_reports();
             if self.front_ready() {
                 continue;
@@ -136,7 +140,7 @@ impl AckQueue {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
-            self.deliveries.arrived().await;
+            sink.events().await;
         }
     }
 
@@ -167,7 +171,7 @@ impl AckQueue {
                 // Refused with a dead-letter topic became a DeadLetter entry when applied.
                 Ok(Delivered::Refused { reason, .. }) => Err(RelayError::Row {
                     position: info.position,
-                    table: info.table,
+                    table: info.table.to_string(),
                     reason,
                 }),
                 Err(e) => Err(e),
@@ -185,6 +189,10 @@ impl AckQueue {
     /// Files the delivery reports that arrived under their entries.
     fn apply_reports(&mut self) {
         self.deliveries.take_into(&mut self.reports);
+        if self.reports.is_empty() {
+            return;
+        }
+        let clock = metrics::AckClock::now();
         for (seq, outcome) in self.reports.drain(..) {
             let Some(entry) = seq
                 .checked_sub(self.first_seq)
@@ -200,11 +208,19 @@ impl AckQueue {
                     outcome: slot @ None,
                 } => match outcome {
                     Ok(Delivered::Acked(..)) => {
-                        metrics::global().record_acked(
-                            &info.topic,
+                        let counters = match &self.topic_counters {
+                            Some((topic, c)) if Arc::ptr_eq(topic, &info.topic) => c,
+                            _ => {
+                                let c = metrics::global().topic_counters(&info.topic);
+                                &self.topic_counters.insert((Arc::clone(&info.topic), c)).1
+                            }
+                        };
+                        metrics::global().record_acked_on(
+                            counters,
                             info.bytes,
                             info.event_time,
                             info.read_at,
+                            &clock,
                         );
                         *slot = Some(outcome);
                     }
@@ -217,7 +233,7 @@ impl AckQueue {
                         let dl = DeadLetter {
                             reason,
                             position: info.position.clone(),
-                            table: info.table.clone(),
+                            table: info.table.to_string(),
                             topic: None,
                             key,
                             value,
