@@ -21,12 +21,12 @@ use crate::workload::{event_key, key_of, now_micros, payload, payload_ts};
 pub const PARTITIONS: i32 = 3;
 
 /// The relay's producer settings (crates/relay/src/sink.rs): idempotent, `acks=all`, Java
-/// partitioner, `linger.ms=5`. The polling relay, the raw-produce limit and the Debezium runner
+/// partitioner, `linger.ms=1`. The polling relay, the raw-produce limit and the Debezium runner
 /// use the same.
 pub fn producer_config(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
+        .set("linger.ms", "1")
         .set("message.timeout.ms", "120000")
         .set("enable.idempotence", "true")
         .set("acks", "all")

@@ -248,8 +248,10 @@ impl KafkaSink {
         dead_letter_topic: Option<String>,
     ) -> Result<Self, RelayError> {
         let mut client = ClientConfig::new();
-        // Defaults the user may override: small batching delay, bounded total delivery time.
-        client.set("linger.ms", "5");
+        // Defaults the user may override: a 1 ms batching delay (librdkafka's 5 ms default put
+        // ~2.5 ms on every record's commit → ack latency at moderate rates for no measurable
+        // drain gain; `make bench`), bounded total delivery time.
+        client.set("linger.ms", "1");
         client.set("message.timeout.ms", "120000");
         for (key, value) in &config.properties {
             client.set(key, value);

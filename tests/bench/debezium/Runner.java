@@ -1,6 +1,6 @@
 // Debezium embedded runner for `make bench` (crates/bench): the Debezium MySQL connector with
 // the outbox event router, producing each routed record to Kafka with a plain KafkaProducer
-// (acks=all, idempotent, linger.ms=5: the relay's settings), the way a Kafka Connect worker
+// (acks=all, idempotent, linger.ms=1: the relay's settings), the way a Kafka Connect worker
 // would. Run with the jars of pom.xml on the class path (Java single-file source launch):
 //
 //   java -cp '<libs>/*' tests/bench/debezium/Runner.java <debezium.properties> run|prime
@@ -54,7 +54,7 @@ public class Runner {
         p.put("bootstrap.servers", props.getProperty("bench.bootstrap"));
         p.put("acks", "all");
         p.put("enable.idempotence", "true");
-        p.put("linger.ms", "5");
+        p.put("linger.ms", "1");
         p.put("key.serializer", ByteArraySerializer.class.getName());
         p.put("value.serializer", ByteArraySerializer.class.getName());
         KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(p);
