@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -254,8 +255,32 @@ pub struct Produced {
     pub secs: f64,
 }
 
-/// Produces rows `0..rows` of workload `agg` (the backlog's keys, sizes and headers) to
-/// `topic` with [`producer_config`], at most `max_in_flight` unacknowledged (the relay's
+/// One backlog record, built before the bare producer runs (so its CPU time and rate are the
+/// producer's alone, not the JSON formatting's).
+pub struct Prepared {
+    key: String,
+    value: String,
+    event_key: String,
+    id: String,
+}
+
+/// Rows `0..rows` of workload `agg` as records: the backlog's keys, payload sizes and headers.
+pub fn prepare(agg: &str, rows: u64) -> Vec<Prepared> {
+    (0..rows)
+        .map(|seq| {
+            let key = key_of(seq);
+            Prepared {
+                value: payload(now_micros(), seq, &key),
+                key,
+                event_key: event_key(agg, seq),
+                id: (seq + 1).to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Produces `records` (from [`prepare`] for workload `agg`) to `topic` with
+/// [`producer_config`], at most `max_in_flight` unacknowledged (the relay's
 /// `kafka.max_in_flight` default), and times it.
 ///
 /// # Errors
@@ -264,7 +289,7 @@ pub async fn raw_produce(
     bootstrap: &str,
     topic: &str,
     agg: &str,
-    rows: u64,
+    records: Arc<Vec<Prepared>>,
     max_in_flight: u64,
 ) -> Result<Produced> {
     let (bootstrap, topic, agg) = (bootstrap.to_owned(), topic.to_owned(), agg.to_owned());
@@ -277,20 +302,16 @@ pub async fn raw_produce(
             .context("creating the bare producer")?;
         let started = Instant::now();
         let mut bytes = 0u64;
-        for seq in 0..rows {
-            let key = key_of(seq);
-            let value = payload(now_micros(), seq, &key);
-            let ek = event_key(&agg, seq);
-            let id = (seq + 1).to_string();
-            bytes += value.len() as u64;
+        for (seq, r) in (0u64..).zip(records.iter()) {
+            bytes += r.value.len() as u64;
             let headers = OwnedHeaders::new_with_capacity(4)
                 .insert(Header {
                     key: "id",
-                    value: Some(id.as_bytes()),
+                    value: Some(r.id.as_bytes()),
                 })
                 .insert(Header {
                     key: "event_key",
-                    value: Some(ek.as_bytes()),
+                    value: Some(r.event_key.as_bytes()),
                 })
                 .insert(Header {
                     key: "event_type",
@@ -301,8 +322,8 @@ pub async fn raw_produce(
                     value: Some(agg.as_bytes()),
                 });
             let mut record = BaseRecord::to(&topic)
-                .key(key.as_bytes())
-                .payload(value.as_bytes())
+                .key(r.key.as_bytes())
+                .payload(r.value.as_bytes())
                 .headers(headers);
             while seq - producer.context().acked.load(Ordering::Relaxed) >= max_in_flight {
                 producer.poll(Duration::from_millis(1));

@@ -7,7 +7,7 @@
 //! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,polling,debezium`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder; no
 //! Debezium when unset), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty:
-//! leave it), `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (3: relay drains,
+//! leave it), `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (5: relay drains,
 //! each after its own bare-produce measurement; the median is reported), `MARIADB_PORT`, `KAFKA_PORT`.
 
 mod binlog;
@@ -108,7 +108,7 @@ impl Settings {
         }
         Ok(Self {
             drain: phases.contains(&"drain"),
-            drain_repeat: env_or("BENCH_DRAIN_REPEAT", "3")
+            drain_repeat: env_or("BENCH_DRAIN_REPEAT", "5")
                 .parse()
                 .context("BENCH_DRAIN_REPEAT")?,
             steady: phases.contains(&"steady"),
@@ -152,6 +152,8 @@ struct Bench {
     ready_calls: u32,
     /// Suffix of the relay's connector and topics in repeated drains (`_r1`, …; empty first).
     run_tag: String,
+    /// The backlog's records for the bare producer, built once.
+    prepared: Option<Arc<Vec<kafka::Prepared>>>,
 }
 
 fn log(msg: impl AsRef<str>) {
@@ -513,16 +515,15 @@ impl Bench {
         let limit_topic = self.topic("limit", &format!("drain{rep}"));
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&limit_topic)).await?;
         log("drain: limit (b) bare produce");
+        let rows = self.s.rows;
+        let records = Arc::clone(
+            self.prepared
+                .get_or_insert_with(|| Arc::new(kafka::prepare("drain", rows))),
+        );
         let cpu0 = own_cpu();
         let b0 = procs::machine_busy_s().ok();
-        let produced = kafka::raw_produce(
-            &self.s.bootstrap,
-            &limit_topic,
-            "drain",
-            self.s.rows,
-            10_000,
-        )
-        .await?;
+        let produced =
+            kafka::raw_produce(&self.s.bootstrap, &limit_topic, "drain", records, 10_000).await?;
         let busy = busy_share(b0, produced.secs);
         let cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
         let rate = produced.records as f64 / produced.secs;
@@ -833,6 +834,11 @@ fn steady_p99(steady: &[Value], sys: &str, rate: u64) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// The relay's allocator (crates/cli/src/main.rs), so the bare producer limit is measured with
+/// the same librdkafka allocation costs as the relay.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let s = Settings::from_env()?;
@@ -854,6 +860,7 @@ async fn main() -> Result<()> {
         topics: Vec::new(),
         ready_calls: 0,
         run_tag: String::new(),
+        prepared: None,
         s,
     };
     let started = Instant::now();
