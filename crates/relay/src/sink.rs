@@ -674,6 +674,43 @@ mod tests {
         );
     }
 
+    /// The pipeline sleeps on `events()` and serves the queue itself: a delivery report must
+    /// wake it. No broker listens on the address, so the record fails at `message.timeout.ms`.
+    #[tokio::test]
+    async fn a_delivery_report_wakes_the_waiter_and_is_filed_by_serve() {
+        let config = KafkaConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            max_in_flight: 10,
+            properties: [("message.timeout.ms".to_owned(), "300".to_owned())].into(),
+        };
+        let sink = KafkaSink::new(&config, None).expect("producer");
+        let record = KafkaRecord {
+            topic: "t.orders".into(),
+            key: b"order-1".to_vec(),
+            value: Some(b"{}".to_vec()),
+            headers: vec![("id".into(), b"1".to_vec())],
+            partition: None,
+            timestamp_ms: 1_700_000_000_000,
+        };
+        sink.send(&record, 7).expect("enqueued");
+        let mut reports = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while reports.is_empty() {
+            tokio::time::timeout_at(deadline, sink.events())
+                .await
+                .expect("woken before the deadline");
+            sink.serve();
+            sink.deliveries().take_into(&mut reports);
+        }
+        assert_eq!(reports.len(), 1, "one report per record");
+        let (seq, outcome) = &reports[0];
+        assert_eq!(*seq, 7);
+        assert!(
+            matches!(outcome, Err(RelayError::Kafka(m)) if m.contains("delivery failed")),
+            "{outcome:?}"
+        );
+    }
+
     #[test]
     fn record_size_counts_key_value_and_headers() {
         let headers = vec![("id".to_owned(), b"42".to_vec())];
