@@ -471,14 +471,13 @@ impl Reader<'_> {
     /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry.
     async fn produce<S: CheckpointStore>(
         &mut self,
-        row: Result<OutboxEvent, Box<RowFailure>>,
+        mut row: Result<OutboxEvent, Box<RowFailure>>,
         router: &Router,
         sink: &KafkaSink,
         done: Done,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
-        let mut row = row;
         let (position, table) = match &mut row {
             // Moved out: the record does not need it, the acknowledgement entry does.
             Ok(e) => (std::mem::take(&mut e.position), self.table_label(&e.table)),

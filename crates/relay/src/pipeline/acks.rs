@@ -209,7 +209,8 @@ impl AckQueue {
                 } => match outcome {
                     Ok(Delivered::Acked(..)) => {
                         let counters = match &self.topic_counters {
-                            Some((topic, c)) if Arc::ptr_eq(topic, &info.topic) => c,
+                            // By content: the router makes a new Arc when the topic changes back.
+                            Some((topic, c)) if *topic == info.topic => c,
                             _ => {
                                 let c = metrics::global().topic_counters(&info.topic);
                                 &self.topic_counters.insert((Arc::clone(&info.topic), c)).1
