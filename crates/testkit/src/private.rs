@@ -134,27 +134,76 @@ pub struct TestPki {
 pub const TEST_CLIENT_CN: &str = "outbox-relay-test-client";
 
 impl TestPki {
-    /// The certificates in `dir`, generated when `dir/ca.pem` does not exist yet (a server that
-    /// still runs from an earlier test run keeps using the files it was started with).
+    /// The certificates in `dir`, generated when the folder does not hold a complete set yet
+    /// (a server that still runs from an earlier test run keeps using the files it was started
+    /// with).
+    ///
+    /// Safe to call from tests running at the same time: the set is written to a folder of its
+    /// own and renamed into place, so nobody sees a CA from one call next to a server
+    /// certificate from another (which fails the TLS handshake with "certificate signature
+    /// failure").
     ///
     /// # Errors
     /// Generating or writing the files fails.
     pub fn ensure(dir: &Path) -> Result<Self> {
+        static GENERATING: Mutex<()> = Mutex::new(());
+        let _guard = GENERATING
+            .lock()
+            .map_err(|_| anyhow::anyhow!("test PKI lock poisoned"))?;
         let pki = Self {
             dir: dir.to_owned(),
         };
-        let files = [
-            "ca.pem",
-            "server-cert.pem",
-            "server-key.pem",
-            "client-cert.pem",
-            "client-key.pem",
-            "other-ca.pem",
-        ];
-        if files.iter().all(|f| dir.join(f).exists()) {
+        if Self::complete(dir) {
             return Ok(pki);
         }
-        std::fs::create_dir_all(dir)?;
+        if dir.exists() {
+            // Left half-written by a run that was killed: start over.
+            std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        let parent = dir
+            .parent()
+            .with_context(|| format!("{} has no parent folder", dir.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+        let staging = parent.join(format!(
+            ".{}.staging-{}",
+            dir.file_name().and_then(|n| n.to_str()).unwrap_or("pki"),
+            std::process::id()
+        ));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)
+                .with_context(|| format!("removing {}", staging.display()))?;
+        }
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+        Self::generate(&staging)?;
+        match std::fs::rename(&staging, dir) {
+            Ok(()) => Ok(pki),
+            // Another test binary put a complete set there first: use that one.
+            Err(_) if Self::complete(dir) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Ok(pki)
+            }
+            Err(e) => Err(e)
+                .with_context(|| format!("renaming {} to {}", staging.display(), dir.display())),
+        }
+    }
+
+    const FILES: [&'static str; 6] = [
+        "ca.pem",
+        "server-cert.pem",
+        "server-key.pem",
+        "client-cert.pem",
+        "client-key.pem",
+        "other-ca.pem",
+    ];
+
+    fn complete(dir: &Path) -> bool {
+        Self::FILES.iter().all(|f| dir.join(f).exists())
+    }
+
+    /// Writes a fresh CA, server and client certificate and an unrelated CA into `dir`.
+    fn generate(dir: &Path) -> Result<()> {
         let (ca_pem, ca) = new_ca("outbox-relay test CA")?;
         let (other_pem, _) = new_ca("outbox-relay unrelated CA")?;
 
@@ -188,13 +237,12 @@ impl TestPki {
             ("client-cert.pem", client_cert.pem()),
             ("client-key.pem", client_key.serialize_pem()),
             ("other-ca.pem", other_pem),
-            // Last: its presence marks a complete set.
             ("ca.pem", ca_pem),
         ] {
             std::fs::write(dir.join(name), text)
                 .with_context(|| format!("writing {}", dir.join(name).display()))?;
         }
-        Ok(pki)
+        Ok(())
     }
 
     /// The folder (what `MARIADB_TLS_DIR` points at).
