@@ -12,9 +12,9 @@ use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use outbox_relay_testkit::{
-    binary_logs, current_binlog_position, describe_exit, insert_outbox_rows, lease_lock_name,
-    mysql_url, recent_created_at_base, unique_suffix, BinlogPosition, InsertStyle, RelayConfigSpec,
-    RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    binary_logs, create_topic, current_binlog_position, describe_exit, insert_outbox_rows,
+    lease_lock_name, mysql_url, recent_created_at_base, unique_suffix, BinlogPosition, InsertStyle,
+    RelayConfigSpec, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -130,6 +130,58 @@ async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<(
     // The server settings are still fine.
     has(&out, "OK    binlog_format: ROW")?;
     drop(conn);
+    w.db.drop_database().await
+}
+
+/// `check` compares the topics' `max.message.bytes` with the producer's limits: a fixed topic
+/// that takes smaller batches than the producer builds fails (the fix names `batch.size`);
+/// with `batch.size` lowered to fit, it only warns that single large records will be
+/// dead-lettered; with `message.max.bytes` lowered too, it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_compares_topic_max_message_bytes_with_the_producer() -> Result<()> {
+    let w = World::new(BIN, "opslimit").await?;
+    let db = w.db.name().to_owned();
+    let topic = format!("t_{}.orders", w.uid);
+    create_topic(&w.spec.bootstrap_servers, &topic, 100_000).await?;
+    let mut spec = w.spec.clone();
+    spec.topic = topic.clone();
+    let name = format!("max.message.bytes of topic of {db}.outbox {topic}");
+
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    expect(&status, 3, &out, &err)?;
+    has(
+        &out,
+        &format!(
+            "FAIL  {name}: expected at least the producer's batch limit, 1000000 bytes, found \
+             max.message.bytes = 100000\n      fix: set \"batch.size\" in [kafka.properties] to \
+             at most 100000, or raise the topic's max.message.bytes"
+        ),
+    )?;
+    has(
+        &out,
+        &format!("otherwise topic {topic} takes record batches of at most 100000 bytes"),
+    )?;
+
+    spec.kafka_properties
+        .push(("batch.size".into(), "100000".into()));
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!(
+            "WARN  {name}: expected at least the producer's message.max.bytes = 1000000, found \
+             max.message.bytes = 100000"
+        ),
+    )?;
+
+    spec.kafka_properties
+        .push(("message.max.bytes".into(), "100000".into()));
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!("OK    {name}: max.message.bytes = 100000 takes"),
+    )?;
     w.db.drop_database().await
 }
 

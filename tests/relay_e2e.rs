@@ -15,11 +15,12 @@ use anyhow::{bail, ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, TxOpts};
 use outbox_relay_testkit::{
-    binary_logs, collect_records, collect_until, compare_positions, current_binlog_position,
-    deleted_record_count, describe_exit, high_watermark_total, insert_outbox_rows,
-    is_transaction_boundary, list_topics, next_server_id, read_all_records, read_checkpoint,
-    recent_created_at_base, unique_suffix, wait_until, BinlogPosition, Checkpoint, InsertStyle,
-    OutboxRow, Record, RelayConfigSpec, RelayProcess, TestDb, DEFAULT_CHECKPOINT_TABLE,
+    binary_logs, collect_records, collect_until, compare_positions, create_topic,
+    current_binlog_position, deleted_record_count, describe_exit, high_watermark_total,
+    insert_outbox_rows, is_transaction_boundary, list_topics, next_server_id, read_all_records,
+    read_checkpoint, recent_created_at_base, unique_suffix, wait_until, BinlogPosition, Checkpoint,
+    InsertStyle, OutboxRow, Record, RelayConfigSpec, RelayProcess, TestDb,
+    DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::watch;
 
@@ -1003,29 +1004,6 @@ async fn environment_overrides_the_config_file() -> Result<()> {
 // Rows larger than one MySQL protocol packet (16 MiB - 1)
 // ---------------------------------------------------------------------------------------------
 
-/// Creates `topic` (1 partition) with `max.message.bytes` set, so records up to that size fit.
-async fn create_topic(bootstrap: &str, topic: &str, max_message_bytes: usize) -> Result<()> {
-    use outbox_relay_testkit::rdkafka::admin::{
-        AdminClient, AdminOptions, NewTopic, TopicReplication,
-    };
-    use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
-    use outbox_relay_testkit::rdkafka::ClientConfig;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .context("creating a Kafka admin client")?;
-    let bytes = max_message_bytes.to_string();
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &bytes);
-    let results = admin
-        .create_topics(&[new], &AdminOptions::new())
-        .await
-        .with_context(|| format!("creating topic {topic}"))?;
-    for r in results {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 /// A JSON payload of about `bytes` bytes: one string of varied characters, non-ASCII included,
 /// so a single misplaced byte (e.g. at a 16 MiB packet boundary) changes it.
 fn big_payload(bytes: usize, seed: u64) -> String {
@@ -1228,6 +1206,162 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
         "dlq_binlog_file {:?} is not in SHOW BINARY LOGS",
         d.header("dlq_binlog_file")
     );
+    drop(conn);
+    f.db.drop_database().await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topics with a max.message.bytes below the producer's message.max.bytes
+// ---------------------------------------------------------------------------------------------
+
+/// `batch_size_alone` (what the relay compares with a topic's `max.message.bytes`) is exactly
+/// what the broker compares: a record whose batch is that size is taken by a topic of that
+/// limit, one byte more is refused. Produced without the relay, one record per batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_size_alone_matches_the_brokers_max_message_bytes_check() -> Result<()> {
+    use outbox_relay_core::sink::batch_size_alone;
+    use outbox_relay_testkit::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
+    use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};
+    use outbox_relay_testkit::rdkafka::ClientConfig;
+    const LIMIT: usize = 5_000;
+    let bootstrap = outbox_relay_testkit::env::kafka_bootstrap();
+    let topic = format!("t_{}.limit", unique_suffix());
+    create_topic(&bootstrap, &topic, LIMIT).await?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "0")
+        .create()
+        .context("creating a producer")?;
+    let key = b"order-42".as_slice();
+    let headers = [
+        ("event_key", b"3f2a-17".to_vec()),
+        ("id", b"123456".to_vec()),
+        ("event_type", b"OrderPlaced".to_vec()),
+    ];
+    // The value length whose one-record batch is exactly LIMIT bytes.
+    let fits = (0..LIMIT)
+        .find(|n| batch_size_alone(key, Some(&vec![b'x'; *n]), &headers) == LIMIT as u64)
+        .context("no value length gives a batch of exactly LIMIT bytes")?;
+    let mut outcomes = Vec::new();
+    for len in [fits, fits + 1] {
+        let value = vec![b'x'; len];
+        let mut owned = OwnedHeaders::new();
+        for (name, v) in &headers {
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(v.as_slice()),
+            });
+        }
+        let record = FutureRecord::to(&topic)
+            .key(key)
+            .payload(&value)
+            .headers(owned);
+        outcomes.push(
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map(|_| ())
+                .map_err(|(e, _)| e),
+        );
+    }
+    ensure!(
+        outcomes[0].is_ok(),
+        "a batch of exactly max.message.bytes = {LIMIT} was refused: {:?}",
+        outcomes[0]
+    );
+    ensure!(
+        matches!(
+            outcomes[1],
+            Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge
+            ))
+        ),
+        "a batch of max.message.bytes + 1 was not refused as too large: {:?}",
+        outcomes[1]
+    );
+    Ok(())
+}
+
+/// A row whose record is over its topic's `max.message.bytes` (but under the producer's
+/// `message.max.bytes`) goes to the dead-letter topic, without its value and with a reason
+/// naming the topic's limit; the rows around it are relayed in order and the relay keeps
+/// running (the broker never sees it: refused there, it would be a fatal producer error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_goes_on(
+) -> Result<()> {
+    const TOPIC_LIMIT: usize = 20_000;
+    let mut f = Fixture::new("topiclimit").await?;
+    let topic = f.spec.topic_for("Archive");
+    create_topic(&f.spec.bootstrap_servers, &topic, TOPIC_LIMIT).await?;
+    let dlq = format!("t_{}.dlq", f.uid);
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let mut conn = f.db.conn().await?;
+    let (relay, _) = f.start_relay().await?;
+
+    let rows = [
+        single_row(&f.uid, 0, r#"{"before":"the big one"}"#.into()),
+        single_row(&f.uid, 1, big_payload(50_000, 0x7091c)),
+        single_row(&f.uid, 2, r#"{"after":"the big one"}"#.into()),
+    ];
+    for r in &rows {
+        insert_outbox_rows(
+            &mut conn,
+            "outbox",
+            std::slice::from_ref(r),
+            InsertStyle::SingleRow,
+        )
+        .await?;
+    }
+    let wanted = [&rows[0], &rows[2]];
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        all_seen(wanted.iter().map(|r| r.event_key.clone()).collect()),
+    )
+    .await?;
+    relay.ensure_running()?;
+    let keys: Vec<Option<&str>> = seen.iter().map(|r| r.header("event_key")).collect();
+    ensure!(
+        keys == wanted
+            .iter()
+            .map(|r| Some(r.event_key.as_str()))
+            .collect::<Vec<_>>(),
+        "records on {topic}: {keys:?}, expected the rows before and after the big one\n{}",
+        relay.stderr_tail()
+    );
+    let dead = read_all_records(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&dlq),
+        READ_ALL,
+    )
+    .await?;
+    ensure!(dead.len() == 1, "{} dead letters: {dead:?}", dead.len());
+    let d = &dead[0];
+    let reason = d.header("dlq_reason").unwrap_or_default();
+    ensure!(
+        reason.contains(&format!("max.message.bytes = {TOPIC_LIMIT}")) && reason.contains(&topic),
+        "dlq_reason {reason:?} does not name the topic and its max.message.bytes"
+    );
+    ensure!(
+        d.header("event_key") == Some(rows[1].event_key.as_str())
+            && d.header("dlq_topic") == Some(topic.as_str()),
+        "dead letter headers: {:?}",
+        d.headers
+    );
+    ensure!(
+        d.value.is_none(),
+        "the dead letter carries the too-large value"
+    );
+    // The topic also takes batches smaller than the producer builds: the relay says so.
+    ensure!(
+        relay.stderr_text().contains("set \"batch.size\""),
+        "no warning that the topic's limit is below the producer's batch size\n{}",
+        relay.stderr_tail()
+    );
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
     drop(conn);
     f.db.drop_database().await
 }

@@ -35,7 +35,10 @@ use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::route::KafkaRecord;
 
+mod limits;
 mod served;
+use limits::TopicLimits;
+pub use limits::{batch_hazard, batch_size_alone, ProducerLimits, LIBRDKAFKA_DEFAULT_MAX_BYTES};
 use served::ServedProducer;
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
@@ -203,6 +206,8 @@ pub struct KafkaSink {
     auth_failure: AuthFailure,
     /// Topics whose partitions all had a leader when first used (see [`KafkaSink::ensure_topic`]).
     ready_topics: Arc<Mutex<HashSet<String>>>,
+    /// The `max.message.bytes` of those topics.
+    topic_limits: Arc<TopicLimits>,
 }
 
 /// Longest wait for a new topic's partitions to get leaders before its first record.
@@ -279,12 +284,14 @@ impl KafkaSink {
             dead_letter_topic,
             auth_failure,
             ready_topics: Arc::new(Mutex::new(HashSet::new())),
+            topic_limits: Arc::new(TopicLimits::new(config)),
         })
     }
 
     /// Before the first record to `topic` in this run: asks for the topic's metadata (which
     /// makes the broker auto-create it when it allows that) and waits until every partition
-    /// has a leader, at most 30 s.
+    /// has a leader, at most 30 s; then reads the topic's `max.message.bytes`, so that
+    /// [`KafkaSink::send`] refuses a record the broker would refuse (see `sink/limits.rs`).
     ///
     /// Why: an idempotent producer that sends to a partition of a topic still being created can
     /// see the partition vanish from and come back into the metadata, which resets its sequence
@@ -333,6 +340,7 @@ impl KafkaSink {
         .await
         .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
         if ready {
+            self.topic_limits.learn(topic).await;
             if let Ok(mut set) = self.ready_topics.lock() {
                 set.insert(topic.to_owned());
             }
@@ -406,9 +414,18 @@ impl KafkaSink {
     ///
     /// # Errors
     /// [`SendError::QueueFull`] when librdkafka's queue is full; [`SendError::Permanent`] for
-    /// a record Kafka can never take (larger than `message.max.bytes`); [`SendError::Failed`]
+    /// a record Kafka can never take (larger than `message.max.bytes`, or than the topic's
+    /// `max.message.bytes` once [`KafkaSink::ensure_topic`] learnt it); [`SendError::Failed`]
     /// otherwise.
     pub fn send(&self, record: &KafkaRecord, seq: u64) -> Result<(), SendError> {
+        if let Some(reason) = self.topic_limits.refusal(
+            &record.topic,
+            &record.key,
+            record.value.as_deref(),
+            &record.headers,
+        ) {
+            return Err(SendError::Permanent(reason));
+        }
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
             headers = headers.insert(Header {
@@ -464,14 +481,9 @@ impl KafkaSink {
             )));
         };
         let pos = dl.position.pos.to_string();
-        let mut headers = OwnedHeaders::new_with_capacity(dl.headers.len() + 5);
-        for (key, value) in &dl.headers {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value.as_slice()),
-            });
-        }
-        for (key, value) in [
+        let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(dl.headers.len() + 5);
+        all.extend(dl.headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        all.extend([
             ("dlq_reason", dl.reason.as_bytes()),
             (
                 "dlq_topic",
@@ -480,7 +492,17 @@ impl KafkaSink {
             ("dlq_binlog_file", dl.position.file.as_bytes()),
             ("dlq_binlog_pos", pos.as_bytes()),
             ("dlq_table", dl.table.as_bytes()),
-        ] {
+        ]);
+        if let Some(reason) = self.topic_limits.refusal(
+            topic,
+            dl.key.as_deref().unwrap_or_default(),
+            dl.value.as_deref(),
+            &all,
+        ) {
+            return Err(SendError::Permanent(reason));
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(all.len());
+        for (key, value) in all {
             headers = headers.insert(Header {
                 key,
                 value: Some(value),

@@ -434,6 +434,30 @@ pub async fn list_topics(bootstrap: &str, prefix: &str) -> Result<BTreeSet<Strin
     .await
 }
 
+/// Creates `topic` (1 partition, replication 1) with `max.message.bytes` set (bytes: the
+/// largest record batch the broker takes for it).
+///
+/// # Errors
+/// The admin client cannot be created or the broker refuses the topic (e.g. it exists).
+pub async fn create_topic(bootstrap: &str, topic: &str, max_message_bytes: usize) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .context("creating a Kafka admin client")?;
+    let bytes = max_message_bytes.to_string();
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &bytes);
+    let results = admin
+        .create_topics(&[new], &AdminOptions::new())
+        .await
+        .with_context(|| format!("creating topic {topic}"))?;
+    for r in results {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,8 +41,8 @@ pub use checkpoint::{
 pub use db::{GlobalVariableGuard, TestDb};
 pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url};
 pub use kafka::{
-    collect_records, collect_until, deleted_record_count, high_watermark_total, list_topics,
-    read_all_records, Record,
+    collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,
+    list_topics, read_all_records, Record,
 };
 pub use outbox::{
     epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,

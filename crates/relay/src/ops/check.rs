@@ -17,10 +17,9 @@ use crate::config::{RelayConfig, ResumeMode};
 use crate::error::RelayError;
 use crate::mapping::TableMapping;
 use crate::preflight::{self, Check, Level};
+use crate::sink::{batch_hazard, ProducerLimits};
 use crate::source::{report_host, Flavor};
 
-/// librdkafka's default `message.max.bytes` (CONFIGURATION.md).
-const LIBRDKAFKA_MESSAGE_MAX_BYTES: u64 = 1_000_000;
 /// How long the Kafka checks wait for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -249,12 +248,7 @@ async fn mysql_checks(
         .query_first::<Option<u64>, _>("SELECT @@GLOBAL.max_allowed_packet")
         .await?
         .flatten();
-    let producer_max = config
-        .kafka
-        .properties
-        .get("message.max.bytes")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES);
+    let producer_max = ProducerLimits::of(&config.kafka).message_max_bytes;
     for m in &mappings {
         let len: Option<Option<u64>> = conn
             .exec_first(
@@ -654,6 +648,62 @@ pub fn evaluate_message_size(
     }
 }
 
+/// A topic's `max.message.bytes` (`topic_max`; for `what` = "topics the broker creates", the
+/// broker's `message.max.bytes`) against the producer's limits. Fails when a batch of small
+/// records can be refused ([`batch_hazard`]: that stops the relay); warns when single records
+/// under the producer's `message.max.bytes` can be over it (those are dead-lettered or stop the
+/// relay). `None` when the producer compresses (batch sizes are known only when sent).
+pub fn evaluate_topic_limit(
+    what: &str,
+    topic: &str,
+    topic_max: u64,
+    producer: &ProducerLimits,
+) -> Option<Check> {
+    if producer.compresses {
+        return None;
+    }
+    let name = format!("max.message.bytes of {what}");
+    let found = format!("max.message.bytes = {topic_max}");
+    Some(
+        if let Some((problem, fix)) = batch_hazard(topic, topic_max, producer) {
+            Check::not_met(
+                Level::Fail,
+                name,
+                format!(
+                    "at least the producer's batch limit, {} bytes",
+                    producer.batch_limit()
+                ),
+                found,
+                format!("{fix}; otherwise {problem}"),
+            )
+        } else if topic_max < producer.message_max_bytes {
+            Check::not_met(
+                Level::Warn,
+                name,
+                format!(
+                    "at least the producer's message.max.bytes = {}",
+                    producer.message_max_bytes
+                ),
+                found,
+                format!(
+                    "a row whose record is over {topic_max} bytes is dead-lettered (or stops the \
+                 relay when dead letters are off); raise the topic's max.message.bytes, or set \
+                 \"message.max.bytes\" in [kafka.properties] to the topic's limit"
+                ),
+            )
+        } else {
+            Check::ok(
+                name,
+                format!(
+                    "{found} takes the producer's batches and records (message.max.bytes = {}, \
+                 batch.size = {})",
+                    producer.message_max_bytes, producer.batch_size
+                ),
+            )
+        },
+    )
+}
+
 async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
     let mut client = ClientConfig::new();
     for (k, v) in &config.kafka.properties {
@@ -726,22 +776,24 @@ async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
             topics.len()
         ),
     ));
-    let auto_create = match brokers.first() {
+    // The broker's defaults: whether it creates topics, and their max.message.bytes.
+    let (auto_create, new_topic_max) = match brokers.first() {
         Some(id) => {
             let spec = ResourceSpecifier::Broker(*id);
             let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
             match admin.describe_configs([&spec], &opts).await {
-                Ok(results) => results.into_iter().find_map(|r| {
-                    r.ok()?
-                        .get("auto.create.topics.enable")?
-                        .value
-                        .clone()
-                        .map(|v| v.eq_ignore_ascii_case("true"))
-                }),
-                Err(_) => None,
+                Ok(results) => {
+                    let broker = results.into_iter().find_map(Result::ok);
+                    let value = |key: &str| broker.as_ref().and_then(|b| b.get(key)?.value.clone());
+                    (
+                        value("auto.create.topics.enable").map(|v| v.eq_ignore_ascii_case("true")),
+                        value("message.max.bytes").and_then(|v| v.parse::<u64>().ok()),
+                    )
+                }
+                Err(_) => (None, None),
             }
         }
-        None => None,
+        None => (None, None),
     };
     let mappings = config.table_mappings().unwrap_or_default();
     let mut wanted: Vec<(String, String)> = Vec::new();
@@ -772,6 +824,16 @@ async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
             "dead-letter topic".to_owned(),
         ));
     }
+    topic_limit_checks(
+        config,
+        &admin,
+        &wanted,
+        &topics,
+        auto_create,
+        new_topic_max,
+        out,
+    )
+    .await;
     for (topic, what) in wanted {
         let name = format!("{what} {topic}");
         out.push(if topics.contains(&topic) {
@@ -794,6 +856,78 @@ async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
             )
         });
     }
+}
+
+/// [`evaluate_topic_limit`] for each existing topic in `wanted` and, when the broker creates
+/// topics (a templated topic, or one that does not exist yet), for the broker's default.
+async fn topic_limit_checks(
+    config: &RelayConfig,
+    admin: &AdminClient<DefaultClientContext>,
+    wanted: &[(String, String)],
+    existing: &[String],
+    auto_create: Option<bool>,
+    new_topic_max: Option<u64>,
+    out: &mut Vec<Check>,
+) {
+    let producer = ProducerLimits::of(&config.kafka);
+    let present: Vec<&(String, String)> = wanted
+        .iter()
+        .filter(|(t, _)| existing.contains(t))
+        .collect();
+    if !present.is_empty() {
+        let specs: Vec<ResourceSpecifier<'_>> = present
+            .iter()
+            .map(|(t, _)| ResourceSpecifier::Topic(t))
+            .collect();
+        let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
+        match admin.describe_configs(specs.iter(), &opts).await {
+            Ok(results) => {
+                for ((topic, what), result) in present.iter().zip(results) {
+                    let limit = result
+                        .ok()
+                        .and_then(|r| r.get("max.message.bytes")?.value.as_deref()?.parse().ok());
+                    match limit {
+                        Some(limit) => out.extend(evaluate_topic_limit(
+                            &format!("{what} {topic}"),
+                            topic,
+                            limit,
+                            &producer,
+                        )),
+                        None => out.push(unknown_topic_limit(&format!("{what} {topic}"))),
+                    }
+                }
+            }
+            Err(_) => out.push(unknown_topic_limit("the relay's topics")),
+        }
+    }
+    let creates = wanted.iter().any(|(t, _)| !existing.contains(t))
+        || config
+            .table_mappings()
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.topic.fixed().is_none());
+    if creates && auto_create == Some(true) {
+        if let Some(limit) = new_topic_max {
+            out.extend(evaluate_topic_limit(
+                "topics the broker creates",
+                "<new topic>",
+                limit,
+                &producer,
+            ));
+        }
+    }
+}
+
+fn unknown_topic_limit(what: &str) -> Check {
+    Check::not_met(
+        Level::Warn,
+        format!("max.message.bytes of {what}"),
+        "a DescribeConfigs answer",
+        "none (no permission, or no answer in time)",
+        "grant the relay's user DescribeConfigs on its topics: without the topic's limit, a \
+         record over it is refused by the broker, which stops the relay instead of being \
+         dead-lettered",
+    )
 }
 
 #[cfg(test)]
@@ -1086,5 +1220,30 @@ mod tests {
         let mut r = row("bin.000001", 4, 0.0);
         r.gtid_set = Some("0-1-5".into());
         assert_eq!(evaluate_checkpoint_gtid(Some(&r)).found, "0-1-5");
+    }
+
+    #[test]
+    fn topic_limit_against_the_producers_limits() {
+        let producer = |mmb: u64, batch: u64, compresses| ProducerLimits {
+            message_max_bytes: mmb,
+            batch_size: batch,
+            compresses,
+        };
+        let default = producer(1_000_000, 1_000_000, false);
+        let level = |limit, p: &ProducerLimits| {
+            evaluate_topic_limit("topic of shop.outbox t", "t", limit, p).map(|c| c.level)
+        };
+        // Kafka's default topic limit takes librdkafka's default batches and records.
+        assert_eq!(level(1_048_588, &default), Some(Level::Ok));
+        // Below the batch limit: full batches of small records are refused (a stop).
+        let c = evaluate_topic_limit("topic t", "t", 100_000, &default).expect("a check");
+        assert_eq!(c.level, Level::Fail);
+        assert!(c.fix.contains("\"batch.size\""), "{}", c.fix);
+        // Batches fit, single large records do not: those are dead-lettered.
+        let big_records = producer(10_000_000, 500_000, false);
+        assert_eq!(level(1_048_588, &big_records), Some(Level::Warn));
+        assert_eq!(level(10_000_000, &big_records), Some(Level::Ok));
+        // Compressed batches are not judged.
+        assert_eq!(level(100_000, &producer(1_000_000, 1_000_000, true)), None);
     }
 }

@@ -1,0 +1,369 @@
+//! Topic size limits: each topic's `max.message.bytes`, learnt when the relay first sends to
+//! it, so a record the broker would refuse as too large is refused before it is sent.
+//!
+//! Why before: with the idempotent producer and `enable.gapless.guarantee`, a batch the broker
+//! refuses (`MSG_SIZE_TOO_LARGE`) is a fatal producer error, not a per-record failure
+//! (librdkafka does not split batches), so one too-large record would stop the relay at every
+//! restart. Refused here, it becomes a row error like a record over the producer's own
+//! `message.max.bytes`: dead-lettered (without its value) or a stop with the reason.
+//!
+//! The broker compares a whole record batch with `max.message.bytes` (Kafka documentation,
+//! topic configuration `max.message.bytes`: "the largest record batch size allowed"), so the
+//! check uses the size of a batch holding the record alone ([`batch_size_alone`]). A topic
+//! whose limit is below the producer's batch limit (`min(message.max.bytes, batch.size)`) can
+//! still see batches of small records refused: that is logged as a warning here and is a
+//! failure of `outbox-relay check`.
+//!
+//! With producer compression the broker sees compressed batches, whose size is not known
+//! before sending: no record is refused here then.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+
+use crate::config::KafkaConfig;
+
+/// librdkafka's default `message.max.bytes` and `batch.size` (CONFIGURATION.md), bytes.
+pub const LIBRDKAFKA_DEFAULT_MAX_BYTES: u64 = 1_000_000;
+
+/// How long the relay waits for a topic's configuration before sending without knowing it.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes of a Kafka record batch (message format v2) holding only this record: the batch
+/// header (61 bytes, from the base offset to the record count) plus the record with its
+/// varint-encoded lengths. This is what the broker compares with the topic's
+/// `max.message.bytes`. A `None` value is a null value (length -1).
+///
+/// Source: Kafka protocol documentation, "Record Batch" and "Record" (message format v2,
+/// KIP-98); the single record has timestamp delta and offset delta 0.
+pub fn batch_size_alone<K: AsRef<str>, V: AsRef<[u8]>>(
+    key: &[u8],
+    value: Option<&[u8]>,
+    headers: &[(K, V)],
+) -> u64 {
+    const BATCH_HEADER: u64 = 61;
+    fn len_field(len: usize) -> u64 {
+        varint_size(i64::try_from(len).unwrap_or(i64::MAX)) + len as u64
+    }
+    let mut body: u64 = 1 // attributes
+        + 1 // timestampDelta = 0
+        + 1 // offsetDelta = 0
+        + len_field(key.len())
+        + value.map_or(varint_size(-1), |v| len_field(v.len()))
+        + varint_size(i64::try_from(headers.len()).unwrap_or(i64::MAX));
+    for (name, value) in headers {
+        body += len_field(name.as_ref().len()) + len_field(value.as_ref().len());
+    }
+    BATCH_HEADER + varint_size(i64::try_from(body).unwrap_or(i64::MAX)) + body
+}
+
+/// Bytes of `n` as a zigzag varint (Kafka's `varint`, protobuf's `sint64`).
+fn varint_size(n: i64) -> u64 {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut bytes = 1;
+    while z >= 0x80 {
+        z >>= 7;
+        bytes += 1;
+    }
+    bytes
+}
+
+/// The producer's own limits, from `[kafka.properties]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerLimits {
+    /// `message.max.bytes`: the largest record (key, value and headers), bytes.
+    pub message_max_bytes: u64,
+    /// `batch.size`: the largest batch of several records, bytes.
+    pub batch_size: u64,
+    /// `compression.type` (or `compression.codec`) is set to something else than `none`.
+    pub compresses: bool,
+}
+
+impl ProducerLimits {
+    /// The limits `config` gives the producer (librdkafka's defaults where unset).
+    pub fn of(config: &KafkaConfig) -> Self {
+        let number = |key: &str| {
+            config
+                .properties
+                .get(key)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(LIBRDKAFKA_DEFAULT_MAX_BYTES)
+        };
+        let compresses = ["compression.type", "compression.codec"].iter().any(|k| {
+            config
+                .properties
+                .get(*k)
+                .is_some_and(|v| !v.trim().eq_ignore_ascii_case("none"))
+        });
+        Self {
+            message_max_bytes: number("message.max.bytes"),
+            batch_size: number("batch.size"),
+            compresses,
+        }
+    }
+
+    /// The largest batch of several records librdkafka builds, bytes: it closes a batch before
+    /// a record that would take it over `min(message.max.bytes, batch.size)`
+    /// (`rdkafka_msgset_writer.c`).
+    pub fn batch_limit(&self) -> u64 {
+        self.message_max_bytes.min(self.batch_size)
+    }
+}
+
+/// When a topic whose `max.message.bytes` is `topic_max` can see a batch of records that are
+/// each small enough refused: (what is wrong, how to fix it); `None` when it cannot.
+pub fn batch_hazard(
+    topic: &str,
+    topic_max: u64,
+    producer: &ProducerLimits,
+) -> Option<(String, String)> {
+    (!producer.compresses && topic_max < producer.batch_limit()).then(|| {
+        (
+            format!(
+                "topic {topic} takes record batches of at most {topic_max} bytes \
+                 (max.message.bytes) but the producer builds batches of up to {} bytes (min of \
+                 message.max.bytes and batch.size): a full batch of small records is refused, \
+                 which stops the relay",
+                producer.batch_limit()
+            ),
+            format!(
+                "set \"batch.size\" in [kafka.properties] to at most {topic_max}, or raise the \
+                 topic's max.message.bytes (kafka-configs.sh --alter --entity-type topics \
+                 --entity-name {topic} --add-config max.message.bytes=…)"
+            ),
+        )
+    })
+}
+
+/// The `max.message.bytes` of the topics the relay sends to, learnt once per topic per run.
+pub struct TopicLimits {
+    admin: ClientConfig,
+    producer: ProducerLimits,
+    limits: Mutex<HashMap<String, u64>>,
+    /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
+    /// larger skips the per-topic lookup.
+    smallest: AtomicU64,
+}
+
+impl TopicLimits {
+    /// For a producer configured by `config`; asks nothing yet.
+    pub fn new(config: &KafkaConfig) -> Self {
+        let mut admin = ClientConfig::new();
+        for (key, value) in &config.properties {
+            admin.set(key, value);
+        }
+        admin.set("bootstrap.servers", &config.bootstrap_servers);
+        Self {
+            admin,
+            producer: ProducerLimits::of(config),
+            limits: Mutex::new(HashMap::new()),
+            smallest: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Asks the brokers for `topic`'s `max.message.bytes` (DescribeConfigs) and remembers it;
+    /// warns when batches of small records can exceed it ([`batch_hazard`]). Does nothing with
+    /// compression on. When the answer does not come (no `DescribeConfigs` permission, a
+    /// timeout), warns and leaves the topic unchecked: the broker still refuses what is too
+    /// large, as a producer error.
+    pub async fn learn(&self, topic: &str) {
+        if self.producer.compresses {
+            return;
+        }
+        match self.describe(topic).await {
+            Ok(limit) => {
+                if let Some((problem, fix)) = batch_hazard(topic, limit, &self.producer) {
+                    tracing::warn!(topic, max_message_bytes = limit, "{problem}. Fix: {fix}");
+                }
+                if let Ok(mut limits) = self.limits.lock() {
+                    limits.insert(topic.to_owned(), limit);
+                }
+                self.smallest.fetch_min(limit, Ordering::Relaxed);
+            }
+            Err(reason) => tracing::warn!(
+                topic,
+                "cannot read the topic's max.message.bytes ({reason}); records too large for it \
+                 are refused by the broker, which stops the relay (grant DescribeConfigs on the \
+                 topic to have them dead-lettered instead)"
+            ),
+        }
+    }
+
+    /// Why the broker would refuse a record of this key, value and headers for `topic`, or
+    /// `None` when it fits, when the topic's limit is unknown, or when the record is over the
+    /// producer's own `message.max.bytes` (librdkafka refuses that one when it is sent).
+    pub fn refusal<K: AsRef<str>, V: AsRef<[u8]>>(
+        &self,
+        topic: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+        headers: &[(K, V)],
+    ) -> Option<String> {
+        let smallest = self.smallest.load(Ordering::Relaxed);
+        if smallest == u64::MAX {
+            return None;
+        }
+        let size = batch_size_alone(key, value, headers);
+        if size <= smallest {
+            return None;
+        }
+        let raw = key.len()
+            + value.map_or(0, <[u8]>::len)
+            + headers
+                .iter()
+                .map(|(k, v)| k.as_ref().len() + v.as_ref().len())
+                .sum::<usize>();
+        if raw as u64 > self.producer.message_max_bytes {
+            // librdkafka refuses it itself, with the fix that names both limits.
+            return None;
+        }
+        let limit = *self.limits.lock().ok()?.get(topic)?;
+        (size > limit).then(|| {
+            format!(
+                "the record ({size} bytes as a record batch) is larger than topic {topic}'s \
+                 max.message.bytes = {limit}, so the broker would refuse it. Fix: raise the \
+                 topic's max.message.bytes (kafka-configs.sh --alter --entity-type topics \
+                 --entity-name {topic} --add-config max.message.bytes=…), or keep outbox \
+                 payloads smaller"
+            )
+        })
+    }
+
+    async fn describe(&self, topic: &str) -> Result<u64, String> {
+        let admin: AdminClient<DefaultClientContext> =
+            self.admin.create().map_err(|e| e.to_string())?;
+        let spec = ResourceSpecifier::Topic(topic);
+        let opts = AdminOptions::new().request_timeout(Some(DESCRIBE_TIMEOUT));
+        let answer = admin.describe_configs([&spec], &opts).await;
+        // Destroying a librdkafka client joins its threads: not on the runtime's threads.
+        tokio::task::spawn_blocking(move || drop(admin));
+        let resource = answer
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .ok_or("no answer for the topic")?
+            .map_err(|code| code.to_string())?;
+        resource
+            .get("max.message.bytes")
+            .and_then(|entry| entry.value.as_deref())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| "the answer has no max.message.bytes".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_HEADERS: &[(&str, Vec<u8>)] = &[];
+
+    #[test]
+    fn zigzag_varint_sizes() {
+        for (n, bytes) in [
+            (0, 1),
+            (-1, 1),
+            (63, 1),
+            (64, 2),
+            (-65, 2),
+            (8191, 2),
+            (8192, 3),
+            (1 << 19, 3),
+            (1 << 20, 4),
+            (1 << 27, 5),
+            (i64::MAX, 10),
+        ] {
+            assert_eq!(varint_size(n), bytes, "varint size of {n}");
+        }
+    }
+
+    #[test]
+    fn batch_of_one_record_by_hand() {
+        // Header 61; body: attributes 1, timestampDelta 1, offsetDelta 1, key length 1 + "k",
+        // value length 1 + "v", header count 1 = 8; body length varint 1.
+        assert_eq!(batch_size_alone(b"k", Some(b"v"), NO_HEADERS), 70);
+        // A null value is its length (-1, one byte) alone: body 7.
+        assert_eq!(batch_size_alone(b"k", None, NO_HEADERS), 69);
+        // One header "id" = "42": 1 + 2 + 1 + 2 more, body 14.
+        let h = [("id", b"42".to_vec())];
+        assert_eq!(batch_size_alone(b"k", Some(b"v"), &h), 76);
+        // A 100-byte value: its length takes 2 bytes (zigzag 200), body 3 + 2 + 102 + 1 = 108
+        // takes 2 too.
+        let v = vec![b'x'; 100];
+        assert_eq!(batch_size_alone(b"k", Some(&v), NO_HEADERS), 61 + 2 + 108);
+    }
+
+    fn config(props: &[(&str, &str)]) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            max_in_flight: 1000,
+            properties: props
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    fn limits(props: &[(&str, &str)]) -> ProducerLimits {
+        ProducerLimits::of(&config(props))
+    }
+
+    #[test]
+    fn producer_limits_default_to_librdkafkas() {
+        let l = limits(&[]);
+        assert_eq!(
+            (l.message_max_bytes, l.batch_size, l.compresses),
+            (1_000_000, 1_000_000, false)
+        );
+        let l = limits(&[
+            ("message.max.bytes", "5000000"),
+            ("batch.size", "200000"),
+            ("compression.type", "zstd"),
+        ]);
+        assert_eq!((l.batch_limit(), l.compresses), (200_000, true));
+        assert!(!limits(&[("compression.type", "none")]).compresses);
+    }
+
+    #[test]
+    fn batch_hazard_only_below_the_batch_limit_without_compression() {
+        let default = limits(&[]);
+        // Kafka's default topic limit (1048588) is above librdkafka's batch limit.
+        assert_eq!(batch_hazard("t", 1_048_588, &default), None);
+        let (problem, fix) = batch_hazard("t", 500_000, &default).expect("hazard");
+        assert!(problem.contains("up to 1000000 bytes"), "{problem}");
+        assert!(
+            fix.contains("\"batch.size\" in [kafka.properties] to at most 500000"),
+            "{fix}"
+        );
+        assert_eq!(
+            batch_hazard("t", 500_000, &limits(&[("batch.size", "400000")])),
+            None
+        );
+        assert_eq!(
+            batch_hazard("t", 500_000, &limits(&[("compression.type", "lz4")])),
+            None
+        );
+    }
+
+    #[test]
+    fn refusal_uses_the_topic_limit_once_learnt() {
+        let l = TopicLimits::new(&config(&[]));
+        let big = vec![0u8; 2_000];
+        assert_eq!(l.refusal("t", b"k", Some(&big), NO_HEADERS), None);
+        l.limits.lock().expect("lock").insert("t".into(), 1_000);
+        l.smallest.store(1_000, Ordering::Relaxed);
+        let reason = l
+            .refusal("t", b"k", Some(&big), NO_HEADERS)
+            .expect("refused");
+        assert!(reason.contains("max.message.bytes = 1000"), "{reason}");
+        assert_eq!(l.refusal("t", b"k", Some(b"small"), NO_HEADERS), None);
+        assert_eq!(l.refusal("other", b"k", Some(&big), NO_HEADERS), None);
+        // Over message.max.bytes too: left to librdkafka's own refusal.
+        let huge = vec![0u8; 1_000_001];
+        assert_eq!(l.refusal("t", b"", Some(&huge), NO_HEADERS), None);
+    }
+}
