@@ -331,6 +331,7 @@ async fn run_once(
         source_server_id: server.server_id,
         source_server_uuid: server.server_uuid.clone(),
         io_timeout,
+        resumed_by_gtid: matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(_)),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
@@ -431,6 +432,7 @@ pub async fn replay(
         source_server_id: 0,
         source_server_uuid: None,
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
+        resumed_by_gtid: false,
     };
     let start = Checkpoint {
         position: plan
