@@ -894,7 +894,7 @@ async fn gtid_failover_checkpoint_moves_to_the_primary_and_restart_sends_nothing
 /// Resumed by GTID with `rows_acked` > 0, the rows skipped are those of the first transaction
 /// after the GTID set that has outbox rows, even when the server logged other transactions
 /// before it. That is the failover case where the old server never had those transactions
-/// (its replication filtered them out): seen in CI as "the checkpoint says 1 outbox rows of the
+/// (its replication filtered them out): seen in a local `make test` run as "the checkpoint says 1 outbox rows of the
 /// transaction after … were acknowledged, but it has only 0". Built here on the primary alone,
 /// deterministically: checkpoint at a GTID set, then a transaction without outbox rows, then a
 /// 5-row transaction of which the checkpoint says 2 rows were acknowledged, then one more row.
