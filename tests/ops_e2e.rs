@@ -169,13 +169,18 @@ async fn check_compares_topic_max_message_bytes_with_the_producer() -> Result<()
     has(
         &out,
         &format!(
-            "WARN  {name}: expected at least the producer's message.max.bytes = 1000000, found \
-             max.message.bytes = 100000"
+            "WARN  {name}: expected at least the producer's message.max.bytes + 61 (a record \
+             batch's header) = 1000061, found max.message.bytes = 100000\n      fix: a row \
+             whose record batch is over 100000 bytes is dead-lettered"
         ),
+    )?;
+    has(
+        &out,
+        "set \"message.max.bytes\" in [kafka.properties] to at most 99939",
     )?;
 
     spec.kafka_properties
-        .push(("message.max.bytes".into(), "100000".into()));
+        .push(("message.max.bytes".into(), "99939".into()));
     let (status, out, err) = run(&spec, &["check"]).await?;
     expect(&status, 0, &out, &err)?;
     has(

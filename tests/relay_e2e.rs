@@ -1365,3 +1365,98 @@ async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_g
     drop(conn);
     f.db.drop_database().await
 }
+
+/// Raising a topic's `max.message.bytes` while the relay runs takes effect without a restart:
+/// a row over the old limit (read when the relay first sent to the topic) but under the new one
+/// is read again before being refused, and reaches the topic whole; nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<()> {
+    use outbox_relay_testkit::rdkafka::admin::{
+        AdminClient, AdminOptions, AlterConfig, ResourceSpecifier,
+    };
+    use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
+    use outbox_relay_testkit::rdkafka::ClientConfig;
+    let mut f = Fixture::new("topicraise").await?;
+    let topic = f.spec.topic_for("Archive");
+    create_topic(&f.spec.bootstrap_servers, &topic, 20_000).await?;
+    let dlq = format!("t_{}.dlq", f.uid);
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let mut conn = f.db.conn().await?;
+    let (relay, _) = f.start_relay().await?;
+
+    // The relay reads the topic's limit (20000) with its first record.
+    let first = single_row(&f.uid, 0, r#"{"first":true}"#.into());
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&first),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        all_seen(HashSet::from([first.event_key.clone()])),
+    )
+    .await?;
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &f.spec.bootstrap_servers)
+        .create()
+        .context("creating a Kafka admin client")?;
+    let raise =
+        AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("max.message.bytes", "200000");
+    for r in admin
+        .alter_configs([&raise], &AdminOptions::new())
+        .await
+        .context("altering the topic's config")?
+    {
+        r.map_err(|(_, e)| anyhow::anyhow!("altering {topic}: {e}"))?;
+    }
+    // The relay reads a topic's limit again at most every 10 s.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+
+    let big = single_row(&f.uid, 1, big_payload(50_000, 0x4a15e));
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&big),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        all_seen(HashSet::from([big.event_key.clone()])),
+    )
+    .await?;
+    relay.ensure_running()?;
+    let got = seen
+        .iter()
+        .find(|r| r.header("event_key") == Some(big.event_key.as_str()))
+        .context("the big row is not on its topic")?;
+    ensure!(
+        got.value.as_deref() == Some(big.payload.as_bytes()),
+        "the big row's value differs ({} bytes on Kafka)\n{}",
+        got.value.as_ref().map_or(0, Vec::len),
+        relay.stderr_tail()
+    );
+    let status = relay.stop(STOP).await?;
+    ensure_exit_code(status, 0, &relay)?;
+    let topics = list_topics(&f.spec.bootstrap_servers, &dlq).await?;
+    let dead = if topics.contains(&dlq) {
+        read_all_records(
+            &f.spec.bootstrap_servers,
+            std::slice::from_ref(&dlq),
+            READ_ALL,
+        )
+        .await?
+    } else {
+        Vec::new()
+    };
+    ensure!(dead.is_empty(), "dead letters: {dead:?}");
+    drop(conn);
+    f.db.drop_database().await
+}

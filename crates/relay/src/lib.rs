@@ -289,10 +289,11 @@ async fn run_once(
         prepare(config, pool, store, resume.clone()),
     )
     .await;
-    let (server, start, from) = match prepared.and_then(|p| p) {
+    let (server, mut start, from) = match prepared.and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return (resume, Err(e)),
     };
+    forget_rows_acked_on_another_server(&mut start, &server, &from);
     let sink = match new_sink(config).await {
         Ok(s) => s,
         Err(e) => return (Some(start), Err(e)),
@@ -331,7 +332,6 @@ async fn run_once(
         source_server_id: server.server_id,
         source_server_uuid: server.server_uuid.clone(),
         io_timeout,
-        resumed_by_gtid: matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(_)),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
@@ -432,7 +432,6 @@ pub async fn replay(
         source_server_id: 0,
         source_server_uuid: None,
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
-        resumed_by_gtid: false,
     };
     let start = Checkpoint {
         position: plan
@@ -570,6 +569,36 @@ async fn prepare(
 }
 
 /// Chooses how to resume from `start` under `mode`.
+/// A checkpoint inside a transaction (`rows_acked` > 0) resumed by GTID on another server than
+/// the one it was written on (a failover): its `rows_acked` becomes 0, so that transaction's
+/// first rows are sent again rather than trusted.
+///
+/// Why: `rows_acked` counts rows of "the transaction after the GTID set", which is a fact of the
+/// server the checkpoint was written on. Another server may log other transactions first (ones
+/// the old replica's replication filters left out, other GTID domains) or may not have that
+/// transaction at all (an asynchronous failover that lost it); skipping rows there could skip
+/// rows that were never sent. Sending them twice is within at-least-once.
+fn forget_rows_acked_on_another_server(
+    start: &mut Checkpoint,
+    server: &ServerInfo,
+    from: &StartFrom,
+) {
+    let by_gtid = matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(_));
+    let other_server = start.source_server_id != server.server_id
+        || matches!((&start.source_server_uuid, &server.server_uuid), (Some(a), Some(b)) if a != b);
+    if by_gtid && other_server && start.rows_acked > 0 {
+        tracing::warn!(
+            rows_acked = start.rows_acked,
+            checkpoint_server_id = start.source_server_id,
+            server_id = server.server_id,
+            "the checkpoint was written inside a transaction on another server: that \
+             transaction cannot be matched here, so its first rows_acked rows are not skipped \
+             and may be sent again (at-least-once; consumers deduplicate by event_key)"
+        );
+        start.rows_acked = 0;
+    }
+}
+
 fn start_from(
     mode: ResumeMode,
     server: &ServerInfo,
@@ -665,6 +694,47 @@ mod tests {
         assert_eq!(
             redact_error("cannot connect to mysql://u:pw@h/db now"),
             "cannot connect to mysql://u:***@h/db now"
+        );
+    }
+
+    #[test]
+    fn rows_acked_is_kept_only_on_the_checkpoints_own_server_or_by_position() {
+        let server = |id: u32, uuid: Option<&str>| ServerInfo {
+            flavor: Flavor::MariaDb,
+            version: "10.11".into(),
+            server_id: id,
+            server_uuid: uuid.map(str::to_owned),
+            row_metadata_full: true,
+        };
+        let checkpoint = |id: u32, uuid: Option<&str>| Checkpoint {
+            position: position::BinlogPosition::new("mariadb-bin.000007", 1234),
+            rows_acked: 3,
+            gtid_set: Some("0-1-50".into()),
+            source_server_id: id,
+            source_server_uuid: uuid.map(str::to_owned),
+            table_layouts: None,
+        };
+        let by_gtid = StartFrom::MariadbGtid("0-1-50".parse().expect("gtid"));
+        let by_position =
+            StartFrom::Position(position::BinlogPosition::new("mariadb-bin.000007", 1234));
+        let after = |cp: Checkpoint, s: &ServerInfo, from: &StartFrom| {
+            let mut cp = cp;
+            forget_rows_acked_on_another_server(&mut cp, s, from);
+            cp.rows_acked
+        };
+        // The same server: the transaction after the GTID set is the one counted.
+        assert_eq!(after(checkpoint(2, None), &server(2, None), &by_gtid), 3);
+        // Another server (a failover): not trusted.
+        assert_eq!(after(checkpoint(2, None), &server(1, None), &by_gtid), 0);
+        // Same server_id but another server_uuid (MySQL): not trusted either.
+        assert_eq!(
+            after(checkpoint(2, Some("a")), &server(2, Some("b")), &by_gtid),
+            0
+        );
+        // By position the file and offset name the transaction: kept (and checked by the run).
+        assert_eq!(
+            after(checkpoint(2, None), &server(1, None), &by_position),
+            3
         );
     }
 }

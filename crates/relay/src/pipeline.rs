@@ -7,10 +7,7 @@
 //! boundary before its transaction plus its index in the transaction (`rows_acked`), so even
 //! inside a 100,000-row transaction the checkpoint follows Kafka's acknowledgements. The latest
 //! point is written at most every `checkpoint.interval_ms`, never backwards. On resume the first
-//! `rows_acked` outbox rows of the transaction after the stored boundary are skipped. Resumed by
-//! GTID (possibly on another server, after a failover), that is the first transaction after the
-//! GTID set that has outbox rows: the new server may log transactions the old one never had
-//! (ones its replication filtered out, other domains) before it.
+//! `rows_acked` outbox rows of the transaction after the stored boundary are skipped.
 //!
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that the source is not read
@@ -105,9 +102,6 @@ pub struct PipelineSettings {
     pub source_server_uuid: Option<String>,
     /// Longest wait for a checkpoint write or lease check before the connection counts as dead.
     pub io_timeout: Duration,
-    /// The run starts at a GTID set, not at a binlog position: transactions without outbox
-    /// rows may come before the one the checkpoint's `rows_acked` counts rows of.
-    pub resumed_by_gtid: bool,
 }
 
 /// Counters of one run, for logs.
@@ -439,20 +433,15 @@ impl Reader<'_> {
                         metrics::global().set_in_flight(self.records_in_flight);
                     }
                     if let Some(b) = boundary {
-                        if self.skip > 0 && self.rows_in_tx == 0 && self.settings.resumed_by_gtid {
-                            // Not the partly acknowledged transaction yet (see the module
-                            // docs); a checkpoint here is the boundary with rows_acked = 0, so
-                            // a crash before that transaction only sends its first rows twice.
-                        } else if self.skip > self.rows_in_tx {
+                        if self.skip > self.rows_in_tx {
                             return Err(RelayError::Binlog(format!(
                                 "the checkpoint says {} outbox rows of the transaction after {} \
                                  were acknowledged, but it has only {}: the binlog differs from \
                                  the one the checkpoint was written for",
                                 self.skip, self.tx_base.position, self.rows_in_tx
                             )));
-                        } else {
-                            self.skip = 0;
                         }
+                        self.skip = 0;
                         self.rows_in_tx = 0;
                         self.tx_base = Arc::new(Checkpoint {
                             position: b.position,
@@ -543,10 +532,16 @@ impl Reader<'_> {
         };
         let bytes = record_bytes(&record);
         sink.ensure_topic(&record.topic).await?;
-        match self
+        let mut sent = self
             .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
-            .await
-        {
+            .await;
+        if matches!(sent, Err(Refusal::Permanent(_))) && sink.recheck_topic_limit(&record).await {
+            // The topic's max.message.bytes was raised since it was read.
+            sent = self
+                .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
+                .await;
+        }
+        match sent {
             Ok(()) => {
                 inflight.push_record(
                     done,

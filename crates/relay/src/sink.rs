@@ -38,7 +38,10 @@ use crate::route::KafkaRecord;
 mod limits;
 mod served;
 use limits::TopicLimits;
-pub use limits::{batch_hazard, batch_size_alone, ProducerLimits, LIBRDKAFKA_DEFAULT_MAX_BYTES};
+pub use limits::{
+    batch_hazard, batch_size_alone, ProducerLimits, LIBRDKAFKA_DEFAULT_MAX_BYTES,
+    RECORD_BATCH_OVERHEAD,
+};
 use served::ServedProducer;
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
@@ -449,6 +452,27 @@ impl KafkaSink {
             .producer
             .send(br)
             .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
+    }
+
+    /// After [`KafkaSink::send`] refused `record`: when its topic's `max.message.bytes` is what
+    /// refused it, reads that limit again (at most every 10 s per topic) and says whether the
+    /// record fits now (send it again then). `false` for any other refusal.
+    pub async fn recheck_topic_limit(&self, record: &KafkaRecord) -> bool {
+        let refused = |limits: &TopicLimits| {
+            limits
+                .refusal(
+                    &record.topic,
+                    &record.key,
+                    record.value.as_deref(),
+                    &record.headers,
+                )
+                .is_some()
+        };
+        if !refused(&self.topic_limits) {
+            return false;
+        }
+        self.topic_limits.relearn(&record.topic).await;
+        !refused(&self.topic_limits)
     }
 
     /// [`KafkaSink::ensure_topic`] for the dead-letter topic, when one is configured.

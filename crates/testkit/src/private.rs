@@ -156,8 +156,13 @@ impl TestPki {
         if Self::complete(dir) {
             return Ok(pki);
         }
+        // Only a folder the old, non-atomic code left half-written can exist incomplete (a set
+        // is renamed into place whole): start over. Checked again right here, so a set another
+        // test binary renamed into place since the check above is kept.
         if dir.exists() {
-            // Left half-written by a run that was killed: start over.
+            if Self::complete(dir) {
+                return Ok(pki);
+            }
             std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
         }
         let parent = dir

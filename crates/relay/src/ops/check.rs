@@ -17,7 +17,7 @@ use crate::config::{RelayConfig, ResumeMode};
 use crate::error::RelayError;
 use crate::mapping::TableMapping;
 use crate::preflight::{self, Check, Level};
-use crate::sink::{batch_hazard, ProducerLimits};
+use crate::sink::{batch_hazard, ProducerLimits, RECORD_BATCH_OVERHEAD};
 use crate::source::{report_host, Flavor};
 
 /// How long the Kafka checks wait for the brokers.
@@ -676,19 +676,24 @@ pub fn evaluate_topic_limit(
                 found,
                 format!("{fix}; otherwise {problem}"),
             )
-        } else if topic_max < producer.message_max_bytes {
+        } else if topic_max < producer.message_max_bytes + RECORD_BATCH_OVERHEAD {
+            // A record librdkafka takes (message.max.bytes counts it with its framing) is one
+            // batch of up to message.max.bytes + 61 bytes.
             Check::not_met(
                 Level::Warn,
                 name,
                 format!(
-                    "at least the producer's message.max.bytes = {}",
-                    producer.message_max_bytes
+                    "at least the producer's message.max.bytes + {RECORD_BATCH_OVERHEAD} (a \
+                     record batch's header) = {}",
+                    producer.message_max_bytes + RECORD_BATCH_OVERHEAD
                 ),
                 found,
                 format!(
-                    "a row whose record is over {topic_max} bytes is dead-lettered (or stops the \
-                 relay when dead letters are off); raise the topic's max.message.bytes, or set \
-                 \"message.max.bytes\" in [kafka.properties] to the topic's limit"
+                    "a row whose record batch is over {topic_max} bytes is dead-lettered (or \
+                     stops the relay when dead letters are off); raise the topic's \
+                     max.message.bytes, or set \"message.max.bytes\" in [kafka.properties] to \
+                     at most {}",
+                    topic_max.saturating_sub(RECORD_BATCH_OVERHEAD)
                 ),
             )
         } else {
@@ -1242,7 +1247,8 @@ mod tests {
         // Batches fit, single large records do not: those are dead-lettered.
         let big_records = producer(10_000_000, 500_000, false);
         assert_eq!(level(1_048_588, &big_records), Some(Level::Warn));
-        assert_eq!(level(10_000_000, &big_records), Some(Level::Ok));
+        assert_eq!(level(10_000_000, &big_records), Some(Level::Warn));
+        assert_eq!(level(10_000_061, &big_records), Some(Level::Ok));
         // Compressed batches are not judged.
         assert_eq!(level(100_000, &producer(1_000_000, 1_000_000, true)), None);
     }

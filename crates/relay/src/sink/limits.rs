@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
@@ -34,6 +34,15 @@ pub const LIBRDKAFKA_DEFAULT_MAX_BYTES: u64 = 1_000_000;
 /// How long the relay waits for a topic's configuration before sending without knowing it.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Least time between two reads of one topic's limit before a refusal (see
+/// [`TopicLimits::relearn`]): a burst of too-large rows costs one DescribeConfigs, not one each.
+const RELEARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Bytes of a record batch (message format v2) before its records: base offset, length,
+/// partition leader epoch, magic, CRC, attributes, last offset delta, timestamps, producer id
+/// and epoch, base sequence, record count (Kafka protocol documentation, "Record Batch").
+pub const RECORD_BATCH_OVERHEAD: u64 = 61;
+
 /// Bytes of a Kafka record batch (message format v2) holding only this record: the batch
 /// header (61 bytes, from the base offset to the record count) plus the record with its
 /// varint-encoded lengths. This is what the broker compares with the topic's
@@ -46,7 +55,6 @@ pub fn batch_size_alone<K: AsRef<str>, V: AsRef<[u8]>>(
     value: Option<&[u8]>,
     headers: &[(K, V)],
 ) -> u64 {
-    const BATCH_HEADER: u64 = 61;
     fn len_field(len: usize) -> u64 {
         varint_size(i64::try_from(len).unwrap_or(i64::MAX)) + len as u64
     }
@@ -59,7 +67,7 @@ pub fn batch_size_alone<K: AsRef<str>, V: AsRef<[u8]>>(
     for (name, value) in headers {
         body += len_field(name.as_ref().len()) + len_field(value.as_ref().len());
     }
-    BATCH_HEADER + varint_size(i64::try_from(body).unwrap_or(i64::MAX)) + body
+    RECORD_BATCH_OVERHEAD + varint_size(i64::try_from(body).unwrap_or(i64::MAX)) + body
 }
 
 /// Bytes of `n` as a zigzag varint (Kafka's `varint`, protobuf's `sint64`).
@@ -144,7 +152,8 @@ pub fn batch_hazard(
 pub struct TopicLimits {
     admin: ClientConfig,
     producer: ProducerLimits,
-    limits: Mutex<HashMap<String, u64>>,
+    /// Topic → (`max.message.bytes`, when it was read).
+    limits: Mutex<HashMap<String, (u64, Instant)>>,
     /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
     /// larger skips the per-topic lookup.
     smallest: AtomicU64,
@@ -181,9 +190,11 @@ impl TopicLimits {
                     tracing::warn!(topic, max_message_bytes = limit, "{problem}. Fix: {fix}");
                 }
                 if let Ok(mut limits) = self.limits.lock() {
-                    limits.insert(topic.to_owned(), limit);
+                    limits.insert(topic.to_owned(), (limit, Instant::now()));
+                    // Recomputed, not just lowered: a raised limit must count too.
+                    let smallest = limits.values().map(|(l, _)| *l).min().unwrap_or(u64::MAX);
+                    self.smallest.store(smallest, Ordering::Relaxed);
                 }
-                self.smallest.fetch_min(limit, Ordering::Relaxed);
             }
             Err(reason) => tracing::warn!(
                 topic,
@@ -222,7 +233,7 @@ impl TopicLimits {
             // librdkafka refuses it itself, with the fix that names both limits.
             return None;
         }
-        let limit = *self.limits.lock().ok()?.get(topic)?;
+        let (limit, _) = *self.limits.lock().ok()?.get(topic)?;
         (size > limit).then(|| {
             format!(
                 "the record ({size} bytes as a record batch) is larger than topic {topic}'s \
@@ -234,9 +245,36 @@ impl TopicLimits {
         })
     }
 
+    /// Reads `topic`'s limit again unless that was done less than 10 s ago: before a record is
+    /// refused, so that an operator who raised the topic's `max.message.bytes` (as the refusal's
+    /// fix says) does not see more rows refused until the relay restarts.
+    pub async fn relearn(&self, topic: &str) {
+        let fresh = self
+            .limits
+            .lock()
+            .ok()
+            .and_then(|limits| {
+                limits
+                    .get(topic)
+                    .map(|(_, at)| at.elapsed() < RELEARN_INTERVAL)
+            })
+            .unwrap_or(true);
+        if !fresh {
+            self.learn(topic).await;
+        }
+    }
+
     async fn describe(&self, topic: &str) -> Result<u64, String> {
-        let admin: AdminClient<DefaultClientContext> =
-            self.admin.create().map_err(|e| e.to_string())?;
+        // Creating a librdkafka client starts threads (and may set up TLS): not on the
+        // runtime's threads.
+        let config = self.admin.clone();
+        let admin: AdminClient<DefaultClientContext> = tokio::task::spawn_blocking(move || {
+            config
+                .create()
+                .map_err(|e: rdkafka::error::KafkaError| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??;
         let spec = ResourceSpecifier::Topic(topic);
         let opts = AdminOptions::new().request_timeout(Some(DESCRIBE_TIMEOUT));
         let answer = admin.describe_configs([&spec], &opts).await;
@@ -354,7 +392,10 @@ mod tests {
         let l = TopicLimits::new(&config(&[]));
         let big = vec![0u8; 2_000];
         assert_eq!(l.refusal("t", b"k", Some(&big), NO_HEADERS), None);
-        l.limits.lock().expect("lock").insert("t".into(), 1_000);
+        l.limits
+            .lock()
+            .expect("lock")
+            .insert("t".into(), (1_000, Instant::now()));
         l.smallest.store(1_000, Ordering::Relaxed);
         let reason = l
             .refusal("t", b"k", Some(&big), NO_HEADERS)
