@@ -1433,10 +1433,16 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
     )
     .await?;
     relay.ensure_running()?;
-    let got = seen
+    let copies: Vec<&Record> = seen
         .iter()
-        .find(|r| r.header("event_key") == Some(big.event_key.as_str()))
-        .context("the big row is not on its topic")?;
+        .filter(|r| r.header("event_key") == Some(big.event_key.as_str()))
+        .collect();
+    ensure!(
+        copies.len() == 1,
+        "the big row is on its topic {} times",
+        copies.len()
+    );
+    let got = copies[0];
     ensure!(
         got.value.as_deref() == Some(big.payload.as_bytes()),
         "the big row's value differs ({} bytes on Kafka)\n{}",

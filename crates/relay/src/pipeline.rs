@@ -133,6 +133,8 @@ struct Progress<'s, S> {
     dirty: bool,
     last_write: Instant,
     stats: RunStats,
+    /// `@@server_id` and `@@server_uuid` of the server this run reads.
+    server: (u32, Option<String>),
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
@@ -156,9 +158,16 @@ impl<S: CheckpointStore> Progress<'_, S> {
     }
 
     fn acked(&self) -> Checkpoint {
+        // Rows counted against a base written on another server (a run moved there by GTID,
+        // until its first boundary) are rows of this server's transaction: stored under the
+        // other server's name, a return to that server would skip rows of its own, maybe
+        // different, transaction. Counted as 0 they are only sent again.
+        let base = &self.acked_base;
+        let foreign = base.source_server_id != self.server.0
+            || matches!((&base.source_server_uuid, &self.server.1), (Some(a), Some(b)) if a != b);
         Checkpoint {
-            rows_acked: self.acked_rows,
-            ..(*self.acked_base).clone()
+            rows_acked: if foreign { 0 } else { self.acked_rows },
+            ..(**base).clone()
         }
     }
 
@@ -256,6 +265,10 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         dirty: false,
         last_write: Instant::now(),
         stats: RunStats::default(),
+        server: (
+            settings.source_server_id,
+            settings.source_server_uuid.clone(),
+        ),
     };
     let mut inflight = AckQueue::new(sink);
     let mut reader = Reader {
@@ -698,5 +711,55 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
             "{}; the dead-letter topic refused it too: {reason}",
             dl.reason
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::MysqlCheckpointStore;
+    use crate::position::BinlogPosition;
+
+    fn base(server_id: u32, uuid: Option<&str>) -> Arc<Checkpoint> {
+        Arc::new(Checkpoint {
+            position: BinlogPosition::new("mariadb-bin.000067", 27064),
+            rows_acked: 0,
+            gtid_set: Some("0-1-89,2-2-10".into()),
+            source_server_id: server_id,
+            source_server_uuid: uuid.map(str::to_owned),
+            table_layouts: None,
+        })
+    }
+
+    fn progress(
+        acked_base: Arc<Checkpoint>,
+        server: (u32, Option<&str>),
+    ) -> Progress<'static, MysqlCheckpointStore> {
+        Progress {
+            store: None,
+            io_timeout: Duration::from_secs(1),
+            stored: (*acked_base).clone(),
+            acked_base,
+            acked_rows: 3,
+            dirty: true,
+            last_write: Instant::now(),
+            stats: RunStats::default(),
+            server: (server.0, server.1.map(str::to_owned)),
+        }
+    }
+
+    #[test]
+    fn rows_counted_against_another_servers_base_are_not_stored_under_its_name() {
+        // A run moved by GTID from server 2 to server 1: until its first boundary, the rows it
+        // acknowledged are server 1's; stored as "server 2, 3 rows acked" a return to server 2
+        // would skip 3 rows of server 2's own transaction after that GTID set.
+        let moved = progress(base(2, None), (1, None)).acked();
+        assert_eq!((moved.source_server_id, moved.rows_acked), (2, 0));
+        // MySQL: same server_id, another server_uuid.
+        let uuid = progress(base(2, Some("a")), (2, Some("b"))).acked();
+        assert_eq!(uuid.rows_acked, 0);
+        // The checkpoint's own server: the count is kept.
+        let same = progress(base(1, None), (1, None)).acked();
+        assert_eq!((same.source_server_id, same.rows_acked), (1, 3));
     }
 }

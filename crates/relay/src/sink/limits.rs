@@ -154,6 +154,8 @@ pub struct TopicLimits {
     producer: ProducerLimits,
     /// Topic → (`max.message.bytes`, when it was read).
     limits: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Topic → when its limit was last asked for, answered or not (throttles [`Self::relearn`]).
+    asked: Mutex<HashMap<String, Instant>>,
     /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
     /// larger skips the per-topic lookup.
     smallest: AtomicU64,
@@ -171,6 +173,7 @@ impl TopicLimits {
             admin,
             producer: ProducerLimits::of(config),
             limits: Mutex::new(HashMap::new()),
+            asked: Mutex::new(HashMap::new()),
             smallest: AtomicU64::new(u64::MAX),
         }
     }
@@ -183,6 +186,9 @@ impl TopicLimits {
     pub async fn learn(&self, topic: &str) {
         if self.producer.compresses {
             return;
+        }
+        if let Ok(mut asked) = self.asked.lock() {
+            asked.insert(topic.to_owned(), Instant::now());
         }
         match self.describe(topic).await {
             Ok(limit) => {
@@ -249,17 +255,18 @@ impl TopicLimits {
     /// refused, so that an operator who raised the topic's `max.message.bytes` (as the refusal's
     /// fix says) does not see more rows refused until the relay restarts.
     pub async fn relearn(&self, topic: &str) {
-        let fresh = self
+        let known = self
             .limits
             .lock()
+            .is_ok_and(|limits| limits.contains_key(topic));
+        let recent = self
+            .asked
+            .lock()
             .ok()
-            .and_then(|limits| {
-                limits
-                    .get(topic)
-                    .map(|(_, at)| at.elapsed() < RELEARN_INTERVAL)
-            })
-            .unwrap_or(true);
-        if !fresh {
+            .and_then(|asked| asked.get(topic).map(|at| at.elapsed() < RELEARN_INTERVAL))
+            .unwrap_or(false);
+        // A topic whose limit was never learnt refuses nothing here: nothing to read again.
+        if known && !recent {
             self.learn(topic).await;
         }
     }
