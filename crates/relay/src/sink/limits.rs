@@ -148,12 +148,13 @@ pub fn batch_hazard(
     })
 }
 
-/// The `max.message.bytes` of the topics the relay sends to, learnt once per topic per run.
+/// The `max.message.bytes` of the topics the relay sends to: read when it first sends to a
+/// topic, and again before a record would be refused ([`TopicLimits::relearn`]).
 pub struct TopicLimits {
     admin: ClientConfig,
     producer: ProducerLimits,
-    /// Topic → (`max.message.bytes`, when it was read).
-    limits: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Topic → `max.message.bytes`.
+    limits: Mutex<HashMap<String, u64>>,
     /// Topic → when its limit was last asked for, answered or not (throttles [`Self::relearn`]).
     asked: Mutex<HashMap<String, Instant>>,
     /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
@@ -196,9 +197,9 @@ impl TopicLimits {
                     tracing::warn!(topic, max_message_bytes = limit, "{problem}. Fix: {fix}");
                 }
                 if let Ok(mut limits) = self.limits.lock() {
-                    limits.insert(topic.to_owned(), (limit, Instant::now()));
+                    limits.insert(topic.to_owned(), limit);
                     // Recomputed, not just lowered: a raised limit must count too.
-                    let smallest = limits.values().map(|(l, _)| *l).min().unwrap_or(u64::MAX);
+                    let smallest = limits.values().copied().min().unwrap_or(u64::MAX);
                     self.smallest.store(smallest, Ordering::Relaxed);
                 }
             }
@@ -239,7 +240,7 @@ impl TopicLimits {
             // librdkafka refuses it itself, with the fix that names both limits.
             return None;
         }
-        let (limit, _) = *self.limits.lock().ok()?.get(topic)?;
+        let limit = *self.limits.lock().ok()?.get(topic)?;
         (size > limit).then(|| {
             format!(
                 "the record ({size} bytes as a record batch) is larger than topic {topic}'s \
@@ -399,10 +400,7 @@ mod tests {
         let l = TopicLimits::new(&config(&[]));
         let big = vec![0u8; 2_000];
         assert_eq!(l.refusal("t", b"k", Some(&big), NO_HEADERS), None);
-        l.limits
-            .lock()
-            .expect("lock")
-            .insert("t".into(), (1_000, Instant::now()));
+        l.limits.lock().expect("lock").insert("t".into(), 1_000);
         l.smallest.store(1_000, Ordering::Relaxed);
         let reason = l
             .refusal("t", b"k", Some(&big), NO_HEADERS)
