@@ -1004,6 +1004,20 @@ async fn environment_overrides_the_config_file() -> Result<()> {
 // Rows larger than one MySQL protocol packet (16 MiB - 1)
 // ---------------------------------------------------------------------------------------------
 
+/// Inserts `rows` into the test's outbox, each in a transaction of its own (autocommit).
+async fn commit_each(conn: &mut Conn, rows: &[OutboxRow]) -> Result<()> {
+    for r in rows {
+        insert_outbox_rows(
+            conn,
+            "outbox",
+            std::slice::from_ref(r),
+            InsertStyle::SingleRow,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// A JSON payload of about `bytes` bytes: one string of varied characters, non-ASCII included,
 /// so a single misplaced byte (e.g. at a 16 MiB packet boundary) changes it.
 fn big_payload(bytes: usize, seed: u64) -> String {
@@ -1053,15 +1067,7 @@ async fn relays_a_row_larger_than_one_protocol_packet() -> Result<()> {
         single_row(&f.uid, 1, r#"{"after":"the big one"}"#.into()),
     ];
     ensure!(rows[0].payload.len() > 16 * 1024 * 1024 + 1024);
-    for r in &rows {
-        insert_outbox_rows(
-            &mut conn,
-            "outbox",
-            std::slice::from_ref(r),
-            InsertStyle::SingleRow,
-        )
-        .await?;
-    }
+    commit_each(&mut conn, &rows).await?;
     let ids = ids_by_event_key(&mut conn).await?;
     let wanted: HashSet<String> = rows.iter().map(|r| r.event_key.clone()).collect();
     let seen = collect_until(
@@ -1138,15 +1144,7 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
         single_row(&f.uid, 0, big_payload(17 * 1024 * 1024, 0xb16)),
         single_row(&f.uid, 1, r#"{"after":"the refused one"}"#.into()),
     ];
-    for r in &rows {
-        insert_outbox_rows(
-            &mut conn,
-            "outbox",
-            std::slice::from_ref(r),
-            InsertStyle::SingleRow,
-        )
-        .await?;
-    }
+    commit_each(&mut conn, &rows).await?;
     let ids = ids_by_event_key(&mut conn).await?;
     let next = collect_until(
         &f.spec.bootstrap_servers,
@@ -1304,15 +1302,7 @@ async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_g
         single_row(&f.uid, 1, big_payload(50_000, 0x7091c)),
         single_row(&f.uid, 2, r#"{"after":"the big one"}"#.into()),
     ];
-    for r in &rows {
-        insert_outbox_rows(
-            &mut conn,
-            "outbox",
-            std::slice::from_ref(r),
-            InsertStyle::SingleRow,
-        )
-        .await?;
-    }
+    commit_each(&mut conn, &rows).await?;
     let wanted = [&rows[0], &rows[2]];
     let seen = collect_until(
         &f.spec.bootstrap_servers,
@@ -1386,13 +1376,7 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
 
     // The relay reads the topic's limit (20000) with its first record.
     let first = single_row(&f.uid, 0, r#"{"first":true}"#.into());
-    insert_outbox_rows(
-        &mut conn,
-        "outbox",
-        std::slice::from_ref(&first),
-        InsertStyle::SingleRow,
-    )
-    .await?;
+    commit_each(&mut conn, std::slice::from_ref(&first)).await?;
     collect_until(
         &f.spec.bootstrap_servers,
         std::slice::from_ref(&topic),
@@ -1418,13 +1402,7 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
     tokio::time::sleep(Duration::from_secs(11)).await;
 
     let big = single_row(&f.uid, 1, big_payload(50_000, 0x4a15e));
-    insert_outbox_rows(
-        &mut conn,
-        "outbox",
-        std::slice::from_ref(&big),
-        InsertStyle::SingleRow,
-    )
-    .await?;
+    commit_each(&mut conn, std::slice::from_ref(&big)).await?;
     let seen = collect_until(
         &f.spec.bootstrap_servers,
         std::slice::from_ref(&topic),

@@ -566,13 +566,28 @@ impl KafkaSink {
 
 /// Bytes of a record's key, value and headers (names and values): what counts against
 /// `message.max.bytes`, give or take the record framing.
-fn record_size<K: AsRef<str>>(key: &[u8], value: Option<&[u8]>, headers: &[(K, Vec<u8>)]) -> usize {
+pub(crate) fn record_size<K: AsRef<str>, V: AsRef<[u8]>>(
+    key: &[u8],
+    value: Option<&[u8]>,
+    headers: &[(K, V)],
+) -> usize {
     key.len()
         + value.map_or(0, <[u8]>::len)
         + headers
             .iter()
-            .map(|(k, v)| k.as_ref().len() + v.len())
+            .map(|(k, v)| k.as_ref().len() + v.as_ref().len())
             .sum::<usize>()
+}
+
+/// A client configuration for an admin client on the relay's brokers: `[kafka.properties]`
+/// (security settings included) and `bootstrap.servers`.
+pub fn admin_client_config(config: &KafkaConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in &config.properties {
+        client.set(key, value);
+    }
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    client
 }
 
 /// Kafka refuses records whose size is the problem with these codes.
@@ -761,6 +776,6 @@ mod tests {
     fn record_size_counts_key_value_and_headers() {
         let headers = vec![("id".to_owned(), b"42".to_vec())];
         assert_eq!(record_size(b"key", Some(b"value"), &headers), 3 + 5 + 2 + 2);
-        assert_eq!(record_size::<&str>(b"", None, &[]), 0);
+        assert_eq!(record_size::<&str, Vec<u8>>(b"", None, &[]), 0);
     }
 }

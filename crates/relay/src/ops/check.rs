@@ -9,7 +9,6 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 
 use super::{binary_logs, read_state_row, StateRow};
 use crate::checkpoint::MysqlCheckpointStore;
@@ -17,7 +16,7 @@ use crate::config::{RelayConfig, ResumeMode};
 use crate::error::RelayError;
 use crate::mapping::TableMapping;
 use crate::preflight::{self, Check, Level};
-use crate::sink::{batch_hazard, ProducerLimits, RECORD_BATCH_OVERHEAD};
+use crate::sink::{admin_client_config, batch_hazard, ProducerLimits, RECORD_BATCH_OVERHEAD};
 use crate::source::{report_host, Flavor};
 
 /// How long the Kafka checks wait for the brokers.
@@ -710,11 +709,7 @@ pub fn evaluate_topic_limit(
 }
 
 async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
-    let mut client = ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
-        client.set(k, v);
-    }
-    client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    let client = admin_client_config(&config.kafka);
     let admin: AdminClient<DefaultClientContext> = match client.create() {
         Ok(a) => a,
         Err(e) => {

@@ -165,13 +165,8 @@ pub struct TopicLimits {
 impl TopicLimits {
     /// For a producer configured by `config`; asks nothing yet.
     pub fn new(config: &KafkaConfig) -> Self {
-        let mut admin = ClientConfig::new();
-        for (key, value) in &config.properties {
-            admin.set(key, value);
-        }
-        admin.set("bootstrap.servers", &config.bootstrap_servers);
         Self {
-            admin,
+            admin: super::admin_client_config(config),
             producer: ProducerLimits::of(config),
             limits: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashMap::new()),
@@ -230,12 +225,7 @@ impl TopicLimits {
         if size <= smallest {
             return None;
         }
-        let raw = key.len()
-            + value.map_or(0, <[u8]>::len)
-            + headers
-                .iter()
-                .map(|(k, v)| k.as_ref().len() + v.as_ref().len())
-                .sum::<usize>();
+        let raw = super::record_size(key, value, headers);
         if raw as u64 > self.producer.message_max_bytes {
             // librdkafka refuses it itself, with the fix that names both limits.
             return None;
