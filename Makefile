@@ -1,5 +1,5 @@
 # outbox-relay: `make demo` runs the relay end to end; `make test` runs every test.
-# Both start the local MariaDB and Kafka they need (tests/services/*.sh), installing them if missing.
+# Both start the local servers and Kafka they need (tests/services/*.sh), installing them if missing.
 SHELL := /bin/bash
 CARGO ?= cargo
 
@@ -18,9 +18,12 @@ release:
 demo:
 	tests/demo/demo.sh
 
-## Every test (unit, and end-to-end against the real MariaDB and Kafka).
+## Every test: the unit tests, then every end-to-end suite against each server in
+## OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8) and the real Kafka (tests/run.sh;
+## cargo --no-fail-fast, a summary at the end). One server: OUTBOX_TEST_SERVERS=mysql8 make test.
 test: services-up
-	$(CARGO) test --workspace --all-targets -- --nocapture --test-threads=4
+	$(CARGO) build --workspace --all-targets
+	tests/run.sh
 
 ## Formatting and lints, as CI runs them.
 lint:
@@ -30,19 +33,16 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## Start MariaDB (127.0.0.1:$${MARIADB_PORT:-3306}) and Kafka (127.0.0.1:$${KAFKA_PORT:-9092}); idempotent.
+## Start the servers in OUTBOX_TEST_SERVERS (MariaDB 10.11 on 127.0.0.1:$${MARIADB_PORT:-3306},
+## MariaDB 11.4 on $${MARIADB11_PORT:-3316}, MySQL 8.0 on $${MYSQL8_PORT:-3326}) and Kafka
+## (127.0.0.1:$${KAFKA_PORT:-9092}); idempotent. Logs: .services/<server>/*.log.
 services-up:
-	tests/services/mariadb.sh up
-	tests/services/kafka.sh up
+	tests/services/up.sh
 
-## Also stops the private servers tests/security_e2e.rs starts itself (TLS MariaDB on 3366, SASL
-## Kafka on 9492-9494, data in .services/private/) when a killed test run left them running.
+## Stop every server and broker the scripts and tests started (tests/services/down.sh), also the
+## private ones a killed test run may have left running (.services/private/).
 services-down:
-	tests/services/mariadb-replica.sh down
-	tests/services/kafka.sh down
-	tests/services/mariadb.sh down
-	OUTBOX_SERVICES_DIR=$(CURDIR)/.services/private/tls-mariadb tests/services/mariadb.sh down
-	OUTBOX_SERVICES_DIR=$(CURDIR)/.services/private/sasl-kafka tests/services/kafka.sh down
+	tests/services/down.sh
 
 clean: services-down
 	rm -rf .services

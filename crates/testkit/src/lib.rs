@@ -39,7 +39,7 @@ pub use checkpoint::{
     read_checkpoint, wait_for_checkpoint_row, Checkpoint, DEFAULT_CHECKPOINT_TABLE,
 };
 pub use db::{GlobalVariableGuard, TestDb};
-pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url};
+pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url, test_server, TestServer};
 pub use kafka::{
     collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,
     list_topics, read_all_records, Record,

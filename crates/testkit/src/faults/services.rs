@@ -1,6 +1,7 @@
 //! Starting and stopping the test services through the repository's own scripts
-//! (`tests/services/mariadb.sh`, `tests/services/kafka.sh`), with the environment of this process
-//! (`MARIADB_PORT`, `KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`, `OUTBOX_SERVICES_DIR`).
+//! (`tests/services/server.sh <server>`, `tests/services/kafka.sh`), with the environment of this
+//! process (`OUTBOX_TEST_SERVER` and its port variable, `KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`,
+//! `OUTBOX_SERVICES_DIR`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,17 +19,18 @@ pub fn default_repo_root() -> PathBuf {
 /// One of the service scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
-    /// `tests/services/mariadb.sh`.
+    /// The database server under test: `tests/services/server.sh <OUTBOX_TEST_SERVER>`.
     Mariadb,
     /// `tests/services/kafka.sh`.
     Kafka,
 }
 
 impl Service {
-    fn script(self) -> &'static str {
+    /// The script and the arguments before the action.
+    fn script(self) -> (&'static str, Vec<&'static str>) {
         match self {
-            Self::Mariadb => "mariadb.sh",
-            Self::Kafka => "kafka.sh",
+            Self::Mariadb => ("server.sh", vec![crate::env::test_server().name()]),
+            Self::Kafka => ("kafka.sh", Vec::new()),
         }
     }
 }
@@ -53,9 +55,11 @@ impl Services {
     /// The script cannot be started, fails, or takes longer than `timeout`; the error carries
     /// its output.
     pub async fn run(&self, service: Service, action: &str, timeout: Duration) -> Result<Duration> {
-        let script = self.dir.join(service.script());
+        let (script, args) = service.script();
+        let script = self.dir.join(script);
         let started = Instant::now();
         let child = Command::new(&script)
+            .args(args)
             .arg(action)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make test`: the unit tests once, then every end-to-end suite against each server named in
+# OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8; names as tests/services/server.sh).
+# cargo runs with --no-fail-fast, and every server's run goes on after another's failure; the exit
+# status is non-zero when anything failed, and a summary names what.
+#   tests/run.sh [extra arguments for the test binaries, e.g. --test-threads=4]
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/services/common.sh"
+cd "$REPO_ROOT"
+CARGO="${CARGO:-cargo}"
+test_args=("$@")
+[ ${#test_args[@]} -gt 0 ] || test_args=(--nocapture --test-threads=4)
+
+summary=()
+run() {
+  local label="$1"; shift
+  local start=$SECONDS
+  printf '\n[test] ===== %s =====\n' "$label" >&2
+  if "$@"; then
+    summary+=("ok     $label ($((SECONDS - start)) s)")
+  else
+    summary+=("FAILED $label ($((SECONDS - start)) s)")
+  fi
+}
+
+# Unit tests (no server needed) of every crate.
+run "unit tests" "$CARGO" test --workspace --lib --bins --no-fail-fast -- "${test_args[@]}"
+
+IFS=',' read -r -a servers <<<"$OUTBOX_TEST_SERVERS"
+for server in "${servers[@]}"; do
+  server="${server// /}"
+  [ -n "$server" ] || continue
+  run "end-to-end suites on $server" env OUTBOX_TEST_SERVER="$server" \
+    "$CARGO" test --workspace --test '*' --no-fail-fast -- "${test_args[@]}"
+done
+
+printf '\n[test] summary:\n' >&2
+failed=0
+for line in "${summary[@]}"; do
+  printf '  %s\n' "$line" >&2
+  [[ $line == FAILED* ]] && failed=1
+done
+exit $failed

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Starts every server in OUTBOX_TEST_SERVERS and Kafka (what `make test` needs); idempotent.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+IFS=',' read -r -a servers <<<"$OUTBOX_TEST_SERVERS"
+for server in "${servers[@]}"; do
+  server="${server// /}"
+  [ -n "$server" ] && "$HERE/server.sh" "$server" up
+done
+"$HERE/kafka.sh" up
