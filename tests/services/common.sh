@@ -14,6 +14,8 @@ OUTBOX_TEST_SERVERS="${OUTBOX_TEST_SERVERS:-mariadb10,mariadb11,mysql8}"
 KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
+# Unpacked server software (Maven Central artifacts), shared by every services folder.
+SERVERS_DIR="${OUTBOX_SERVERS_DIR:-$REPO_ROOT/.services/servers}"
 mkdir -p "$SERVICES_DIR"
 
 log() { printf '[services] %s\n' "$*" >&2; }

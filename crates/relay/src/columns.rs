@@ -248,24 +248,63 @@ fn hex(b: &[u8]) -> String {
     s
 }
 
+/// The character set of a collation id from a table map: MySQL's ids (1-323, as `mysql_common`
+/// knows them), then MariaDB's own ranges, which MySQL does not use: the language collations of
+/// utf8mb3/utf8mb4/ucs2/utf16/utf32 (576-767), the NO PAD variants (1024-2047: the PAD SPACE
+/// collation id + 1024, e.g. `utf8mb4_nopad_bin` 1070 = `utf8mb4_bin` 46 + 1024) and the UCA 14.0
+/// family (2048-3327: 256 ids per character set, `utf8mb4_uca1400_ai_ci` is 2304).
+///
+/// Source: MariaDB's `information_schema.COLLATION_CHARACTER_SET_APPLICABILITY` (column `ID`,
+/// 10.10+) and MySQL's `information_schema.COLLATIONS`. `None` for an id neither server defines
+/// (0 means the table map carries no character set).
+pub fn collation_charset(collation: u16) -> Option<&'static str> {
+    let known = Collation::resolve(CollationId::from(collation)).charset;
+    if known != "unknown" && !known.is_empty() {
+        return Some(known);
+    }
+    match collation {
+        576..=607 | 2048..=2303 => Some("utf8mb3"),
+        608..=639 | 2304..=2559 => Some("utf8mb4"),
+        640..=671 | 2560..=2815 => Some("ucs2"),
+        672..=703 | 2816..=3071 => Some("utf16"),
+        736..=767 | 3072..=3327 => Some("utf32"),
+        1024..=2047 => collation_charset(collation - 1024),
+        _ => None,
+    }
+}
+
+/// UTF-32 (big-endian, as MySQL and MariaDB store it) to UTF-8.
+fn utf32_to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    if bytes.len() % 4 != 0 {
+        return Err(format!(
+            "the value is not valid utf32 text ({} bytes)",
+            bytes.len()
+        ));
+    }
+    bytes
+        .chunks_exact(4)
+        .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+        .collect::<Option<String>>()
+        .map(String::into_bytes)
+        .ok_or_else(|| "the value is not valid utf32 text".to_owned())
+}
+
 /// Converts a string value from its column character set to UTF-8.
 fn to_utf8(bytes: Vec<u8>, collation: u16) -> Result<Vec<u8>, String> {
-    let charset = Collation::resolve(CollationId::from(collation)).charset;
+    let Some(charset) = collation_charset(collation) else {
+        // Unknown collation (0: no charset metadata, or an id no server here defines): valid
+        // UTF-8 is kept, anything else is refused rather than guessed.
+        return match String::from_utf8(bytes) {
+            Ok(s) => Ok(s.into_bytes()),
+            Err(_) => Err(format!(
+                "the value is not UTF-8 and its collation (id {collation}) is unknown to the \
+                 relay; store outbox text columns in utf8mb4"
+            )),
+        };
+    };
     let encoding = match charset {
         // Already UTF-8 (or a subset of it).
         "utf8mb4" | "utf8mb3" | "utf8" | "ascii" | "binary" => return Ok(bytes),
-        // Unknown collation (0: no charset metadata; MariaDB's ids above 255, such as the
-        // uca1400 ones, are utf8mb3/utf8mb4 or ucs2/utf16/utf32 variants): valid UTF-8 is kept,
-        // anything else is refused rather than guessed.
-        "" => {
-            return match String::from_utf8(bytes) {
-                Ok(s) => Ok(s.into_bytes()),
-                Err(_) => Err(format!(
-                    "the value is not UTF-8 and its collation (id {collation}) is unknown to the \
-                     relay; store outbox text columns in utf8mb4"
-                )),
-            }
-        }
         // MySQL's latin1 is Windows-1252.
         "latin1" => encoding_rs::WINDOWS_1252,
         "latin2" => encoding_rs::ISO_8859_2,
@@ -283,7 +322,9 @@ fn to_utf8(bytes: Vec<u8>, collation: u16) -> Result<Vec<u8>, String> {
         "gbk" | "gb2312" => encoding_rs::GBK,
         "gb18030" => encoding_rs::GB18030,
         "big5" => encoding_rs::BIG5,
-        "utf16" => encoding_rs::UTF_16BE,
+        // UCS-2 is UTF-16 restricted to the BMP (big-endian in MySQL and MariaDB).
+        "utf16" | "ucs2" => encoding_rs::UTF_16BE,
+        "utf32" => return utf32_to_utf8(&bytes),
         "utf16le" => encoding_rs::UTF_16LE,
         other => {
             return Err(format!(
@@ -493,6 +534,48 @@ mod tests {
                 Some("ord-😀".as_bytes().to_vec())
             );
         }
+        // Every utf8mb4 collation decodes as UTF-8, with ids read off the servers'
+        // information_schema: MySQL 8.0 utf8mb4_0900_ai_ci (255), utf8mb4_0900_bin (309),
+        // utf8mb4_de_pb_0900_ai_ci (256); MariaDB 11.4 utf8mb4_uca1400_ai_ci (2304),
+        // utf8mb4_uca1400_as_cs_nopad (2503 is the last of the block), utf8mb4_nopad_bin (1070),
+        // utf8mb4_general_nopad_ci (1069), utf8mb4_croatian_ci (608), utf8mb3_uca1400_ai_ci (2048).
+        for collation in [255, 309, 256, 2304, 2503, 1070, 1069, 608, 2048] {
+            let utf8 = info(ColumnType::MYSQL_TYPE_VARCHAR, collation);
+            assert_eq!(
+                text(Value::Bytes("ord-😀-é".as_bytes().to_vec()), &utf8),
+                Some("ord-😀-é".as_bytes().to_vec()),
+                "collation id {collation}"
+            );
+        }
+        assert_eq!(collation_charset(2304), Some("utf8mb4"));
+        assert_eq!(collation_charset(1070), Some("utf8mb4"));
+        assert_eq!(collation_charset(2560), Some("ucs2"));
+        // latin1_swedish_nopad_ci (1032) is latin1: converted, not kept.
+        assert_eq!(collation_charset(1032), Some("latin1"));
+        assert_eq!(
+            text(
+                Value::Bytes(vec![0xe9]),
+                &info(ColumnType::MYSQL_TYPE_VARCHAR, 1032)
+            ),
+            Some("é".as_bytes().to_vec())
+        );
+        // ucs2 (2560, ucs2_uca1400_ai_ci) and utf32 (3072) are converted too.
+        assert_eq!(
+            text(
+                Value::Bytes(vec![0, b'a', 0, 0xe9]),
+                &info(ColumnType::MYSQL_TYPE_VARCHAR, 2560)
+            ),
+            Some("aé".as_bytes().to_vec())
+        );
+        assert_eq!(
+            text(
+                Value::Bytes(vec![0, 0, 0, b'a', 0, 1, 0xf6, 0]),
+                &info(ColumnType::MYSQL_TYPE_VARCHAR, 3072)
+            ),
+            Some("a😀".as_bytes().to_vec())
+        );
+        assert_eq!(collation_charset(0), None);
+        assert_eq!(collation_charset(4000), None);
         let unknown = info(ColumnType::MYSQL_TYPE_VARCHAR, 0);
         assert!(text_form(
             BinlogValue::Value(Value::Bytes(vec![0xff])),
