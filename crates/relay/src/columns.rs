@@ -275,7 +275,7 @@ pub fn collation_charset(collation: u16) -> Option<&'static str> {
 
 /// UTF-32 (big-endian, as MySQL and MariaDB store it) to UTF-8.
 fn utf32_to_utf8(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!(
             "the value is not valid utf32 text ({} bytes)",
             bytes.len()
