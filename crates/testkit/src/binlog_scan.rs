@@ -81,19 +81,37 @@ impl BinlogTransaction {
     }
 }
 
-/// `@@last_gtid` of the session: the MariaDB GTID of the last transaction it committed.
+/// The GTID of the last transaction the session committed: MariaDB's `@@last_gtid`
+/// (`0-1-42`); on MySQL, the session's newest transaction with a GTID in
+/// `performance_schema.events_transactions_history` (`uuid:42`; the consumer is on by default
+/// in 8.0 and keeps each thread's last 10 transactions).
 ///
 /// # Errors
-/// The query fails or the session has committed nothing yet.
+/// The query fails or the session has committed nothing yet (on MySQL also: GTIDs are off).
 pub async fn last_gtid(conn: &mut Conn) -> Result<String> {
-    let gtid: Option<String> = conn.query_first("SELECT @@last_gtid").await?;
-    gtid.filter(|g| !g.is_empty())
-        .context("@@last_gtid is empty: the session has not committed a transaction")
+    let gtid: Option<String> = if crate::env::test_server().is_mysql() {
+        conn.query_first(
+            "SELECT GTID FROM performance_schema.events_transactions_history \
+             WHERE THREAD_ID = PS_CURRENT_THREAD_ID() AND GTID LIKE '%:%' \
+             ORDER BY EVENT_ID DESC LIMIT 1",
+        )
+        .await?
+    } else {
+        conn.query_first("SELECT @@last_gtid").await?
+    };
+    gtid.filter(|g| !g.is_empty()).context(
+        "no GTID for the session's last transaction: it has committed none (or GTIDs are off)",
+    )
 }
 
-/// Whether a `Gtid` event's `Info` (`BEGIN GTID 0-1-42`, `GTID 0-1-42`, `… cid=7`) is `gtid`.
+/// Whether a `Gtid` event's `Info` is `gtid`: MariaDB `BEGIN GTID 0-1-42`, `GTID 0-1-42`,
+/// `… cid=7`; MySQL `SET @@SESSION.GTID_NEXT= 'uuid:42'`.
 fn is_gtid_event_of(ev: &BinlogEvent, gtid: &str) -> bool {
-    ev.event_type == "Gtid" && ev.info.split_whitespace().any(|t| t == gtid)
+    ev.event_type == "Gtid"
+        && ev
+            .info
+            .split_whitespace()
+            .any(|t| t.trim_matches(|c| c == '\'' || c == ';') == gtid)
 }
 
 /// Whether a `Table_map` event's `Info` (`table_id: 33 (db.table)`) names `database.table`.
