@@ -85,6 +85,11 @@ impl RelayError {
 /// GTID is not available (purged, or never existed).
 pub const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
 
+/// MySQL error 1047 (ER_UNKNOWN_COM_ERROR, "Unknown command"): the server does not implement the
+/// command, e.g. a proxy or MySQL-compatible service answering COM_BINLOG_DUMP. (Galera uses the
+/// same code, with a message naming WSREP, for a node not yet ready: that one is transient.)
+pub const ER_UNKNOWN_COM_ERROR: u16 = 1047;
+
 /// Server errors that mean "not allowed": ER_DBACCESS_DENIED_ERROR (1044),
 /// ER_ACCESS_DENIED_ERROR (1045), ER_TABLEACCESS_DENIED_ERROR (1142),
 /// ER_COLUMNACCESS_DENIED_ERROR (1143), ER_SPECIFIC_ACCESS_DENIED_ERROR (1227).
@@ -101,6 +106,25 @@ impl From<mysql_async::Error> for RelayError {
                      to an available position (events in between are not relayed)",
                     s.message
                 ))
+            }
+            // A command the server does not implement will not appear by retrying.
+            mysql_async::Error::Server(s)
+                if s.code == ER_UNKNOWN_COM_ERROR && !s.message.contains("WSREP") =>
+            {
+                Self::Prerequisite {
+                    setting: "binlog dump (COM_BINLOG_DUMP / COM_BINLOG_DUMP_GTID)".into(),
+                    expected: "a MySQL or MariaDB server (or replica) that serves its binlog to \
+                               replicas"
+                        .into(),
+                    found: format!(
+                        "error 1047 (command not supported): {}",
+                        crate::redact_error(&s.message)
+                    ),
+                    fix: "point mysql.url at the database server itself, not at a proxy or load \
+                          balancer (ProxySQL, MySQL Router's read/write port, a cloud proxy), or \
+                          at a MySQL-compatible service that offers binlog replication"
+                        .into(),
+                }
             }
             // Access problems are the operator's to fix: retrying would only hide them.
             mysql_async::Error::Server(s) if ACCESS_DENIED.contains(&s.code) => Self::Prerequisite {
@@ -177,5 +201,37 @@ fn is_tls_rejection(message: &str) -> bool {
 impl From<rdkafka::error::KafkaError> for RelayError {
     fn from(e: rdkafka::error::KafkaError) -> Self {
         Self::Kafka(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: u16, message: &str) -> mysql_async::Error {
+        mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: message.into(),
+            state: "08S01".into(),
+        })
+    }
+
+    #[test]
+    fn command_not_supported_is_a_definite_error() {
+        let e = RelayError::from(server_error(ER_UNKNOWN_COM_ERROR, "Unknown command"));
+        assert!(!e.is_retriable(), "{e}");
+        assert_eq!(e.exit_code(), 3);
+        let text = e.to_string();
+        assert!(text.contains("error 1047"), "{text}");
+        assert!(text.contains("not at a proxy"), "{text}");
+    }
+
+    #[test]
+    fn galera_node_not_ready_is_retried() {
+        let e = RelayError::from(server_error(
+            ER_UNKNOWN_COM_ERROR,
+            "WSREP has not yet prepared node for application use",
+        ));
+        assert!(e.is_retriable(), "{e}");
     }
 }

@@ -188,8 +188,10 @@ async fn mysql_checks(
         ));
     }
     // Privileges.
-    let grants: Vec<String> = conn.query("SHOW GRANTS").await.unwrap_or_default();
-    out.extend(evaluate_grants(&grants));
+    match conn.query::<String, _>("SHOW GRANTS").await {
+        Ok(grants) => out.extend(evaluate_grants(&grants)),
+        Err(e) => out.push(grants_refused(&e)),
+    }
     let logs = match binary_logs(conn).await {
         Ok(logs) => {
             out.push(Check::ok(
@@ -321,6 +323,23 @@ pub fn evaluate_checkpoint_gtid(row: Option<&StateRow>) -> Check {
         ),
         None => Check::ok("checkpoint gtid_set", "no checkpoint yet"),
     }
+}
+
+/// The REPLICATION SLAVE line when the server refused `SHOW GRANTS`: what the server said,
+/// instead of judging an empty list of grants.
+pub fn grants_refused(e: &mysql_async::Error) -> Check {
+    Check::not_met(
+        Level::Warn,
+        "REPLICATION SLAVE",
+        "REPLICATION SLAVE on *.* (the binlog dump needs it)",
+        format!(
+            "not checked: the server refused SHOW GRANTS ({})",
+            crate::redact_error(&e.to_string())
+        ),
+        "let the user read its own grants (SHOW GRANTS needs no privilege for the current user \
+         on MySQL and MariaDB; a proxy or a restricted account may refuse it), or check by hand \
+         that REPLICATION SLAVE is granted ON *.*",
+    )
 }
 
 /// REPLICATION SLAVE (needed for the binlog dump) and, from `SHOW GRANTS`, whether it is
@@ -1093,6 +1112,24 @@ mod tests {
             .level,
             Level::Warn
         );
+    }
+
+    #[test]
+    fn a_refused_show_grants_reports_what_the_server_said() {
+        let e = mysql_async::Error::Server(mysql_async::ServerError {
+            code: 1142,
+            message: "SHOW GRANTS command denied to user 'relay'@'10.0.0.7'".into(),
+            state: "42000".into(),
+        });
+        let c = grants_refused(&e);
+        assert_eq!(c.level, Level::Warn);
+        assert!(
+            c.found.contains("refused SHOW GRANTS")
+                && c.found.contains("SHOW GRANTS command denied to user"),
+            "{}",
+            c.found
+        );
+        assert!(!c.found.contains("returned nothing"), "{}", c.found);
     }
 
     #[test]
