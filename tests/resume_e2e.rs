@@ -973,10 +973,13 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
         let [wr] = writes.as_slice() else {
             bail!("expected one Write_rows event in {:?}", b.tx);
         };
-        let at = format!("{}:{}", wr.log_name, wr.end_log_pos);
+        // The rows event's end, or where the server logs none (MariaDB 11.4+) the start of
+        // its transaction: see BinlogTransaction::relay_row_position.
+        let named = b.tx.relay_row_position(wr);
+        let at = format!("{}:{}", named.file, named.pos);
         let Some(d) = dead.iter().find(|d| {
-            d.header("dlq_binlog_file") == Some(wr.log_name.as_str())
-                && d.header("dlq_binlog_pos") == Some(wr.end_log_pos.to_string().as_str())
+            d.header("dlq_binlog_file") == Some(named.file.as_str())
+                && d.header("dlq_binlog_pos") == Some(named.pos.to_string().as_str())
         }) else {
             problems.push(format!(
                 "{:?} ({}): no dead letter with dlq_binlog_file/dlq_binlog_pos = {at}; dead \
@@ -997,12 +1000,25 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
                 ));
             }
         };
-        let ev = write_rows_event_ending_at(&mut conn, &wr.log_name, wr.end_log_pos, None).await?;
-        check(
-            "dlq_binlog_pos must be the End_log_pos of a Write_rows event",
-            ev.is_some(),
-            format!("{ev:?}"),
-        );
+        if wr.end_logged {
+            let ev =
+                write_rows_event_ending_at(&mut conn, &wr.log_name, wr.end_log_pos, None).await?;
+            check(
+                "dlq_binlog_pos must be the End_log_pos of a Write_rows event",
+                ev.is_some(),
+                format!("{ev:?}"),
+            );
+        } else {
+            check(
+                "dlq_binlog_pos must be the start of the row's transaction (the server logs no \
+                 end for its rows event)",
+                named.pos < b.tx.end.pos && named.pos > b.tx.start.pos,
+                format!(
+                    "{named:?} for a transaction {:?}..{:?}",
+                    b.tx.start, b.tx.end
+                ),
+            );
+        }
         check(
             "dlq_table must be the outbox table",
             d.header("dlq_table") == Some(table.as_str()),
@@ -1145,7 +1161,8 @@ async fn unrelayable_row_stops_the_relay_with_its_position() -> Result<()> {
         writes.len() == 3,
         "expected 3 Write_rows events in the transaction, found {writes:?}"
     );
-    let bad_at = format!("{}:{}", writes[1].log_name, writes[1].end_log_pos);
+    let named = bad_tx.relay_row_position(writes[1]);
+    let bad_at = format!("{}:{}", named.file, named.pos);
 
     let status = relay1.wait_exit(FAIL_EXIT).await?;
     expect_exit_code(status, 1, &relay1)?;

@@ -43,6 +43,71 @@ impl std::fmt::Display for StartFrom {
     }
 }
 
+/// Where events end when the server leaves `log_pos` at 0.
+///
+/// MariaDB 11.4+ with `binlog_legacy_event_pos=OFF` (its default) writes `end_log_pos` 0 for
+/// the events inside a transaction (annotate, table map, rows events); only the GTID event and
+/// the XID/COMMIT event carry their real end (MariaDB KB, system variable
+/// `binlog_legacy_event_pos`).
+/// - In a binlog FILE every event is there, so such an event ends at the previous event's end
+///   plus its own size (`event_size`: header, body and checksum): exact.
+/// - In a DUMP the server leaves out events the replica did not ask for (ANNOTATE_ROWS, which
+///   mysql_async's dump request cannot ask for), so sizes cannot be added up. Such an event is
+///   then placed at the end of the last event with a real position: the start of its
+///   transaction (the end of the GTID event). A row error names that boundary, never 0.
+#[derive(Debug, Default)]
+pub(crate) struct EventEnds {
+    /// The end of the last event of the file, when known (unknown right after a dump starts).
+    cursor: Option<u64>,
+    /// Every event of the file is seen (a file reader), so sizes add up.
+    contiguous: bool,
+}
+
+impl EventEnds {
+    /// For a reader that sees every event of the file (sizes add up to positions).
+    pub(crate) fn contiguous() -> Self {
+        Self {
+            cursor: None,
+            contiguous: true,
+        }
+    }
+
+    /// The end of an event (0 when it cannot be known: artificial events of a dump's start).
+    pub(crate) fn end_of(&mut self, log_pos: u32, event_size: u32, event_type: u8) -> u64 {
+        if log_pos != 0 {
+            self.cursor = Some(u64::from(log_pos));
+            return u64::from(log_pos);
+        }
+        // Events a server sends at a dump's start without a place in the file.
+        // MariaDB's BINLOG_CHECKPOINT (161), GTID_LIST (163), START_ENCRYPTION (164).
+        const NOT_IN_FILE: [u8; 7] = [
+            EventType::ROTATE_EVENT as u8,
+            EventType::FORMAT_DESCRIPTION_EVENT as u8,
+            EventType::HEARTBEAT_EVENT as u8,
+            EventType::PREVIOUS_GTIDS_EVENT as u8,
+            161,
+            163,
+            164,
+        ];
+        if NOT_IN_FILE.contains(&event_type) {
+            return 0;
+        }
+        match &mut self.cursor {
+            Some(c) if self.contiguous => {
+                *c += u64::from(event_size);
+                *c
+            }
+            Some(c) => *c,
+            None => 0,
+        }
+    }
+
+    /// A new file or a new dump: the next real position comes from the server.
+    pub(crate) fn reset(&mut self) {
+        self.cursor = None;
+    }
+}
+
 /// One binlog event and where it ends.
 #[derive(Debug)]
 pub struct SourceEvent {
@@ -86,6 +151,7 @@ pub struct BinlogSource {
     last_event: tokio::time::Instant,
     start: StartFrom,
     payloads: PayloadTracker,
+    ends: EventEnds,
 }
 
 /// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
@@ -168,6 +234,7 @@ impl BinlogSource {
             last_event: tokio::time::Instant::now(),
             start: start.clone(),
             payloads: PayloadTracker::default(),
+            ends: EventEnds::default(),
         })
     }
 
@@ -214,6 +281,7 @@ impl BinlogSource {
                 self.file = rotate_file_name(&event)?;
                 let artificial =
                     header.flags_raw() & LOG_EVENT_ARTIFICIAL_F != 0 || header.log_pos() == 0;
+                self.ends.reset();
                 if artificial {
                     continue; // says where the dump starts; not an event of the file
                 }
@@ -224,7 +292,9 @@ impl BinlogSource {
                     Some(end) => end,
                     // A real ROTATE ends the old file; the next event is the new file's first.
                     None if raw_type == EventType::ROTATE_EVENT as u8 => 4,
-                    None => u64::from(header.log_pos()),
+                    None => self
+                        .ends
+                        .end_of(header.log_pos(), header.event_size(), raw_type),
                 },
             );
             if raw_type == EventType::TRANSACTION_PAYLOAD_EVENT as u8 {
@@ -356,6 +426,7 @@ pub struct BinlogFileSource {
     /// Inner events of the last TRANSACTION_PAYLOAD event, not yet yielded.
     inner: std::collections::VecDeque<Event>,
     payloads: PayloadTracker,
+    ends: EventEnds,
 }
 
 impl BinlogFileSource {
@@ -393,6 +464,7 @@ impl BinlogFileSource {
             name,
             inner: std::collections::VecDeque::new(),
             payloads: PayloadTracker::default(),
+            ends: EventEnds::contiguous(),
         })
     }
 
@@ -432,7 +504,13 @@ impl BinlogFileSource {
             .map_err(|e| incomplete_payload(&self.name, e))?;
         let position = BinlogPosition::new(
             self.name.clone(),
-            payload_end.unwrap_or(u64::from(header.log_pos())),
+            payload_end.unwrap_or_else(|| {
+                self.ends.end_of(
+                    header.log_pos(),
+                    header.event_size(),
+                    header.event_type_raw(),
+                )
+            }),
         );
         if header.event_type_raw() == EventType::TRANSACTION_PAYLOAD_EVENT as u8 {
             let size = payload_size(&event, &position)?;
@@ -507,6 +585,42 @@ impl BinlogFileSource {
 mod tests {
     use super::*;
     use mysql_async::binlog::events::FormatDescriptionEvent;
+
+    #[test]
+    fn events_without_log_pos_end_after_the_previous_event() {
+        // One transaction as MariaDB 11.4.5 logged it (binlog_legacy_event_pos=OFF), from
+        // SHOW BINLOG EVENTS: Pos / End_log_pos / event size.
+        //   8299 Gtid          end 8341  (42 bytes)
+        //   8341 Annotate_rows end 0     (322: next event at 8663)
+        //   8663 Table_map     end 0     (265: next at 8928)
+        //   8928 Write_rows_v1 end 0     (107: next at 9035)
+        //   9035 Xid           end 9066  (31)
+        let mut ends = EventEnds::contiguous();
+        let t = |e: EventType| e as u8;
+        assert_eq!(ends.end_of(8341, 42, 162), 8341); // MariaDB GTID event
+        assert_eq!(ends.end_of(0, 322, 160), 8663); // ANNOTATE_ROWS
+        assert_eq!(ends.end_of(0, 265, t(EventType::TABLE_MAP_EVENT)), 8928);
+        assert_eq!(ends.end_of(0, 107, t(EventType::WRITE_ROWS_EVENT_V1)), 9035);
+        assert_eq!(ends.end_of(9066, 31, t(EventType::XID_EVENT)), 9066);
+        // A dump's artificial start events have no place in the file and move nothing.
+        ends.reset();
+        assert_eq!(
+            ends.end_of(0, 120, t(EventType::FORMAT_DESCRIPTION_EVENT)),
+            0
+        );
+        assert_eq!(ends.end_of(0, 42, 163), 0); // GTID_LIST
+        assert_eq!(ends.end_of(0, 265, t(EventType::TABLE_MAP_EVENT)), 0);
+        assert_eq!(ends.end_of(9108, 42, 162), 9108);
+        assert_eq!(ends.end_of(0, 480, 160), 9588);
+
+        // A dump leaves out the ANNOTATE_ROWS events: inner events are placed at the end of
+        // the transaction's GTID event, the last real position.
+        let mut dump = EventEnds::default();
+        assert_eq!(dump.end_of(8341, 42, 162), 8341);
+        assert_eq!(dump.end_of(0, 265, t(EventType::TABLE_MAP_EVENT)), 8341);
+        assert_eq!(dump.end_of(0, 107, t(EventType::WRITE_ROWS_EVENT_V1)), 8341);
+        assert_eq!(dump.end_of(9066, 31, t(EventType::XID_EVENT)), 9066);
+    }
 
     /// Bytes of an artificial ROTATE event (header + body), optionally followed by its CRC32.
     fn artificial_rotate(name: &str, with_checksum: bool) -> Vec<u8> {

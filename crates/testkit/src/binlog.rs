@@ -35,6 +35,9 @@ pub struct BinlogEvent {
     pub server_id: u32,
     /// Where the event ends (the next event starts).
     pub end_log_pos: u64,
+    /// `false` when the server showed `End_log_pos` 0 (MariaDB 11.4+ inside a transaction) and
+    /// `end_log_pos` was taken from the next event's `Pos`.
+    pub end_logged: bool,
     /// The `Info` column (lossily decoded).
     pub info: String,
 }
@@ -132,8 +135,56 @@ fn event_from_row(row: Row) -> Result<BinlogEvent> {
         event_type: text(2),
         server_id: u32::try_from(num(3)?)?,
         end_log_pos: num(4)?,
+        end_logged: true,
         info: text(5),
     })
+}
+
+/// `SHOW BINLOG EVENTS IN 'file' [FROM from] LIMIT limit`, with every `End_log_pos` filled in.
+///
+/// MariaDB 11.4+ (`binlog_legacy_event_pos=OFF`, its default) shows `End_log_pos` 0 for the
+/// events inside a transaction; such an event ends where the next one starts (its `Pos`),
+/// read from the next row or, for the page's last row, from the server.
+async fn read_events(
+    conn: &mut Conn,
+    file: &str,
+    from: Option<u64>,
+    limit: u64,
+) -> Result<Vec<BinlogEvent>> {
+    let quoted = file.replace('\\', "\\\\").replace('\'', "\\'");
+    let sql = match from {
+        Some(f) => format!("SHOW BINLOG EVENTS IN '{quoted}' FROM {f} LIMIT {limit}"),
+        None => format!("SHOW BINLOG EVENTS IN '{quoted}' LIMIT {limit}"),
+    };
+    let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
+    let mut events = rows
+        .into_iter()
+        .map(event_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    for i in 0..events.len() {
+        if events[i].end_log_pos != 0 || events[i].event_type == "Format_desc" {
+            continue;
+        }
+        let next_start = match events.get(i + 1) {
+            Some(next) => Some(next.pos),
+            None => {
+                let sql = format!(
+                    "SHOW BINLOG EVENTS IN '{quoted}' FROM {} LIMIT 1, 1",
+                    events[i].pos
+                );
+                let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
+                match rows.into_iter().next() {
+                    Some(row) => Some(event_from_row(row)?.pos),
+                    None => None,
+                }
+            }
+        };
+        if let Some(end) = next_start {
+            events[i].end_log_pos = end;
+            events[i].end_logged = false;
+        }
+    }
+    Ok(events)
 }
 
 /// The event of `file` whose `End_log_pos` is `pos`, if any.
@@ -155,20 +206,14 @@ pub async fn binlog_event_ending_at(
     if !logs.iter().any(|(name, _)| name == file) {
         bail!("binlog file {file:?} is not in SHOW BINARY LOGS ({logs:?})");
     }
-    let quoted = file.replace('\\', "\\\\").replace('\'', "\\'");
     let mut from = scan_from
         .filter(|s| s.file == file && s.pos <= pos)
         .map(|s| s.pos);
     loop {
-        let sql = match from {
-            Some(f) => format!("SHOW BINLOG EVENTS IN '{quoted}' FROM {f} LIMIT {PAGE}"),
-            None => format!("SHOW BINLOG EVENTS IN '{quoted}' LIMIT {PAGE}"),
-        };
-        let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
-        let n = rows.len() as u64;
+        let events = read_events(conn, file, from, PAGE).await?;
+        let n = events.len() as u64;
         let mut last_end = None;
-        for row in rows {
-            let ev = event_from_row(row)?;
+        for ev in events {
             if ev.end_log_pos == pos {
                 return Ok(Some(ev));
             }
@@ -218,13 +263,7 @@ pub async fn binlog_events_from(
     from: &BinlogPosition,
     limit: u64,
 ) -> Result<Vec<BinlogEvent>> {
-    let quoted = from.file.replace('\\', "\\\\").replace('\'', "\\'");
-    let sql = format!(
-        "SHOW BINLOG EVENTS IN '{quoted}' FROM {} LIMIT {limit}",
-        from.pos
-    );
-    let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
-    rows.into_iter().map(event_from_row).collect()
+    read_events(conn, &from.file, Some(from.pos), limit).await
 }
 
 #[cfg(test)]

@@ -65,6 +65,25 @@ pub struct BinlogTransaction {
 }
 
 impl BinlogTransaction {
+    /// The position the relay names for a row of `rows_event` (one of this transaction's
+    /// events) in a row error or a dead letter's `dlq_binlog_pos`: the event's end, or, when the
+    /// server did not log it (MariaDB 11.4+, `binlog_legacy_event_pos=OFF`), the end of the
+    /// transaction's GTID event: a dump leaves out events, so the relay cannot add up sizes.
+    pub fn relay_row_position(&self, rows_event: &BinlogEvent) -> BinlogPosition {
+        let pos = if rows_event.end_logged {
+            rows_event.end_log_pos
+        } else {
+            self.events
+                .iter()
+                .find(|e| e.event_type == "Gtid")
+                .map_or(rows_event.end_log_pos, |g| g.end_log_pos)
+        };
+        BinlogPosition {
+            file: rows_event.log_name.clone(),
+            pos,
+        }
+    }
+
     /// Its `Write_rows` events on `database.table`, in order (each preceded by a `Table_map`
     /// event naming the table).
     pub fn write_rows_events(&self, database: &str, table: &str) -> Vec<&BinlogEvent> {
