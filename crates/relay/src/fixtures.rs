@@ -190,9 +190,12 @@ impl TaggedGtid<'_> {
     }
 }
 
+/// One entry of a GTID set: uuid, tag ("" for untagged) and half-open intervals.
+pub(crate) type SetEntry<'a> = ([u8; 16], &'a str, &'a [(u64, u64)]);
+
 /// A GTID set in `Gtid_set::encode`'s tagged format: `(uuid, tag, [(start, end)])` entries,
 /// half-open intervals, in MySQL's order (by uuid, untagged first, tags ascending).
-pub(crate) fn tagged_gtid_set(entries: &[([u8; 16], &str, &[(u64, u64)])]) -> Vec<u8> {
+pub(crate) fn tagged_gtid_set(entries: &[SetEntry<'_>]) -> Vec<u8> {
     // Format 1 in the low and the high byte, the entry count in between.
     let word = 1 | (entries.len() as u64) << 8 | 1 << 56;
     let mut out = word.to_le_bytes().to_vec();
@@ -224,7 +227,7 @@ pub(crate) fn uuid_bytes(text: &str) -> [u8; 16] {
 /// `3e11fa47-71ca-11e1-9e33-c80aa9429562:1..3`) become GTID_TAGGED_LOG_EVENTs (type 42) of
 /// `uuid:tag:gno` for each gno of `gnos`; every other event is the server's own.
 pub(crate) fn tagged_gtid_file(
-    previous: &[([u8; 16], &str, &[(u64, u64)])],
+    previous: &[SetEntry<'_>],
     uuid: [u8; 16],
     tag: &str,
     gnos: [i64; 3],
