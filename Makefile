@@ -56,6 +56,14 @@ clean: services-down
 ## `missing: N duplicates: M`; fails when anything committed is missing or out of order.
 ## `faults`: 12 kills and 3 of each other fault (~3 min); `faults-full`: 100 kills, 20 broker
 ## restarts, 10 MariaDB restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42".
+## Optional conformance checks (not part of `make test`): the relay's binlog reading against real
+## binlog files of servers this machine cannot run (MySQL 8.4/9.x tagged GTIDs, ...), in the folder
+## OUTBOX_CONFORMANCE_BINLOGS names (the layout of mysql_common's test-data/binlogs). Fails, saying
+## so, when the variable is unset or the folder or a file is missing.
+.PHONY: conformance
+conformance:
+	$(CARGO) run -q -p outbox-relay-testkit --bin conformance
+
 .PHONY: faults faults-full
 faults: services-up
 	$(CARGO) build -p outbox-relay --bin outbox-relay

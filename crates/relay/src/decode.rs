@@ -1392,14 +1392,9 @@ mod statement_tests {
 #[cfg(test)]
 mod fixture_tests {
     use super::*;
+    use crate::fixtures;
     use crate::source::BinlogFileSource;
-    use std::path::PathBuf;
-
-    fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/binlogs")
-            .join(name)
-    }
+    use std::path::Path;
 
     /// The mappings of a config whose `[outbox]` section is `outbox`.
     pub(crate) fn mappings(outbox: &str) -> Vec<TableMapping> {
@@ -1418,7 +1413,18 @@ mod fixture_tests {
         mappings: Vec<TableMapping>,
         gtid: Option<GtidState>,
     ) -> (Vec<Result<OutboxEvent, Box<RowFailure>>>, Vec<TxBoundary>) {
-        let mut source = BinlogFileSource::open(&fixture(name)).expect("fixture opens");
+        decode_path(&fixtures::path(name), mappings, gtid)
+    }
+
+    /// Decodes a whole binlog file; returns the rows and the boundaries.
+    fn decode_path(
+        path: &Path,
+        mappings: Vec<TableMapping>,
+        gtid: Option<GtidState>,
+    ) -> (Vec<Result<OutboxEvent, Box<RowFailure>>>, Vec<TxBoundary>) {
+        let name = path.display();
+        let mut source =
+            BinlogFileSource::open(path).unwrap_or_else(|e| panic!("binlog file {name}: {e}"));
         let mut decoder = Decoder::new(
             mappings,
             TableName::parse("none.none", None).expect("table"),
@@ -1426,10 +1432,10 @@ mod fixture_tests {
         );
         let (mut rows, mut boundaries) = (Vec::new(), Vec::new());
         while let Some(ev) = source.next_event() {
-            let ev = ev.expect("event decodes");
+            let ev = ev.unwrap_or_else(|e| panic!("{name}: {e}"));
             let (r, b) = decoder
                 .decode(&ev, |id| source.table_map(id))
-                .expect("decodes")
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
                 .into_parts();
             rows.extend(r);
             boundaries.extend(b);
@@ -1439,12 +1445,16 @@ mod fixture_tests {
 
     #[test]
     fn mariadb_fixture_rows_and_boundaries() {
-        // Expected values from `mariadb-binlog -vv` of the file, not from this decoder.
+        // mariadb10-outbox.000001 (MariaDB 10.11): toddy_test.outbox (id INT, topic VARCHAR,
+        // event_type ENUM('BLOB','JSON','PROTOBUF'), event LONGTEXT, created TIMESTAMP), two
+        // INSERTs of ('foo', 'JSON', '{"foo":1}') with ids 62 and 63 under SET TIMESTAMP =
+        // 1650493084 and 1650493195 (mariadb10-outbox.000001.sql); Xid events end at 722 and
+        // 1114, GTIDs 0-1-1 and 0-1-2 (SHOW BINLOG EVENTS, mariadb10-outbox.000001.events).
         let m = mappings(
             "tables = [\"toddy_test.outbox\"]\n[outbox.columns]\naggregate_type = \"topic\"\n\
              aggregate_id = \"id\"\nevent_key = \"id\"\npayload = \"event\"\ncreated_at = \"created\"\n",
         );
-        let (rows, boundaries) = decode_file("mariadb-bin.000001", m, None);
+        let (rows, boundaries) = decode_file("mariadb10-outbox.000001", m, None);
         let rows: Vec<OutboxEvent> = rows.into_iter().map(|r| r.expect("row")).collect();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].id.as_deref(), Some(&b"62"[..]));
@@ -1452,27 +1462,30 @@ mod fixture_tests {
         for (row, created) in rows.iter().zip([1_650_493_084_000_i64, 1_650_493_195_000]) {
             assert_eq!(row.aggregate_type, "foo");
             assert_eq!(row.payload.as_deref(), Some(&br#"{"foo":1}"#[..]));
-            // `mariadb-binlog --print-table-metadata`: ENUM('BLOB','JSON','PROTOBUF'), value 2.
+            // ENUM('BLOB','JSON','PROTOBUF'): the binlog holds the index 2.
             assert_eq!(row.event_type.as_deref(), Some(&b"JSON"[..]), "ENUM label");
             assert_eq!(row.timestamp_ms, created, "TIMESTAMP(0) column");
         }
         let ends: Vec<u64> = boundaries.iter().map(|b| b.position.pos).collect();
-        assert_eq!(ends, [702, 1074], "ends of the two Xid events");
+        assert_eq!(ends, [722, 1114], "ends of the two Xid events");
         let gtids: Vec<_> = boundaries.iter().map(|b| b.gtid_set.clone()).collect();
         assert_eq!(gtids, [Some("0-1-1".to_owned()), Some("0-1-2".to_owned())]);
     }
 
     #[test]
     fn unsigned_and_signed_integers_keep_their_values() {
-        // `mariadb-binlog -vv --print-table-metadata`: mysql.t1 (f1 INT UNSIGNED, f2 INT UNSIGNED,
-        // f3 INT, f4 TEXT, f5 BLOB, f6 BIGINT UNSIGNED), first row 1, 2, -3, '4', 0x05,
-        // 6000000000; second row NULL, NULL, -33, '44', 'U', NULL.
+        // mysql8-invisible-columns.000001 (MySQL 8.0.31, binlog_row_metadata=FULL): test.t1
+        // (f1 INT UNSIGNED INVISIBLE, f2 INT UNSIGNED INVISIBLE, f3 INT, f4 TEXT, f5 BLOB,
+        // f6 BIGINT UNSIGNED INVISIBLE); rows (1, 2, -3, '4', x'05', 6000000000),
+        // (NULL, NULL, -33, '44', 'U', NULL) and (4294967295, 0, -2147483648, '', x'',
+        // 18446744073709551615) (mysql8-invisible-columns.000001.sql).
         let m = mappings(
-            "tables = [\"mysql.t1\"]\n[outbox.columns]\nid = \"f1\"\nevent_key = \"f2\"\n\
+            "tables = [\"test.t1\"]\n[outbox.columns]\nid = \"f1\"\nevent_key = \"f2\"\n\
              event_type = \"f3\"\naggregate_type = \"f4\"\npayload = \"f5\"\naggregate_id = \"f6\"\n\
              created_at = \"\"\n",
         );
-        let (rows, _) = decode_file("binlog-invisible-columns.000001", m, None);
+        let (rows, _) = decode_file("mysql8-invisible-columns.000001", m, None);
+        assert_eq!(rows.len(), 3);
         let first = rows[0].as_ref().expect("first row");
         assert_eq!(first.id.as_deref(), Some(&b"1"[..]));
         assert_eq!(first.event_key.as_deref(), Some(&b"2"[..]));
@@ -1483,20 +1496,36 @@ mod fixture_tests {
         let second = rows[1].as_ref().expect_err("NULL aggregate id");
         assert!(second.error.to_string().contains("aggregate_id is NULL"));
         assert_eq!(second.value.as_deref(), Some(&b"U"[..]));
+        let third = rows[2].as_ref().expect("third row");
+        assert_eq!(
+            third.id.as_deref(),
+            Some(&b"4294967295"[..]),
+            "INT UNSIGNED max"
+        );
+        assert_eq!(third.event_key.as_deref(), Some(&b"0"[..]));
+        assert_eq!(
+            third.event_type.as_deref(),
+            Some(&b"-2147483648"[..]),
+            "INT min"
+        );
+        assert_eq!(
+            third.aggregate_id, b"18446744073709551615",
+            "BIGINT UNSIGNED max"
+        );
     }
 
     #[test]
     fn table_maps_without_names_need_a_tracked_layout() {
-        // minimal_row_metadata.000001: noria.t1, five columns (INT NOT NULL, BLOB, a CHAR of 8
-        // bytes in utf8mb4_0900_ai_ci, INT, INT UNSIGNED), binlog_row_metadata=MINIMAL, partial
-        // image with columns 1, 3, 5 = 1, 'a', 3230202323 (mariadb-binlog -vv; the collation
-        // from mysql_common's own test of this file).
+        // mysql8-minimal-metadata.000001 (MySQL 8.0.31): noria.t1 (c1 INT NOT NULL PRIMARY KEY,
+        // c2 BLOB, c3 CHAR(2) utf8mb4_0900_ai_ci (8 bytes), c4 INT, c5 INT UNSIGNED) logged with
+        // binlog_row_metadata=MINIMAL and binlog_row_image=MINIMAL: INSERT (c1, c3, c5) VALUES
+        // (1, 'a', 3230202323), so the image has columns 1, 3 and 5 only
+        // (mysql8-minimal-metadata.000001.sql).
         let outbox = "tables = [\"noria.t1\"]\n[outbox.columns]\nid = \"c1\"\n\
              aggregate_type = \"c3\"\naggregate_id = \"c5\"\nevent_type = \"c1\"\n\
              event_key = \"c1\"\npayload = \"c3\"\ncreated_at = \"\"\n";
-        let file = fixture("minimal_row_metadata.000001");
         let run = |tracked: Option<Vec<String>>, outbox: &str| {
-            let mut source = BinlogFileSource::open(&file).expect("fixture opens");
+            let mut source = fixtures::open("mysql8-minimal-metadata.000001");
             let mut decoder = Decoder::new(
                 mappings(outbox),
                 TableName::parse("none.none", None).expect("table"),
@@ -1549,8 +1578,10 @@ mod fixture_tests {
 
     #[test]
     fn mysql_gtids_are_counted_at_commit() {
+        // mysql8-gtid.000001 (MySQL 8.0.31, gtid_mode=ON): three transactions with gtid_next
+        // 3e11fa47-71ca-11e1-9e33-c80aa9429562:1, :2 and :3 (mysql8-gtid.000001.sql).
         let (_, boundaries) = decode_file(
-            "binlog_transaction_with_GTID.000001",
+            "mysql8-gtid.000001",
             Vec::new(),
             Some(GtidState::MySql(MysqlGtidSet::new())),
         );
@@ -1558,7 +1589,7 @@ mod fixture_tests {
             .iter()
             .map(|b| b.gtid_set.clone().unwrap_or_default())
             .collect();
-        let uuid = "006c2cf2-b1ea-11e4-9057-8c705a3d3e78";
+        let uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
         assert_eq!(
             sets,
             [
@@ -1569,34 +1600,49 @@ mod fixture_tests {
         );
     }
 
+    /// MySQL 8.4 tagged GTIDs (GTID_TAGGED_LOG_EVENT, type 42), which no server here writes:
+    /// mysql8-gtid.000001 with its GTID events replaced by tagged ones built from MySQL's
+    /// documented layout (`fixtures::TaggedGtid`). The assertion on a file MySQL itself wrote is
+    /// in the optional conformance target (`make conformance`).
     #[test]
     fn mysql_tagged_gtid_extends_the_set() {
         let uuid = "55778904-0299-11f1-b1b8-4ef0c4956feb";
-        let start: MysqlGtidSet = format!("{uuid}:1-13:mytag:1-2").parse().expect("set");
-        let (_, boundaries) = decode_file(
-            "binlog_transaction_with_GTID_TAG.000001",
-            Vec::new(),
-            Some(GtidState::MySql(start)),
+        let sid = fixtures::uuid_bytes(uuid);
+        let dir = fixtures::scratch_dir("tagged-decode");
+        let path = dir.join("tagged.000001");
+        let bytes = fixtures::tagged_gtid_file(
+            &[(sid, "", &[(1, 14)]), (sid, "mytag", &[(1, 3)])],
+            sid,
+            "mytag",
+            [3, 4, 6],
         );
-        let last = boundaries.last().and_then(|b| b.gtid_set.clone());
-        assert_eq!(last, Some(format!("{uuid}:1-13:mytag:1-3")));
+        std::fs::write(&path, bytes).expect("scratch file");
+        let start: MysqlGtidSet = format!("{uuid}:1-13:mytag:1-2").parse().expect("set");
+        let (_, boundaries) = decode_path(&path, Vec::new(), Some(GtidState::MySql(start)));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sets: Vec<Option<String>> = boundaries.iter().map(|b| b.gtid_set.clone()).collect();
+        assert_eq!(
+            sets,
+            [
+                Some(format!("{uuid}:1-13:mytag:1-3")),
+                Some(format!("{uuid}:1-13:mytag:1-4")),
+                Some(format!("{uuid}:1-13:mytag:1-4:6")),
+            ]
+        );
     }
 }
 
 #[cfg(test)]
 mod payload_fixture_tests {
     use super::*;
+    use crate::fixtures;
     use crate::source::BinlogFileSource;
     use mysql_async::binlog::events::EventData;
     use std::path::{Path, PathBuf};
 
-    const FIXTURE: &str = "transaction_compression.000001";
-
-    fn fixture() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/binlogs")
-            .join(FIXTURE)
-    }
+    /// MySQL 8.0.31, `SET SESSION binlog_transaction_compression=ON; INSERT INTO test.tb1
+    /// VALUES (1)` with `binlog_row_metadata=MINIMAL` (mysql8-compressed.000001.sql).
+    const FIXTURE: &str = "mysql8-compressed.000001";
 
     fn decoder() -> Decoder {
         Decoder::new(
@@ -1610,7 +1656,7 @@ mod payload_fixture_tests {
     /// relayed: every field mapped to that column.
     #[test]
     fn compressed_row_is_relayed_with_a_tracked_layout() {
-        let mut source = BinlogFileSource::open(&fixture()).expect("fixture opens");
+        let mut source = fixtures::open(FIXTURE);
         let mut decoder = Decoder::new(
             super::fixture_tests::mappings(
                 "tables = [\"test.tb1\"]\n[outbox.columns]\nid = \"id\"\naggregate_type = \"id\"\n\
@@ -1636,19 +1682,20 @@ mod payload_fixture_tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].aggregate_id, b"1");
         assert_eq!(rows[0].payload.as_deref(), Some(&b"1"[..]));
-        assert_eq!(rows[0].position.pos, 431, "the payload event's end");
-        assert_eq!(ends, [431]);
+        assert_eq!(rows[0].position.pos, 393, "the payload event's end");
+        assert_eq!(ends, [393]);
     }
 
-    // Expected values from an independent look at the file (python + `zstd -d`): FDE,
-    // PREVIOUS_GTIDS, ANONYMOUS_GTID (type 34), then the TRANSACTION_PAYLOAD event
-    // (274..431) has compression type 0 (zstd), uncompressed_size 179 and a 124-byte payload;
-    // `zstd -d` of the payload gives QUERY "BEGIN" (71 bytes), TABLE_MAP test.tb1 (45; one
-    // LONG column, no column names: binlog_row_metadata=MINIMAL), WRITE_ROWS v2 (36; the row
-    // is 01 00 00 00 = 1) and XID (27), all with log_pos 0.
+    // Expected values from SHOW BINLOG EVENTS (mysql8-compressed.000001.events) and an
+    // independent look at the file (python + `zstd -d`): FDE, PREVIOUS_GTIDS, GTID (type 33),
+    // then the TRANSACTION_PAYLOAD event (234..393) has compression type 0 (zstd),
+    // uncompressed_size 175 and a 126-byte payload; `zstd -d` of the payload gives QUERY
+    // "BEGIN" (67 bytes), TABLE_MAP test.tb1 (45; one LONG column, no column names:
+    // binlog_row_metadata=MINIMAL), WRITE_ROWS v2 (36; the row is 01 00 00 00 = 1) and XID
+    // (27), all with log_pos 0; then ROTATE (393..440).
     #[test]
     fn compressed_transaction_yields_inner_events_at_the_payload_end() {
-        let mut source = BinlogFileSource::open(&fixture()).expect("fixture opens");
+        let mut source = fixtures::open(FIXTURE);
         let mut decoder = decoder();
         let (mut seen, mut rows, mut boundaries, mut values) = (vec![], vec![], vec![], vec![]);
         let mut errors = vec![];
@@ -1682,14 +1729,14 @@ mod payload_fixture_tests {
             seen,
             [
                 (15, 126 - 4, 126, false),
-                (35, 197 - 126, 197, false),
-                (34, 274 - 197, 274, false), // ANONYMOUS_GTID
-                (40, 431 - 274, 431, false),
-                (2, 71, 431, true),
-                (19, 45, 431, true),
-                (30, 36, 431, true),
-                (16, 27, 431, true),
-                (4, 475 - 431, 475, false),
+                (35, 157 - 126, 157, false),
+                (33, 234 - 157, 234, false), // GTID
+                (40, 393 - 234, 393, false),
+                (2, 67, 393, true),
+                (19, 45, 393, true),
+                (30, 36, 393, true),
+                (16, 27, 393, true),
+                (4, 440 - 393, 440, false),
             ]
         );
         assert_eq!(
@@ -1698,13 +1745,13 @@ mod payload_fixture_tests {
             "the one row"
         );
         let ends: Vec<u64> = boundaries.iter().map(|b| b.position.pos).collect();
-        assert_eq!(ends, [431], "one boundary, at the end of the payload event");
+        assert_eq!(ends, [393], "one boundary, at the end of the payload event");
         // The table has no column names in its map: the outbox row is refused, not dropped.
         assert!(rows.is_empty());
         assert_eq!(
             errors,
             [format!(
-                "cannot relay the row at {FIXTURE}:431 in test.tb1: the table map event carries \
+                "cannot relay the row at {FIXTURE}:393 in test.tb1: the table map event carries \
                  no column names. Fix: SET GLOBAL binlog_row_metadata=FULL on the server (MySQL \
                  8.0.1+, MariaDB 10.5+)"
             )]
@@ -1714,15 +1761,17 @@ mod payload_fixture_tests {
     /// A copy of the fixture whose zstd frame is damaged (payload bytes flipped, the event's
     /// CRC32 recomputed so only decompression fails), in its own temporary directory.
     fn corrupt_copy(dir: &Path) -> PathBuf {
-        let mut bytes = std::fs::read(fixture()).expect("fixture reads");
-        // Payload starts after the 19-byte header and 10 bytes of payload fields; `zstd -d`
-        // reports "Data corruption detected" for a flip at payload offset 20.
-        let payload = 274 + 19 + 10;
+        let mut bytes = fixtures::read(FIXTURE);
+        // Payload starts after the 19-byte header and 10 bytes of payload fields (`02 01 00`
+        // compression type zstd, `03 01 af` uncompressed size 175, `01 01 7e` payload size 126,
+        // `00` end mark); `zstd -d` reports "Data corruption detected" for a flip at payload
+        // offset 20.
+        let payload = 234 + 19 + 10;
         for b in &mut bytes[payload + 20..payload + 24] {
             *b ^= 0xff;
         }
-        let crc = crc32fast::hash(&bytes[274..427]);
-        bytes[427..431].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[234..389]);
+        bytes[389..393].copy_from_slice(&crc.to_le_bytes());
         std::fs::create_dir_all(dir).expect("temp dir");
         let path = dir.join(FIXTURE);
         std::fs::write(&path, bytes).expect("temp file");
@@ -1757,11 +1806,11 @@ mod payload_fixture_tests {
         let error = error.expect("a loud error");
         assert_eq!(boundaries, 0);
         let prefix = format!(
-            "binlog: the compressed transaction (TRANSACTION_PAYLOAD) ending at {FIXTURE}:431 \
+            "binlog: the compressed transaction (TRANSACTION_PAYLOAD) ending at {FIXTURE}:393 \
              could not be decompressed: "
         );
         assert!(error.starts_with(&prefix), "{error}");
-        assert!(error.contains("(179 bytes expected)"), "{error}");
+        assert!(error.contains("(175 bytes expected)"), "{error}");
         assert!(
             error.contains("SET GLOBAL binlog_transaction_compression=OFF"),
             "{error}"

@@ -1091,21 +1091,26 @@ mod tests {
         assert!(MysqlGtidSet::from_sids(&bad).is_err());
     }
 
-    /// The bytes mysql_common sends in COM_BINLOG_DUMP_GTID for a set, compared with a set
-    /// encoded by MySQL itself: the PREVIOUS_GTIDS event MySQL 9.6 wrote into the tagged
-    /// fixture binlog (`Gtid_set::encode`, the same encoder as for the dump request). Decoded
-    /// by hand from `xxd -s 127 -l 118` of the file: the 19-byte header, then
-    /// `01 02 00 00 00 00 00 01` (format 1, 2 entries, format repeated in the low byte), then
-    /// uuid `55778904-0299-11f1-b1b8-4ef0c4956feb`, tag length 0, 1 interval [1, 14), then the
-    /// same uuid, tag length `0a` (5 << 1) `mytag`, 1 interval [1, 3), then the CRC32.
+    /// The bytes mysql_common sends in COM_BINLOG_DUMP_GTID for a set, compared with the set
+    /// encoded as MySQL documents `Gtid_set::encode` in the tagged format (built in
+    /// `fixtures::tagged_gtid_set`): `01 02 00 00 00 00 00 01` (format 1, 2 entries, format
+    /// repeated in the low byte), then uuid `55778904-0299-11f1-b1b8-4ef0c4956feb`, tag length
+    /// 0, 1 interval [1, 14), then the same uuid, tag length `0a` (5 << 1) `mytag`, 1 interval
+    /// [1, 3). The comparison with the PREVIOUS_GTIDS event a MySQL 9.6 server wrote is in the
+    /// optional conformance target (`make conformance`).
     #[test]
     fn tagged_dump_request_encoding_matches_mysql() {
         use mysql_common::packets::ComBinlogDumpGtid;
         use mysql_common::proto::MySerialize;
 
-        let file = std::fs::read(fixture("binlog_transaction_with_GTID_TAG.000001"))
-            .expect("fixture readable");
-        let mysql_block = &file[127 + 19..127 + 118 - 4];
+        let sid = crate::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
+        let mysql_block =
+            &crate::fixtures::tagged_gtid_set(&[(sid, "", &[(1, 14)]), (sid, "mytag", &[(1, 3)])])
+                [..];
+        assert_eq!(
+            mysql_block.len(),
+            8 + (16 + 1 + 8 + 16) + (16 + 1 + 5 + 8 + 16)
+        );
 
         let s = set("55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2");
         let packet = ComBinlogDumpGtid::new(1).with_sids(s.to_sids().expect("sids"));
@@ -1139,27 +1144,19 @@ mod tests {
         assert_eq!(block, expected.as_slice());
     }
 
-    fn fixture(name: &str) -> String {
-        format!(
-            "{}/../../../shared/fixtures/binlogs/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        )
-    }
-
-    /// Reads a fixture binlog: the PREVIOUS_GTIDS set and the GTID of every GTID event.
-    fn read_fixture(name: &str) -> (MysqlGtidSet, Vec<Gtid>) {
+    /// Reads a binlog file: the PREVIOUS_GTIDS set and the GTID of every GTID event.
+    fn read_binlog(name: &str, bytes: &[u8]) -> (MysqlGtidSet, Vec<Gtid>) {
         use mysql_common::binlog::consts::BinlogVersion;
         use mysql_common::binlog::events::EventData;
         use mysql_common::binlog::BinlogFile;
 
-        let file = std::fs::File::open(fixture(name)).expect("fixture readable");
-        let binlog = BinlogFile::new(BinlogVersion::Version4, std::io::BufReader::new(file))
-            .expect("binlog header");
+        let binlog = BinlogFile::new(BinlogVersion::Version4, bytes)
+            .unwrap_or_else(|e| panic!("{name}: binlog header: {e}"));
         let mut previous = None;
         let mut gtids = Vec::new();
         for event in binlog {
-            let event = event.expect("event");
-            match event.read_data().expect("event data") {
+            let event = event.unwrap_or_else(|e| panic!("{name}: {e}"));
+            match event.read_data().unwrap_or_else(|e| panic!("{name}: {e}")) {
                 Some(EventData::PreviousGtidsEvent(ev)) => {
                     assert!(previous.is_none(), "one PREVIOUS_GTIDS event");
                     previous = Some(MysqlGtidSet::from_previous_gtids(&ev).expect("previous"));
@@ -1173,16 +1170,17 @@ mod tests {
         (previous.expect("a PREVIOUS_GTIDS event"), gtids)
     }
 
-    /// MySQL 5.6 binlog. Expected values read by hand from the file: `mariadb-binlog` lists an
-    /// empty Previous_gtids (31 bytes: 8-byte count 0) at 120 and GTID events (type 33) at 151,
-    /// 297 and 603; `xxd` of each shows flags `01`, sid
-    /// `00 6c 2c f2 b1 ea 11 e4 90 57 8c 70 5a 3d 3e 78` and gno 1, 2 and 3 (LE u64).
+    /// mysql8-gtid.000001 (MySQL 8.0.31, gtid_mode=ON), written after RESET MASTER: an empty
+    /// Previous_gtids at 126, then three transactions whose GTIDs were set with gtid_next
+    /// `3e11fa47-71ca-11e1-9e33-c80aa9429562:1`, `:2` and `:3` (mysql8-gtid.000001.sql; GTID
+    /// events at 157, 436 and 715 in mysql8-gtid.000001.events).
     #[test]
     fn fixture_untagged_gtids() {
-        let (previous, gtids) = read_fixture("binlog_transaction_with_GTID.000001");
+        let name = "mysql8-gtid.000001";
+        let (previous, gtids) = read_binlog(name, &crate::fixtures::read(name));
         assert!(previous.is_empty());
         let expected: Vec<String> = (1..=3)
-            .map(|n| format!("006c2cf2-b1ea-11e4-9057-8c705a3d3e78:{n}"))
+            .map(|n| format!("3e11fa47-71ca-11e1-9e33-c80aa9429562:{n}"))
             .collect();
         let got: Vec<String> = gtids.iter().map(ToString::to_string).collect();
         assert_eq!(got, expected);
@@ -1192,26 +1190,58 @@ mod tests {
         }
         assert_eq!(
             executed.to_string(),
-            "006c2cf2-b1ea-11e4-9057-8c705a3d3e78:1-3"
+            "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-3"
         );
     }
 
-    /// MySQL 9.6 binlog with a tagged GTID. Expected values read by hand with `xxd`: the
-    /// PREVIOUS_GTIDS event at 127 (see `tagged_dump_request_encoding_matches_mysql`) holds
-    /// `55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2`; the GTID_TAGGED_LOG_EVENT (type
-    /// 42) at 245 is in MySQL's serialization format: field 1 (sid) is 16 varlen bytes
+    /// A tagged GTID as MySQL 8.4 writes it, which no server here can: mysql8-gtid.000001 with
+    /// its PREVIOUS_GTIDS event replaced by `55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2`
+    /// in the tagged format and its GTID events by GTID_TAGGED_LOG_EVENTs (type 42) of
+    /// `...:mytag:3`, `:4` and `:6`, built from MySQL's documented layout (`fixtures.rs`). In
+    /// MySQL's serialization format the sid (field 1) is 16 varlen bytes
     /// `aa ee 25 02 08 04 65 02 22 c5 03 c5 02 e1 02 9c c1 03 11 03 55 02 de ad 03` = 55 77 89
-    /// 04 02 99 11 f1 b1 b8 4e f0 c4 95 6f eb, field 2 (gno, signed varlen) is `0c` = 3, field
-    /// 3 (tag) is `0a` (length 5) `mytag`.
+    /// 04 02 99 11 f1 b1 b8 4e f0 c4 95 6f eb, the gno (field 2, signed varlen) `0c` = 3, the
+    /// tag (field 3) `0a` (length 5) `mytag`. The same assertions on a file MySQL 9.6 wrote
+    /// are in the optional conformance target (`make conformance`).
     #[test]
     fn fixture_tagged_gtid() {
-        let (previous, gtids) = read_fixture("binlog_transaction_with_GTID_TAG.000001");
+        let sid = crate::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
+        let file = crate::fixtures::tagged_gtid_file(
+            &[(sid, "", &[(1, 14)]), (sid, "mytag", &[(1, 3)])],
+            sid,
+            "mytag",
+            [3, 4, 6],
+        );
+        let at = file
+            .windows(2)
+            .position(|w| w == [0xaa, 0xee])
+            .expect("the sid of the first tagged event");
+        assert_eq!(
+            file[at..at + 25],
+            [
+                0xaa, 0xee, 0x25, 0x02, 0x08, 0x04, 0x65, 0x02, 0x22, 0xc5, 0x03, 0xc5, 0x02, 0xe1,
+                0x02, 0x9c, 0xc1, 0x03, 0x11, 0x03, 0x55, 0x02, 0xde, 0xad, 0x03
+            ]
+        );
+        assert_eq!(
+            file[at + 25..at + 34],
+            *b"\x04\x0c\x06\x0amytag",
+            "gno 3, tag"
+        );
+        let (previous, gtids) = read_binlog("tagged GTID file", &file);
         assert_eq!(
             previous.to_string(),
             "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2"
         );
         let got: Vec<String> = gtids.iter().map(ToString::to_string).collect();
-        assert_eq!(got, vec!["55778904-0299-11f1-b1b8-4ef0c4956feb:mytag:3"]);
+        assert_eq!(
+            got,
+            vec![
+                "55778904-0299-11f1-b1b8-4ef0c4956feb:mytag:3",
+                "55778904-0299-11f1-b1b8-4ef0c4956feb:mytag:4",
+                "55778904-0299-11f1-b1b8-4ef0c4956feb:mytag:6"
+            ]
+        );
         let g = &gtids[0];
         assert_eq!(g.tag().map(GtidTag::as_str), Some("mytag"));
         assert_eq!(g.gno(), 3);

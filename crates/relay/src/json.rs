@@ -658,7 +658,6 @@ fn write_base64(out: &mut Vec<u8>, data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use mysql_async::binlog::events::{EventData, RowsEventData};
     use mysql_async::binlog::jsonb::{JsonbString, OpaqueValue};
@@ -666,7 +665,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::source::BinlogFileSource;
 
     // ---------------------------------------------------------------------------------------
     // A test-only encoder for MySQL's binary JSON, written from the format description in
@@ -887,21 +885,13 @@ mod tests {
     // Real MySQL binlogs.
     // ---------------------------------------------------------------------------------------
 
-    fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures/binlogs"
-        ))
-        .join(name)
-    }
-
     /// Every JSON column value of every rows event of the fixture, in order, as
     /// "<event> <image>: <rendering or error>".
     fn fixture_json(name: &str) -> Vec<String> {
-        let mut src = BinlogFileSource::open(&fixture(name)).expect("fixture opens");
+        let mut src = crate::fixtures::open(name);
         let mut seen = Vec::new();
         while let Some(ev) = src.next_event() {
-            let ev = ev.expect("event decodes");
+            let ev = ev.unwrap_or_else(|e| panic!("{name}: {e}"));
             let Some(EventData::RowsEvent(rows)) = ev.event.read_data().expect("event data") else {
                 continue;
             };
@@ -913,7 +903,7 @@ mod tests {
             };
             let tme = src.table_map(rows.table_id()).expect("table map");
             for row in rows.rows(tme) {
-                let (before, after) = row.expect("row decodes");
+                let (before, after) = row.unwrap_or_else(|e| panic!("{name}: {e}"));
                 for (image, row) in [("before", before), ("after", after)] {
                     let Some(row) = row else { continue };
                     for i in 0..row.len() {
@@ -934,93 +924,77 @@ mod tests {
         seen
     }
 
-    /// `json.binlog.000001` (MySQL 8.0.22): `mysql.t(id INT, json_col JSON, name VARCHAR(100)
-    /// AS (json_col->>'$.name'), age INT AS (json_col->'$.age'))`. The file has no Rows_query
-    /// events, so the expectations come from decoding the rows events' bytes by hand (dumped
-    /// with a hex dump of the file). The first row's JSON value (length 0x34 = 52 bytes):
-    ///
-    /// ```text
-    /// 00                 small object
-    /// 03 00  33 00       3 members, 51 bytes
-    /// 19 00 03 00        key at 25, 3 bytes    ("age")
-    /// 1c 00 04 00        key at 28, 4 bytes    ("data")
-    /// 20 00 04 00        key at 32, 4 bytes    ("name")
-    /// 05 18 00           int16 inline: 0x18 = 24
-    /// 0c 24 00           string at 36
-    /// 0c 2f 00           string at 47
-    /// 61 67 65 64 61 74 61 6e 61 6d 65        "age" "data" "name"
-    /// 0a 78 78 78 78 78 78 78 78 78 78        length 10, "xxxxxxxxxx"
-    /// 03 4a 6f 65                             length 3, "Joe"
-    /// ```
-    ///
-    /// The generated columns of the same row (`Joe`, 24) agree. The other rows differ only in
-    /// the int16 (0x20 = 32, 0x28 = 40), the data string (`y`/`z` × 10) and the name (`Sue`,
-    /// `Pete`: 4 bytes, so 53 bytes in all). The UPDATE_ROWS event carries each of the six rows
-    /// before and after with the age one higher (0x18 → 0x19, 0x20 → 0x21, 0x28 → 0x29). The
-    /// last event is a PARTIAL_UPDATE_ROWS_EVENT (type 39) whose JSON is a diff (`00` replace,
-    /// path `$.age`, value `05 1a 00` = 26...), not a document.
+    /// `mysql8-json.000001` (MySQL 8.0.31, tests/fixtures/binlogs/generate.sh):
+    /// `test.t(id INT, json_col JSON, name VARCHAR(100) AS (json_col->>'$.name'), age INT AS
+    /// (json_col->'$.age'))`. Rows 1-3 are inserted one per transaction, rows 4-8 in one
+    /// statement; then `age + 1` for rows 1-6 (UPDATE_ROWS, full images), then `age = 99` for
+    /// rows 1-3 with `binlog_row_image=MINIMAL` and `binlog_row_value_options=PARTIAL_JSON`
+    /// (PARTIAL_UPDATE_ROWS: the before image has only the key, the after image a JSON diff,
+    /// not a document). Every expected text is what MySQL itself printed for `SELECT json_col`
+    /// after each step (`mysql8-json.000001.select`).
     #[test]
     fn fixture_json_binlog_renders_as_mysql_prints_it() {
-        let joe = |age| format!(r#"{{"age": {age}, "data": "xxxxxxxxxx", "name": "Joe"}}"#);
-        let sue = |age| format!(r#"{{"age": {age}, "data": "yyyyyyyyyy", "name": "Sue"}}"#);
-        let pete = |age| format!(r#"{{"age": {age}, "data": "zzzzzzzzzz", "name": "Pete"}}"#);
-        let mut expected = vec![
-            format!("write after: {}", joe(24)),
-            format!("write after: {}", sue(32)),
-            format!("write after: {}", pete(40)),
-            format!("write after: {}", joe(24)),
-            format!("write after: {}", sue(32)),
-            format!("write after: {}", pete(40)),
+        // `SELECT json_col` after the INSERTs, then after the first UPDATE (rows 1-6).
+        let inserted = [
+            r#"{"age": 24, "data": "xxxxxxxxxx", "name": "Joe"}"#,
+            r#"{"age": 32, "list": ["a", [1, 2, {"deep": {"deeper": [null, {}]}}], [], {}], "name": "Sue"}"#,
+            r#"{"age": 40, "name": "Pete", "ké\"y": 1, "escapes": "quote \" backslash \\ newline\ntab\tctrl\u0001 slash /", "unicode": "héllo wörld ✓ 日本 😀"}"#,
+            r#"{"age": 1, "i16": -32768, "i32": -2147483648, "max": 9223372036854775807, "min": -9223372036854775808, "u16": 65535, "u32": 4294967295, "name": "ints", "umax": 18446744073709551615}"#,
+            r#"{"d": [1.5, -0.0, 0.1, 3.0, 1e300, -2.5e-300, 1.7976931348623157e308, 5e-324, 1.2345678901234566e29], "age": 2, "name": "doubles"}"#,
+            r#"{"f": false, "n": null, "t": true, "age": 3, "name": "literals"}"#,
+            r#"[1, "two", 3.5, null, true, {"k": []}]"#,
+            r#""just a string""#,
         ];
-        for _ in 0..2 {
-            expected.push(format!("update before: {}", joe(24)));
-            expected.push(format!("update after: {}", joe(25)));
-            expected.push(format!("update before: {}", sue(32)));
-            expected.push(format!("update after: {}", sue(33)));
-            expected.push(format!("update before: {}", pete(40)));
-            expected.push(format!("update after: {}", pete(41)));
+        let updated = [
+            r#"{"age": 25, "data": "xxxxxxxxxx", "name": "Joe"}"#,
+            r#"{"age": 33, "list": ["a", [1, 2, {"deep": {"deeper": [null, {}]}}], [], {}], "name": "Sue"}"#,
+            r#"{"age": 41, "name": "Pete", "ké\"y": 1, "escapes": "quote \" backslash \\ newline\ntab\tctrl\u0001 slash /", "unicode": "héllo wörld ✓ 日本 😀"}"#,
+            r#"{"age": 2, "i16": -32768, "i32": -2147483648, "max": 9223372036854775807, "min": -9223372036854775808, "u16": 65535, "u32": 4294967295, "name": "ints", "umax": 18446744073709551615}"#,
+            r#"{"d": [1.5, -0.0, 0.1, 3.0, 1e300, -2.5e-300, 1.7976931348623157e308, 5e-324, 1.2345678901234566e29], "age": 3, "name": "doubles"}"#,
+            r#"{"f": false, "n": null, "t": true, "age": 4, "name": "literals"}"#,
+        ];
+        let mut expected: Vec<String> = inserted
+            .iter()
+            .map(|t| format!("write after: {t}"))
+            .collect();
+        for (before, after) in inserted.iter().zip(updated) {
+            expected.push(format!("update before: {before}"));
+            expected.push(format!("update after: {after}"));
         }
-        for _ in 0..6 {
+        for _ in 0..3 {
             expected.push("partial-update after: error PartialUpdate".to_owned());
         }
-        assert_eq!(fixture_json("json.binlog.000001"), expected);
+        assert_eq!(fixture_json("mysql8-json.000001"), expected);
     }
 
-    /// `json-opaque.binlog` (MySQL 9.0.1): `foo.test(a JSON)`, one row per WRITE_ROWS event,
-    /// each a one-member small object `00 01 00 <size> 0b 00 01 00 <type> 0c 00 <key>` whose
-    /// value is at offset 12. Decoded by hand from the bytes (no Rows_query events either):
-    ///
-    /// 1. `0f 0f 01 55`: OPAQUE, column type 15 (VARCHAR, a binary string), 1 byte 0x55 →
-    ///    base64 of 0b01010101 = `VQ==`.
-    /// 2. `0f 0a 08 00 00 00 00 00 e4 8b 19`: DATE, packed 0x198be40000000000: >> 24 =
-    ///    0x198be40000; low 17 bits (time) 0; >> 17 = 836082 = year-month × 32 + day, day 18;
-    ///    26159 = year × 13 + month → 2012, 3.
-    /// 3. `0f 0c 08 00 00 00 ad b7 e4 8b 19`: DATETIME, 0x198be4b7ad000000: date as above,
-    ///    low 17 bits 0xb7ad = 11 << 12 | 30 << 6 | 45 → 11:30:45, fraction 0 → six zeros.
-    /// 4. `0f 0b 08 f1 fb 09 ee 77 05 00 00`: TIME, 0x577ee09fbf1: fraction = low 24 bits =
-    ///    0x09fbf1 = 654321; 0x577ee = 87 << 12 | 31 << 6 | 46 → 87:31:46.
-    /// 5. `0f f6 06 06 03 80 7b 01 c8`: NEWDECIMAL (246), precision 6, scale 3: integer
-    ///    group (3 digits, 2 bytes) 0x807b with the sign bit flipped = 123 (positive), fraction
-    ///    group 0x01c8 = 456 → `123.456`, printed as a number.
-    /// 6. `0f f6 07 0b 02 80 00 00 09 00`: NEWDECIMAL(11,2): 9 integer digits in 4 bytes
-    ///    (0x80000009 → 9), 2 fraction digits in 1 byte (0) → `9.00`.
-    /// 7. `02 ... 04 00 10 00 05 00 00 05 01 00 04 01 00 04 02 00`: small array of 4 (16
-    ///    bytes), inline int16 0 and 1, literals true (1) and false (2).
-    /// 8. `04 00 00`: inline literal null.
+    /// `mysql8-json-opaque.000001` (MySQL 8.0.31): `foo.test(a JSON)`, one row per WRITE_ROWS
+    /// event, each holding a value JSON text has no form for, so MySQL stores it as an opaque
+    /// value (column type + bytes) or as a DECIMAL/DATE/TIME/DATETIME in its packed form:
+    /// `JSON_OBJECT('a', x'55')` (VARCHAR, i.e. a binary string), `CAST('2012-03-18' AS DATE)`,
+    /// `CAST('2012-03-18 11:30:45' AS DATETIME)`, `CAST('87:31:46.654321' AS TIME(6))`,
+    /// `CAST(123.456 AS DECIMAL(6,3))`, `CAST(9 AS DECIMAL(11,2))`, `CAST(-0.5 AS
+    /// DECIMAL(4,2))`, `JSON_ARRAY(0, 1, true, false)`, NULL, a BIT(12) column `b'101010101010'`
+    /// and `CAST(<BLOB x'00ff10'> AS JSON)` (`mysql8-json-opaque.000001.sql`). Expected: what
+    /// MySQL printed for `SELECT a` (`mysql8-json-opaque.000001.select`). Note the TIME: MySQL
+    /// 8.0.31 prints `71:31:46.654321` for the JSON of `CAST('87:31:46.654321' AS TIME(6))`,
+    /// and the binlog holds the same packed value, so the relay prints what MySQL prints.
     #[test]
     fn fixture_json_opaque_binlog_renders_as_mysql_prints_it() {
         let expected = [
             r#"{"a": "base64:type15:VQ=="}"#,
             r#"{"b": "2012-03-18"}"#,
             r#"{"c": "2012-03-18 11:30:45.000000"}"#,
-            r#"{"c": "87:31:46.654321"}"#,
+            r#"{"c": "71:31:46.654321"}"#,
             r#"{"d": 123.456}"#,
             r#"{"e": 9.00}"#,
+            r#"{"e": -0.50}"#,
             r#"{"e": [0, 1, true, false]}"#,
             r#"{"e": null}"#,
+            r#"{"f": "base64:type16:Cqo="}"#,
+            r#""base64:type252:AP8Q""#,
         ]
         .map(|t| format!("write after: {t}"));
-        assert_eq!(fixture_json("json-opaque.binlog"), expected);
+        assert_eq!(fixture_json("mysql8-json-opaque.000001"), expected);
     }
 
     // ---------------------------------------------------------------------------------------

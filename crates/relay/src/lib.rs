@@ -34,6 +34,9 @@ pub mod secrets;
 pub mod sink;
 pub mod source;
 
+#[cfg(test)]
+mod fixtures;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

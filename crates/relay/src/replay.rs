@@ -828,31 +828,24 @@ impl crate::pipeline::EventSource for ReplaySource {
 mod tests {
     use super::*;
 
+    use crate::fixtures;
+
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/binlogs")
-            .join(name)
+        fixtures::path(name)
     }
 
     /// A scratch copy of `bytes` named `name` in a directory of its own.
     fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "outbox-relay-replay-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).expect("scratch file");
+        let path = fixtures::scratch_dir("replay").join(name);
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         path
     }
 
     fn json_fixture() -> Vec<u8> {
-        std::fs::read(fixture(JSON)).expect("fixture")
+        fixtures::read(JSON)
     }
 
-    const JSON: &str = "json.binlog.000001";
+    const JSON: &str = "mysql8-json.000001";
 
     fn range(start: Option<u64>, stop: Option<u64>) -> ReplayRange {
         ReplayRange {
@@ -874,20 +867,20 @@ mod tests {
         plan(files, range).expect_err("refused").to_string()
     }
 
-    // Event layout of json.binlog.000001 (MySQL 8.0.22), from its event headers (start, end
-    // (End_log_pos), type, timestamp; `mariadb-binlog` prints the same "# at" and end_log_pos for
-    // the events it can show):
-    //   4-125 FDE, 125-156 PREVIOUS_GTIDS,
-    //   156-235 ANONYMOUS_GTID + 235-491 QUERY "ALTER USER …"            08:42:04
-    //   491-570 ANONYMOUS_GTID + 570-845 QUERY "CREATE TABLE t …"        08:42:38
-    //   845-924 GTID, 924-1000 BEGIN, 1000-1059 TABLE_MAP, 1059-1164 WRITE_ROWS, 1164-1195 XID
+    // Event layout of mysql8-json.000001 (MySQL 8.0.31; Pos and End_log_pos of SHOW BINLOG
+    // EVENTS in mysql8-json.000001.events; the times are the SET TIMESTAMPs of
+    // mysql8-json.000001.sql, all on 2021-03-15 UTC):
+    //   4-126 FDE, 126-157 PREVIOUS_GTIDS,
+    //   157-236 GTID + 236-452 QUERY "CREATE TABLE t …"                   08:42:38
+    //   452-531 GTID, 531-606 BEGIN, 606-693 TABLE_MAP, 693-798 WRITE_ROWS, 798-829 XID
     //                                                                       08:43:22
-    //   1195-1545 (BEGIN 1274, TABLE_MAP 1350, WRITE_ROWS 1409, XID 1514)  08:43:39
-    //   1545-1897 (WRITE_ROWS)                                             08:43:54
-    //   1897-2389 (WRITE_ROWS of 3 rows)                                   08:44:04
-    //   2389-3527 (UPDATE_ROWS)                                            08:44:12
-    //   3527-4011 (PARTIAL_UPDATE_ROWS)                                    08:44:29
-    // all on 2021-03-15 (UTC).
+    //   829-1280 (BEGIN 908, TABLE_MAP 983, WRITE_ROWS 1070, XID 1249)     08:43:39
+    //   1280-1753 (WRITE_ROWS)                                             08:43:54
+    //   1753-2554 (WRITE_ROWS of 5 rows)                                   08:44:04
+    //   2554-4451 (UPDATE_ROWS)                                            08:44:12
+    //   4451-4865 (GTID to 4530, BEGIN 4614, TABLE_MAP 4701, PARTIAL_UPDATE_ROWS 4834, XID
+    //              4865)                                                   08:44:29
+    //   4865-4912 ROTATE (FLUSH BINARY LOGS); the file has 4912 bytes.
 
     #[test]
     fn datetimes_are_utc() {
@@ -901,68 +894,66 @@ mod tests {
         let p = plan(&[fixture(JSON)], &ReplayRange::default()).expect("plan");
         assert_eq!(
             bounds(&p),
-            (8, Some(format!("{JSON}:156")), Some(format!("{JSON}:4011")))
+            (7, Some(format!("{JSON}:157")), Some(format!("{JSON}:4865")))
         );
         assert_eq!(p.slices.len(), 1);
-        assert_eq!((p.slices[0].from, p.slices[0].to), (156, 4011));
+        assert_eq!((p.slices[0].from, p.slices[0].to), (157, 4865));
     }
 
     #[test]
     fn positions_select_whole_transactions() {
         let f = [fixture(JSON)];
-        let p = plan(&f, &range(Some(1195), Some(1897))).expect("plan");
+        let p = plan(&f, &range(Some(829), Some(1753))).expect("plan");
         assert_eq!(
             bounds(&p),
-            (
-                2,
-                Some(format!("{JSON}:1195")),
-                Some(format!("{JSON}:1897"))
-            )
+            (2, Some(format!("{JSON}:829")), Some(format!("{JSON}:1753")))
         );
         // A stop position inside a transaction ends after the one before it.
-        let p = plan(&f, &range(Some(845), Some(1500))).expect("plan");
+        let p = plan(&f, &range(Some(452), Some(1000))).expect("plan");
         assert_eq!(bounds(&p).0, 1);
-        assert_eq!(p.last.map(|l| l.pos), Some(1195));
+        assert_eq!(p.last.map(|l| l.pos), Some(829));
         // Positions before the first transaction are fine (file start, after the FDE).
-        for start in [4, 125, 156] {
-            let p = plan(&f, &range(Some(start), Some(845))).expect("plan");
+        for start in [4, 126, 157] {
+            let p = plan(&f, &range(Some(start), Some(829))).expect("plan");
             assert_eq!(bounds(&p).0, 2, "from {start}");
         }
-        // Start at the end of the file: nothing, and no error.
-        let p = plan(&f, &range(Some(4011), None)).expect("plan");
-        assert_eq!(p, ReplayPlan::default());
+        // Start at the end of the file, or after the last transaction: nothing, and no error.
+        for start in [4912, 4865] {
+            let p = plan(&f, &range(Some(start), None)).expect("plan");
+            assert_eq!(p, ReplayPlan::default(), "from {start}");
+        }
         // Stop before the first transaction ends: nothing.
-        let p = plan(&f, &range(None, Some(490))).expect("plan");
+        let p = plan(&f, &range(None, Some(451))).expect("plan");
         assert_eq!(p, ReplayPlan::default());
     }
 
     #[test]
     fn a_start_inside_a_transaction_or_an_event_is_refused() {
         let f = [fixture(JSON)];
-        let e = err(&f, &range(Some(1000), None));
+        let e = err(&f, &range(Some(983), None));
         assert!(
-            e.contains("--start-position 1000 is inside the transaction from 845 to 1195"),
+            e.contains("--start-position 983 is inside the transaction from 829 to 1280"),
             "{e}"
         );
         assert!(
-            e.contains("Use 845 to include that transaction or 1195"),
+            e.contains("Use 829 to include that transaction or 1280"),
             "{e}"
         );
         // BEGIN after MySQL's GTID event: the GTID event starts the transaction.
-        let e = err(&f, &range(Some(924), None));
-        assert!(e.contains("inside the transaction from 845 to 1195"), "{e}");
-        let e = err(&f, &range(Some(1001), None));
+        let e = err(&f, &range(Some(908), None));
+        assert!(e.contains("inside the transaction from 829 to 1280"), "{e}");
+        let e = err(&f, &range(Some(984), None));
         assert!(
-            e.contains("--start-position 1001 is not the start of an event")
-                && e.contains("start at 1000 and 1059"),
+            e.contains("--start-position 984 is not the start of an event")
+                && e.contains("start at 983 and 1070"),
             "{e}"
         );
         let e = err(&f, &range(Some(5000), None));
         assert!(
-            e.contains("--start-position 5000 is beyond the end of") && e.contains("(4011 bytes)"),
+            e.contains("--start-position 5000 is beyond the end of") && e.contains("(4912 bytes)"),
             "{e}"
         );
-        let e = err(&f, &range(Some(1545), Some(1195)));
+        let e = err(&f, &range(Some(1280), Some(829)));
         assert!(e.contains("is after --stop-position"), "{e}");
         let e = err(&f, &range(Some(3), None));
         assert!(e.contains("must be at least 4"), "{e}");
@@ -980,11 +971,7 @@ mod tests {
         let p = plan(&f, &r).expect("plan");
         assert_eq!(
             bounds(&p),
-            (
-                2,
-                Some(format!("{JSON}:1195")),
-                Some(format!("{JSON}:1897"))
-            ),
+            (2, Some(format!("{JSON}:829")), Some(format!("{JSON}:1753"))),
             "both bounds inclusive"
         );
         let r = ReplayRange {
@@ -994,15 +981,11 @@ mod tests {
         };
         assert_eq!(
             bounds(&plan(&f, &r).expect("plan")),
-            (
-                1,
-                Some(format!("{JSON}:1195")),
-                Some(format!("{JSON}:1545"))
-            )
+            (1, Some(format!("{JSON}:829")), Some(format!("{JSON}:1280")))
         );
         // With a position too: both apply.
         let r = ReplayRange {
-            start_position: Some(1545),
+            start_position: Some(1280),
             start_datetime: at("2021-03-15 08:43:00"),
             stop_datetime: at("2021-03-15 08:44:05"),
             ..ReplayRange::default()
@@ -1011,8 +994,8 @@ mod tests {
             bounds(&plan(&f, &r).expect("plan")),
             (
                 2,
-                Some(format!("{JSON}:1545")),
-                Some(format!("{JSON}:2389"))
+                Some(format!("{JSON}:1280")),
+                Some(format!("{JSON}:2554"))
             )
         );
         let r = ReplayRange {
@@ -1029,13 +1012,13 @@ mod tests {
         let one = scratch("binlog.000001", &bytes);
         let two = one.with_file_name("binlog.000002");
         std::fs::write(&two, &bytes).expect("copy");
-        let p = plan(&[one.clone(), two.clone()], &range(Some(3527), Some(1195))).expect("plan");
+        let p = plan(&[one.clone(), two.clone()], &range(Some(4451), Some(829))).expect("plan");
         assert_eq!(
             bounds(&p),
             (
-                4,
-                Some("binlog.000001:3527".to_owned()),
-                Some("binlog.000002:1195".to_owned())
+                3,
+                Some("binlog.000001:4451".to_owned()),
+                Some("binlog.000002:829".to_owned())
             )
         );
         let slices: Vec<(String, u64, u64)> = p
@@ -1046,8 +1029,9 @@ mod tests {
         assert_eq!(
             slices,
             [
-                ("binlog.000001".to_owned(), 3527, 4011),
-                ("binlog.000002".to_owned(), 4, 1195)
+                // A file followed by another is read to its end: its ROTATE event too.
+                ("binlog.000001".to_owned(), 4451, 4912),
+                ("binlog.000002".to_owned(), 4, 829)
             ]
         );
         // The events yielded: from the first selected event to the last, the second file's
@@ -1057,25 +1041,25 @@ mod tests {
         while let Some(ev) = source.read_next().expect("reads") {
             ends.push(ev.position.to_string());
         }
-        assert_eq!(source.events(), 16);
+        assert_eq!(source.events(), 15);
         assert!(source.finished());
-        let expected: Vec<String> = [3606, 3691, 3750, 3980, 4011]
+        let expected: Vec<String> = [4530, 4614, 4701, 4834, 4865, 4912]
             .iter()
             .map(|p| format!("binlog.000001:{p}"))
             .chain(
-                [125, 156, 235, 491, 570, 845, 924, 1000, 1059, 1164, 1195]
+                [126, 157, 236, 452, 531, 606, 693, 798, 829]
                     .iter()
                     .map(|p| format!("binlog.000002:{p}")),
             )
             .collect();
-        assert_eq!(ends.len(), 16);
+        assert_eq!(ends.len(), 15);
         assert_eq!(ends, expected);
     }
 
     #[test]
     fn a_dropped_next_event_future_consumes_nothing() {
         use crate::pipeline::EventSource;
-        let p = plan(&[fixture(JSON)], &range(Some(845), Some(1195))).expect("plan");
+        let p = plan(&[fixture(JSON)], &range(Some(452), Some(829))).expect("plan");
         let mut source = ReplaySource::new(&p);
         // The pipeline's select loop drops the future unpolled when another branch wins.
         drop(source.next_event());
@@ -1084,8 +1068,8 @@ mod tests {
             .expect("an event");
         assert_eq!(
             first.position.to_string(),
-            format!("{JSON}:924"),
-            "the GTID event 845-924"
+            format!("{JSON}:531"),
+            "the GTID event 452-531"
         );
         assert_eq!(source.events(), 1);
     }
@@ -1134,82 +1118,82 @@ mod tests {
             "{e}"
         );
 
-        // Cut inside the WRITE_ROWS event 1059-1164.
-        let cut = scratch("cut.000001", &bytes[..1100]);
+        // Cut inside the WRITE_ROWS event 693-798.
+        let cut = scratch("cut.000001", &bytes[..734]);
         let e = plan(std::slice::from_ref(&cut), &ReplayRange::default()).expect_err("cut");
         assert!(matches!(e, RelayError::Binlog(_)));
         assert_eq!(
             e.to_string(),
             format!(
-                "binlog: binlog file {} is truncated at position 1059: the event there (type 30) \
+                "binlog: binlog file {} is truncated at position 693: the event there (type 30) \
                  is 105 bytes long, the file has 41 more. Use a complete copy of the file (or \
-                 --stop-position at or before 1059)",
+                 --stop-position at or before 693)",
                 cut.display()
             )
         );
         // Cut inside a header.
         let e = err(
-            &[scratch("cut.000001", &bytes[..1170])],
+            &[scratch("cut.000001", &bytes[..804])],
             &ReplayRange::default(),
         );
         assert!(
             e.contains(
-                "truncated at position 1164: an event header takes 19 bytes, the file has 6 more"
+                "truncated at position 798: an event header takes 19 bytes, the file has 6 more"
             ),
             "{e}"
         );
         // Cut between events, inside a transaction.
         let e = err(
-            &[scratch("cut.000001", &bytes[..1164])],
+            &[scratch("cut.000001", &bytes[..798])],
             &ReplayRange::default(),
         );
         assert!(
-            e.contains("truncated at position 1164: the transaction that starts at 845 has no end"),
+            e.contains("truncated at position 798: the transaction that starts at 452 has no end"),
             "{e}"
         );
         // What lies before the damage can still be replayed.
-        let p = plan(&[cut], &range(None, Some(845))).expect("plan");
-        assert_eq!(bounds(&p).0, 2);
+        let p = plan(&[cut], &range(None, Some(452))).expect("plan");
+        assert_eq!(bounds(&p).0, 1);
 
-        // A flipped byte inside the CREATE TABLE statement (570-845).
+        // A flipped byte inside the CREATE TABLE statement (236-452).
         let mut flipped = bytes.clone();
-        flipped[700] ^= 0x01;
+        flipped[300] ^= 0x01;
         let e = err(
             &[scratch("flipped.000001", &flipped)],
             &ReplayRange::default(),
         );
         assert!(
-            e.contains("is damaged at position 570: the CRC32 checksum of the event there (type 2) does not match"),
+            e.contains("is damaged at position 236: the CRC32 checksum of the event there (type 2) does not match"),
             "{e}"
         );
     }
 
     #[test]
     fn mariadb_transactions_start_at_their_gtid_event() {
-        // mariadb-bin.000001: GTID events at 330 and 702, Xid events ending at 702 and 1074
-        // (`mariadb-binlog` "# at" / end_log_pos).
-        let f = [fixture("mariadb-bin.000001")];
+        // mariadb10-outbox.000001: GTID events at 330 and 722, Xid events ending at 722 and
+        // 1114 (Pos / End_log_pos in mariadb10-outbox.000001.events).
+        let f = [fixture("mariadb10-outbox.000001")];
         let p = plan(&f, &ReplayRange::default()).expect("plan");
         assert_eq!(
             bounds(&p),
             (
                 2,
-                Some("mariadb-bin.000001:330".to_owned()),
-                Some("mariadb-bin.000001:1074".to_owned())
+                Some("mariadb10-outbox.000001:330".to_owned()),
+                Some("mariadb10-outbox.000001:1114".to_owned())
             )
         );
-        let p = plan(&f, &range(Some(702), None)).expect("plan");
+        let p = plan(&f, &range(Some(722), None)).expect("plan");
         assert_eq!(bounds(&p).0, 1);
         let e = err(&f, &range(Some(372), None));
-        assert!(e.contains("inside the transaction from 330 to 702"), "{e}");
+        assert!(e.contains("inside the transaction from 330 to 722"), "{e}");
     }
 
     #[test]
     fn a_compressed_transaction_ends_with_its_payload_event() {
-        // transaction_compression.000001: ANONYMOUS_GTID 197-274, TRANSACTION_PAYLOAD 274-431,
-        // ROTATE 431-475.
+        // mysql8-compressed.000001: GTID 157-234, TRANSACTION_PAYLOAD 234-393, ROTATE 393-440
+        // (mysql8-compressed.000001.events).
         let p = plan(
-            &[fixture("transaction_compression.000001")],
+            &[fixture("mysql8-compressed.000001")],
             &ReplayRange::default(),
         )
         .expect("plan");
@@ -1217,8 +1201,8 @@ mod tests {
             bounds(&p),
             (
                 1,
-                Some("transaction_compression.000001:197".to_owned()),
-                Some("transaction_compression.000001:431".to_owned())
+                Some("mysql8-compressed.000001:157".to_owned()),
+                Some("mysql8-compressed.000001:393".to_owned())
             )
         );
     }
