@@ -3,9 +3,10 @@
 //!
 //! These tests start their own private servers, so that the shared ones are never reconfigured:
 //!
-//! * a MariaDB with TLS on 127.0.0.1:3366 (`TLS_MARIADB_PORT`), certificates generated here
-//!   (`TestPki`: a CA, a server certificate for localhost/127.0.0.1, a client certificate, an
-//!   unrelated CA);
+//! * a server of the flavor under test (`OUTBOX_TEST_SERVER`) with TLS, on 127.0.0.1:3366
+//!   (MariaDB 10.11), 3376 (MariaDB 11.4) or 3386 (MySQL 8.0; `TLS_SERVER_PORT` moves it),
+//!   certificates generated here (`TestPki`: a CA, a server certificate for
+//!   localhost/127.0.0.1, a client certificate, an unrelated CA);
 //! * a Kafka with a SASL_PLAINTEXT SCRAM-SHA-512 listener on 127.0.0.1:9494 (PLAINTEXT 9492,
 //!   controller 9493; `SASL_KAFKA_PORT` moves all three), user `relay` created at format time.
 //!
@@ -22,8 +23,8 @@ use outbox_relay_testkit::mysql_async;
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
     collect_records, describe_exit, insert_outbox_rows, next_server_id, recent_created_at_base,
-    unique_suffix, InsertStyle, OutboxRow, PrivateService, RelayConfigSpec, RelayProcess,
-    ServiceSpec, TestDb, TestPki,
+    test_server, unique_suffix, InsertStyle, OutboxRow, PrivateService, RelayConfigSpec,
+    RelayProcess, ServiceSpec, TestDb, TestPki, TestServer,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -37,18 +38,31 @@ fn port(var: &str, default: u16) -> u16 {
         .unwrap_or(default)
 }
 
-/// The private MariaDB with TLS, its certificates and its root URL (plain, root has no
-/// password and no REQUIRE clause).
-fn tls_mariadb() -> Result<(Arc<PrivateService>, TestPki, String)> {
-    let port = port("TLS_MARIADB_PORT", 3366);
-    let pki_dir = outbox_relay_testkit::private::private_services_dir("tls-mariadb").join("pki");
+/// The private TLS server's port: `TLS_SERVER_PORT`, else one per flavor (the servers' runs
+/// follow each other, and a port of its own keeps a left-over server from being reused).
+fn tls_port() -> u16 {
+    let default = match test_server() {
+        TestServer::MariaDb10 => 3366,
+        TestServer::MariaDb11 => 3376,
+        TestServer::Mysql8 => 3386,
+    };
+    port("TLS_SERVER_PORT", default)
+}
+
+/// The private server with TLS (same flavor as the server under test), its certificates and
+/// its root URL (plain, root has no password and no REQUIRE clause).
+fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
+    let server = test_server();
+    let port = tls_port();
+    let pki_dir = outbox_relay_testkit::private::private_services_dir("tls-pki");
     let pki = TestPki::ensure(&pki_dir)?;
     let spec = ServiceSpec {
-        name: "tls-mariadb".into(),
-        script: "mariadb.sh".into(),
+        name: format!("tls-{server}"),
+        script: "server.sh".into(),
+        args: vec![server.name().into()],
         env: vec![
-            ("MARIADB_PORT".into(), port.to_string()),
-            ("MARIADB_TLS_DIR".into(), pki_dir.display().to_string()),
+            (server.port_var().into(), port.to_string()),
+            ("SERVER_TLS_DIR".into(), pki_dir.display().to_string()),
         ],
     };
     let service = PrivateService::acquire(spec, |_| Ok(()))?;
@@ -62,6 +76,7 @@ fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
     let spec = ServiceSpec {
         name: "sasl-kafka".into(),
         script: "kafka.sh".into(),
+        args: Vec::new(),
         env: vec![
             ("KAFKA_PORT".into(), plain.to_string()),
             ("KAFKA_CONTROLLER_PORT".into(), controller.to_string()),
@@ -91,16 +106,20 @@ fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
 const SASL_USER: &str = "relay";
 const SASL_PASSWORD: &str = "relay-scram-secret";
 
-/// The grants the README documents for a least-privileged relay user on MariaDB 10.5+.
+/// The grants the README documents for a least-privileged relay user: MariaDB 10.5+ names
+/// BINLOG MONITOR and friends; MySQL 8.0 REPLICATION CLIENT. On MySQL 8.0 the user gets the
+/// server's default authentication, caching_sha2_password.
 async fn create_relay_user(db: &TestDb, user: &str, password: &str, require: &str) -> Result<()> {
     let mut conn = db.conn().await?;
     let name = db.name();
+    let global = if test_server().is_mysql() {
+        "REPLICATION SLAVE, REPLICATION CLIENT"
+    } else {
+        "REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR"
+    };
     for sql in [
         format!("CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' REQUIRE {require}"),
-        format!(
-            "GRANT REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR \
-             ON *.* TO '{user}'@'%'"
-        ),
+        format!("GRANT {global} ON *.* TO '{user}'@'%'"),
         format!("GRANT SELECT ON `{name}`.`outbox` TO '{user}'@'%'"),
         format!(
             "GRANT SELECT, INSERT, UPDATE ON `{name}`.`outbox_relay_checkpoint` TO '{user}'@'%'"
@@ -199,7 +218,7 @@ fn toml_path(p: &std::path::Path) -> String {
 /// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
-    let (_server, pki, root_url) = tls_mariadb()?;
+    let (_server, pki, root_url) = tls_server()?;
     let db = TestDb::create_on(&root_url, "sec_tls_ca").await?;
     let uid = unique_suffix();
     let user = format!("tls_{}", &uid[uid.len().saturating_sub(12)..]);
@@ -210,11 +229,7 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
 
     let connector = format!("sec-tls-{uid}");
     let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
-    spec.mysql_url = format!(
-        "mysql://{user}@127.0.0.1:{}/{}",
-        port("TLS_MARIADB_PORT", 3366),
-        db.name()
-    );
+    spec.mysql_url = format!("mysql://{user}@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_mysql_lines(
         &spec,
         &format!(
@@ -244,12 +259,70 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
     db.drop_database().await
 }
 
+/// A least-privileged password user over a plain connection (`tls_mode = "disabled"`), on the
+/// shared server under test: on MySQL 8.0 the user has caching_sha2_password, the 8.0 default,
+/// whose full authentication without TLS sends the password encrypted with the server's RSA
+/// public key (asked for by the client); on MariaDB, mysql_native_password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> {
+    let db = TestDb::create("sec_plain").await?;
+    let uid = unique_suffix();
+    let user = format!("plain_{}", &uid[uid.len().saturating_sub(12)..]);
+    let password = "Plain:pass@word/#2";
+    create_relay_user(&db, &user, password, "NONE").await?;
+    let mut conn = db.conn().await?;
+    let plugin: Option<String> = conn
+        .exec_first(
+            "SELECT plugin FROM mysql.user WHERE user = ? AND host = '%'",
+            (user.as_str(),),
+        )
+        .await?;
+    let want = if test_server().is_mysql() {
+        "caching_sha2_password"
+    } else {
+        "mysql_native_password"
+    };
+    ensure!(
+        plugin.as_deref() == Some(want),
+        "{user} authenticates with {plugin:?}, expected {want} on {}",
+        test_server()
+    );
+    drop(conn);
+    let connector = format!("sec-plain-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    spec.mysql_url = format!(
+        "mysql://{user}@127.0.0.1:{}/{}",
+        outbox_relay_testkit::mysql_port(),
+        db.name()
+    );
+    let toml = with_mysql_lines(
+        &spec,
+        "password = \"${env:TEST_RELAY_MYSQL_PASSWORD}\"\ntls_mode = \"disabled\"",
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
+    relay_and_check(
+        &relay,
+        &db,
+        &connector,
+        &spec,
+        &spec.bootstrap_servers,
+        &rows(&uid, 3),
+    )
+    .await?;
+    let status = relay.stop(EXIT_TIMEOUT).await?;
+    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    let mut admin = db.conn().await?;
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop(admin);
+    db.drop_database().await
+}
+
 /// A user created REQUIRE SUBJECT (a client certificate with that subject, signed by the
 /// server's CA): tls_mode = verify_identity (the server certificate names 127.0.0.1) with
 /// tls_cert/tls_key relays the rows; the password comes from `${env:…}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
-    let (_server, pki, root_url) = tls_mariadb()?;
+    let (_server, pki, root_url) = tls_server()?;
     let db = TestDb::create_on(&root_url, "sec_tls_x509").await?;
     let uid = unique_suffix();
     let user = format!("x509_{}", &uid[uid.len().saturating_sub(12)..]);
@@ -266,11 +339,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
     .await?;
     let connector = format!("sec-x509-{uid}");
     let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
-    spec.mysql_url = format!(
-        "mysql://{user}@127.0.0.1:{}/{}",
-        port("TLS_MARIADB_PORT", 3366),
-        db.name()
-    );
+    spec.mysql_url = format!("mysql://{user}@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_mysql_lines(
         &spec,
         &format!(
@@ -300,7 +369,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
 /// code 3 and says it is TLS, what failed, and which settings fix it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_mariadb()?;
+    let (_server, pki, root_url) = tls_server()?;
     let db = TestDb::create_on(&root_url, "sec_tls_wrong_ca").await?;
     let uid = unique_suffix();
     let connector = format!("sec-wrongca-{uid}");
@@ -329,18 +398,14 @@ async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> 
 /// login; the relay stops with exit code 3 and points at tls_cert/tls_key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_mariadb()?;
+    let (_server, pki, root_url) = tls_server()?;
     let db = TestDb::create_on(&root_url, "sec_tls_nocert").await?;
     let uid = unique_suffix();
     let user = format!("nocert_{}", &uid[uid.len().saturating_sub(12)..]);
     create_relay_user(&db, &user, "pw", "X509").await?;
     let connector = format!("sec-nocert-{uid}");
     let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
-    spec.mysql_url = format!(
-        "mysql://{user}:pw@127.0.0.1:{}/{}",
-        port("TLS_MARIADB_PORT", 3366),
-        db.name()
-    );
+    spec.mysql_url = format!("mysql://{user}:pw@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_mysql_lines(
         &spec,
         &format!(

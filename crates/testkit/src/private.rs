@@ -36,8 +36,10 @@ pub fn private_services_dir(name: &str) -> PathBuf {
 pub struct ServiceSpec {
     /// Unique name; also the folder under `.services/private/`.
     pub name: String,
-    /// Script under `tests/services/` (`mariadb.sh`, `kafka.sh`).
+    /// Script under `tests/services/` (`server.sh`, `kafka.sh`).
     pub script: String,
+    /// Arguments before the action (`["mysql8"]` for `server.sh mysql8 up`).
+    pub args: Vec<String>,
     /// Environment of the script (`MARIADB_PORT`, `MARIADB_TLS_DIR`, …); `OUTBOX_SERVICES_DIR`
     /// is added.
     pub env: Vec<(String, String)>,
@@ -94,6 +96,7 @@ impl PrivateService {
             .join(&self.spec.script);
         let out = Command::new("bash")
             .arg(&path)
+            .args(&self.spec.args)
             .arg(action)
             .env("OUTBOX_SERVICES_DIR", self.dir())
             .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
