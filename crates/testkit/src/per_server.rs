@@ -186,6 +186,54 @@ pub async fn gtid_set_at(conn: &mut Conn, at: &crate::BinlogPosition) -> Result<
     Ok((!printed.is_empty()).then_some(printed))
 }
 
+/// The global variable holding the server's GTID state, as a relay resuming by GTID would
+/// start after it: MySQL `@@GLOBAL.gtid_executed` (`uuid:1-n`), MariaDB
+/// `@@GLOBAL.gtid_binlog_pos` (`domain-server-seq`, one per domain).
+pub fn gtid_state_variable() -> &'static str {
+    if test_server().is_mysql() {
+        "@@GLOBAL.gtid_executed"
+    } else {
+        "@@GLOBAL.gtid_binlog_pos"
+    }
+}
+
+/// The port of the test server's GTID replica (`tests/services/replica.sh`, same flavor):
+/// `REPLICA_PORT` as the script reads it, else the primary's port + 1 (3307, 3317, 3327).
+pub fn replica_port() -> u16 {
+    std::env::var("REPLICA_PORT")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| crate::env::mysql_port() + 1)
+}
+
+/// Runs `tests/services/replica.sh <test server> <action>` (`up`, `down`, `status`) to its end,
+/// blocking; the replica replicates only the `failover_%` databases of the primary.
+///
+/// # Errors
+/// The script cannot run or fails; the error carries its output.
+pub fn replica_script(action: &str) -> Result<()> {
+    let script = crate::faults::services::default_repo_root()
+        .join("tests")
+        .join("services")
+        .join("replica.sh");
+    let server = test_server().name();
+    let out = std::process::Command::new(&script)
+        .args([server, action])
+        .env("REPLICA_PORT", replica_port().to_string())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {} {server} {action}", script.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {server} {action} failed ({}):\n{}{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
