@@ -149,11 +149,17 @@ pub async fn gtid_set_at(conn: &mut Conn, at: &crate::BinlogPosition) -> Result<
     let mut set = MysqlGtids::new();
     let mut done = false;
     let mut from = start;
+    // Pages start at the last event of the page before (an event start, whatever End_log_pos
+    // says), which is skipped the second time.
+    let mut read_up_to: Option<u64> = None;
     while !done {
         let events = crate::binlog_events_from(conn, &from, 5_000).await?;
         let Some(last) = events.last() else { break };
-        let next = last.end_log_pos;
+        let next = last.pos;
         for ev in &events {
+            if read_up_to.is_some_and(|p| ev.pos <= p) {
+                continue;
+            }
             if ev.pos >= at.pos || ev.log_name != at.file {
                 done = true;
                 break;
@@ -177,9 +183,10 @@ pub async fn gtid_set_at(conn: &mut Conn, at: &crate::BinlogPosition) -> Result<
                 _ => {}
             }
         }
-        if events.len() < 5_000 || next <= from.pos {
+        if events.len() < 5_000 || read_up_to.is_some_and(|p| next <= p) {
             break;
         }
+        read_up_to = Some(next);
         from.pos = next;
     }
     let printed = print_mysql_gtids(&mut set);
