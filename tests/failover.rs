@@ -1,21 +1,26 @@
-//! Network and topology faults of the `outbox-relay` binary on the real MariaDB and Kafka.
+//! Network and topology faults of the `outbox-relay` binary on the real database server
+//! (`OUTBOX_TEST_SERVER`: MariaDB 10.11, MariaDB 11.4 or MySQL 8.0) and Kafka.
 //!
-//! * Half-open connections: the relay reaches MariaDB through a [`TcpProxy`] that stops
+//! * Half-open connections: the relay reaches the server through a [`TcpProxy`] that stops
 //!   forwarding bytes without closing anything. The relay must notice the silent binlog stream
 //!   within `mysql.read_timeout_ms`, and lose nothing once the network is back.
-//! * GTID failover: the relay follows a replica (`tests/services/mariadb-replica.sh`), then is
-//!   moved to the primary with `mysql.resume = "gtid"`; every committed row arrives.
+//! * GTID failover: the relay follows a GTID replica of the same flavor
+//!   (`tests/services/replica.sh <server>`), then is moved to the primary with
+//!   `mysql.resume = "gtid"`; every committed row arrives.
 //!
-//! The tests use the shared services (`MARIADB_PORT`, `KAFKA_PORT`) without restarting them; the
-//! failover tests start a replica of the primary on `MARIADB_REPLICA_PORT` (default 3307) that
-//! replicates only the `failover_*` databases, and stop it at the end.
+//! The tests use the shared services (the server's port variable, `KAFKA_PORT`) without
+//! restarting them; the failover tests start a replica of the primary on `REPLICA_PORT`
+//! (default the primary's port + 1) that replicates only the `failover_*` databases, and stop it
+//! at the end.
 //!
 //! # Where the checkpoint lives in the failover tests
 //! The relay stores its checkpoint on the server it reads (one `mysql.url`). On the replica that
 //! is a local write, so:
-//! * the replica runs with `gtid_domain_id = 2`: its local transactions are `2-2-N` and cannot
-//!   collide with the primary's `0-1-N` (with `gtid_strict_mode` a local `0-2-N` would stop
-//!   replication at the primary's next transaction);
+//! * its local transactions get GTIDs of their own that cannot collide with the primary's:
+//!   MariaDB's replica runs with `gtid_domain_id = 2` (`2-2-N` next to the primary's `0-1-N`;
+//!   with `gtid_strict_mode` a local `0-2-N` would stop replication at the primary's next
+//!   transaction), MySQL's carry the replica's own `server_uuid` (`replica-uuid:N` next to
+//!   `primary-uuid:1-M` in `@@gtid_executed`);
 //! * the checkpoint table is in a database of its own (`rstate_*`) that exists on both servers
 //!   and is not replicated (the replica's `replicate_wild_do_table` covers only `failover_*`), so
 //!   neither server's relay state overwrites the other's.
@@ -25,7 +30,6 @@
 //! primary and `mysql.resume = "gtid"`.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,9 +41,10 @@ use outbox_relay_testkit::faults::workload::{
     aggregate_id, aggregate_type, event_key, payload, Committer, GenRow, Workload, WorkloadConfig,
 };
 use outbox_relay_testkit::{
-    collect_records, collect_until, describe_exit, mysql_port, next_server_id, read_all_records,
-    read_checkpoint, unique_suffix, wait_until, Checkpoint, Record, RelayConfigSpec, RelayProcess,
-    TcpProxy, TestDb, DEFAULT_CHECKPOINT_TABLE,
+    canonical_gtid_set, collect_records, collect_until, describe_exit, gtid_state_variable,
+    mysql_port, next_server_id, read_all_records, read_checkpoint, replica_port, replica_script,
+    unique_suffix, wait_until, Checkpoint, Record, RelayConfigSpec, RelayProcess, TcpProxy, TestDb,
+    DEFAULT_CHECKPOINT_TABLE,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -438,13 +443,6 @@ async fn half_open_binlog_connection_alone_is_replaced_within_read_timeout() -> 
 // GTID failover
 // ---------------------------------------------------------------------------------------------
 
-fn replica_port() -> u16 {
-    std::env::var("MARIADB_REPLICA_PORT")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(3307)
-}
-
 fn replica_url(db: Option<&str>) -> String {
     let base = format!("mysql://root@127.0.0.1:{}", replica_port());
     match db {
@@ -461,38 +459,19 @@ fn primary_url(db: Option<&str>) -> String {
     }
 }
 
-fn replica_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/services/mariadb-replica.sh")
-}
-
 /// Tests of this binary that currently use the replica; the last one stops it.
 static REPLICA_USERS: Mutex<usize> = Mutex::new(0);
 
-/// The replica of the primary, started by the first test that needs it and stopped when the
-/// last guard is dropped.
+/// The replica of the primary (`tests/services/replica.sh <server>`), started by the first test
+/// that needs it and stopped when the last guard is dropped.
 struct ReplicaGuard;
-
-fn replica_script_run(action: &str) -> Result<()> {
-    let out = std::process::Command::new(replica_script())
-        .arg(action)
-        .output()
-        .with_context(|| format!("running mariadb-replica.sh {action}"))?;
-    ensure!(
-        out.status.success(),
-        "mariadb-replica.sh {action} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
 
 impl ReplicaGuard {
     fn up() -> Result<Self> {
         tokio::task::block_in_place(|| {
             let mut users = REPLICA_USERS.lock().unwrap_or_else(|e| e.into_inner());
             if *users == 0 {
-                replica_script_run("up")?;
+                replica_script("up")?;
             }
             *users += 1;
             Ok(Self)
@@ -506,7 +485,7 @@ impl Drop for ReplicaGuard {
             let mut users = REPLICA_USERS.lock().unwrap_or_else(|e| e.into_inner());
             *users -= 1;
             if *users == 0 {
-                if let Err(e) = replica_script_run("down") {
+                if let Err(e) = replica_script("down") {
                     eprintln!("stopping the replica: {e:#}");
                 }
             }
@@ -540,7 +519,8 @@ async fn global(url: &str, expr: &str) -> Result<String> {
     v.with_context(|| format!("{expr} is NULL"))
 }
 
-/// Binlog file sequence number (`mariadb-bin.000042` → 42) of `SHOW MASTER STATUS`.
+/// Binlog file sequence number (`mariadb-bin.000042`, `mysql-bin.000042` → 42) of
+/// `SHOW MASTER STATUS`.
 async fn binlog_index(url: &str) -> Result<u64> {
     let mut conn = Conn::from_url(url).await?;
     let pos = outbox_relay_testkit::current_binlog_position(&mut conn).await?;
@@ -556,7 +536,7 @@ struct FailoverCase {
     /// Stop the relay on the replica with kill -9 instead of SIGTERM.
     kill9: bool,
     /// Rotate the replica's binlog until its file number is above the primary's (same base
-    /// name `mariadb-bin`), as after a replica that rotated more often.
+    /// name, `mariadb-bin` or `mysql-bin`), as after a replica that rotated more often.
     replica_binlog_ahead: bool,
     /// After the failover: stop the relay on the primary gracefully, start it again, write more
     /// rows: nothing may be sent twice (README: a graceful stop leaves no duplicates).
@@ -677,6 +657,7 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
             describe_exit(&status)
         );
     }
+    let gtid_var = gtid_state_variable();
     let cp_a: Checkpoint = read_checkpoint(
         &replica_state,
         DEFAULT_CHECKPOINT_TABLE,
@@ -686,27 +667,38 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
     .context("no checkpoint on the replica")?;
     eprintln!(
         "{name}: start {} ; checkpoint on the replica after the stop: {}:{} rows_acked {} gtid {:?} \
-         (replica gtid_binlog_pos {:?}, primary {:?})",
+         (replica {gtid_var} {:?}, primary {:?})",
         cp0.position(),
         cp_a.binlog_file,
         cp_a.binlog_pos,
         cp_a.rows_acked,
         cp_a.gtid_set,
-        global(&replica_url(None), "@@GLOBAL.gtid_binlog_pos").await.ok(),
-        global(&primary_url(None), "@@GLOBAL.gtid_binlog_pos").await.ok(),
+        global(&replica_url(None), gtid_var).await.ok(),
+        global(&primary_url(None), gtid_var).await.ok(),
     );
     ensure!(
         cp_a.gtid_set.is_some(),
         "the checkpoint on the replica has no GTID position: {cp_a:?}"
     );
 
-    // The operator's step: copy the checkpoint row to the primary's state table.
+    // The operator's step: copy the checkpoint row to the primary's state table, with the
+    // outbox layouts it stores (without binlog_row_metadata=FULL, MySQL's default MINIMAL,
+    // the relay needs them to name the columns of the rows after the checkpoint).
     {
+        let table_layouts: Option<String> = replica_state
+            .get_conn()
+            .await?
+            .exec_first(
+                "SELECT table_layouts FROM outbox_relay_checkpoint WHERE connector_name = ?",
+                (&cp_a.connector_name,),
+            )
+            .await?
+            .flatten();
         let mut conn = primary_state.get_conn().await?;
         conn.exec_drop(
             "INSERT INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
-             rows_acked, gtid_set, source_server_id, source_server_uuid) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+             rows_acked, gtid_set, source_server_id, source_server_uuid, table_layouts) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 &cp_a.connector_name,
                 &cp_a.binlog_file,
@@ -715,6 +707,7 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
                 &cp_a.gtid_set,
                 cp_a.source_server_id,
                 &cp_a.source_server_uuid,
+                &table_layouts,
             ),
         )
         .await?;
@@ -823,7 +816,7 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
             cp_b.binlog_pos,
             cp_b.gtid_set,
             cp_b.source_server_id,
-            global(&primary_url(None), "@@GLOBAL.gtid_binlog_pos")
+            global(&primary_url(None), gtid_state_variable())
                 .await
                 .unwrap_or_default(),
             after.len(),
@@ -874,9 +867,9 @@ async fn gtid_failover_after_kill_9_loses_nothing() -> Result<()> {
     .await
 }
 
-/// Failover when the replica's binlog file numbers are above the primary's (both named
-/// `mariadb-bin.*`): after relaying from the primary and a graceful stop, the checkpoint must
-/// be the primary's, and a restart must send nothing twice.
+/// Failover when the replica's binlog file numbers are above the primary's (same base name,
+/// `mariadb-bin.*` or `mysql-bin.*`): after relaying from the primary and a graceful stop, the
+/// checkpoint must be the primary's, and a restart must send nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtid_failover_checkpoint_moves_to_the_primary_and_restart_sends_nothing_twice(
 ) -> Result<()> {
@@ -920,7 +913,9 @@ async fn gtid_resume_on_another_server_sends_the_rows_the_old_server_counted_as_
     conn.query_drop("CREATE TABLE notes (id INT PRIMARY KEY)")
         .await?;
 
-    let gtid = global(&primary_url(None), "@@GLOBAL.gtid_binlog_pos").await?;
+    // The primary's GTID state now (MySQL's `@@gtid_executed` printed canonically, without the
+    // newlines it puts after commas).
+    let gtid = canonical_gtid_set(&global(&primary_url(None), gtid_state_variable()).await?)?;
     let mut gen = RowGen::new(&uid, "gtidskip", 3);
     let partly = gen.rows(5);
     let after = gen.rows(1);
@@ -928,12 +923,24 @@ async fn gtid_resume_on_another_server_sends_the_rows_the_old_server_counted_as_
     insert_outbox_rows(&mut conn, "outbox", &partly, InsertStyle::MultiRow).await?;
     insert_outbox_rows(&mut conn, "outbox", &after, InsertStyle::SingleRow).await?;
     {
+        // The outbox's layout, as a relay's checkpoint stores it (`{"db.outbox": [columns]}`):
+        // without binlog_row_metadata=FULL (MySQL's default MINIMAL) the relay needs it to name
+        // the columns of the rows after the checkpoint. The table is not altered in this test.
+        let columns: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox' ORDER BY ORDINAL_POSITION",
+                (db.name(),),
+            )
+            .await?;
+        let layouts = serde_json::json!({ format!("{}.outbox", db.name()): columns }).to_string();
         let state = Pool::new(primary_url(Some(&state_db)).as_str());
         let mut s = state.get_conn().await?;
         s.exec_drop(
             "INSERT INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
-             rows_acked, gtid_set, source_server_id) VALUES (?, 'mariadb-bin.000001', 4, 2, ?, 4242)",
-            (&spec.connector_name, &gtid),
+             rows_acked, gtid_set, source_server_id, table_layouts) \
+             VALUES (?, 'mariadb-bin.000001', 4, 2, ?, 4242, ?)",
+            (&spec.connector_name, &gtid, &layouts),
         )
         .await?;
         drop(s);

@@ -18,9 +18,9 @@ use outbox_relay_testkit::{
     binary_logs, collect_records, collect_until, compare_positions, create_topic,
     current_binlog_position, deleted_record_count, describe_exit, high_watermark_total,
     insert_outbox_rows, is_transaction_boundary, list_topics, next_server_id, read_all_records,
-    read_checkpoint, recent_created_at_base, unique_suffix, wait_until, BinlogPosition, Checkpoint,
-    InsertStyle, OutboxRow, Record, RelayConfigSpec, RelayProcess, TestDb,
-    DEFAULT_CHECKPOINT_TABLE,
+    read_checkpoint, recent_created_at_base, server_json_text, stored_payload, unique_suffix,
+    wait_until, BinlogPosition, Checkpoint, InsertStyle, OutboxRow, Record, RelayConfigSpec,
+    RelayProcess, TestDb, DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::watch;
 
@@ -317,13 +317,20 @@ type Occurrence<'a> = (i32, i64, usize, &'a str);
 /// Compares the records with what the writer committed: content of every record, each
 /// committed row present (exactly once or at least once), nothing else, and per key (topic +
 /// aggregate id) the first occurrences in commit order. Returns the number of duplicates.
-fn verify_records(
+/// Values are compared with the payloads as the server gives them back (`server_json_text`:
+/// MySQL normalises JSON text), read through `conn`.
+async fn verify_records(
+    conn: &mut Conn,
     records: &[Record],
     committed: &Committed,
     ids: &HashMap<String, u64>,
     spec: &RelayConfigSpec,
     delivery: Delivery,
 ) -> Result<usize> {
+    let mut payloads: HashMap<&str, String> = HashMap::new();
+    for (ek, (_, row)) in &committed.rows {
+        payloads.insert(ek, server_json_text(conn, &row.payload).await?);
+    }
     let mut problems: Vec<String> = Vec::new();
     let mut seen: HashMap<&str, usize> = HashMap::new();
     let mut by_key: BTreeMap<(String, Vec<u8>), Vec<Occurrence<'_>>> = BTreeMap::new();
@@ -360,7 +367,7 @@ fn verify_records(
         diff(
             "value",
             format!("{:?}", r.value_str()),
-            format!("{:?}", Some(row.payload.as_str())),
+            format!("{:?}", payloads.get(ek).map(String::as_str)),
         );
         diff(
             "timestamp",
@@ -665,7 +672,15 @@ async fn relays_exactly_the_committed_inserts() -> Result<()> {
         records.len(),
         committed.len()
     );
-    verify_records(&records, &committed, &ids, &f.spec, Delivery::ExactlyOnce)?;
+    verify_records(
+        &mut conn,
+        &records,
+        &committed,
+        &ids,
+        &f.spec,
+        Delivery::ExactlyOnce,
+    )
+    .await?;
     verify_checkpoint(&f, &cp0, &before_last).await?;
 
     other.drop_database().await?;
@@ -798,7 +813,15 @@ async fn resumes_after_kill_9_without_loss() -> Result<()> {
         all_topics == expected_topics,
         "the relay produced to topics {all_topics:?}, expected {expected_topics:?}"
     );
-    let duplicates = verify_records(&records, &committed, &ids, &f.spec, Delivery::AtLeastOnce)?;
+    let duplicates = verify_records(
+        &mut conn,
+        &records,
+        &committed,
+        &ids,
+        &f.spec,
+        Delivery::AtLeastOnce,
+    )
+    .await?;
     eprintln!(
         "{} records for {} committed rows ({duplicates} duplicates after the crash)",
         records.len(),
@@ -914,7 +937,15 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
         records.len(),
         committed.len()
     );
-    verify_records(&records, &committed, &ids, &f.spec, Delivery::ExactlyOnce)?;
+    verify_records(
+        &mut conn,
+        &records,
+        &committed,
+        &ids,
+        &f.spec,
+        Delivery::ExactlyOnce,
+    )
+    .await?;
     let cp2 = verify_checkpoint(&f, &cp0, &before_last2).await?;
     let mut conn2 = f.db.conn().await?;
     ensure!(
@@ -1093,16 +1124,21 @@ async fn relays_a_row_larger_than_one_protocol_packet() -> Result<()> {
             row.event_key
         );
         let value = r.value.as_deref().unwrap_or_default();
+        // The payload as the server gives it back (MySQL normalises JSON text).
+        let stored = stored_payload(&mut conn, "outbox", &row.event_key)
+            .await?
+            .with_context(|| format!("{} is not in the outbox", row.event_key))?;
         ensure!(
-            value == row.payload.as_bytes(),
-            "{}: the value differs from the payload ({} bytes on Kafka, {} inserted; first \
-             difference at byte {:?})",
+            value == stored.as_bytes(),
+            "{}: the value differs from the stored payload ({} bytes on Kafka, {} stored, {} \
+             inserted; first difference at byte {:?})",
             row.event_key,
             value.len(),
+            stored.len(),
             row.payload.len(),
             value
                 .iter()
-                .zip(row.payload.as_bytes())
+                .zip(stored.as_bytes())
                 .position(|(a, b)| a != b)
         );
         ensure!(r.key.as_deref() == Some(row.aggregate_id.as_bytes()));
@@ -1162,7 +1198,8 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
         "records on {topic}: {keys:?}, expected only the row after the refused one\n{}",
         relay.stderr_tail()
     );
-    ensure!(next[0].value.as_deref() == Some(rows[1].payload.as_bytes()));
+    let stored = stored_payload(&mut conn, "outbox", &rows[1].event_key).await?;
+    ensure!(next[0].value.as_deref() == stored.as_deref().map(str::as_bytes));
 
     let dead = read_all_records(
         &f.spec.bootstrap_servers,
@@ -1421,8 +1458,9 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
         copies.len()
     );
     let got = copies[0];
+    let stored = stored_payload(&mut conn, "outbox", &big.event_key).await?;
     ensure!(
-        got.value.as_deref() == Some(big.payload.as_bytes()),
+        got.value.is_some() && got.value.as_deref() == stored.as_deref().map(str::as_bytes),
         "the big row's value differs ({} bytes on Kafka)\n{}",
         got.value.as_ref().map_or(0, Vec::len),
         relay.stderr_tail()

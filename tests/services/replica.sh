@@ -38,14 +38,14 @@ replica_server() {
   local extra
   if [ "$FLAVOR" = mysql8 ]; then
     extra="log_replica_updates=ON
-relay_log=$REPLICA_DIR/relay-bin
+relay_log=$REPLICA_DIR/$FLAVOR-relay-bin
 skip_replica_start=ON
 replicate_wild_do_table=$REPLICA_WILD_DO_TABLE"
   else
     extra="gtid_domain_id=2
 gtid_strict_mode=ON
 log_slave_updates=ON
-relay_log=$REPLICA_DIR/relay-bin
+relay_log=$REPLICA_DIR/$FLAVOR-relay-bin
 skip_slave_start=ON
 replicate_wild_do_table=$REPLICA_WILD_DO_TABLE"
   fi
@@ -92,10 +92,15 @@ seed() {
     log "replica: replicating from 127.0.0.1:$PRIMARY_PORT starting after GTID position '${pos}' (tables ${REPLICA_WILD_DO_TABLE})"
     # RESET MASTER: the replica's own binlog history from an earlier run could hold domain-0 GTIDs
     # ahead of a primary that was re-created since, which gtid_strict_mode would refuse.
+    # MASTER_SSL_VERIFY_SERVER_CERT=0: MariaDB 11.4 connects to its primary with TLS and verifies
+    # the certificate by default, and the primary's is self-signed (generated at start); a
+    # self-signed certificate is only accepted for users with a password, and root has none here.
+    # Loopback only; 10.11 does not verify by default anyway.
     replica -e "STOP SLAVE; RESET SLAVE ALL; RESET MASTER;
       SET GLOBAL gtid_slave_pos = '${pos}';
       CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=${PRIMARY_PORT}, MASTER_USER='root',
-        MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1;
+        MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1, MASTER_HEARTBEAT_PERIOD=1,
+        MASTER_SSL_VERIFY_SERVER_CERT=0;
       START SLAVE;" || die "configuring replication failed"
   fi
 }

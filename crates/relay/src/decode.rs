@@ -29,7 +29,7 @@ use crate::error::RelayError;
 use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::mapping::TableMapping;
 use crate::position::{BinlogPosition, MariadbGtid, MariadbGtidPos};
-use crate::schema::LayoutTracker;
+use crate::schema::{Labels, LayoutTracker};
 
 /// The GTID state the decoder keeps up to date: MariaDB's position per domain, or MySQL's
 /// executed GTID set. Its text form is what the checkpoint stores as `gtid_set`.
@@ -222,6 +222,8 @@ struct CachedLayout {
     after_image: Option<Vec<bool>>,
     /// The tracked layout of the table when resolved (names without `binlog_row_metadata=FULL`).
     tracked: Option<Result<Vec<String>, String>>,
+    /// The tracked ENUM/SET labels of the table when resolved.
+    tracked_labels: Option<Labels>,
     layout: Arc<ColumnLayout>,
 }
 
@@ -269,6 +271,13 @@ impl Decoder {
     /// position and kept up to date through the DDL in the binlog.
     pub fn track_layout(&mut self, table: TableName, columns: Vec<String>) {
         self.layouts.set(&table, columns);
+    }
+
+    /// Sets the ENUM labels / SET member names of `table`'s columns (by column name) for table
+    /// maps that carry none (`binlog_row_metadata=MINIMAL`): read from `information_schema`
+    /// with the layout ([`Self::track_layout`]).
+    pub fn track_labels(&mut self, table: TableName, labels: Labels) {
+        self.layouts.set_labels(&table, labels);
     }
 
     /// Restores the layouts a checkpoint stored ([`TxBoundary::table_layouts`]).
@@ -618,12 +627,16 @@ impl Decoder {
             (Some(Err(a)), Some(Err(b))) => a == b,
             _ => false,
         };
+        let tracked_labels = self.layouts.labels(name);
         if let Some(cached) = self
             .table_maps
             .get(&rows.table_id())
             .and_then(|info| info.layout.as_ref())
         {
-            if same_image(&cached.after_image) && same_tracked(&cached.tracked) {
+            if same_image(&cached.after_image)
+                && same_tracked(&cached.tracked)
+                && cached.tracked_labels.as_ref() == tracked_labels
+            {
                 return Ok(Arc::clone(&cached.layout));
             }
         }
@@ -636,17 +649,21 @@ impl Decoder {
             self.layouts.set(name, names);
         }
         let tracked = self.layouts.get(name);
+        let tracked_labels = self.layouts.labels(name);
         let layout = Arc::new(ColumnLayout::resolve(
             tme,
             after_image.as_deref(),
             mapping,
             tracked,
+            tracked_labels,
         )?);
         let tracked = tracked.map(|t| t.map(<[String]>::to_vec).map_err(str::to_owned));
+        let tracked_labels = tracked_labels.cloned();
         if let Some(info) = self.table_maps.get_mut(&rows.table_id()) {
             info.layout = Some(CachedLayout {
                 after_image,
                 tracked,
+                tracked_labels,
                 layout: Arc::clone(&layout),
             });
         }
@@ -1002,12 +1019,14 @@ fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec
 impl ColumnLayout {
     /// Resolves `mapping` against the table map `tme` of a rows event whose after image holds
     /// the columns `after_image` (all when `None`). `tracked` is the column layout known from
-    /// `information_schema` and DDL tracking, used when the table map carries no names.
+    /// `information_schema` and DDL tracking, used when the table map carries no names;
+    /// `tracked_labels` the ENUM/SET labels known the same way, used when it carries none.
     fn resolve(
         tme: &TableMapEvent<'_>,
         after_image: Option<&[bool]>,
         mapping: &TableMapping,
         tracked: Option<Result<&[String], &str>>,
+        tracked_labels: Option<&Labels>,
     ) -> Result<Self, String> {
         let count = usize::try_from(tme.columns_count()).map_err(|e| e.to_string())?;
         let names = match (table_map_names(tme), tracked) {
@@ -1081,6 +1100,14 @@ impl ColumnLayout {
                     .map_err(|e| format!("the table map's character sets cannot be read: {e}"))?
                     .unwrap_or_default();
             }
+            // Without labels in the table map (`binlog_row_metadata=MINIMAL`): those read from
+            // information_schema, if known.
+            let labels = match labels {
+                None if column_type.is_some_and(|ty| ty.is_enum_or_set_type()) => tracked_labels
+                    .and_then(|l| l.get(&name.to_lowercase()))
+                    .map(|l| l.iter().map(|v| v.as_bytes().to_vec()).collect()),
+                labels => labels,
+            };
             columns.push(ColumnInfo {
                 name,
                 column_type,
@@ -1152,6 +1179,20 @@ impl ColumnLayout {
             if all.iter().filter(|i| *i == idx).count() > 1 && !layout.shared.contains(idx) {
                 layout.shared.push(*idx);
             }
+        }
+        // A mapped ENUM/SET column must be relayed as its labels, never as the bare index.
+        if let Some(c) = all.iter().map(|&i| &layout.columns[i]).find(|c| {
+            c.column_type.is_some_and(|ty| ty.is_enum_or_set_type()) && c.labels.is_none()
+        }) {
+            return Err(format!(
+                "the table map carries no ENUM/SET labels and those of column {:?} are not \
+                 known (it was added or redefined by a DDL statement the relay read, or the \
+                 checkpoint predates stored labels). Fix: SET GLOBAL binlog_row_metadata=FULL \
+                 on the server (MySQL 8.0.1+, MariaDB 10.5+), then move the checkpoint past \
+                 this point (outbox-relay reset) once the rows from here on were relayed \
+                 another way",
+                c.name
+            ));
         }
         Ok(layout)
     }
@@ -1815,5 +1856,83 @@ mod payload_fixture_tests {
             error.contains("SET GLOBAL binlog_transaction_compression=OFF"),
             "{error}"
         );
+    }
+}
+
+#[cfg(test)]
+mod minimal_metadata_label_tests {
+    //! Table maps logged with `binlog_row_metadata=MINIMAL` (MySQL 8.0's default) carry neither
+    //! column names nor ENUM labels: both come from the tracked layout.
+    use super::*;
+    use mysql_async::binlog::events::FormatDescriptionEvent;
+    use mysql_async::binlog::BinlogVersion;
+    use mysql_common::binlog::BinlogCtx;
+    use mysql_common::proto::MyDeserialize;
+
+    /// The table map MySQL 8.0 logs with MINIMAL metadata for
+    /// `shop.outbox (id BIGINT, kind ENUM('Created','Paid'))`: LONGLONG; STRING whose metadata
+    /// is the real type ENUM (247) and pack length 1; no optional metadata.
+    fn minimal_table_map() -> TableMapEvent<'static> {
+        let mut raw = vec![42, 0, 0, 0, 0, 0, 1, 0];
+        raw.extend([4, b's', b'h', b'o', b'p', 0]);
+        raw.extend([6, b'o', b'u', b't', b'b', b'o', b'x', 0]);
+        raw.extend([2, 8, 254]); // two columns: LONGLONG, STRING
+        raw.extend([2, 247, 1]); // metadata: ENUM, 1 byte
+        raw.push(0); // null bitmap
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        let ctx = BinlogCtx::new(raw.len(), &fde, 19);
+        TableMapEvent::deserialize(ctx, &mut ParseBuf(&raw))
+            .expect("table map")
+            .into_owned()
+    }
+
+    fn mapping() -> TableMapping {
+        super::fixture_tests::mappings(
+            "tables = [\"shop.outbox\"]\n[outbox.columns]\nid = \"id\"\naggregate_type = \"id\"\n\
+             aggregate_id = \"id\"\nevent_type = \"kind\"\nevent_key = \"id\"\npayload = \"id\"\n\
+             created_at = \"\"\n",
+        )
+        .remove(0)
+    }
+
+    #[test]
+    fn enum_labels_come_from_the_tracked_labels() {
+        let tme = minimal_table_map();
+        assert_eq!(
+            tme.get_column_type(1).expect("type"),
+            Some(ColumnType::MYSQL_TYPE_ENUM)
+        );
+        let names = ["id".to_owned(), "kind".to_owned()];
+        let labels = Labels::from([(
+            "kind".to_owned(),
+            vec!["Created".to_owned(), "Paid".to_owned()],
+        )]);
+        let layout =
+            ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), Some(&labels))
+                .expect("resolves");
+        let kind = &layout.columns[layout.event_type];
+        let text = text_form(
+            BinlogValue::Value(Value::Int(2)),
+            kind,
+            crate::config::BinaryFormat::Raw,
+        )
+        .expect("text");
+        assert_eq!(text.as_deref(), Some(&b"Paid"[..]), "index 2 is its label");
+    }
+
+    #[test]
+    fn a_mapped_enum_without_known_labels_stops_rather_than_relay_the_index() {
+        let tme = minimal_table_map();
+        let names = ["id".to_owned(), "KIND".to_owned()];
+        let why = ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), None)
+            .expect_err("no labels");
+        assert!(
+            why.contains("\"KIND\"") && why.contains("binlog_row_metadata=FULL"),
+            "{why}"
+        );
+        // Labels are found whatever the case of the column's name.
+        let labels = Labels::from([("kind".to_owned(), vec!["A".to_owned()])]);
+        ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), Some(&labels))
+            .expect("resolves");
     }
 }

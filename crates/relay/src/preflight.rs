@@ -357,7 +357,7 @@ pub async fn current_position(
 }
 
 /// The current binlog position (as [`current_position`]) together with the outbox tables'
-/// column layouts from `information_schema`, read so that they belong together: the position is
+/// column layouts (names, and the labels of ENUM and SET columns) from `information_schema`, read so that they belong together: the position is
 /// read before and after the layouts, and the read is repeated until nothing was logged in
 /// between (a DDL between the two reads would otherwise pair a layout with the wrong position).
 ///
@@ -373,15 +373,24 @@ pub async fn position_with_layouts(
         let (before, executed) = current_position(conn, flavor).await?;
         let mut tracker = crate::schema::LayoutTracker::new(tables.iter().cloned());
         for table in tables {
-            let columns: Vec<String> = conn
+            // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without
+            // optional metadata lack too.
+            let rows: Vec<(String, String)> = conn
                 .exec(
-                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                    "SELECT COLUMN_NAME, CAST(COLUMN_TYPE AS CHAR) FROM information_schema.COLUMNS \
                      WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
                     (&table.database, &table.table),
                 )
                 .await?;
-            if !columns.is_empty() {
-                tracker.set(table, columns);
+            if !rows.is_empty() {
+                let labels: crate::schema::Labels = rows
+                    .iter()
+                    .filter_map(|(name, ty)| {
+                        Some((name.clone(), crate::schema::enum_set_labels(ty)?))
+                    })
+                    .collect();
+                tracker.set(table, rows.into_iter().map(|(name, _)| name).collect());
+                tracker.set_labels(table, labels);
             }
         }
         let (after, _) = current_position(conn, flavor).await?;

@@ -12,6 +12,13 @@
 //! unknown: its next rows event without column names stops the relay with the position and the
 //! reason; it never guesses. A table map that does carry names always wins and repairs the
 //! layout.
+//!
+//! Such table maps carry no ENUM labels or SET member names either: a row holds only the
+//! value's index (bit set). The labels of the outbox tables' ENUM and SET columns are read from
+//! `information_schema` together with the names and stored with them ([`Labels`]). A DDL
+//! statement that (re)defines a column (`ADD`, `CHANGE`, `MODIFY`, `CREATE TABLE`) forgets that
+//! column's labels (their new values are not parsed): a mapped ENUM/SET column without labels
+//! stops the relay rather than relaying an index as if it were the label.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +31,23 @@ use crate::source::Flavor;
 /// A table's layout: its column names in order, or why it is not known.
 pub type Layout = Result<Vec<String>, String>;
 
+/// The labels of a table's ENUM columns (in declaration order) and the member names of its SET
+/// columns, by lower-case column name (column names are case-insensitive).
+pub type Labels = BTreeMap<String, Vec<String>>;
+
+/// One table's entry in the stored JSON: its column names alone (no known ENUM/SET labels; the
+/// only form before labels were stored), or names and labels.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum StoredLayout<'a> {
+    Names(Vec<String>),
+    WithLabels {
+        columns: Vec<String>,
+        #[serde(borrow)]
+        labels: BTreeMap<std::borrow::Cow<'a, str>, Vec<String>>,
+    },
+}
+
 /// The tracked layouts of the outbox tables.
 #[derive(Debug, Clone)]
 pub struct LayoutTracker {
@@ -31,6 +55,8 @@ pub struct LayoutTracker {
     outbox: Vec<TableName>,
     /// Layout per outbox table; absent: never learned.
     layouts: BTreeMap<TableName, Layout>,
+    /// ENUM/SET labels per outbox table (absent or missing a column: not known).
+    labels: BTreeMap<TableName, Labels>,
     dialect: Dialect,
     /// JSON of the known layouts (what a checkpoint stores), rebuilt on change.
     snapshot: Option<Arc<str>>,
@@ -42,6 +68,7 @@ impl LayoutTracker {
         Self {
             outbox: outbox.into_iter().collect(),
             layouts: BTreeMap::new(),
+            labels: BTreeMap::new(),
             dialect: Dialect::new(Flavor::MariaDb, 0),
             snapshot: None,
         }
@@ -54,6 +81,28 @@ impl LayoutTracker {
             self.layouts.insert(table.clone(), Ok(columns));
             self.refresh();
         }
+    }
+
+    /// Sets the labels of `table`'s ENUM and SET columns (from `information_schema`, at the same
+    /// point as its layout); column names are lower-cased here.
+    pub fn set_labels(&mut self, table: &TableName, labels: Labels) {
+        let labels: Labels = labels
+            .into_iter()
+            .map(|(c, l)| (c.to_lowercase(), l))
+            .collect();
+        if self.labels.get(table).unwrap_or(&Labels::new()) != &labels {
+            if labels.is_empty() {
+                self.labels.remove(table);
+            } else {
+                self.labels.insert(table.clone(), labels);
+            }
+            self.refresh();
+        }
+    }
+
+    /// The known ENUM/SET labels of `table`'s columns (`None`: none known).
+    pub fn labels(&self, table: &TableName) -> Option<&Labels> {
+        self.labels.get(table)
     }
 
     /// `table`'s layout: `None` when never learned.
@@ -96,6 +145,8 @@ impl LayoutTracker {
             ))
         };
         let mut changes: Vec<(TableName, Option<Layout>)> = Vec::new();
+        // New labels per table (`None`: forgotten), applied to outbox tables with `changes`.
+        let mut label_changes: Vec<(TableName, Option<Labels>)> = Vec::new();
         match ddl::parse(statement, &self.dialect) {
             Err(e) => {
                 for t in touched {
@@ -109,6 +160,7 @@ impl LayoutTracker {
             }) => {
                 let t = resolve(&table);
                 if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), None));
                     changes.push((t, Some(Ok(columns))));
                 }
             }
@@ -119,6 +171,7 @@ impl LayoutTracker {
             }) => {
                 let t = resolve(&table);
                 if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), self.labels.get(&resolve(&like)).cloned()));
                     let layout = match self.layouts.get(&resolve(&like)) {
                         Some(Ok(columns)) => Ok(columns.clone()),
                         _ => unknown(format!(
@@ -135,11 +188,13 @@ impl LayoutTracker {
             }) => {
                 let t = resolve(&table);
                 if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), None));
                     changes.push((t, Some(unknown("CREATE TABLE … SELECT".into()))));
                 }
             }
             Ok(Ddl::DropTable { tables }) => {
                 for t in tables {
+                    label_changes.push((resolve(&t), None));
                     changes.push((resolve(&t), None));
                 }
             }
@@ -149,6 +204,8 @@ impl LayoutTracker {
                     let layout = self.layouts.get(&from).cloned().unwrap_or_else(|| {
                         unknown(format!("renamed from {from}, whose layout is not tracked"))
                     });
+                    label_changes.push((to.clone(), self.labels.get(&from).cloned()));
+                    label_changes.push((from.clone(), None));
                     changes.push((from, None));
                     changes.push((to, Some(layout)));
                 }
@@ -166,21 +223,44 @@ impl LayoutTracker {
                     Some(Err(e)) => Err(e.clone()),
                     None => unknown("ALTER TABLE of a table whose layout is not tracked".into()),
                 };
+                let labels = self
+                    .labels
+                    .get(&t)
+                    .map(|labels| altered_labels(labels.clone(), &ops));
                 let renamed = ops.iter().rev().find_map(|op| match op {
                     ddl::AlterOp::RenameTable { to } => Some(resolve(to)),
                     _ => None,
                 });
                 match renamed {
                     Some(to) => {
+                        label_changes.push((t.clone(), None));
+                        label_changes.push((to.clone(), labels));
                         changes.push((t, None));
                         changes.push((to, Some(layout)));
                     }
-                    None => changes.push((t, Some(layout))),
+                    None => {
+                        label_changes.push((t.clone(), labels));
+                        changes.push((t, Some(layout)));
+                    }
                 }
             }
             Ok(Ddl::Truncate { .. } | Ddl::Temporary | Ddl::Other) => {}
         }
         let mut changed = false;
+        for (table, labels) in label_changes {
+            if !self.outbox.contains(&table) {
+                continue;
+            }
+            changed = true;
+            match labels {
+                Some(labels) if !labels.is_empty() => {
+                    self.labels.insert(table, labels);
+                }
+                _ => {
+                    self.labels.remove(&table);
+                }
+            }
+        }
         for (table, layout) in changes {
             if !self.outbox.contains(&table) {
                 continue;
@@ -205,8 +285,9 @@ impl LayoutTracker {
         }
     }
 
-    /// The known layouts as JSON (`{"db.table": ["col", …]}`), for the checkpoint; `None` when
-    /// nothing is known.
+    /// The known layouts as JSON, for the checkpoint: `{"db.table": ["col", …]}`, or
+    /// `{"db.table": {"columns": ["col", …], "labels": {"col": ["label", …]}}}` for a table with
+    /// known ENUM/SET labels; `None` when nothing is known.
     pub fn snapshot(&self) -> Option<Arc<str>> {
         self.snapshot.clone()
     }
@@ -216,25 +297,128 @@ impl LayoutTracker {
     /// # Errors
     /// A message when the JSON is not an object of string arrays.
     pub fn restore(&mut self, json: &str) -> Result<(), String> {
-        let stored: BTreeMap<String, Vec<String>> = serde_json::from_str(json)
+        let stored: BTreeMap<String, StoredLayout<'_>> = serde_json::from_str(json)
             .map_err(|e| format!("the stored table layouts are not valid JSON: {e}"))?;
-        for (name, columns) in stored {
+        for (name, layout) in stored {
             let table = TableName::parse(&name, None).map_err(|e| e.to_string())?;
-            self.layouts.insert(table, Ok(columns));
+            let (columns, labels) = match layout {
+                StoredLayout::Names(columns) => (columns, Labels::new()),
+                StoredLayout::WithLabels { columns, labels } => (
+                    columns,
+                    labels
+                        .into_iter()
+                        .map(|(c, l)| (c.to_lowercase(), l))
+                        .collect(),
+                ),
+            };
+            self.layouts.insert(table.clone(), Ok(columns));
+            if labels.is_empty() {
+                self.labels.remove(&table);
+            } else {
+                self.labels.insert(table, labels);
+            }
         }
         self.refresh();
         Ok(())
     }
 
     fn refresh(&mut self) {
-        let known: BTreeMap<String, &Vec<String>> = self
+        let known: BTreeMap<String, StoredLayout<'_>> = self
             .layouts
             .iter()
-            .filter_map(|(t, l)| Some((t.to_string(), l.as_ref().ok()?)))
+            .filter_map(|(t, l)| {
+                let columns = l.as_ref().ok()?.clone();
+                let stored = match self.labels.get(t) {
+                    Some(labels) => StoredLayout::WithLabels {
+                        columns,
+                        labels: labels
+                            .iter()
+                            .map(|(c, l)| (std::borrow::Cow::Borrowed(c.as_str()), l.clone()))
+                            .collect(),
+                    },
+                    None => StoredLayout::Names(columns),
+                };
+                Some((t.to_string(), stored))
+            })
             .collect();
         self.snapshot = (!known.is_empty())
             .then(|| serde_json::to_string(&known).ok().map(Arc::from))
             .flatten();
+    }
+}
+
+/// `labels` after an `ALTER TABLE`: columns that `ADD`, `CHANGE` or `MODIFY` (re)define lose
+/// their labels (the new definition is not parsed), `RENAME COLUMN` moves them. Clauses name
+/// the columns as before the statement, except `ADD`, which needs no existing column.
+fn altered_labels(mut labels: Labels, ops: &[ddl::AlterOp]) -> Labels {
+    let mut moved = Vec::new();
+    for op in ops {
+        match op {
+            ddl::AlterOp::Add { name, .. } | ddl::AlterOp::Modify { name, .. } => {
+                labels.remove(&name.to_lowercase());
+            }
+            ddl::AlterOp::Change { old, new, .. } => {
+                labels.remove(&old.to_lowercase());
+                labels.remove(&new.to_lowercase());
+            }
+            ddl::AlterOp::RenameColumn { from, to, .. } => {
+                if let Some(l) = labels.remove(&from.to_lowercase()) {
+                    moved.push((to.to_lowercase(), l));
+                }
+            }
+            ddl::AlterOp::Drop { name, .. } => {
+                labels.remove(&name.to_lowercase());
+            }
+            ddl::AlterOp::RenameTable { .. } | ddl::AlterOp::NoLayoutChange => {}
+        }
+    }
+    labels.extend(moved);
+    labels
+}
+
+/// The labels of an ENUM or SET column from its `information_schema.COLUMNS.COLUMN_TYPE`
+/// (`enum('a','b''c')`, `set('x','y')`; quotes doubled or backslash-escaped); `None` for any
+/// other type or text that does not read as such a list.
+pub fn enum_set_labels(column_type: &str) -> Option<Vec<String>> {
+    let lower = column_type.to_ascii_lowercase();
+    let rest = if lower.starts_with("enum(") {
+        &column_type[5..]
+    } else if lower.starts_with("set(") {
+        &column_type[4..]
+    } else {
+        return None;
+    };
+    let mut labels = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        if chars.next()? != '\'' {
+            return None;
+        }
+        let mut label = String::new();
+        loop {
+            match chars.next()? {
+                '\'' if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                    label.push('\'');
+                }
+                '\'' => break,
+                '\\' => label.push(match chars.next()? {
+                    'n' => '\n',
+                    'r' => '\r',
+                    't' => '\t',
+                    '0' => '\0',
+                    'Z' => '\x1a',
+                    c => c,
+                }),
+                c => label.push(c),
+            }
+        }
+        labels.push(label);
+        match chars.next()? {
+            ',' => {}
+            ')' if chars.next().is_none() => return Some(labels),
+            _ => return None,
+        }
     }
 }
 
@@ -324,5 +508,72 @@ mod tests {
         assert!(tracker.get(&t("shop.outbox")).expect("known").is_err());
         tracker.observe("DROP TABLE IF EXISTS shop.outbox", "", &pos);
         assert_eq!(tracker.get(&t("shop.outbox")), None);
+    }
+
+    #[test]
+    fn enum_and_set_labels_from_column_types() {
+        assert_eq!(
+            enum_set_labels("enum('Created','Paid')"),
+            Some(cols(&["Created", "Paid"]))
+        );
+        assert_eq!(
+            enum_set_labels("SET('a''b','c\\\\d','e,f')"),
+            Some(cols(&["a'b", "c\\d", "e,f"]))
+        );
+        assert_eq!(enum_set_labels("enum('')"), Some(cols(&[""])));
+        assert_eq!(enum_set_labels("varchar(10)"), None);
+        assert_eq!(enum_set_labels("enum('a'"), None);
+        assert_eq!(enum_set_labels("enum('a') x"), None);
+    }
+
+    #[test]
+    fn labels_are_stored_and_forgotten_by_ddl_that_redefines_their_column() {
+        let pos = BinlogPosition::new("bin.000001", 4);
+        let outbox = t("shop.outbox");
+        let mut tracker = LayoutTracker::new([outbox.clone()]);
+        tracker.set(&outbox, cols(&["id", "Kind", "state"]));
+        tracker.set_labels(
+            &outbox,
+            Labels::from([
+                ("Kind".to_owned(), cols(&["Created", "Paid"])),
+                ("state".to_owned(), cols(&["new", "old"])),
+            ]),
+        );
+        let json = tracker.snapshot().expect("snapshot");
+        assert_eq!(
+            &*json,
+            r#"{"shop.outbox":{"columns":["id","Kind","state"],"labels":{"kind":["Created","Paid"],"state":["new","old"]}}}"#
+        );
+        let mut restored = LayoutTracker::new([outbox.clone()]);
+        restored.restore(&json).expect("restores");
+        assert_eq!(restored.labels(&outbox), tracker.labels(&outbox));
+        // The older form (names only) still restores, without labels.
+        let mut old = LayoutTracker::new([outbox.clone()]);
+        old.restore(r#"{"shop.outbox":["id","kind"]}"#)
+            .expect("restores");
+        assert_eq!(old.labels(&outbox), None);
+        // ADD of an unrelated column keeps the labels; MODIFY forgets its column's; RENAME
+        // COLUMN moves them.
+        tracker.observe("ALTER TABLE outbox ADD COLUMN note TEXT", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox).map(|l| l.len()), Some(2));
+        tracker.observe(
+            "ALTER TABLE outbox MODIFY kind ENUM('Created','Paid','Shipped'), \
+             RENAME COLUMN state TO phase",
+            "shop",
+            &pos,
+        );
+        assert_eq!(
+            tracker.labels(&outbox),
+            Some(&Labels::from([("phase".to_owned(), cols(&["new", "old"]))]))
+        );
+        // A RENAME TABLE moves them with the layout; CREATE TABLE starts without.
+        tracker.observe("RENAME TABLE outbox TO outbox_old", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox), None);
+        tracker.observe("CREATE TABLE outbox (id INT, kind ENUM('x'))", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox), None);
+        assert_eq!(
+            tracker.snapshot().as_deref(),
+            Some(r#"{"shop.outbox":["id","kind"]}"#)
+        );
     }
 }

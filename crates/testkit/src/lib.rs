@@ -24,6 +24,7 @@ pub mod db;
 pub mod env;
 pub mod kafka;
 pub mod outbox;
+pub mod per_server;
 pub mod relay;
 pub mod unique;
 pub mod wait;
@@ -46,6 +47,10 @@ pub use kafka::{
 };
 pub use outbox::{
     epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,
+};
+pub use per_server::{
+    canonical_gtid_set, column_type_as_shown, gtid_set_at, gtid_state_variable, replica_port,
+    replica_script, server_json_text, stored_payload,
 };
 pub use relay::{describe_exit, free_local_port, RelayConfigSpec, RelayProcess};
 pub use unique::{next_server_id, unique_suffix};

@@ -47,9 +47,14 @@ pub fn aggregate_id(w: usize, j: usize) -> String {
 }
 
 /// The payload of a row, a pure function of its identity so the checker can recompute it.
+///
+/// Written as MySQL prints a JSON document (keys ordered by length, then bytes; `": "` and
+/// `", "` separators), so every test server gives back exactly this text: MariaDB stores JSON
+/// as the text inserted, MySQL stores binary JSON and prints it normalised (`aggregate_id` is
+/// plain ASCII without quotes or backslashes). The relay relays what the server gives back.
 pub fn payload(aggregate_id: &str, seq: u64) -> String {
     let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(1 + (seq % 5) as usize);
-    format!(r#"{{"key":"{aggregate_id}","seq":{seq},"pad":"{pad}"}}"#)
+    format!(r#"{{"key": "{aggregate_id}", "pad": "{pad}", "seq": {seq}}}"#)
 }
 
 /// What an `event_key` of this run names.
