@@ -166,6 +166,10 @@ pub async fn check_boundary(
             }
         }
     }
+    // Whether a transaction was open after the previous event: a position before the next
+    // event's end is then inside that transaction. (MariaDB 11.4+ logs no end for the events
+    // inside a transaction, so the dump cannot place `pos` between them.)
+    let mut open_before = false;
     loop {
         let s = scanner.next().await?;
         if let Some(b) = &s.boundary {
@@ -186,11 +190,18 @@ pub async fn check_boundary(
             return Ok(gtid.filter(|g| !g.is_empty()));
         }
         if at.pos > pos.pos {
+            if open_before {
+                return Err(not_boundary(
+                    pos,
+                    &format!("it is inside a transaction (its next event ends at {at})"),
+                ));
+            }
             return Err(not_boundary(
                 pos,
                 &format!("it is inside the event that ends at {at}"),
             ));
         }
+        open_before = s.inside;
     }
 }
 
