@@ -92,6 +92,36 @@ pub struct BinlogSource {
 /// (the first ROTATE of a dump); its `log_pos` is meaningless.
 const LOG_EVENT_ARTIFICIAL_F: u16 = 0x20;
 
+/// Where each event of one binlog file ends, for events whose header says `log_pos` 0.
+///
+/// MariaDB 11.4+ with `binlog_legacy_event_pos=OFF` (its default) writes `log_pos` 0 for the
+/// events inside an event group (annotate, table map, rows, `XA END` …); only the group's GTID
+/// event and its last event (XID, `COMMIT`, XA PREPARE) carry their real end. Events are
+/// contiguous in a file, so such an event ends at the previous event's end plus its own
+/// `event_size`; without this the position of a row (dead-letter headers, error messages) would
+/// read `file:0`. For files read from disk ([`BinlogFileSource`]) only: a live MariaDB dump
+/// leaves out the ANNOTATE_ROWS events, so there the sum would be wrong.
+#[derive(Debug, Default)]
+pub(crate) struct EventEnds {
+    /// End of the previous event of the current file, when known.
+    last: Option<u64>,
+}
+
+impl EventEnds {
+    /// The end of an event of the file with header `log_pos` and `event_size`: `log_pos`, or,
+    /// when it is 0 after an event whose end is known, that end plus `event_size` (0 when
+    /// nothing is known: the caller's position stays what the header says).
+    pub(crate) fn end_of(&mut self, log_pos: u32, event_size: u32) -> u64 {
+        let end = match (log_pos, self.last) {
+            (0, Some(last)) => last + u64::from(event_size),
+            (0, None) => return 0,
+            (pos, _) => u64::from(pos),
+        };
+        self.last = Some(end);
+        end
+    }
+}
+
 /// `MARIA_SLAVE_CAPABILITY_GTID`: without it MariaDB sends GTID and annotate events as
 /// placeholder QUERY events.
 const MARIA_SLAVE_CAPABILITY_GTID: u32 = 4;
@@ -224,6 +254,9 @@ impl BinlogSource {
                     Some(end) => end,
                     // A real ROTATE ends the old file; the next event is the new file's first.
                     None if raw_type == EventType::ROTATE_EVENT as u8 => 4,
+                    // Not `EventEnds`: a MariaDB dump leaves out the ANNOTATE_ROWS events
+                    // inside groups (mysql_async cannot ask for them), so adding up the sizes
+                    // of the events it sends would name positions that are not event ends.
                     None => u64::from(header.log_pos()),
                 },
             );
@@ -356,6 +389,7 @@ pub struct BinlogFileSource {
     /// Inner events of the last TRANSACTION_PAYLOAD event, not yet yielded.
     inner: std::collections::VecDeque<Event>,
     payloads: PayloadTracker,
+    ends: EventEnds,
 }
 
 impl BinlogFileSource {
@@ -393,6 +427,7 @@ impl BinlogFileSource {
             name,
             inner: std::collections::VecDeque::new(),
             payloads: PayloadTracker::default(),
+            ends: EventEnds::default(),
         })
     }
 
@@ -432,7 +467,10 @@ impl BinlogFileSource {
             .map_err(|e| incomplete_payload(&self.name, e))?;
         let position = BinlogPosition::new(
             self.name.clone(),
-            payload_end.unwrap_or(u64::from(header.log_pos())),
+            match payload_end {
+                Some(end) => end,
+                None => self.ends.end_of(header.log_pos(), header.event_size()),
+            },
         );
         if header.event_type_raw() == EventType::TRANSACTION_PAYLOAD_EVENT as u8 {
             let size = payload_size(&event, &position)?;
@@ -507,6 +545,23 @@ impl BinlogFileSource {
 mod tests {
     use super::*;
     use mysql_async::binlog::events::FormatDescriptionEvent;
+
+    #[test]
+    fn events_without_log_pos_end_after_the_previous_event() {
+        // MariaDB 11.4 (binlog_legacy_event_pos=OFF): GTID 344..386, then annotate (286 bytes),
+        // table map (178) and rows (161) events with log_pos 0, then the XID with its real end.
+        let mut ends = EventEnds::default();
+        assert_eq!(ends.end_of(386, 42), 386);
+        assert_eq!(ends.end_of(0, 286), 672);
+        assert_eq!(ends.end_of(0, 178), 850);
+        assert_eq!(ends.end_of(0, 161), 1011);
+        assert_eq!(ends.end_of(1042, 31), 1042);
+        // Before any event with a position nothing is known.
+        let mut ends = EventEnds::default();
+        assert_eq!(ends.end_of(0, 100), 0);
+        assert_eq!(ends.end_of(256, 252), 256);
+        assert_eq!(ends.end_of(0, 43), 299);
+    }
 
     /// Bytes of an artificial ROTATE event (header + body), optionally followed by its CRC32.
     fn artificial_rotate(name: &str, with_checksum: bool) -> Vec<u8> {
