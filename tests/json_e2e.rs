@@ -69,8 +69,22 @@ fn quote(s: &str) -> String {
 }
 
 const PIECES: [&str; 16] = [
-    "order", "Zahlung", "ça", "日本語", "😀", "e\u{301}", "\"", "\\", "/", "\n", "\t", "\u{1}",
-    "\u{1f}", "\u{7f}", "\u{2028}", "",
+    "order",
+    "Zahlung",
+    "ça",
+    "日本語",
+    "😀",
+    "e\u{301}",
+    "\"",
+    "\\",
+    "/",
+    "\n",
+    "\t",
+    "\u{1}",
+    "\u{1f}",
+    "\u{7f}",
+    "\u{2028}",
+    "",
 ];
 
 fn string(rng: &mut Rng) -> String {
@@ -213,7 +227,12 @@ async fn every_json_document_reaches_kafka_as_the_server_prints_it() -> Result<(
             let key = format!("{uid}-doc-{chunk_no}-{i}");
             tx.exec_drop(
                 insert("?"),
-                (format!("doc-{}", i % 7), key.as_str(), doc.as_str(), created),
+                (
+                    format!("doc-{}", i % 7),
+                    key.as_str(),
+                    doc.as_str(),
+                    created,
+                ),
             )
             .await?;
             keys.push(key);

@@ -7,9 +7,11 @@
 //! Kafka, the state row, the binlog, the process's exit and stderr) with timeouts, and check the
 //! real outcome: what reached Kafka, what the state table holds, the exit code and stderr.
 //!
-//! Transactions are located in the binlog by their MariaDB GTID (`@@last_gtid` after the
-//! commit, then `SHOW BINLOG EVENTS`), so positions stay exact while other tests write to the
-//! same server concurrently.
+//! Transactions are located in the binlog by their GTID ([`last_gtid`] after the commit: MariaDB
+//! `@@last_gtid`, MySQL `performance_schema`; then `SHOW BINLOG EVENTS`), so positions stay
+//! exact while other tests write to the same server concurrently. Record values are compared
+//! with the payload text the server itself returns ([`stored_payloads`]): MySQL stores JSON in
+//! binary form and prints it normalised.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,10 +23,11 @@ use outbox_relay_testkit::{
     all_seen, binary_logs, collect_records, collect_until, commit_rows, compare_positions,
     connection_state, current_binlog_position, describe_record, ensure_at_least_once,
     ensure_exactly_once, ensure_per_key_order, expect_exit_code, find_transaction,
-    high_watermark_total, last_gtid, lease_lock_name, list_topics, mysql_url, newest_binlog_file,
-    next_server_id, read_all_records, read_checkpoint, registered_replica_ids, wait_for_stderr,
-    wait_until, write_rows_event_ending_at, BinlogPosition, BinlogTransaction, Checkpoint, Record,
-    RelayConfigSpec, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    high_watermark_total, integer_sequence, last_gtid, lease_lock_name, list_topics, mysql_url,
+    newest_binlog_file, next_server_id, read_all_records, read_checkpoint, registered_replica_ids,
+    stored_payloads, unreached_gtid_state, wait_for_stderr, wait_until, write_rows_event_ending_at,
+    BinlogPosition, BinlogTransaction, Checkpoint, Record, RelayConfigSpec, RelayProcess, RowGen,
+    World, DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::watch;
 
@@ -45,8 +48,8 @@ const READ_ALL: Duration = Duration::from_secs(120);
 // Writers
 // ---------------------------------------------------------------------------------------------
 
-/// One `INSERT … SELECT` of `rows` outbox rows from MariaDB's SEQUENCE engine: a single
-/// transaction. Row `seq` (1-based, commit order) has event key `<uid>-<label>-<seq:06>`,
+/// One `INSERT … SELECT` of `rows` outbox rows from [`integer_sequence`] (portable: no
+/// SEQUENCE engine, no recursion limit): a single transaction. Row `seq` (1-based, commit order) has event key `<uid>-<label>-<seq:06>`,
 /// aggregate `o-<seq mod keys>`, and a ~100-byte JSON payload with `seq` and the per-aggregate
 /// sequence number `key_seq`. Returns the transaction's GTID.
 async fn insert_big_transaction(
@@ -64,7 +67,8 @@ async fn insert_big_transaction(
              CONCAT(?, LPAD(seq, 6, '0')), \
              CONCAT('{{\"seq\":', seq, ',\"key_seq\":', (seq + {keys} - 1) DIV {keys}, \
              ',\"pad\":\"', REPEAT('x', 60), '\"}}'), UTC_TIMESTAMP(6) \
-             FROM seq_1_to_{rows} ORDER BY seq"
+             FROM {} ORDER BY seq",
+            integer_sequence(rows)
         ),
         (format!("{uid}-{label}-"),),
     )
@@ -77,8 +81,16 @@ fn big_event_key(uid: &str, label: &str, seq: u64) -> String {
     format!("{uid}-{label}-{seq:06}")
 }
 
-/// Checks the records of [`insert_big_transaction`]: key and value match the row's `seq`.
-fn check_big_records(records: &[Record], uid: &str, label: &str, keys: u64) -> Result<()> {
+/// Checks the records of [`insert_big_transaction`]: the key matches the row's `seq`, the value
+/// is the payload text the server stores for the row (`stored`, from [`stored_payloads`]: MySQL
+/// normalises JSON) and holds the row's `seq` and `key_seq`.
+fn check_big_records(
+    records: &[Record],
+    stored: &HashMap<String, Option<String>>,
+    uid: &str,
+    label: &str,
+    keys: u64,
+) -> Result<()> {
     let prefix = format!("{uid}-{label}-");
     let mut problems = Vec::new();
     for r in records {
@@ -97,9 +109,21 @@ fn check_big_records(records: &[Record], uid: &str, label: &str, keys: u64) -> R
                 r.key_str()
             ));
         }
-        let value_start = format!("{{\"seq\":{seq},\"key_seq\":{},", seq.div_ceil(keys));
-        if !r.value_str().is_some_and(|v| v.starts_with(&value_start)) {
-            problems.push(format!("seq {seq}: value {:?}", r.value_str()));
+        let event_key = big_event_key(uid, label, seq);
+        let want = stored.get(&event_key).cloned().flatten();
+        let parsed: Option<serde_json::Value> =
+            r.value_str().and_then(|v| serde_json::from_str(v).ok());
+        let numbers = parsed
+            .as_ref()
+            .map(|v| (v["seq"].as_u64(), v["key_seq"].as_u64()));
+        if want.is_none()
+            || r.value_str() != want.as_deref()
+            || numbers != Some((Some(seq), Some(seq.div_ceil(keys))))
+        {
+            problems.push(format!(
+                "seq {seq}: value {:?}, the server stores {want:?}",
+                r.value_str()
+            ));
         }
         if problems.len() > 20 {
             break;
@@ -356,7 +380,8 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
          = {bound} may be sent again",
         stored.rows_acked
     );
-    check_big_records(&records, &w.uid, "big", KEYS)?;
+    let stored = stored_payloads(&mut conn, "outbox").await?;
+    check_big_records(&records, &stored, &w.uid, "big", KEYS)?;
     ensure_per_key_order(&records, &big_order(&w.uid, "big", ROWS))?;
 
     drop(conn);
@@ -446,7 +471,8 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
 
     let records = read_all_records(&bs, &topics, READ_ALL).await?;
     ensure_exactly_once(&records, &wanted)?;
-    check_big_records(&records, &w.uid, "big", KEYS)?;
+    let stored = stored_payloads(&mut conn, "outbox").await?;
+    check_big_records(&records, &stored, &w.uid, "big", KEYS)?;
     ensure_per_key_order(&records, &big_order(&w.uid, "big", ROWS))?;
     let last = w.checkpoint().await?;
     ensure!(
@@ -957,6 +983,7 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
     .await
     .unwrap_or(dead);
 
+    let stored = stored_payloads(&mut conn, "outbox").await?;
     let mut problems = Vec::new();
     ensure!(
         dead.len() == bad.len(),
@@ -1056,10 +1083,19 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
                 format!("{} bytes", d.value.as_ref().map_or(0, Vec::len)),
             );
         } else {
+            let want = stored.get(&b.event_key).cloned().flatten();
+            let as_json = |t: &str| serde_json::from_str::<serde_json::Value>(t).ok();
             check(
-                "the value must be the row's payload (only a size problem drops it)",
-                d.value_str() == Some(b.payload.as_str()),
-                format!("{:?}", d.value_str()),
+                "the server stores the inserted JSON",
+                want.as_deref().and_then(as_json).is_some()
+                    && want.as_deref().and_then(as_json) == as_json(&b.payload),
+                format!("{want:?} for {:?}", b.payload),
+            );
+            check(
+                "the value must be the row's payload as the server stores it (only a size \
+                 problem drops it)",
+                want.is_some() && d.value_str() == want.as_deref(),
+                format!("{:?}, the server stores {want:?}", d.value_str()),
             );
         }
         check(
@@ -1344,13 +1380,15 @@ async fn purged_or_unknown_position_is_a_definite_error() -> Result<()> {
     let at = format!("cannot resume from the checkpoint's binlog position {newest}:{past}");
     expect_failure(&w, &spec, &[&at]).await?;
 
-    // A GTID the server never wrote: error 1236, never a silent jump.
+    // A GTID the server never wrote (MariaDB position or MySQL set): error 1236, never a
+    // silent jump.
+    let unreached = unreached_gtid_state(&mut conn).await?;
     set_checkpoint(
         &mut conn,
         &w,
         &real.binlog_file,
         real.binlog_pos,
-        Some("0-1-999999999"),
+        Some(&unreached),
     )
     .await?;
     let spec = RelayConfigSpec {

@@ -5,7 +5,9 @@
 //! own, which then disconnects: MariaDB 10.5+ keeps a prepared XA transaction after its session
 //! ends) and are decided by `XA COMMIT`/`XA ROLLBACK` from another connection, as a transaction
 //! manager would. What is expected comes from the SQL the test runs and from the binlog
-//! (`SHOW BINLOG EVENTS`, located by `@@last_gtid`), never from the relay's code:
+//! (`SHOW BINLOG EVENTS`; XA groups located by their XID, ordinary transactions by their GTID),
+//! never from the relay's code. Both servers log XA the same way (an `XA START … XA PREPARE`
+//! group, then an `XA COMMIT`/`XA ROLLBACK` group, each with its own GTID):
 //!
 //! * a prepared-then-rolled-back XA transaction produces no record;
 //! * a committed one produces exactly its rows, where its `XA COMMIT` is in the binlog (after
@@ -33,8 +35,9 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 use outbox_relay_testkit::{
     collect_until, commit_rows, compare_positions, ensure_at_least_once, ensure_exactly_once,
-    ensure_per_key_order, expect_exit_code, high_watermark_total, insert_outbox_rows, last_gtid,
-    read_all_records, scan_binlog, wait_until, BinlogPosition, Checkpoint, InsertStyle, OutboxRow,
+    ensure_per_key_order, expect_exit_code, gtid_of_event, gtid_state_includes,
+    high_watermark_total, insert_outbox_rows, read_all_records, scan_binlog, stored_payloads,
+    wait_until, xa_statement_gtid, xid_literal, BinlogPosition, Checkpoint, InsertStyle, OutboxRow,
     Record, RelayConfigSpec, RelayProcess, RowGen, World,
 };
 
@@ -71,14 +74,15 @@ async fn own_conn(w: &World) -> Result<Conn> {
 }
 
 /// `XA START`, one INSERT per row, `XA END`, `XA PREPARE` on a connection of its own, which then
-/// disconnects. Returns the prepared group's GTID.
+/// disconnects. Returns the prepared group's GTID (found by its XID in the binlog,
+/// [`xa_statement_gtid`]).
 async fn xa_prepare(w: &World, gtrid: &str, rows: &[OutboxRow]) -> Result<String> {
     let mut conn = own_conn(w).await?;
     conn.query_drop(format!("XA START '{gtrid}'")).await?;
     insert_outbox_rows(&mut conn, "outbox", rows, InsertStyle::SingleRow).await?;
     conn.query_drop(format!("XA END '{gtrid}'")).await?;
     conn.query_drop(format!("XA PREPARE '{gtrid}'")).await?;
-    let gtid = last_gtid(&mut conn).await?;
+    let gtid = xa_statement_gtid(&mut conn, w.db.created_at_binlog(), "XA PREPARE", gtrid).await?;
     conn.disconnect().await?;
     Ok(gtid)
 }
@@ -90,7 +94,15 @@ async fn xa_decide(w: &World, gtrid: &str, commit: bool) -> Result<String> {
     conn.query_drop(format!("XA {verb} '{gtrid}'"))
         .await
         .with_context(|| format!("XA {verb} '{gtrid}'"))?;
-    let gtid = last_gtid(&mut conn).await?;
+    // Not `last_gtid`: MySQL's performance_schema has no GTID for an XA COMMIT/ROLLBACK of a
+    // transaction another session prepared.
+    let gtid = xa_statement_gtid(
+        &mut conn,
+        w.db.created_at_binlog(),
+        &format!("XA {verb}"),
+        gtrid,
+    )
+    .await?;
     conn.disconnect().await?;
     Ok(gtid)
 }
@@ -113,14 +125,15 @@ struct Group {
     end: BinlogPosition,
 }
 
-/// The group of MariaDB GTID `gtid`, searched from `from`: it ends with its Xid event, its
-/// XA_prepare event, or its `COMMIT`/`XA COMMIT`/`XA ROLLBACK` query (`SHOW BINLOG EVENTS`).
+/// The group of GTID `gtid` (MariaDB `0-1-42` or MySQL `uuid:42`), searched from `from`: it
+/// ends with its Xid event, its XA_prepare event, or its `COMMIT`/`XA COMMIT`/`XA ROLLBACK`
+/// query (`SHOW BINLOG EVENTS`).
 async fn group(conn: &mut Conn, from: &BinlogPosition, gtid: &str) -> Result<Group> {
     let mut start: Option<BinlogPosition> = None;
     let found = scan_binlog(conn, from, |ev| {
         match &start {
             None => {
-                if ev.event_type == "Gtid" && ev.info.split_whitespace().any(|t| t == gtid) {
+                if gtid_of_event(ev).as_deref() == Some(gtid) {
                     start = Some(BinlogPosition {
                         file: ev.log_name.clone(),
                         pos: ev.pos,
@@ -158,10 +171,21 @@ async fn commit(conn: &mut Conn, from: &BinlogPosition, rows: &[OutboxRow]) -> R
     group(conn, from, &gtid).await
 }
 
-/// `event_key` → `id` of the committed outbox rows (the `id` header).
-async fn ids_by_event_key(conn: &mut Conn) -> Result<HashMap<String, u64>> {
+/// What the server stores for the committed outbox rows, by `event_key`.
+struct Stored {
+    /// `id` (the `id` header).
+    ids: HashMap<String, u64>,
+    /// `payload` as the server returns it ([`stored_payloads`]).
+    payloads: HashMap<String, Option<String>>,
+}
+
+/// The committed outbox rows' ids and payloads.
+async fn stored_rows(conn: &mut Conn) -> Result<Stored> {
     let rows: Vec<(String, u64)> = conn.query("SELECT event_key, id FROM outbox").await?;
-    Ok(rows.into_iter().collect())
+    Ok(Stored {
+        ids: rows.into_iter().collect(),
+        payloads: stored_payloads(conn, "outbox").await?,
+    })
 }
 
 fn keys(rows: &[&[OutboxRow]]) -> HashSet<String> {
@@ -174,11 +198,12 @@ fn keys(rows: &[&[OutboxRow]]) -> HashSet<String> {
 // Checks
 // ---------------------------------------------------------------------------------------------
 
-/// Every record is one of `rows` with exactly its topic, key, value, timestamp and headers.
+/// Every record is one of `rows` with exactly its topic, key, value (the payload text the server
+/// returns for the row: MySQL normalises JSON), timestamp and headers.
 fn ensure_contents(
     records: &[Record],
     rows: &[OutboxRow],
-    ids: &HashMap<String, u64>,
+    stored: &Stored,
     spec: &RelayConfigSpec,
 ) -> Result<()> {
     let by_key: HashMap<&str, &OutboxRow> =
@@ -190,7 +215,7 @@ fn ensure_contents(
             problems.push(format!("unexpected record with event_key {ek:?}"));
             continue;
         };
-        let want_id = ids.get(ek).map(u64::to_string);
+        let want_id = stored.ids.get(ek).map(u64::to_string);
         let checks = [
             (
                 "topic",
@@ -203,9 +228,9 @@ fn ensure_contents(
                 Some(row.aggregate_id.clone()),
             ),
             (
-                "value",
+                "value (the payload as the server stores it)",
                 r.value_str().map(str::to_owned),
-                Some(row.payload.clone()),
+                stored.payloads.get(ek).cloned().flatten(),
             ),
             (
                 "timestamp",
@@ -337,14 +362,6 @@ async fn wait_rows_acked(
     .await
 }
 
-/// Domain 0's sequence number in a MariaDB GTID position (`0-1-42,1-2-7`).
-fn domain0_seq(gtid_pos: &str) -> Option<u64> {
-    gtid_pos
-        .split(',')
-        .map(str::trim)
-        .find_map(|g| g.strip_prefix("0-")?.split_once('-')?.1.parse().ok())
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------------
@@ -387,9 +404,9 @@ async fn prepared_then_rolled_back_xa_produces_nothing() -> Result<()> {
 
         let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
         ensure_exactly_once(&records, &keys(&[&a, &b, &c]))?;
-        let ids = ids_by_event_key(&mut conn).await?;
+        let ids = stored_rows(&mut conn).await?;
         ensure!(
-            x.iter().all(|r| !ids.contains_key(&r.event_key)),
+            x.iter().all(|r| !ids.ids.contains_key(&r.event_key)),
             "the rolled-back rows are in the table"
         );
         let all: Vec<OutboxRow> = [a, b, c].concat();
@@ -449,7 +466,7 @@ async fn prepared_then_committed_xa_follows_its_commit() -> Result<()> {
 
         let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
         ensure_exactly_once(&records, &keys(&[&a, &b, &x, &c]))?;
-        let ids = ids_by_event_key(&mut conn).await?;
+        let ids = stored_rows(&mut conn).await?;
         let expected: Vec<OutboxRow> = [a, b, x, c].concat();
         ensure_contents(&records, &expected, &ids, &w.spec)?;
         let want: Vec<String> = expected.iter().map(|r| r.event_key.clone()).collect();
@@ -509,7 +526,7 @@ async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
         let tx_a = commit(&mut conn, &from, &a).await?;
         let x1 = gen.rows(2);
         let prepared1 = xa_prepare(&w, &gtrids[0], &x1).await?;
-        let prepared1_seq = domain0_seq(&prepared1).context("GTID of the XA PREPARE")?;
+        let prepared1_gtid = prepared1.clone();
         let prepared1 = group(&mut conn, &from, &prepared1).await?;
         // A rotation while XA 1 is undecided: the checkpoint stays in the older file.
         conn.query_drop("FLUSH BINARY LOGS").await?;
@@ -544,16 +561,14 @@ async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
             stored.rows_acked,
             prepared1.start
         );
-        let seq = stored
+        let stored_gtids = stored
             .gtid_set
             .as_deref()
-            .and_then(domain0_seq)
             .context("the checkpoint has a GTID position")?;
         ensure!(
-            seq < prepared1_seq,
-            "the checkpoint's GTID position {:?} includes XA 1's PREPARE (0-1-{prepared1_seq}): \
-             a GTID resume would skip its rows",
-            stored.gtid_set
+            !gtid_state_includes(stored_gtids, &prepared1_gtid)?,
+            "the checkpoint's GTID state {stored_gtids:?} includes XA 1's PREPARE \
+             ({prepared1_gtid}): a GTID resume would skip its rows"
         );
         eprintln!(
             "{how:?} with XA 1 (prepared {}..{}) and XA 2 (prepared {}) undecided: checkpoint \
@@ -623,7 +638,7 @@ async fn interrupted_between_prepare_and_commit(how: Interrupt) -> Result<()> {
                 );
             }
         }
-        let ids = ids_by_event_key(&mut conn).await?;
+        let ids = stored_rows(&mut conn).await?;
         ensure_contents(&records, &expected, &ids, &w.spec)?;
         ensure_per_key_order(&records, &order)?;
         Ok(())
@@ -678,9 +693,8 @@ async fn commit_of_an_xa_prepared_before_the_start_stops_the_relay() -> Result<(
         let status = relay1.wait_exit(RELAY_WAIT).await?;
         expect_exit_code(status, 1, &relay1)?;
         let stderr = relay1.stderr_text();
-        // MariaDB logs the XID as hex literals: 'xa-…' is X'78612d…',X'',1.
-        let hex: String = gtrid.bytes().map(|b| format!("{b:02x}")).collect();
-        let xid = format!("XA COMMIT X'{hex}',X'',1");
+        // Both servers log the XID as hex literals: 'xa-…' is X'78612d…',X'',1.
+        let xid = format!("XA COMMIT {}", xid_literal(&gtrid));
         ensure!(
             stderr.contains(&xid) && stderr.contains("before that XA PREPARE"),
             "the relay's error does not name {xid} and the way out:\n{}",
@@ -711,7 +725,7 @@ async fn commit_of_an_xa_prepared_before_the_start_stops_the_relay() -> Result<(
                 counts.get(&r.event_key)
             );
         }
-        let ids = ids_by_event_key(&mut conn).await?;
+        let ids = stored_rows(&mut conn).await?;
         ensure_contents(&records, &[a, x].concat(), &ids, &w.spec)?;
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! # Two passes
 //! 1. [`plan`] reads the files in the order given, frame by frame, before anything is produced:
 //!    each event's header must fit the file (a truncated file is an error naming the file and
-//!    the position), its `log_pos` must be its end, and its CRC32 must match when the format
+//!    the position), its `log_pos` must be its end (or 0 inside an event group of a MariaDB
+//!    11.4+ file: `binlog_legacy_event_pos=OFF`), and its CRC32 must match when the format
 //!    description event says the file carries checksums (MySQL Internals "Binlog Event Header",
 //!    "Binlog Checksums"). It finds the transactions and selects the range.
 //! 2. [`ReplaySource`] reads the selected byte range of each file through
@@ -303,8 +304,13 @@ impl FrameReader {
             ));
         }
         let end = start + size;
-        // Positions are 32-bit in the header.
-        if log_pos != end & u64::from(u32::MAX) {
+        // Positions are 32-bit in the header. MariaDB 11.4+ (`binlog_legacy_event_pos=OFF`, its
+        // default) writes 0 for the events inside an event group; the frame's end is known
+        // anyway (events are contiguous).
+        let unpositioned = log_pos == 0
+            && event_type != FORMAT_DESCRIPTION_EVENT
+            && self.fde.server_version().contains("MariaDB");
+        if log_pos != end & u64::from(u32::MAX) && !unpositioned {
             return Err(self.corrupt(
                 start,
                 format!(
@@ -1186,6 +1192,67 @@ mod tests {
         assert_eq!(bounds(&p).0, 1);
         let e = err(&f, &range(Some(372), None));
         assert!(e.contains("inside the transaction from 330 to 722"), "{e}");
+    }
+
+    /// `bytes` (a MariaDB binlog file with CRC32 checksums) as MariaDB 11.4+ writes it by
+    /// default (`binlog_legacy_event_pos=OFF`): `log_pos` 0 for every event between a GTID event
+    /// and the XID that ends its group, checksums recomputed.
+    fn without_inner_positions(bytes: &[u8]) -> Vec<u8> {
+        let mut out = bytes.to_vec();
+        let mut at = 4usize;
+        let mut in_group = false;
+        let mut zeroed = 0;
+        while at + 19 <= out.len() {
+            let event_type = out[at + 4];
+            let size = u32::from_le_bytes(out[at + 9..at + 13].try_into().expect("4 bytes"));
+            let size = usize::try_from(size).expect("size");
+            if in_group && event_type != XID_EVENT {
+                out[at + 13..at + 17].copy_from_slice(&0u32.to_le_bytes());
+                let sum = crc32fast::hash(&out[at..at + size - 4]);
+                out[at + size - 4..at + size].copy_from_slice(&sum.to_le_bytes());
+                zeroed += 1;
+            }
+            in_group = match event_type {
+                MARIADB_GTID_EVENT => true,
+                XID_EVENT => false,
+                _ => in_group,
+            };
+            at += size;
+        }
+        assert!(zeroed > 0, "no event inside a group");
+        out
+    }
+
+    /// Every event's position as a [`ReplaySource`] of the whole file yields it.
+    fn replayed_positions(file: &Path) -> Vec<(u8, String)> {
+        let p = plan(&[file.to_owned()], &ReplayRange::default()).expect("plan");
+        let mut source = ReplaySource::new(&p);
+        let mut out = Vec::new();
+        while let Some(ev) = source.read_next().expect("event") {
+            out.push((ev.event.header().event_type_raw(), ev.position.to_string()));
+        }
+        out
+    }
+
+    #[test]
+    fn mariadb_events_without_log_pos_get_their_real_ends() {
+        // MariaDB 11.4's default: log_pos 0 inside event groups. Such a file is not damaged, its
+        // transactions are the same, and every event gets the position it really ends at (a
+        // row's dead letter names it).
+        let original = std::fs::read(fixture("mariadb-bin.000001")).expect("fixture");
+        let file = scratch("mariadb-bin.000001", &without_inner_positions(&original));
+        let p = plan(std::slice::from_ref(&file), &ReplayRange::default()).expect("plan");
+        assert_eq!(
+            bounds(&p),
+            (
+                2,
+                Some("mariadb-bin.000001:330".to_owned()),
+                Some("mariadb-bin.000001:1074".to_owned())
+            )
+        );
+        let want = replayed_positions(&fixture("mariadb-bin.000001"));
+        assert!(want.len() > 4, "{want:?}");
+        assert_eq!(replayed_positions(&file), want);
     }
 
     #[test]

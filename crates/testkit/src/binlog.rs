@@ -33,7 +33,9 @@ pub struct BinlogEvent {
     pub event_type: String,
     /// Server id of the server that wrote the event.
     pub server_id: u32,
-    /// Where the event ends (the next event starts).
+    /// Where the event ends (the next event starts). MariaDB 11.4+ (`binlog_legacy_event_pos=OFF`,
+    /// its default) lists `End_log_pos` 0 for the events inside an event group; the helpers of
+    /// this crate fill in the next event's `Pos` instead ([`fill_in_ends`]).
     pub end_log_pos: u64,
     /// `false` when the server showed `End_log_pos` 0 (MariaDB 11.4+ inside a transaction) and
     /// `end_log_pos` was taken from the next event's `Pos`.
@@ -117,6 +119,46 @@ pub async fn compare_positions(
 
 const PAGE: u64 = 5_000;
 
+/// Replaces `End_log_pos` 0 (MariaDB 11.4+ inside event groups, see
+/// [`BinlogEvent::end_log_pos`]) by the start of the next event of the same file in `events`
+/// (consecutive rows of `SHOW BINLOG EVENTS`). The last event keeps what the server said.
+pub fn fill_in_ends(events: &mut [BinlogEvent]) {
+    for i in 1..events.len() {
+        let (before, after) = events.split_at_mut(i);
+        let (ev, next) = (&mut before[i - 1], &after[0]);
+        if ev.end_log_pos == 0 && next.log_name == ev.log_name && ev.event_type != "Format_desc" {
+            ev.end_log_pos = next.pos;
+            ev.end_logged = false;
+        }
+    }
+}
+
+/// `SHOW BINLOG EVENTS IN 'file' [FROM from] LIMIT limit`, with [`fill_in_ends`] applied: one
+/// more row is read, so the last event returned has its end too.
+async fn show_binlog_events(
+    conn: &mut Conn,
+    file: &str,
+    from: Option<u64>,
+    limit: u64,
+) -> Result<Vec<BinlogEvent>> {
+    let quoted = file.replace('\\', "\\\\").replace('\'', "\\'");
+    let sql = match from {
+        Some(f) => format!(
+            "SHOW BINLOG EVENTS IN '{quoted}' FROM {f} LIMIT {}",
+            limit + 1
+        ),
+        None => format!("SHOW BINLOG EVENTS IN '{quoted}' LIMIT {}", limit + 1),
+    };
+    let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
+    let mut events = rows
+        .into_iter()
+        .map(event_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    fill_in_ends(&mut events);
+    events.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(events)
+}
+
 fn event_from_row(row: Row) -> Result<BinlogEvent> {
     let text = |i: usize| -> String {
         row.get::<Option<Vec<u8>>, _>(i)
@@ -138,53 +180,6 @@ fn event_from_row(row: Row) -> Result<BinlogEvent> {
         end_logged: true,
         info: text(5),
     })
-}
-
-/// `SHOW BINLOG EVENTS IN 'file' [FROM from] LIMIT limit`, with every `End_log_pos` filled in.
-///
-/// MariaDB 11.4+ (`binlog_legacy_event_pos=OFF`, its default) shows `End_log_pos` 0 for the
-/// events inside a transaction; such an event ends where the next one starts (its `Pos`),
-/// read from the next row or, for the page's last row, from the server.
-async fn read_events(
-    conn: &mut Conn,
-    file: &str,
-    from: Option<u64>,
-    limit: u64,
-) -> Result<Vec<BinlogEvent>> {
-    let quoted = file.replace('\\', "\\\\").replace('\'', "\\'");
-    let sql = match from {
-        Some(f) => format!("SHOW BINLOG EVENTS IN '{quoted}' FROM {f} LIMIT {limit}"),
-        None => format!("SHOW BINLOG EVENTS IN '{quoted}' LIMIT {limit}"),
-    };
-    let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
-    let mut events = rows
-        .into_iter()
-        .map(event_from_row)
-        .collect::<Result<Vec<_>>>()?;
-    for i in 0..events.len() {
-        if events[i].end_log_pos != 0 || events[i].event_type == "Format_desc" {
-            continue;
-        }
-        let next_start = match events.get(i + 1) {
-            Some(next) => Some(next.pos),
-            None => {
-                let sql = format!(
-                    "SHOW BINLOG EVENTS IN '{quoted}' FROM {} LIMIT 1, 1",
-                    events[i].pos
-                );
-                let rows: Vec<Row> = conn.query(&sql).await.with_context(|| sql.clone())?;
-                match rows.into_iter().next() {
-                    Some(row) => Some(event_from_row(row)?.pos),
-                    None => None,
-                }
-            }
-        };
-        if let Some(end) = next_start {
-            events[i].end_log_pos = end;
-            events[i].end_logged = false;
-        }
-    }
-    Ok(events)
 }
 
 /// The event of `file` whose `End_log_pos` is `pos`, if any.
@@ -210,7 +205,7 @@ pub async fn binlog_event_ending_at(
         .filter(|s| s.file == file && s.pos <= pos)
         .map(|s| s.pos);
     loop {
-        let events = read_events(conn, file, from, PAGE).await?;
+        let events = show_binlog_events(conn, file, from, PAGE).await?;
         let n = events.len() as u64;
         let mut last_end = None;
         for ev in events {
@@ -254,7 +249,8 @@ pub async fn is_transaction_boundary(
         .is_some_and(|ev| ev.ends_group()))
 }
 
-/// Up to `limit` events of `from.file` starting at `from.pos` (which must be an event start).
+/// Up to `limit` events of `from.file` starting at `from.pos` (which must be an event start),
+/// every `End_log_pos` filled in ([`fill_in_ends`]).
 ///
 /// # Errors
 /// The query fails (e.g. `from.pos` is not an event start).
@@ -263,7 +259,7 @@ pub async fn binlog_events_from(
     from: &BinlogPosition,
     limit: u64,
 ) -> Result<Vec<BinlogEvent>> {
-    read_events(conn, &from.file, Some(from.pos), limit).await
+    show_binlog_events(conn, &from.file, Some(from.pos), limit).await
 }
 
 #[cfg(test)]

@@ -66,10 +66,15 @@ pub use binlog_scan::{
 };
 pub use state::{crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow};
 pub mod fixture;
+pub mod flavor;
 pub use fixture::{
     all_seen, commit_rows, connection_state, describe_record, ensure_at_least_once,
     ensure_boundary, ensure_exactly_once, ensure_per_key_order, event_key_counts, expect_exit_code,
     registered_replica_ids, RowGen, World,
+};
+pub use flavor::{
+    gtid_of_event, gtid_state_includes, integer_sequence, stored_payloads, unreached_gtid_state,
+    xa_statement_gtid, xid_literal,
 };
 
 // Fault injection (tests/failover.rs, tests/faults.rs, the `faults` binary, `make faults`).
