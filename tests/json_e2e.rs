@@ -185,15 +185,21 @@ fn corpus() -> Vec<String> {
 
 /// Payloads built by SQL: on MySQL these are opaque JSON scalars (DECIMAL, DATE, DATETIME,
 /// TIME, binary strings) that text cannot express; on MariaDB the same functions give text.
-const SQL_BUILT: [&str; 8] = [
+const SQL_BUILT: [&str; 6] = [
     "JSON_OBJECT('price', CAST('1234.5678' AS DECIMAL(12,4)), 'neg', CAST('-0.01' AS DECIMAL(5,2)))",
     "JSON_ARRAY(CAST('2024-02-29' AS DATE), CAST('1000-01-01' AS DATE), CAST('9999-12-31' AS DATE))",
     "JSON_OBJECT('at', CAST('2024-02-29 23:59:58.123456' AS DATETIME(6)), 'at0', CAST('1970-01-01 00:00:00' AS DATETIME))",
     "JSON_ARRAY(CAST('12:34:56.5' AS TIME(1)), CAST('-838:59:59' AS TIME), CAST('00:00:00' AS TIME))",
-    "JSON_OBJECT('bin', CAST(x'00ff10' AS BINARY(3)))",
-    "JSON_ARRAY(CAST(x'6869' AS CHAR CHARACTER SET binary), 'text')",
     "JSON_OBJECT('nested', JSON_ARRAY(CAST('1.10' AS DECIMAL(4,2)), JSON_OBJECT('d', CAST('2001-02-03' AS DATE))))",
     "JSON_OBJECT('u', CAST(18446744073709551615 AS UNSIGNED), 's', CAST(-9223372036854775808 AS SIGNED), 'f', CAST(1.25 AS DOUBLE))",
+];
+
+/// Binary strings in a JSON document: MySQL stores them as opaque BLOB scalars
+/// (`"base64:type15:..."` in its text); MariaDB's JSON is utf8mb4 text, which refuses them
+/// (error 1366), so they are inserted on MySQL only.
+const SQL_BUILT_BINARY: [&str; 2] = [
+    "JSON_OBJECT('bin', CAST(x'00ff10' AS BINARY(3)))",
+    "JSON_ARRAY(CAST(x'6869' AS CHAR CHARACTER SET binary), 'text')",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,7 +245,16 @@ async fn every_json_document_reaches_kafka_as_the_server_prints_it() -> Result<(
         }
         tx.commit().await?;
     }
-    for (i, sql) in SQL_BUILT.iter().enumerate() {
+    let binary: &[&str] = if server.is_mysql() {
+        &SQL_BUILT_BINARY
+    } else {
+        eprintln!(
+            "not on {server}: binary strings inside JSON (MariaDB's JSON is utf8mb4 text and \
+             refuses them with error 1366)"
+        );
+        &[]
+    };
+    for (i, sql) in SQL_BUILT.iter().chain(binary).enumerate() {
         let key = format!("{uid}-sql-{i}");
         conn.exec_drop(insert(sql), (format!("sql-{i}"), key.as_str(), created))
             .await?;
@@ -322,6 +337,8 @@ async fn every_json_document_reaches_kafka_as_the_server_prints_it() -> Result<(
             );
         }
     }
+    // Back to the pool: dropping the database waits for every connection of the pool.
+    drop(conn);
     let status = relay.stop(STOP).await?;
     ensure!(status.success(), "relay exit: {status:?}");
     db.drop_database().await
