@@ -2,7 +2,9 @@
 //! real Kafka of the test machine, compared with what the live `run` path produced from the same
 //! transactions (on the test server; where it writes no column names, as MySQL 8 by default,
 //! the replay must refuse instead), and with MySQL 8's own rendering of a MySQL 8 binlog file
-//! (`../shared/fixtures/binlogs/json.binlog.000001`, see its README).
+//! (`tests/fixtures/binlogs/mysql8-json.000001`, written by the project's MySQL 8.0.31 with
+//! `tests/fixtures/binlogs/generate.sh`; its `.sql`, `.events` and `.select` files hold the SQL,
+//! the server's event list and the server's own text of the rows).
 //!
 //! Each test has its own topics (and database where it writes one). Replays are given a
 //! `mysql.url` on which nothing listens, so a replay that tried to connect to MySQL would fail.
@@ -18,11 +20,10 @@ use outbox_relay_testkit::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, 
 use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::{
-    all_seen, binary_logs, collect_records, collect_until, commit_rows, crc32,
-    current_binlog_position, describe_record, ensure_exactly_once, expect_exit_code,
-    global_variable, insert_outbox_rows, kafka_bootstrap, list_topics, read_all_records,
-    stored_payloads, test_server, unique_suffix, InsertStyle, OutboxRow, Record, RelayConfigSpec,
-    RelayProcess, RowGen, World,
+    all_seen, binary_logs, collect_records, collect_until, commit_rows, current_binlog_position,
+    describe_record, ensure_exactly_once, expect_exit_code, global_variable, insert_outbox_rows,
+    kafka_bootstrap, list_topics, read_all_records, stored_payloads, test_server, unique_suffix,
+    InsertStyle, OutboxRow, Record, RelayConfigSpec, RelayProcess, RowGen, World,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -379,56 +380,15 @@ async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/binlogs")
+        .join("../../tests/fixtures/binlogs")
         .join(name)
 }
 
-/// `json.binlog.000001` with the column names of `mysql.t` added to its table map events.
-///
-/// The file was written with `binlog_row_metadata=MINIMAL` (MySQL 8.0's default): its table maps
-/// carry no column names, which the relay needs (it names the columns to map). This adds the
-/// COLUMN_NAME optional metadata field (type 4: a length, then each name length-prefixed; MySQL
-/// `libbinlogevents` "Table_map_event::Optional_metadata_field_type") that MySQL writes with
-/// `binlog_row_metadata=FULL`, with the names of the CREATE TABLE statement in the file (`id,
-/// json_col, name, age`), and fixes every later event's `log_pos` and CRC32. Nothing else
-/// changes.
-fn json_fixture_with_column_names() -> Result<Vec<u8>> {
-    let bytes = std::fs::read(fixture("json.binlog.000001"))?;
-    let names = ["id", "json_col", "name", "age"];
-    let mut field = Vec::new();
-    for n in names {
-        field.push(u8::try_from(n.len())?);
-        field.extend_from_slice(n.as_bytes());
-    }
-    let mut tlv = vec![4u8, u8::try_from(field.len())?];
-    tlv.extend(field);
-
-    let mut out = bytes[..4].to_vec();
-    let mut offset = 4usize;
-    while offset < bytes.len() {
-        let size = usize::try_from(u32::from_le_bytes(
-            bytes[offset + 9..offset + 13].try_into()?,
-        ))?;
-        let mut event = bytes[offset..offset + size].to_vec();
-        let event_type = event[4];
-        if event_type == 19 {
-            let at = event.len() - 4;
-            event.splice(at..at, tlv.iter().copied());
-        }
-        if event_type != 15 {
-            let new_size = u32::try_from(event.len())?;
-            let end = u32::try_from(out.len() + event.len())?;
-            event[9..13].copy_from_slice(&new_size.to_le_bytes());
-            event[13..17].copy_from_slice(&end.to_le_bytes());
-            let at = event.len() - 4;
-            let sum = crc32(&event[..at]);
-            event[at..].copy_from_slice(&sum.to_le_bytes());
-        }
-        out.extend(event);
-        offset += size;
-    }
-    Ok(out)
-}
+/// The MySQL 8.0.31 file (`binlog_row_metadata=FULL`): `test.t (id, json_col, name AS
+/// json_col->>'$.name', age AS json_col->'$.age')`; one transaction per row for rows 1 (events
+/// 452-829), 2 (829-1280) and 3 (1280-1753), then rows 4-8 in one (1753-2554) and two UPDATEs
+/// (`mysql8-json.000001.events`).
+const JSON_FILE: &str = "mysql8-json.000001";
 
 /// Writes `bytes` as each of `names` in a fresh directory.
 fn scratch_files(bytes: &[u8], names: &[&str]) -> Result<Vec<PathBuf>> {
@@ -471,7 +431,7 @@ fn fixture_config(topic: &str) -> String {
         connector_name: format!("replay-{}", unique_suffix()),
         mysql_url: NO_MYSQL.into(),
         server_id: 4242,
-        tables: vec!["mysql.t".into()],
+        tables: vec!["test.t".into()],
         topic: topic.into(),
         bootstrap_servers: kafka_bootstrap(),
         checkpoint_interval_ms: 500,
@@ -494,27 +454,29 @@ fn fixture_config(topic: &str) -> String {
     )
 }
 
-/// The record of the fixture's row `id`: `(key, value, headers, timestamp)`.
+/// The record of the fixture's row `id` (1 or 2): `(key, value, headers, timestamp)`.
 ///
-/// Ids, names and JSON documents were decoded by hand from the rows events (see
-/// `json.rs`'s `fixture_json_binlog_renders_as_mysql_prints_it`, whose documents were checked
-/// against MySQL's own output); timestamps are the rows events' header timestamps (2021-03-15
-/// 08:43:22, 08:43:39, 08:43:54 and 08:44:04 UTC, as `mariadb-binlog` prints them).
+/// Values are MySQL's own text of the stored documents (`mysql8-json.000001.select`);
+/// timestamps are the commit times the generator set (`SET TIMESTAMP`, 2021-03-15 08:43:22 and
+/// 08:43:39 UTC).
 fn fixture_record(id: u32) -> Content {
-    let (name, age, data, secs) = match id {
-        1 => ("Joe", 24, "xxxxxxxxxx", 1_615_797_802),
-        2 => ("Sue", 32, "yyyyyyyyyy", 1_615_797_819),
-        3 => ("Pete", 40, "zzzzzzzzzz", 1_615_797_834),
-        4 => ("Joe", 24, "xxxxxxxxxx", 1_615_797_844),
-        5 => ("Sue", 32, "yyyyyyyyyy", 1_615_797_844),
-        _ => ("Pete", 40, "zzzzzzzzzz", 1_615_797_844),
+    let (name, value, secs) = match id {
+        1 => (
+            "Joe",
+            r#"{"age": 24, "data": "xxxxxxxxxx", "name": "Joe"}"#,
+            1_615_797_802,
+        ),
+        _ => (
+            "Sue",
+            r#"{"age": 32, "list": ["a", [1, 2, {"deep": {"deeper": [null, {}]}}], [], {}], "name": "Sue"}"#,
+            1_615_797_819,
+        ),
     };
-    let value = format!(r#"{{"age": {age}, "data": "{data}", "name": "{name}"}}"#);
     let h = |k: &str, v: &str| (k.to_owned(), Some(v.as_bytes().to_vec()));
     let id = id.to_string();
     (
         Some(id.clone().into_bytes()),
-        Some(value.into_bytes()),
+        Some(value.as_bytes().to_vec()),
         vec![
             h("id", &id),
             h("event_key", &id),
@@ -562,76 +524,57 @@ fn ensure_fixture_records(records: &[Record], ids: &[u32]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql8_json_file_is_replayed_as_mysql_prints_it() -> Result<()> {
-    // The file as MySQL wrote it: its table maps carry no column names; the layout comes from
-    // the CREATE TABLE at its start (followed by the relay's DDL tracking).
-    let raw = std::fs::read(fixture("json.binlog.000001"))?;
+    // Rows 1 and 2 (up to the end of row 2's transaction): binary JSON, nested, as MySQL prints it.
+    let raw = std::fs::read(fixture(JSON_FILE))?;
     let files = scratch_files(&raw, &["binlog.000001"])?;
-    // UPDATE and PARTIAL_UPDATE rows events (the last two transactions) produce nothing.
-    let records = replay_fixture(&files, &[], 6).await?;
-    ensure_fixture_records(&records, &[1, 2, 3, 4, 5, 6])?;
-    // The same file with COLUMN_NAME metadata added gives the same records.
-    let files = scratch_files(&json_fixture_with_column_names()?, &["binlog.000001"])?;
-    let records = replay_fixture(&files, &[], 6).await?;
-    ensure_fixture_records(&records, &[1, 2, 3, 4, 5, 6])
+    let records = replay_fixture(&files, &["--stop-position", "1280"], 2).await?;
+    ensure_fixture_records(&records, &[1, 2])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_and_datetimes_select_exact_transactions() -> Result<()> {
-    let bytes = json_fixture_with_column_names()?;
-    // Every table map grew by the 23-byte COLUMN_NAME field: the transaction of row 1 now
-    // spans 845-1218, row 2 1218-1591, row 3 1591-1966, rows 4-6 1966-2481 (each shifted by
-    // 23 bytes per table map before it).
-    let files = scratch_files(&bytes, &["binlog.000001"])?;
+    let files = scratch_files(&std::fs::read(fixture(JSON_FILE))?, &["binlog.000001"])?;
+    // Row 2's transaction only.
     let records = replay_fixture(
         &files,
-        &["--start-position", "1218", "--stop-position", "1966"],
-        2,
+        &["--start-position", "829", "--stop-position", "1280"],
+        1,
     )
     .await?;
-    ensure_fixture_records(&records, &[2, 3])?;
+    ensure_fixture_records(&records, &[2])?;
     // A stop position inside a transaction ends after the one before it.
     let records = replay_fixture(
         &files,
-        &["--start-position", "4", "--stop-position", "1965"],
-        2,
+        &["--start-position", "4", "--stop-position", "1279"],
+        1,
     )
     .await?;
-    ensure_fixture_records(&records, &[1, 2])?;
-    // Date-times: commit times 08:43:22 (row 1), 08:43:39 (2), 08:43:54 (3), 08:44:04 (4-6).
+    ensure_fixture_records(&records, &[1])?;
+    // Date-times: commit times 08:43:22 (row 1), 08:43:39 (row 2), 08:43:54 (row 3).
     let records = replay_fixture(
         &files,
         &[
             "--start-datetime",
-            "2021-03-15 08:43:39",
+            "2021-03-15 08:43:00",
             "--stop-datetime",
-            "2021-03-15 08:43:54",
+            "2021-03-15 08:43:30",
         ],
-        2,
+        1,
     )
     .await?;
-    ensure_fixture_records(&records, &[2, 3])?;
+    ensure_fixture_records(&records, &[1])?;
     let records = replay_fixture(
         &files,
         &[
             "--start-datetime",
-            "2021-03-15 08:43:40",
+            "2021-03-15 08:43:30",
             "--stop-datetime",
-            "2021-03-15 09:00:00",
+            "2021-03-15 08:43:45",
         ],
-        4,
+        1,
     )
     .await?;
-    ensure_fixture_records(&records, &[3, 4, 5, 6])?;
-    // Several files, in the order given: the start position applies to the first, the stop
-    // position to the last.
-    let two = scratch_files(&bytes, &["binlog.000001", "binlog.000002"])?;
-    let records = replay_fixture(
-        &two,
-        &["--start-position", "1591", "--stop-position", "1591"],
-        6,
-    )
-    .await?;
-    ensure_fixture_records(&records, &[3, 4, 5, 6, 1, 2])
+    ensure_fixture_records(&records, &[2])
 }
 
 // ---------------------------------------------------------------------------------------------

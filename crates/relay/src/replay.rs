@@ -1239,18 +1239,21 @@ mod tests {
         // MariaDB 11.4's default: log_pos 0 inside event groups. Such a file is not damaged, its
         // transactions are the same, and every event gets the position it really ends at (a
         // row's dead letter names it).
-        let original = std::fs::read(fixture("mariadb-bin.000001")).expect("fixture");
-        let file = scratch("mariadb-bin.000001", &without_inner_positions(&original));
+        let original = std::fs::read(fixture("mariadb10-outbox.000001")).expect("fixture");
+        let file = scratch(
+            "mariadb10-outbox.000001",
+            &without_inner_positions(&original),
+        );
         let p = plan(std::slice::from_ref(&file), &ReplayRange::default()).expect("plan");
         assert_eq!(
             bounds(&p),
             (
                 2,
-                Some("mariadb-bin.000001:330".to_owned()),
-                Some("mariadb-bin.000001:1074".to_owned())
+                Some("mariadb10-outbox.000001:330".to_owned()),
+                Some("mariadb10-outbox.000001:1114".to_owned())
             )
         );
-        let want = replayed_positions(&fixture("mariadb-bin.000001"));
+        let want = replayed_positions(&fixture("mariadb10-outbox.000001"));
         assert!(want.len() > 4, "{want:?}");
         assert_eq!(replayed_positions(&file), want);
     }

@@ -564,7 +564,10 @@ mod tests {
         };
         let sql = insert_sql(&[row.clone(), row]);
         assert!(
-            sql.contains("('Order', 'w1-k0', 'Event', 'r.1.0.1', '{\"key\":\"w1-k0\",\"seq\":1,")
+            sql.contains(
+                "('Order', 'w1-k0', 'Event', 'r.1.0.1', '{\"key\": \"w1-k0\", \"pad\": \"abc"
+            ),
+            "{sql}"
         );
         assert_eq!(sql.matches("UTC_TIMESTAMP(6)").count(), 2);
     }
