@@ -593,7 +593,7 @@ async fn failed_replay(files: &[PathBuf], extra: &[&str], code: i32) -> Result<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_garbage_and_truncated_files_are_named() -> Result<()> {
-    let good = fixture("json.binlog.000001");
+    let good = fixture(JSON_FILE);
     let bytes = std::fs::read(&good)?;
 
     let missing = std::env::temp_dir().join(format!("no-such-binlog-{}.000001", unique_suffix()));
@@ -617,23 +617,23 @@ async fn missing_garbage_and_truncated_files_are_named() -> Result<()> {
         "{stderr}"
     );
 
-    // Cut inside the WRITE_ROWS event at 1059-1164 (105 bytes).
-    let cut = scratch_files(&bytes[..1100], &["binlog.000001"])?;
+    // Cut inside the WRITE_ROWS event at 693-798 (105 bytes; mysql8-json.000001.events).
+    let cut = scratch_files(&bytes[..730], &["binlog.000001"])?;
     let stderr = failed_replay(&cut, &[], 1).await?;
     ensure!(
         stderr.contains(&format!(
-            "binlog: binlog file {} is truncated at position 1059: the event there (type 30) is \
-             105 bytes long, the file has 41 more",
+            "binlog: binlog file {} is truncated at position 693: the event there (type 30) is \
+             105 bytes long, the file has 37 more",
             cut[0].display()
         )),
         "{stderr}"
     );
 
-    // A start position inside a transaction (BEGIN at 924 of the transaction 845-1195).
+    // A start position inside a transaction (BEGIN at 531 of the transaction 452-829).
     let stderr =
-        failed_replay(std::slice::from_ref(&good), &["--start-position", "924"], 2).await?;
+        failed_replay(std::slice::from_ref(&good), &["--start-position", "531"], 2).await?;
     ensure!(
-        stderr.contains("--start-position 924 is inside the transaction from 845 to 1195"),
+        stderr.contains("--start-position 531 is inside the transaction from 452 to 829"),
         "{stderr}"
     );
 
