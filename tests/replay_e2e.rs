@@ -20,10 +20,11 @@ use outbox_relay_testkit::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, 
 use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::{
-    all_seen, binary_logs, collect_records, collect_until, commit_rows, current_binlog_position,
-    describe_record, ensure_exactly_once, expect_exit_code, global_variable, insert_outbox_rows,
-    kafka_bootstrap, list_topics, read_all_records, stored_payloads, test_server, unique_suffix,
-    InsertStyle, OutboxRow, Record, RelayConfigSpec, RelayProcess, RowGen, World,
+    all_seen, binary_logs, binlog_event_ending_at, collect_records, collect_until, commit_rows,
+    current_binlog_position, describe_record, ensure_exactly_once, expect_exit_code,
+    global_variable, insert_outbox_rows, kafka_bootstrap, list_topics, read_all_records,
+    stored_payloads, test_server, unique_suffix, InsertStyle, OutboxRow, Record, RelayConfigSpec,
+    RelayProcess, RowGen, World,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -340,17 +341,56 @@ async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<
         live_dl.len() == 1 && replay_dl.len() == 1,
         "dead letters: {live_dl:?} / {replay_dl:?}"
     );
+    // MariaDB 11.4+ with binlog_legacy_event_pos=OFF (its default) logs no end for the events
+    // inside a transaction, and a live dump leaves out the annotate events: the live relay names
+    // the start of the row's transaction (the end of its GTID event), the replay of the file the
+    // rows event's exact end. Both are checked against the server's SHOW BINLOG EVENTS below.
+    let mut admin = w.db.conn().await?;
+    let ends_unlogged = admin
+        .query_first::<i64, _>("SELECT @@GLOBAL.binlog_legacy_event_pos")
+        .await
+        .ok()
+        .flatten()
+        == Some(0);
     let strip = |r: &Record| {
         (
             r.key.clone(),
             r.value.clone(),
             r.headers
                 .iter()
-                .filter(|(k, _)| k != "dlq_reason")
+                .filter(|(k, _)| k != "dlq_reason" && !(ends_unlogged && k == "dlq_binlog_pos"))
                 .cloned()
                 .collect::<Vec<_>>(),
         )
     };
+    if ends_unlogged {
+        let file = live_dl[0]
+            .header("dlq_binlog_file")
+            .unwrap_or_default()
+            .to_owned();
+        let pos = |r: &Record| -> Result<u64> {
+            Ok(r.header("dlq_binlog_pos").unwrap_or_default().parse()?)
+        };
+        let (live_pos, replay_pos) = (pos(&live_dl[0])?, pos(&replay_dl[0])?);
+        let gtid = binlog_event_ending_at(&mut admin, &file, live_pos, None).await?;
+        ensure!(
+            gtid.as_ref().is_some_and(|e| e.event_type == "Gtid"),
+            "the live dead letter names {file}:{live_pos}, which is not the end of a GTID event \
+             ({gtid:?})"
+        );
+        let rows = binlog_event_ending_at(&mut admin, &file, replay_pos, None).await?;
+        ensure!(
+            rows.as_ref()
+                .is_some_and(|e| e.event_type.starts_with("Write_rows")),
+            "the replayed dead letter names {file}:{replay_pos}, which is not the end of a rows \
+             event ({rows:?})"
+        );
+        ensure!(
+            live_pos < replay_pos,
+            "the transaction's start {live_pos} is not before its rows event's end {replay_pos}"
+        );
+    }
+    drop(admin);
     ensure!(
         strip(&live_dl[0]) == strip(&replay_dl[0]),
         "dead letters differ:\n{}\n{}",
