@@ -122,8 +122,9 @@ down() {
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -9 "$pid" 2>/dev/null || true
+    # Only our broker's pid file: a concurrent `up` may have written a new one meanwhile.
+    [ "$(cat "$PIDFILE" 2>/dev/null)" != "$pid" ] || rm -f "$PIDFILE"
   fi
-  rm -f "$PIDFILE"
 }
 
 case "${1:-}" in

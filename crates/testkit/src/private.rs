@@ -69,17 +69,32 @@ impl PrivateService {
         spec: ServiceSpec,
         prepare: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<Arc<PrivateService>> {
-        let mut map = registry()
-            .lock()
-            .map_err(|_| anyhow::anyhow!("private service registry poisoned"))?;
-        if let Some(existing) = map.get(&spec.name).and_then(Weak::upgrade) {
-            return Ok(existing);
-        }
+        let mut map = loop {
+            let map = registry()
+                .lock()
+                .map_err(|_| anyhow::anyhow!("private service registry poisoned"))?;
+            match map.get(&spec.name) {
+                Some(weak) => match weak.upgrade() {
+                    Some(existing) => return Ok(existing),
+                    // Its last holder is stopping it; the Drop removes the entry once `down`
+                    // has run. Starting it now would race that `down`.
+                    None => {
+                        drop(map);
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                },
+                None => break map,
+            }
+        };
         let dir = private_services_dir(&spec.name);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         prepare(&dir)?;
         let service = Arc::new(PrivateService { spec });
-        service.script("up")?;
+        if let Err(e) = service.script("up") {
+            // Release the registry before `service` drops: its Drop takes the registry too.
+            drop(map);
+            return Err(e);
+        }
         map.insert(service.spec.name.clone(), Arc::downgrade(&service));
         Ok(service)
     }
@@ -118,9 +133,14 @@ impl PrivateService {
 
 impl Drop for PrivateService {
     fn drop(&mut self) {
+        // Stop while holding the registry: a test that acquires the service meanwhile waits and
+        // then starts it afresh, instead of running `up` against this `down` (which left a broker
+        // running without its pid file, so the next `up` refused the port).
+        let mut registry = registry().lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = self.script("down") {
             eprintln!("stopping private service {}: {e:#}", self.spec.name);
         }
+        registry.remove(&self.spec.name);
     }
 }
 
