@@ -50,22 +50,9 @@ impl Rng {
     }
 }
 
-/// JSON text of a string (escapes as JSON requires, everything else as UTF-8).
+/// JSON text of a string (serde_json's escaping: quotes, backslashes, control characters).
 fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    serde_json::Value::String(s.to_owned()).to_string()
 }
 
 const PIECES: [&str; 16] = [

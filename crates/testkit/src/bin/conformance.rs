@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         eprintln!(
             "conformance: {VAR} is not set. Set it to a folder of real binlog files (the layout \
              of mysql_common's test-data/binlogs: {}), e.g. \
-             {VAR}=/work/shared/fixtures/binlogs make conformance",
+             {VAR}=<checkout of rust_mysql_common>/test-data/binlogs make conformance",
             ALL.join(", ")
         );
         return ExitCode::from(2);
