@@ -54,3 +54,11 @@ refuse_foreign_port() {
     die "$1: 127.0.0.1:$2 is already in use by a process these scripts did not start. Stop it, or choose free ports with $3=... (and OUTBOX_SERVICES_DIR for a separate data folder)"
   fi
 }
+
+# stop_pid NAME PID: SIGTERM, up to 60 s for a clean exit, then SIGKILL.
+stop_pid() {
+  log "stopping $1 (pid $2)"
+  kill "$2" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$2" 2>/dev/null || break; sleep 1; done
+  kill -9 "$2" 2>/dev/null || true
+}

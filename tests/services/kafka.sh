@@ -118,10 +118,7 @@ L4J
 down() {
   if running; then
     local pid; pid="$(cat "$PIDFILE")"
-    log "stopping Kafka (pid $pid)"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    kill -9 "$pid" 2>/dev/null || true
+    stop_pid Kafka "$pid"
     # Only our broker's pid file: a concurrent `up` may have written a new one meanwhile.
     [ "$(cat "$PIDFILE" 2>/dev/null)" != "$pid" ] || rm -f "$PIDFILE"
   fi

@@ -219,11 +219,7 @@ up() {
 
 down() {
   if running; then
-    local pid; pid="$(cat "$PIDFILE")"
-    log "stopping $NAME (pid $pid)"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    kill -9 "$pid" 2>/dev/null || true
+    stop_pid "$NAME" "$(cat "$PIDFILE")"
   fi
 }
 
