@@ -1,7 +1,8 @@
 //! End-to-end tests of the column mapping against the real MariaDB and Kafka: the column types
 //! users' outboxes have (BIGINT UNSIGNED, BINARY(16) UUIDs, latin1/utf8mb3/utf8mb4 text, ENUM,
 //! DATETIME in a configured zone), per-table mapping options (fixed header names, additional
-//! header and envelope columns, partition column, NULL payloads), and rows that cannot be
+//! header and envelope columns, partition column, NULL payloads), tables with invisible and
+//! generated columns (and MySQL's generated invisible primary key), and rows that cannot be
 //! relayed (statement-logged INSERTs, UPDATEs) going to the dead-letter
 //! topic while the stream continues.
 //!
@@ -25,10 +26,48 @@ fn header<'r>(r: &'r Record, name: &str) -> Option<&'r [u8]> {
         .and_then(|(_, v)| v.as_deref())
 }
 
+/// Makes `table` the relay's only outbox table, routed to `<prefix><family>.<aggregate_type>`,
+/// with the rest of its `[[outbox.table]]` entry in `entry` (TOML lines).
+fn only_table(world: &mut World, table: &str, family: &str, entry: &str) -> String {
+    let (db, prefix) = (world.db.name().to_owned(), world.topic_prefix());
+    world.spec.tables = Vec::new();
+    world.spec.outbox_extra = format!(
+        "[[outbox.table]]\nname = \"{db}.{table}\"\ntopic = \"{prefix}{family}.{{aggregate_type}}\"\n{entry}"
+    );
+    format!("{prefix}{family}.")
+}
+
+/// The fields of `records` named in `fields` (`key`, `value` or a header name), one row per
+/// record, sorted (records of different keys have no order between them).
+fn fields_of(records: &[Record], fields: &[&str]) -> Vec<Vec<Option<String>>> {
+    let mut rows: Vec<Vec<Option<String>>> = records
+        .iter()
+        .map(|r| {
+            fields
+                .iter()
+                .map(|f| match *f {
+                    "key" => r.key_str(),
+                    "value" => r.value_str(),
+                    header => r.header(header),
+                })
+                .map(|v| v.map(str::to_owned))
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// `rows` as [`fields_of`] gives them, every field present.
+fn present(rows: &[&[&str]]) -> Vec<Vec<Option<String>>> {
+    rows.iter()
+        .map(|r| r.iter().map(|v| Some((*v).to_owned())).collect())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn column_types_and_mapping_options_reach_kafka_exactly() -> Result<()> {
     let mut world = World::new(BIN, "mapping_types").await?;
-    let db = world.db.name().to_owned();
     let mut conn = world.db.conn().await?;
     conn.query_drop(
         "CREATE TABLE typed_outbox (
@@ -47,23 +86,20 @@ async fn column_types_and_mapping_options_reach_kafka_exactly() -> Result<()> {
          ) ENGINE=InnoDB",
     )
     .await?;
-    let prefix = world.topic_prefix();
-    world.spec.tables = Vec::new();
-    world.spec.outbox_extra = format!(
-        r#"
-[[outbox.table]]
-name = "{db}.typed_outbox"
-topic = "{prefix}typed.{{aggregate_type}}"
-columns = {{ id = "seq", aggregate_type = "agg_type", aggregate_id = "agg_id", event_type = "kind", event_key = "ekey", payload = "body", created_at = "made", partition = "part" }}
-headers = {{ event_key = "idempotency-key" }}
+    let prefix = only_table(
+        &mut world,
+        "typed_outbox",
+        "typed",
+        r#"columns = { id = "seq", aggregate_type = "agg_type", aggregate_id = "agg_id", event_type = "kind", event_key = "ekey", payload = "body", created_at = "made", partition = "part" }
+headers = { event_key = "idempotency-key" }
 additional = [
-  {{ column = "uuid", placement = "header", alias = "event_uuid" }},
-  {{ column = "note", placement = "header" }},
-  {{ column = "tenant", placement = "envelope" }},
-  {{ column = "version", placement = "envelope", alias = "v" }},
+  { column = "uuid", placement = "header", alias = "event_uuid" },
+  { column = "note", placement = "header" },
+  { column = "tenant", placement = "envelope" },
+  { column = "version", placement = "envelope", alias = "v" },
 ]
 datetime_time_zone = "Europe/Berlin"
-"#
+"#,
     );
     let (relay, _) = world.start(WAIT).await?;
     conn.query_drop(
@@ -75,7 +111,7 @@ datetime_time_zone = "Europe/Berlin"
     )
     .await?;
     drop(conn); // DROP DATABASE at the end waits for open connections to the tables
-    let topic = format!("{prefix}typed.Order");
+    let topic = format!("{prefix}Order");
     let records =
         collect_records(&kafka_bootstrap(), std::slice::from_ref(&topic), 2, WAIT).await?;
     relay.stop(WAIT).await?;
@@ -316,5 +352,156 @@ async fn rows_for_many_new_topics_all_arrive() -> Result<()> {
     let records = read_all_records(&kafka_bootstrap(), &topics, WAIT).await?;
     ensure_exactly_once(&records, &expected)?;
     world.db.drop_database().await?;
+    Ok(())
+}
+
+/// Outbox tables shaped as users' schemas are: an INVISIBLE column before the mapped ones, the
+/// aggregate id a STORED generated column extracted from the payload, a VIRTUAL generated column
+/// placed in the envelope. Columns are found by name (MySQL 8 logs no names under its default
+/// MINIMAL row metadata: the relay reads them from information_schema, where invisible and
+/// generated columns keep their ordinal positions), and every server logs generated values in
+/// the row image (MySQL 8.0 reference "Replication and Generated Columns"; MariaDB KB
+/// "Generated Columns").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invisible_and_generated_columns_map_by_name() -> Result<()> {
+    let mut world = World::new(BIN, "mapping_shapes").await?;
+    let mut conn = world.db.conn().await?;
+    conn.query_drop(
+        "CREATE TABLE shaped_outbox (
+           seq      BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+           audit    VARCHAR(32) NOT NULL DEFAULT 'by-default' INVISIBLE,
+           agg_type VARCHAR(64) NOT NULL,
+           body     LONGTEXT NOT NULL,
+           agg_id   VARCHAR(64) AS (JSON_UNQUOTE(JSON_EXTRACT(body, '$.order'))) STORED,
+           body_len INT AS (CHAR_LENGTH(body)) VIRTUAL,
+           ekey     VARCHAR(64) NOT NULL,
+           kind     VARCHAR(64) NOT NULL
+         ) ENGINE=InnoDB",
+    )
+    .await?;
+    let prefix = only_table(
+        &mut world,
+        "shaped_outbox",
+        "shaped",
+        r#"columns = { id = "seq", aggregate_type = "agg_type", aggregate_id = "agg_id", event_type = "kind", event_key = "ekey", payload = "body", created_at = "" }
+additional = [
+  { column = "audit", placement = "header" },
+  { column = "body_len", placement = "envelope", alias = "size" },
+]
+"#,
+    );
+    let (relay, _) = world.start(WAIT).await?;
+    conn.query_drop(
+        "INSERT INTO shaped_outbox (agg_type, body, ekey, kind) \
+         VALUES ('Order', '{\"order\": \"o-17\", \"total\": 5}', 'k-1', 'Placed')",
+    )
+    .await?;
+    conn.query_drop(
+        "INSERT INTO shaped_outbox (audit, agg_type, body, ekey, kind) \
+         VALUES ('by-hand', 'Order', '{\"order\": \"o-18\"}', 'k-2', 'Paid')",
+    )
+    .await?;
+    drop(conn);
+    let topic = format!("{prefix}Order");
+    let records =
+        collect_records(&kafka_bootstrap(), std::slice::from_ref(&topic), 2, WAIT).await?;
+    relay.stop(WAIT).await?;
+    let got = fields_of(
+        &records,
+        &["key", "event_key", "event_type", "audit", "value"],
+    );
+    ensure!(
+        got == present(&[
+            &[
+                "o-17",
+                "k-1",
+                "Placed",
+                "by-default",
+                r#"{"payload":{"order": "o-17", "total": 5},"size":29}"#
+            ],
+            &[
+                "o-18",
+                "k-2",
+                "Paid",
+                "by-hand",
+                r#"{"payload":{"order": "o-18"},"size":17}"#
+            ],
+        ]),
+        "records: {:?}",
+        records.iter().map(describe_record).collect::<Vec<_>>()
+    );
+    world.db.drop_database().await.context("drop")?;
+    Ok(())
+}
+
+/// MySQL 8.0.30+ with `sql_generate_invisible_primary_key=ON` (the default of managed services
+/// such as Azure Database for MySQL) adds an invisible `my_row_id BIGINT UNSIGNED
+/// AUTO_INCREMENT` as the first column of a table created without a primary key (MySQL 8.0
+/// reference "Generated Invisible Primary Keys"): it shifts every column, and it is the natural
+/// event id. MariaDB has no such mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_invisible_primary_key_is_the_event_id_on_mysql() -> Result<()> {
+    let server = outbox_relay_testkit::env::test_server();
+    if server.is_mariadb() {
+        println!(
+            "not on {}: MariaDB has no generated invisible primary keys",
+            server.name()
+        );
+        return Ok(());
+    }
+    let mut world = World::new(BIN, "mapping_gipk").await?;
+    let db = world.db.name().to_owned();
+    let mut conn = world.db.conn().await?;
+    conn.query_drop("SET SESSION sql_generate_invisible_primary_key = ON")
+        .await?;
+    conn.query_drop(
+        "CREATE TABLE gipk_outbox (
+           aggregate_type VARCHAR(64) NOT NULL,
+           aggregate_id   VARCHAR(64) NOT NULL,
+           event_type     VARCHAR(64) NOT NULL,
+           event_key      VARCHAR(64) NOT NULL,
+           payload        LONGTEXT NOT NULL
+         ) ENGINE=InnoDB",
+    )
+    .await?;
+    let (name, extra): (String, String) = conn
+        .query_first(format!(
+            "SELECT COLUMN_NAME, EXTRA FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'gipk_outbox' AND ORDINAL_POSITION = 1"
+        ))
+        .await?
+        .context("gipk_outbox has no columns")?;
+    ensure!(
+        name == "my_row_id" && extra.contains("INVISIBLE"),
+        "the server did not add its invisible primary key: first column {name} ({extra})"
+    );
+    let prefix = only_table(
+        &mut world,
+        "gipk_outbox",
+        "gipk",
+        r#"columns = { id = "my_row_id", created_at = "" }
+"#,
+    );
+    let (relay, _) = world.start(WAIT).await?;
+    conn.query_drop(
+        "INSERT INTO gipk_outbox VALUES ('Order', 'o-1', 'Placed', 'k-1', '{\"n\": 1}'), \
+                                        ('Order', 'o-2', 'Placed', 'k-2', '{\"n\": 2}')",
+    )
+    .await?;
+    drop(conn);
+    let topic = format!("{prefix}Order");
+    let records =
+        collect_records(&kafka_bootstrap(), std::slice::from_ref(&topic), 2, WAIT).await?;
+    relay.stop(WAIT).await?;
+    let got = fields_of(&records, &["id", "key", "event_key", "value"]);
+    ensure!(
+        got == present(&[
+            &["1", "o-1", "k-1", r#"{"n": 1}"#],
+            &["2", "o-2", "k-2", r#"{"n": 2}"#],
+        ]),
+        "records: {:?}",
+        records.iter().map(describe_record).collect::<Vec<_>>()
+    );
+    world.db.drop_database().await.context("drop")?;
     Ok(())
 }
