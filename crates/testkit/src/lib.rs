@@ -49,8 +49,9 @@ pub use outbox::{
     epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,
 };
 pub use per_server::{
-    canonical_gtid_set, column_type_as_shown, gtid_set_at, gtid_state_variable, replica_port,
-    replica_script, server_json_text, stored_payload,
+    canonical_gtid_set, column_type_as_shown, gtid_of_event, gtid_set_at, gtid_state_includes,
+    gtid_state_variable, integer_sequence, replica_port, replica_script, server_json_text,
+    stored_payload, stored_payloads, unreached_gtid_state, xa_statement_gtid, xid_literal,
 };
 pub use relay::{describe_exit, free_local_port, RelayConfigSpec, RelayProcess};
 pub use unique::{next_server_id, unique_suffix};
@@ -66,15 +67,10 @@ pub use binlog_scan::{
 };
 pub use state::{crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow};
 pub mod fixture;
-pub mod flavor;
 pub use fixture::{
     all_seen, commit_rows, connection_state, describe_record, ensure_at_least_once,
     ensure_boundary, ensure_exactly_once, ensure_per_key_order, event_key_counts, expect_exit_code,
     registered_replica_ids, RowGen, World,
-};
-pub use flavor::{
-    gtid_of_event, gtid_state_includes, integer_sequence, stored_payloads, unreached_gtid_state,
-    xa_statement_gtid, xid_literal,
 };
 
 // Fault injection (tests/failover.rs, tests/faults.rs, the `faults` binary, `make faults`).

@@ -2,11 +2,11 @@
 //!
 //! ```text
 //! cargo run -p outbox-relay-testkit --bin faults -- --profile short|medium|full
-//!     [--seed N] [--relay-bin PATH] [--kills N] [--broker-restarts N] [--mariadb-restarts N]
+//!     [--seed N] [--relay-bin PATH] [--kills N] [--broker-restarts N] [--server-restarts N]
 //!     [--cuts N] [--freezes N] [--writers N] [--no-services]
 //! ```
 //!
-//! Restarts MariaDB and Kafka through `tests/services/*.sh` with this process's environment
+//! Restarts the database server (OUTBOX_TEST_SERVER) and Kafka through `tests/services/*.sh` with this process's environment
 //! (`MARIADB_PORT`, `KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`, `OUTBOX_SERVICES_DIR`): never point
 //! it at servers that other tests use at the same time. The relay binary is `--relay-bin`, else
 //! `$OUTBOX_RELAY_BIN`, else `target/debug/outbox-relay` (build it first).
@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use outbox_relay_testkit::faults::{run, Options, Profile};
 
 const USAGE: &str = "usage: faults [--profile short|medium|full] [--seed N] [--relay-bin PATH] \
-[--kills N] [--broker-restarts N] [--mariadb-restarts N] [--cuts N] [--freezes N] [--writers N] \
+[--kills N] [--broker-restarts N] [--server-restarts N] [--cuts N] [--freezes N] [--writers N] \
 [--no-services]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -55,7 +55,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 );
             }
             "--relay-bin" => relay_bin = Some(PathBuf::from(value()?)),
-            "--kills" | "--broker-restarts" | "--mariadb-restarts" | "--cuts" | "--freezes"
+            "--kills" | "--broker-restarts" | "--server-restarts" | "--cuts" | "--freezes"
             | "--writers" => {
                 let v = value()?;
                 let n = v
@@ -72,7 +72,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         match flag.as_str() {
             "--kills" => profile.kills = n,
             "--broker-restarts" => profile.broker_restarts = n,
-            "--mariadb-restarts" => profile.mariadb_restarts = n,
+            "--server-restarts" => profile.server_restarts = n,
             "--cuts" => profile.cuts = n,
             "--freezes" => profile.freezes = n,
             _ => profile.writers = n.max(1),

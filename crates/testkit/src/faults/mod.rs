@@ -5,23 +5,23 @@
 //! this crate, or as a library function ([`run`]).
 //!
 //! # Setup
-//! * Services: `tests/services/mariadb.sh up` and `kafka.sh up` (idempotent; ports from
+//! * Services: `tests/services/server.sh <OUTBOX_TEST_SERVER> up` and `kafka.sh up` (idempotent; ports from
 //!   `MARIADB_PORT`, `KAFKA_PORT`, …). Faults restart them through the same scripts, so run this
 //!   only against servers nobody else uses at the same time.
 //! * An own database (`faults_<suffix>`, both migrations), own topics (`f_<uid>.outbox.event.*`),
 //!   connector name and replica `server_id`.
-//! * The relay connects to MariaDB through a [`TcpProxy`] (for connection cuts), with
+//! * The relay connects to the database server through a [`TcpProxy`] (for connection cuts), with
 //!   `heartbeat_interval_ms = 1000`, `read_timeout_ms = 4000`, and straight to Kafka (its
 //!   advertised listener makes proxying Kafka pointless: broker faults are broker restarts).
-//! * Writers: see [`workload`]. They connect to MariaDB through a second proxy (cut together
+//! * Writers: see [`workload`]. They connect to the server through a second proxy (cut together
 //!   with the relay's, so some COMMITs end with an unknown outcome); the recovery probes connect
 //!   directly.
 //!
 //! # Faults
-//! `kill -9` of the relay and a restart; broker stop/start (`kafka.sh down`, `up`); MariaDB
-//! stop/start (`mariadb.sh down`, `up`); a cut of every relay and writer connection at the
+//! `kill -9` of the relay and a restart; broker stop/start (`kafka.sh down`, `up`); database
+//! stop/start (`server.sh <server> down`, `up`); a cut of every relay and writer connection at the
 //! proxies (sometimes with the relay's proxy refusing new connections for a few seconds, or
-//! with a writer's connection closed just before or just after its COMMIT reaches MariaDB: an
+//! with a writer's connection closed just before or just after its COMMIT reaches the server: an
 //! uncertain commit); optionally (`--freezes N`) a freeze of the relay's proxy (half-open
 //! connections) for a few seconds. The order is a seeded shuffle; before each fault a random
 //! pause. After each fault a probe row is committed; the time from the end of the fault until
@@ -75,9 +75,9 @@ pub enum FaultKind {
     RelayKill,
     /// `kafka.sh down`, a pause, `kafka.sh up`.
     BrokerRestart,
-    /// `mariadb.sh down`, a pause, `mariadb.sh up`.
-    MariadbRestart,
-    /// Every relay ↔ MariaDB connection closed at the proxy.
+    /// `server.sh <server> down`, a pause, `server.sh <server> up`.
+    ServerRestart,
+    /// Every relay ↔ server connection closed at the proxy.
     ConnectionCut,
     /// The relay's proxy stops forwarding (sockets stay open: half-open connections) for a few
     /// seconds, then resumes. Not in the standard profiles (`--freezes N`).
@@ -90,7 +90,7 @@ impl FaultKind {
         match self {
             Self::RelayKill => "relay kill -9",
             Self::BrokerRestart => "broker restart",
-            Self::MariadbRestart => "mariadb restart",
+            Self::ServerRestart => "server restart",
             Self::ConnectionCut => "connection cut",
             Self::ProxyFreeze => "proxy freeze",
         }
@@ -99,7 +99,7 @@ impl FaultKind {
     const ALL: [FaultKind; 5] = [
         Self::RelayKill,
         Self::BrokerRestart,
-        Self::MariadbRestart,
+        Self::ServerRestart,
         Self::ConnectionCut,
         Self::ProxyFreeze,
     ];
@@ -114,8 +114,8 @@ pub struct Profile {
     pub kills: usize,
     /// Broker restarts.
     pub broker_restarts: usize,
-    /// MariaDB restarts.
-    pub mariadb_restarts: usize,
+    /// server restarts.
+    pub server_restarts: usize,
     /// Connection cuts.
     pub cuts: usize,
     /// Proxy freezes (half-open connections for `freeze_ms`, then thawed).
@@ -143,7 +143,7 @@ impl Profile {
             name: "short".into(),
             kills: 12,
             broker_restarts: 3,
-            mariadb_restarts: 3,
+            server_restarts: 3,
             cuts: 3,
             freezes: 0,
             freeze_ms: (2_000, 8_000),
@@ -162,19 +162,19 @@ impl Profile {
             name: "medium".into(),
             kills: 30,
             broker_restarts: 5,
-            mariadb_restarts: 5,
+            server_restarts: 5,
             cuts: 5,
             ..Self::short()
         }
     }
 
-    /// 100 kills, 20 broker restarts, 10 MariaDB restarts, 10 cuts.
+    /// 100 kills, 20 broker restarts, 10 server restarts, 10 cuts.
     pub fn full() -> Self {
         Self {
             name: "full".into(),
             kills: 100,
             broker_restarts: 20,
-            mariadb_restarts: 10,
+            server_restarts: 10,
             cuts: 10,
             ..Self::short()
         }
@@ -194,7 +194,7 @@ impl Profile {
         match kind {
             FaultKind::RelayKill => self.kills,
             FaultKind::BrokerRestart => self.broker_restarts,
-            FaultKind::MariadbRestart => self.mariadb_restarts,
+            FaultKind::ServerRestart => self.server_restarts,
             FaultKind::ConnectionCut => self.cuts,
             FaultKind::ProxyFreeze => self.freezes,
         }
@@ -212,7 +212,7 @@ pub struct Options {
     pub relay_bin: PathBuf,
     /// Repository root (for `tests/services/*.sh` and `migrations/`).
     pub repo_root: PathBuf,
-    /// Run `mariadb.sh up` and `kafka.sh up` first.
+    /// Run `server.sh <server> up` and `kafka.sh up` first.
     pub start_services: bool,
 }
 
@@ -564,7 +564,7 @@ fn tail(text: &str, max: usize) -> &str {
     &text[cut..]
 }
 
-/// Retries `f` (a MariaDB query that may meet a restarting server) until it succeeds or
+/// Retries `f` (a query that may meet a restarting server) until it succeeds or
 /// `timeout` passes.
 async fn retry<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Result<T>) -> Result<T> {
     let deadline = Instant::now() + timeout;
@@ -675,17 +675,18 @@ pub async fn run(opts: &Options) -> Result<Report> {
     let p = &opts.profile;
     let mut rng = Rng::new(opts.seed);
     log.say(format!(
-        "fault matrix, profile {}: {} kills, {} broker restarts, {} MariaDB restarts, {} cuts, \
-         {} freezes; {} writers; seed {} (repeat with --seed {}); MariaDB 127.0.0.1:{}, Kafka {}",
+        "fault matrix, profile {}: {} kills, {} broker restarts, {} server restarts, {} cuts, \
+         {} freezes; {} writers; seed {} (repeat with --seed {}); {} 127.0.0.1:{}, Kafka {}",
         p.name,
         p.kills,
         p.broker_restarts,
-        p.mariadb_restarts,
+        p.server_restarts,
         p.cuts,
         p.freezes,
         p.writers,
         opts.seed,
         opts.seed,
+        crate::env::test_server().name(),
         mysql_port(),
         kafka_bootstrap()
     ));
@@ -724,7 +725,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
         .map(|t| spec.topic_for(t))
         .collect();
     let probe_topic = spec.topic_for(workload::PROBE_TYPE);
-    // The writers reach MariaDB through a proxy of their own, cut together with the relay's:
+    // The writers reach the server through a proxy of their own, cut together with the relay's:
     // a COMMIT in flight then has an unknown outcome (see `workload`).
     let writer_proxy = TcpProxy::start(format!("127.0.0.1:{}", mysql_port())).await?;
     let writer_url = format!(
@@ -848,10 +849,10 @@ pub async fn run(opts: &Options) -> Result<Report> {
                         )
                     })
             }
-            FaultKind::MariadbRestart => {
+            FaultKind::ServerRestart => {
                 let downtime = Duration::from_millis(rng.range(p.downtime_ms.0, p.downtime_ms.1));
                 services
-                    .restart(Service::Mariadb, downtime)
+                    .restart(Service::Server, downtime)
                     .await
                     .map(|(d, u)| {
                         format!(

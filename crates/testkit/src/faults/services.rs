@@ -20,7 +20,7 @@ pub fn default_repo_root() -> PathBuf {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
     /// The database server under test: `tests/services/server.sh <OUTBOX_TEST_SERVER>`.
-    Mariadb,
+    Server,
     /// `tests/services/kafka.sh`.
     Kafka,
 }
@@ -29,7 +29,7 @@ impl Service {
     /// The script and the arguments before the action.
     fn script(self) -> (&'static str, Vec<&'static str>) {
         match self {
-            Self::Mariadb => ("server.sh", vec![crate::env::test_server().name()]),
+            Self::Server => ("server.sh", vec![crate::env::test_server().name()]),
             Self::Kafka => ("kafka.sh", Vec::new()),
         }
     }
@@ -85,12 +85,12 @@ impl Services {
         Ok(started.elapsed())
     }
 
-    /// `up` for MariaDB, then Kafka (both idempotent).
+    /// `up` for the database server, then Kafka (both idempotent).
     ///
     /// # Errors
     /// As [`Services::run`].
     pub async fn up_all(&self) -> Result<()> {
-        self.run(Service::Mariadb, "up", Duration::from_secs(600))
+        self.run(Service::Server, "up", Duration::from_secs(600))
             .await?;
         self.run(Service::Kafka, "up", Duration::from_secs(900))
             .await?;

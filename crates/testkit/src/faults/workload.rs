@@ -1,5 +1,5 @@
 //! The generated workload: concurrent writer connections committing outbox rows in transactions
-//! of 1–50 rows, straight to MariaDB (the application's side; never through the proxy).
+//! of 1–50 rows, straight to the server (the application's side; never through the proxy).
 //!
 //! * Every aggregate id (the Kafka key) belongs to exactly one writer, so the commit order of a
 //!   key's rows is that writer's order. Each row carries the key's sequence number (1, 2, …) in
@@ -277,7 +277,7 @@ impl Committer {
                         break;
                     }
                     Err(e) if Instant::now() >= deadline => {
-                        return Err(e).context("no connection to MariaDB within the patience");
+                        return Err(e).context("no connection to the server within the patience");
                     }
                     Err(_) => {
                         tokio::time::sleep(delay).await;
@@ -343,7 +343,7 @@ impl Committer {
                     if Instant::now() >= deadline =>
                 {
                     return Err(e)
-                        .context("MariaDB did not accept the transaction within the patience");
+                        .context("the server did not accept the transaction within the patience");
                 }
                 Err(e) => {
                     if matches!(e, TxError::AtCommit(_)) && !uncertain && !rollback {
@@ -446,7 +446,7 @@ impl Workload {
     /// Stops the writers after their current transaction and sums their counters.
     ///
     /// # Errors
-    /// A writer failed (gave up on MariaDB, or a harness bug).
+    /// A writer failed (gave up on the server, or a harness bug).
     pub async fn stop(self) -> Result<WriterStats> {
         let _ = self.stop.send(true);
         let mut total = WriterStats::default();
