@@ -6,14 +6,13 @@
 //! what the test wrote (row counts), what Kafka holds (record sizes) and the checkpoint row in
 //! the state table, never from the relay's own output.
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
 use mysql_async::prelude::*;
 use outbox_relay_testkit::{
     collect_records, commit_rows, current_binlog_position, expect_exit_code, free_local_port,
-    wait_until, Record, RelayProcess, RowGen, World,
+    http_get, metric, wait_for_status, wait_until, Record, RelayProcess, RowGen, World,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -26,74 +25,6 @@ const RELAY_WAIT: Duration = Duration::from_secs(120);
 const STOP: Duration = Duration::from_secs(30);
 /// Poll interval of HTTP checks.
 const POLL: Duration = Duration::from_millis(100);
-
-/// `GET path` on `127.0.0.1:port` (HTTP/1.0, so the server closes the connection): the status
-/// code and the body.
-async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || -> Result<(u16, String)> {
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))
-            .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
-        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut response = String::new();
-        conn.read_to_string(&mut response)?;
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| anyhow!("no HTTP head in {response:?}"))?;
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| anyhow!("no status in {head:?}"))?;
-        Ok((status, body.to_owned()))
-    })
-    .await?
-}
-
-/// The value of one series (`name{labels}` exactly as exposed) in a Prometheus text page.
-fn metric(page: &str, series: &str) -> Option<f64> {
-    page.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
-/// Waits until `GET path` answers `status`; returns the body. Fails at once if the relay exits.
-async fn wait_for_status(
-    relay: &RelayProcess,
-    port: u16,
-    path: &str,
-    status: u16,
-    timeout: Duration,
-) -> Result<String> {
-    let mut last = None;
-    wait_until(
-        &format!("{path} to answer {status}"),
-        timeout,
-        POLL,
-        async || {
-            relay.ensure_running()?;
-            match http_get(port, path).await {
-                Ok((s, body)) if s == status => Ok(Some(body)),
-                other => {
-                    last = Some(format!("{other:?}"));
-                    Ok(None)
-                }
-            }
-        },
-    )
-    .await
-    .map_err(|e| {
-        anyhow!(
-            "{e:#}; last answer {last:?}\n--- relay stderr ---\n{}",
-            relay.stderr_tail()
-        )
-    })
-}
 
 /// Bytes of `r` as the relay counts them: key, value, header names and values.
 fn record_bytes(r: &Record) -> u64 {

@@ -486,6 +486,7 @@ fn fixture_config(topic: &str) -> String {
         outbox_extra: String::new(),
         unknown_xa_commit: None,
         http_listen: None,
+        retry_extra: String::new(),
     };
     format!(
         "{}\n[outbox.columns]\nid = \"id\"\naggregate_type = \"name\"\naggregate_id = \"id\"\n\

@@ -20,7 +20,6 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::Queryable;
 use outbox_relay_testkit::mysql_async;
-use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
     collect_records, describe_exit, insert_outbox_rows, next_server_id, recent_created_at_base,
     test_server, unique_suffix, InsertStyle, OutboxRow, PrivateService, RelayConfigSpec,
@@ -72,29 +71,17 @@ fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
 /// The private Kafka with SCRAM: (service, SASL bootstrap, PLAINTEXT bootstrap).
 fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
     let plain = port("SASL_KAFKA_PORT", 9492);
-    let (controller, sasl) = (plain + 1, plain + 2);
-    let spec = ServiceSpec {
-        name: "sasl-kafka".into(),
-        script: "kafka.sh".into(),
-        args: Vec::new(),
-        env: vec![
-            ("KAFKA_PORT".into(), plain.to_string()),
-            ("KAFKA_CONTROLLER_PORT".into(), controller.to_string()),
+    let sasl = plain + 2; // plain + 1 is the controller
+    let spec = ServiceSpec::kafka(
+        "sasl-kafka",
+        plain,
+        vec![
             ("KAFKA_SASL_PORT".into(), sasl.to_string()),
             ("KAFKA_SASL_SCRAM".into(), "1".into()),
             ("KAFKA_SASL_USER".into(), SASL_USER.into()),
             ("KAFKA_SASL_PASSWORD".into(), SASL_PASSWORD.into()),
-            // The jars `make services-up` fetched for the shared broker.
-            (
-                "KAFKA_LIBS_DIR".into(),
-                repo_root()
-                    .join(".services")
-                    .join("kafka-libs-4.1.1")
-                    .display()
-                    .to_string(),
-            ),
         ],
-    };
+    );
     let service = PrivateService::acquire(spec, |_| Ok(()))?;
     Ok((
         service,

@@ -164,6 +164,10 @@ fn main() -> ExitCode {
             }
         }
     };
+    // Everything durable is done when `run`/`replay` return. A blocking broker request that a
+    // stop abandoned (a metadata request to an unreachable Kafka, up to its own timeout) must
+    // not hold up the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -603,8 +603,16 @@ pub struct RetryConfig {
     pub initial_backoff_ms: u64,
     /// Largest delay, in ms. Default 30000.
     pub max_backoff_ms: u64,
-    /// Give up after this many consecutive failed attempts; 0 retries forever. Default 0.
+    /// Give up after this many consecutive failed attempts, of any cause (MySQL, Kafka, the
+    /// lease, start-up checks); 0 retries forever. An attempt succeeds once it has streamed for
+    /// 10 s; an attempt that never reaches streaming (Kafka unreachable at start-up, say) fails,
+    /// however long it took. Default 0.
     pub max_attempts: usize,
+    /// On a stop (SIGTERM/SIGINT), longest wait, in ms, for Kafka to acknowledge the records in
+    /// flight before the final checkpoint write. After it (Kafka unreachable) the relay exits 0
+    /// with the last checkpoint whose records were all acknowledged: the rest are sent again
+    /// on the next start (at least once). Default 30000.
+    pub stop_timeout_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -613,6 +621,7 @@ impl Default for RetryConfig {
             initial_backoff_ms: 500,
             max_backoff_ms: 30_000,
             max_attempts: 0,
+            stop_timeout_ms: 30_000,
         }
     }
 }

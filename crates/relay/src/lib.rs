@@ -62,7 +62,8 @@ use crate::source::{BinlogSource, Flavor, StartFrom};
 
 pub use crate::config::RelayConfig as Config;
 
-/// A run that streamed this long resets the backoff to its first delay.
+/// A run that streamed this long counts as a success: the count of consecutive failed
+/// attempts (`retry.max_attempts`) and the backoff start over.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
 
 /// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
@@ -112,7 +113,7 @@ async fn supervise(
     let mut resume: Option<Checkpoint> = None;
 
     let result = loop {
-        let started = Instant::now();
+        let mut streamed = None;
         let result = match lease.as_mut() {
             None => {
                 // A missing or outdated state table is an operator's fix, not a retry.
@@ -143,7 +144,7 @@ async fn supervise(
             }
             Some(l) => {
                 let store = base_store.fenced(l.token());
-                let (acked, result) = run_once(
+                let attempt = run_once(
                     &config,
                     &opts,
                     &pool,
@@ -154,10 +155,11 @@ async fn supervise(
                     &mut shutdown,
                 )
                 .await;
-                if acked.is_some() {
-                    resume = acked;
+                if attempt.acked.is_some() {
+                    resume = attempt.acked;
                 }
-                result
+                streamed = attempt.streamed;
+                attempt.result
             }
         };
         if let Err(e) = &result {
@@ -165,7 +167,14 @@ async fn supervise(
         }
         let e = match result {
             Ok(()) => break Ok(()),
-            Err(e) if e.is_retriable() && !*shutdown.borrow() => e,
+            Err(e) if e.is_retriable() && *shutdown.borrow() => {
+                // A stop while MySQL or Kafka is unreachable is still a clean stop: the stored
+                // checkpoint is the last one whose records Kafka acknowledged.
+                tracing::info!(error = %e, checkpoint = ?resume.as_ref().map(|c| c.position.to_string()),
+                    "stopped while the connection was failing; resuming from the stored checkpoint next start");
+                break Ok(());
+            }
+            Err(e) if e.is_retriable() => e,
             Err(e) => break Err(e),
         };
         if matches!(e, RelayError::LeaseLost(_)) {
@@ -176,7 +185,9 @@ async fn supervise(
                 let _ = with_timeout(limit, "releasing the lease", old.release()).await;
             }
         }
-        if started.elapsed() >= HEALTHY_RUN {
+        // Only an attempt that streamed for a while resets the count: one that fails before
+        // streaming (however long its start-up waits took) is one more consecutive failure.
+        if streamed.is_some_and(|d| d >= HEALTHY_RUN) {
             backoff = new_backoff(&config);
             attempts = 0;
         }
@@ -267,8 +278,43 @@ fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// One connection lifetime: checks, resume point, pipeline. Returns the latest acknowledged
-/// checkpoint known (to resume from without re-reading the store) and the result.
+/// What one connection lifetime ([`run_once`]) ended with.
+struct Attempt {
+    /// The latest acknowledged checkpoint known, to resume from without re-reading the store.
+    acked: Option<Checkpoint>,
+    /// `Ok` after a requested stop.
+    result: Result<(), RelayError>,
+    /// How long the binlog stream ran; `None` when the attempt ended before streaming.
+    streamed: Option<Duration>,
+}
+
+impl Attempt {
+    /// An attempt that ended before streaming.
+    fn before_streaming(acked: Option<Checkpoint>, result: Result<(), RelayError>) -> Self {
+        Self {
+            acked,
+            result,
+            streamed: None,
+        }
+    }
+}
+
+/// `step`, or `None` as soon as `shutdown` turns `true` (start-up steps such as reaching an
+/// unreachable Kafka must not hold up a stop).
+async fn unless_stopped<T>(
+    shutdown: &mut watch::Receiver<bool>,
+    step: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    if *shutdown.borrow() {
+        return None;
+    }
+    tokio::select! {
+        out = step => Some(out),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// One connection lifetime: checks, resume point, pipeline.
 #[allow(clippy::too_many_arguments)]
 async fn run_once(
     config: &RelayConfig,
@@ -279,41 +325,50 @@ async fn run_once(
     lease: &mut Lease,
     resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
-) -> (Option<Checkpoint>, Result<(), RelayError>) {
+) -> Attempt {
     metrics::global().set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
-        return (resume, Err(e));
+        return Attempt::before_streaming(resume, Err(e));
     }
     // Start-up queries on a half-open connection must not hang the relay either.
     let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
-    let prepared = with_timeout(
-        io_timeout * 2,
-        "start-up checks",
-        prepare(config, pool, store, resume.clone()),
+    let prepared = unless_stopped(
+        shutdown,
+        with_timeout(
+            io_timeout * 2,
+            "start-up checks",
+            prepare(config, pool, store, resume.clone()),
+        ),
     )
     .await;
-    let (server, mut start, from) = match prepared.and_then(|p| p) {
-        Ok(p) => p,
-        Err(e) => return (resume, Err(e)),
+    let (server, mut start, from) = match prepared.map(|p| p.and_then(|p| p)) {
+        None => return Attempt::before_streaming(resume, Ok(())),
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
     };
     forget_rows_acked_on_another_server(&mut start, &server, &from);
-    let sink = match new_sink(config).await {
-        Ok(s) => s,
-        Err(e) => return (Some(start), Err(e)),
+    let sink = match unless_stopped(shutdown, new_sink(config)).await {
+        None => return Attempt::before_streaming(Some(start), Ok(())),
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
     };
-    let mut source = match BinlogSource::connect(
-        opts.clone(),
-        config.mysql.server_id,
-        &source::report_host(&config.connector_name),
-        server.flavor,
-        &from,
-        Duration::from_millis(config.mysql.heartbeat_interval_ms),
-        Duration::from_millis(config.mysql.read_timeout_ms),
+    let connected = unless_stopped(
+        shutdown,
+        BinlogSource::connect(
+            opts.clone(),
+            config.mysql.server_id,
+            &source::report_host(&config.connector_name),
+            server.flavor,
+            &from,
+            Duration::from_millis(config.mysql.heartbeat_interval_ms),
+            Duration::from_millis(config.mysql.read_timeout_ms),
+        ),
     )
-    .await
-    {
-        Ok(s) => s,
-        Err(e) => return (Some(start), Err(e)),
+    .await;
+    let mut source = match connected {
+        None => return Attempt::before_streaming(Some(start), Ok(())),
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
     };
     let gtid_state = match &from {
         StartFrom::MariadbGtid(g) => Some(GtidState::MariaDb(g.clone())),
@@ -326,7 +381,7 @@ async fn run_once(
     let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
     if let Some(layouts) = start.table_layouts.as_deref() {
         if let Err(e) = decoder.restore_layouts(layouts) {
-            return (Some(start), Err(e));
+            return Attempt::before_streaming(Some(start), Err(e));
         }
     }
     let settings = PipelineSettings {
@@ -335,6 +390,7 @@ async fn run_once(
         source_server_id: server.server_id,
         source_server_uuid: server.server_uuid.clone(),
         io_timeout,
+        stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
@@ -346,6 +402,7 @@ async fn run_once(
         lease: Some(lease),
     };
     metrics::global().set_state(State::Streaming);
+    let streaming_since = Instant::now();
     let outcome = pipeline::run(stages, &settings, start, shutdown).await;
     metrics::global().set_state(State::Connecting);
     tracing::info!(
@@ -357,7 +414,11 @@ async fn run_once(
         rows_acked = outcome.acked.rows_acked,
         "pipeline run ended"
     );
-    (Some(outcome.acked), outcome.result)
+    Attempt {
+        acked: Some(outcome.acked),
+        result: outcome.result,
+        streamed: Some(streaming_since.elapsed()),
+    }
 }
 
 /// The router of `config`'s outbox tables (shared by [`run`] and [`replay()`]).
@@ -435,6 +496,7 @@ pub async fn replay(
         source_server_id: 0,
         source_server_uuid: None,
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
+        stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
     };
     let start = Checkpoint {
         position: plan

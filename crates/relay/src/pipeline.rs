@@ -102,6 +102,9 @@ pub struct PipelineSettings {
     pub source_server_uuid: Option<String>,
     /// Longest wait for a checkpoint write or lease check before the connection counts as dead.
     pub io_timeout: Duration,
+    /// After a stop was requested, longest wait for Kafka to acknowledge what is in flight
+    /// (`retry.stop_timeout_ms`); what is not acknowledged by then is sent again next start.
+    pub stop_timeout: Duration,
 }
 
 /// Counters of one run, for logs.
@@ -306,7 +309,22 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
             // Stop requested, the source failed, or a row stopped the relay: let Kafka
             // acknowledge what was sent so the checkpoint gets as far as it can, then store it.
             let mut drained = Ok(());
-            while let Some(ack) = inflight.next(sink).await {
+            let deadline = tokio::time::Instant::now() + settings.stop_timeout;
+            loop {
+                let ack = match tokio::time::timeout_at(deadline, inflight.next(sink)).await {
+                    Ok(Some(ack)) => ack,
+                    Ok(None) => break,
+                    Err(_) => {
+                        tracing::warn!(
+                            in_flight = reader.records_in_flight,
+                            waited_ms = settings.stop_timeout.as_millis() as u64,
+                            "Kafka did not acknowledge the records in flight within \
+                             retry.stop_timeout_ms: stopping at the last checkpoint whose \
+                             records were all acknowledged (the rest are sent again next start)"
+                        );
+                        break;
+                    }
+                };
                 if let Err(e) = reader.on_ack(ack, inflight.is_empty(), &mut progress) {
                     drained = Err(e);
                     break;

@@ -22,6 +22,7 @@ pub mod binlog;
 pub mod checkpoint;
 pub mod db;
 pub mod env;
+pub mod http;
 pub mod kafka;
 pub mod outbox;
 pub mod per_server;
@@ -41,6 +42,7 @@ pub use checkpoint::{
 };
 pub use db::{GlobalVariableGuard, TestDb};
 pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url, test_server, TestServer};
+pub use http::{http_get, metric, wait_for_status};
 pub use kafka::{
     collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,
     list_topics, read_all_records, Record,

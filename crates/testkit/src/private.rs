@@ -45,6 +45,27 @@ pub struct ServiceSpec {
     pub env: Vec<(String, String)>,
 }
 
+impl ServiceSpec {
+    /// A private Kafka broker (`tests/services/kafka.sh`) named `name` on 127.0.0.1:`port`,
+    /// its KRaft controller on `port + 1`, using the jars `make services-up` fetched for the
+    /// shared broker; `env` adds to the script's environment (SASL listeners, …).
+    pub fn kafka(name: &str, port: u16, env: Vec<(String, String)>) -> Self {
+        let libs = repo_root().join(".services").join("kafka-libs-4.1.1");
+        let mut all = vec![
+            ("KAFKA_PORT".into(), port.to_string()),
+            ("KAFKA_CONTROLLER_PORT".into(), (port + 1).to_string()),
+            ("KAFKA_LIBS_DIR".into(), libs.display().to_string()),
+        ];
+        all.extend(env);
+        Self {
+            name: name.into(),
+            script: "kafka.sh".into(),
+            args: Vec::new(),
+            env: all,
+        }
+    }
+}
+
 /// A running private service; stopped when the last handle is dropped.
 #[derive(Debug)]
 pub struct PrivateService {
@@ -102,6 +123,23 @@ impl PrivateService {
     /// `OUTBOX_SERVICES_DIR` of this service.
     pub fn dir(&self) -> PathBuf {
         private_services_dir(&self.spec.name)
+    }
+
+    /// Stops the service (its script's `down`) while this handle keeps it registered, so a
+    /// test can take it away under a running relay; [`PrivateService::start`] brings it back.
+    ///
+    /// # Errors
+    /// The script fails (its output is in the error).
+    pub fn stop(&self) -> Result<()> {
+        self.script("down")
+    }
+
+    /// Starts the service again after [`PrivateService::stop`] (its script's `up`, idempotent).
+    ///
+    /// # Errors
+    /// The script fails (its output is in the error).
+    pub fn start(&self) -> Result<()> {
+        self.script("up")
     }
 
     fn script(&self, action: &str) -> Result<()> {

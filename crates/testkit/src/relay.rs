@@ -66,6 +66,8 @@ pub struct RelayConfigSpec {
     /// `127.0.0.1:0` (a free port, so relays of parallel tests never collide on the default
     /// port); tests of the endpoints choose a port (see [`free_local_port`]).
     pub http_listen: Option<String>,
+    /// TOML lines appended to the `[retry]` section (`max_attempts = 3`, `stop_timeout_ms = …`).
+    pub retry_extra: String,
 }
 
 impl RelayConfigSpec {
@@ -97,6 +99,7 @@ impl RelayConfigSpec {
             outbox_extra: String::new(),
             unknown_xa_commit: Some("skip".into()),
             http_listen: Some("127.0.0.1:0".into()),
+            retry_extra: String::new(),
         }
     }
 
@@ -146,11 +149,12 @@ impl RelayConfigSpec {
         }
         out.push_str(&format!(
             "\n[checkpoint]\ntable = {}\ninterval_ms = {}\n\n[retry]\ninitial_backoff_ms = {}\n\
-             max_backoff_ms = {}\n",
+             max_backoff_ms = {}\n{}",
             toml_str(DEFAULT_CHECKPOINT_TABLE),
             self.checkpoint_interval_ms,
             self.initial_backoff_ms,
             self.max_backoff_ms,
+            self.retry_extra,
         ));
         if let Some(topic) = &self.dead_letter_topic {
             out.push_str(&format!(
@@ -543,6 +547,7 @@ mod tests {
             outbox_extra: "null_payload = \"skip\"\n".into(),
             unknown_xa_commit: None,
             http_listen: Some("127.0.0.1:0".into()),
+            retry_extra: "max_attempts = 3\n".into(),
         };
         let toml = spec.to_toml();
         for needle in [
@@ -555,6 +560,7 @@ mod tests {
             "[kafka.properties]\n\"linger.ms\" = \"5\"",
             "[checkpoint]",
             "[retry]",
+            "max_backoff_ms = 2000\nmax_attempts = 3\n",
             "[http]\nlisten = \"127.0.0.1:0\"\n",
         ] {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");

@@ -1,0 +1,208 @@
+//! Bounded retries and clean stops against the real servers: with Kafka unreachable every
+//! failed attempt counts (`retry.max_attempts`), the backoff grows, and the relay gives up
+//! after the last attempt; a stop (SIGTERM) while Kafka is unreachable, at start-up or with
+//! records in flight, exits 0 within a bounded time and leaves the last checkpoint whose
+//! records Kafka acknowledged; the next start sends what was not acknowledged.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use outbox_relay_testkit::{
+    collect_records, commit_rows, compare_positions, current_binlog_position, ensure_at_least_once,
+    expect_exit_code, free_local_port, http_get, metric, read_all_records, wait_for_stderr,
+    wait_until, PrivateService, RowGen, ServiceSpec, World,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const WAIT: Duration = Duration::from_secs(90);
+
+/// `retry_in_ms` of every "retrying" line of `stderr`, in order.
+fn retry_delays(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("relay interrupted; retrying"))
+        .filter_map(|l| {
+            let v = l.split("retry_in_ms=").nth(1)?;
+            v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// With Kafka unreachable at start-up, each failed attempt counts (an attempt that never
+/// streams is a failure however long its wait for a broker took), the delay grows, and with
+/// `max_attempts = 3` the relay exits 1 after the third failure, naming Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_kafka_attempts_are_counted_and_bounded() -> Result<()> {
+    let mut w = World::new(BIN, "retry_bound").await?;
+    w.spec.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?); // nothing listens
+    w.spec.initial_backoff_ms = 100;
+    w.spec.max_backoff_ms = 10_000;
+    w.spec.retry_extra = "max_attempts = 3\n".into();
+    let relay = w.spawn()?;
+    let status = relay.wait_exit(WAIT).await?;
+    expect_exit_code(status, 1, &relay)?;
+    let stderr = relay.stderr_text();
+    for n in 1..=2 {
+        ensure!(
+            stderr.contains(&format!("attempt={n}")),
+            "no retry logged as attempt {n}:\n{stderr}"
+        );
+    }
+    ensure!(
+        !stderr.contains("attempt=3"),
+        "the third failure must end the relay, not schedule a fourth attempt:\n{stderr}"
+    );
+    let delays = retry_delays(&stderr);
+    ensure!(
+        delays.len() == 2 && delays[1] > delays[0],
+        "the backoff must grow between consecutive failures: {delays:?}\n{stderr}"
+    );
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or("");
+    ensure!(
+        last.contains("Kafka"),
+        "the final error names Kafka: {last}"
+    );
+    w.db.drop_database().await?;
+    Ok(())
+}
+
+/// A stop while Kafka is unreachable (the relay waiting for a broker before it streams) exits
+/// 0 at once; the stored checkpoint is the one the previous run left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_kafka_is_unreachable_exits_0_at_once() -> Result<()> {
+    let mut w = World::new(BIN, "retry_stop").await?;
+    let (relay, _) = w.start(WAIT).await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "stop", 2);
+    commit_rows(&mut conn, &gen.rows(3)).await?;
+    let end = current_binlog_position(&mut conn).await?;
+    w.wait_checkpoint_covers(&relay, &end, WAIT).await?;
+    expect_exit_code(relay.stop(WAIT).await?, 0, &relay)?;
+    let before = w.checkpoint().await?;
+
+    w.spec.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?);
+    // Retry at once, so the stop lands while the next attempt waits for a broker.
+    w.spec.initial_backoff_ms = 1;
+    let relay = w.spawn()?;
+    wait_for_stderr(&relay, "relay interrupted; retrying", WAIT).await?;
+    let asked = Instant::now();
+    let status = relay.stop(WAIT).await?;
+    let took = asked.elapsed();
+    expect_exit_code(status, 0, &relay)?;
+    ensure!(
+        took < Duration::from_secs(5),
+        "the stop took {took:?}\n{}",
+        relay.stderr_tail()
+    );
+    let after = w.checkpoint().await?;
+    ensure!(
+        after.position() == before.position() && after.rows_acked == before.rows_acked,
+        "the checkpoint moved: {before:?} -> {after:?}"
+    );
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
+}
+
+/// A Kafka broker of this test binary alone, which a test stops under a running relay
+/// (`RETRY_KAFKA_PORT`, default 9792, and the next port for its controller).
+fn private_kafka() -> Result<(Arc<PrivateService>, String)> {
+    let port: u16 = std::env::var("RETRY_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9792);
+    let spec = ServiceSpec::kafka("retry-kafka", port, Vec::new());
+    Ok((
+        PrivateService::acquire(spec, |_| Ok(()))?,
+        format!("127.0.0.1:{port}"),
+    ))
+}
+
+/// Kafka goes away while records are in flight; a stop then waits `retry.stop_timeout_ms` for
+/// acknowledgements, exits 0 and leaves the checkpoint at the last acknowledged transaction.
+/// With Kafka back, the next start delivers every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_records_in_flight_and_kafka_down_is_bounded_and_loses_nothing() -> Result<()> {
+    let (kafka, bootstrap) = private_kafka()?;
+    let mut w = World::new(BIN, "retry_inflight").await?;
+    let port = free_local_port()?;
+    w.spec.bootstrap_servers = bootstrap.clone();
+    w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    w.spec.retry_extra = "stop_timeout_ms = 3000\n".into();
+    let topic = w.topic("Order");
+    let (relay, _) = w.start(WAIT).await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "inflight", 3);
+    let first = gen.rows(5);
+    commit_rows(&mut conn, &first).await?;
+    let acked_end = current_binlog_position(&mut conn).await?;
+    collect_records(&bootstrap, std::slice::from_ref(&topic), first.len(), WAIT).await?;
+    w.wait_checkpoint_covers(&relay, &acked_end, WAIT).await?;
+
+    kafka.stop()?;
+    let before_second = current_binlog_position(&mut conn).await?;
+    let second = gen.rows(5);
+    commit_rows(&mut conn, &second).await?;
+    wait_until(
+        "the second transaction's records to be in flight",
+        WAIT,
+        Duration::from_millis(100),
+        async || {
+            relay.ensure_running()?;
+            let (_, page) = http_get(port, "/metrics").await?;
+            Ok(metric(&page, "outbox_relay_records_in_flight")
+                .is_some_and(|n| n >= 5.0)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let asked = Instant::now();
+    let status = relay.stop(WAIT).await?;
+    let took = asked.elapsed();
+    expect_exit_code(status, 0, &relay)?;
+    ensure!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(20),
+        "the stop took {took:?}: it waits stop_timeout_ms (3 s) for Kafka, then exits\n{}",
+        relay.stderr_tail()
+    );
+    ensure!(
+        relay
+            .stderr_text()
+            .contains("did not acknowledge the records in flight within retry.stop_timeout_ms"),
+        "{}",
+        relay.stderr_tail()
+    );
+    // Other tests' transactions may follow the first one: the checkpoint may pass them, never
+    // the second transaction, whose records Kafka did not acknowledge.
+    let cp = w.checkpoint().await?.position();
+    ensure!(
+        compare_positions(&mut conn, &cp, &acked_end).await?.is_ge()
+            && compare_positions(&mut conn, &cp, &before_second)
+                .await?
+                .is_le(),
+        "the checkpoint {cp} must lie between {acked_end} and {before_second}"
+    );
+
+    kafka.start()?;
+    let relay = w.spawn()?;
+    let all: HashSet<String> = first
+        .iter()
+        .chain(&second)
+        .map(|r| r.event_key.clone())
+        .collect();
+    collect_records(&bootstrap, std::slice::from_ref(&topic), all.len(), WAIT)
+        .await
+        .with_context(|| relay.stderr_tail())?;
+    expect_exit_code(relay.stop(WAIT).await?, 0, &relay)?;
+    let records = read_all_records(&bootstrap, &[topic], WAIT).await?;
+    ensure_at_least_once(&records, &all)?;
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
+}
