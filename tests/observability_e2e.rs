@@ -218,6 +218,13 @@ async fn unreachable_mysql_is_live_but_not_ready() -> Result<()> {
             && reason.contains("MySQL: "),
         "{reason:?}"
     );
+    // The address and the fix, said once.
+    ensure!(
+        reason.contains(&format!("MySQL: 127.0.0.1:{closed}: connection refused"))
+            && reason.contains("Fix: start the server")
+            && !reason.contains("Input/output error"),
+        "{reason:?}"
+    );
     ensure!(!reason.contains(PASSWORD), "{reason:?}");
     // Still live, and the metrics count the failures.
     ensure!(http_get(port, "/healthz").await?.0 == 200);

@@ -95,6 +95,52 @@ pub const ER_UNKNOWN_COM_ERROR: u16 = 1047;
 /// ER_COLUMNACCESS_DENIED_ERROR (1143), ER_SPECIFIC_ACCESS_DENIED_ERROR (1227).
 const ACCESS_DENIED: [u16; 5] = [1044, 1045, 1142, 1143, 1227];
 
+/// Start of the message of a connection-level I/O failure, which
+/// [`RelayError::at_mysql_address`] replaces by the server's address.
+const CONNECTION_FAILED: &str = "connection failed: ";
+
+/// A socket error in words an operator can act on (once: mysql_async's own text repeats
+/// "Input/output error").
+fn describe_io(io: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    let code = io
+        .raw_os_error()
+        .map(|c| format!(" (os error {c})"))
+        .unwrap_or_default();
+    match io.kind() {
+        K::ConnectionRefused => format!(
+            "connection refused{code}: nothing accepts connections there. Fix: start the \
+             server, or correct the host and port in mysql.url"
+        ),
+        K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => format!(
+            "the server closed the connection ({io}): it restarted or shut down, or the \
+             connection was killed (KILL, wait_timeout, a proxy's idle timeout)"
+        ),
+        K::TimedOut => format!(
+            "the connection timed out ({io}): check that the host is reachable from here \
+             (routes, firewalls, security groups)"
+        ),
+        K::NotFound | K::AddrNotAvailable => {
+            format!("the address cannot be used ({io}): check the host name in mysql.url")
+        }
+        _ => io.to_string(),
+    }
+}
+
+impl RelayError {
+    /// Names the server (`host:port`) in a connection-level MySQL failure: "MySQL:
+    /// 127.0.0.1:3306: connection refused …". Other errors are returned unchanged.
+    pub fn at_mysql_address(self, address: &str) -> Self {
+        match self {
+            Self::Mysql(m) => match m.strip_prefix(CONNECTION_FAILED) {
+                Some(rest) => Self::Mysql(format!("{address}: {rest}")),
+                None => Self::Mysql(m),
+            },
+            other => other,
+        }
+    }
+}
+
 impl From<mysql_async::Error> for RelayError {
     fn from(e: mysql_async::Error) -> Self {
         match &e {
@@ -102,8 +148,9 @@ impl From<mysql_async::Error> for RelayError {
                 Self::Binlog(format!(
                     "the server cannot send the requested binlog position (error 1236: {}). \
                      The binlog file was probably purged or the server's binlog history was reset. \
-                     Check `SHOW BINARY LOGS`; to continue, move the checkpoint row of this connector \
-                     to an available position (events in between are not relayed)",
+                     Check `SHOW BINARY LOGS`; to continue, move this connector's checkpoint with \
+                     `outbox-relay reset --config <file> --to earliest` or `--to latest` (events \
+                     in between are not relayed)",
                     s.message
                 ))
             }
@@ -127,19 +174,22 @@ impl From<mysql_async::Error> for RelayError {
                 }
             }
             // Access problems are the operator's to fix: retrying would only hide them.
-            mysql_async::Error::Server(s) if ACCESS_DENIED.contains(&s.code) => Self::Prerequisite {
-                setting: "privileges of the mysql.url user".into(),
-                expected: "a user that can log in and holds REPLICATION SLAVE, REPLICATION CLIENT \
+            mysql_async::Error::Server(s) if ACCESS_DENIED.contains(&s.code) => {
+                Self::Prerequisite {
+                    setting: "privileges of the mysql.url user".into(),
+                    expected:
+                        "a user that can log in and holds REPLICATION SLAVE, REPLICATION CLIENT \
                      (MariaDB 10.5+: also BINLOG MONITOR, REPLICATION MASTER ADMIN), SELECT on the \
                      outbox tables and SELECT, INSERT, UPDATE on the checkpoint table"
-                    .into(),
-                found: format!("error {}: {}", s.code, crate::redact_error(&s.message)),
-                fix: "check the user and password in mysql.url (or mysql.password) and grant \
+                            .into(),
+                    found: format!("error {}: {}", s.code, crate::redact_error(&s.message)),
+                    fix: "check the user and password in mysql.url (or mysql.password) and grant \
                       what is missing (see the README, \"Server prerequisites\"); a user created \
                       REQUIRE SSL or REQUIRE X509 also needs mysql.tls_mode (and for X509 \
                       mysql.tls_cert and mysql.tls_key)"
-                    .into(),
-            },
+                        .into(),
+                }
+            }
             mysql_async::Error::Url(_) => Self::Config(format!("mysql.url: {e}")),
             mysql_async::Error::Io(mysql_async::IoError::Tls(tls))
                 if is_tls_rejection(&tls.to_string()) =>
@@ -153,7 +203,10 @@ impl From<mysql_async::Error> for RelayError {
                                tls_mode = \"verify_identity\"; and a client certificate the \
                                server accepts when the user requires one"
                         .into(),
-                    found: format!("the TLS handshake failed: {}", crate::redact_error(&tls.to_string())),
+                    found: format!(
+                        "the TLS handshake failed: {}",
+                        crate::redact_error(&tls.to_string())
+                    ),
                     fix: "set mysql.tls_ca to the CA file that signed the server's certificate \
                           (the server's ssl_ca); when the certificate does not name the host of \
                           mysql.url, connect by a name it holds or use tls_mode = \"verify_ca\"; \
@@ -175,6 +228,9 @@ impl From<mysql_async::Error> for RelayError {
                           or \"disabled\" to connect without encryption"
                         .into(),
                 }
+            }
+            mysql_async::Error::Io(mysql_async::IoError::Io(io)) => {
+                Self::Mysql(format!("{CONNECTION_FAILED}{}", describe_io(io)))
             }
             _ => Self::Mysql(crate::redact_error(&e.to_string())),
         }
@@ -214,6 +270,22 @@ mod tests {
             message: message.into(),
             state: "08S01".into(),
         })
+    }
+
+    #[test]
+    fn connection_refused_is_said_once_with_the_address_and_the_fix() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = RelayError::from(mysql_async::Error::Io(mysql_async::IoError::Io(io)));
+        assert!(e.is_retriable());
+        let text = e.at_mysql_address("db.internal:3306").to_string();
+        assert!(
+            text.starts_with("MySQL: db.internal:3306: connection refused"),
+            "{text}"
+        );
+        assert!(text.contains("Fix: start the server"), "{text}");
+        assert!(!text.contains("Input/output error"), "{text}");
+        let other = RelayError::Mysql("Lock wait timeout".into()).at_mysql_address("h:1");
+        assert_eq!(other.to_string(), "MySQL: Lock wait timeout");
     }
 
     #[test]

@@ -107,6 +107,7 @@ async fn supervise(
     );
     let router = new_router(&config)?;
     let owner = instance_name();
+    let address = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
     let mut backoff = new_backoff(&config);
     let mut attempts = 0usize;
     let mut lease: Option<Lease> = None;
@@ -162,6 +163,7 @@ async fn supervise(
                 attempt.result
             }
         };
+        let result = result.map_err(|e| e.at_mysql_address(&address));
         if let Err(e) = &result {
             metrics.error(e);
         }
@@ -231,11 +233,12 @@ async fn mysql_opts(
     let mut backoff = new_backoff(config);
     let mut attempts = 0usize;
     let timeout = Duration::from_millis(config.mysql.read_timeout_ms);
+    let address = mysql_address(&config.mysql.url);
     loop {
         let e = match mysql_tls::resolve(&config.mysql, timeout).await {
             Ok(opts) => return Ok(Some(opts)),
-            Err(e) if e.is_retriable() => e,
-            Err(e) => return Err(e),
+            Err(e) if e.is_retriable() => e.at_mysql_address(&address),
+            Err(e) => return Err(e.at_mysql_address(&address)),
         };
         attempts += 1;
         if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
@@ -252,6 +255,14 @@ async fn mysql_opts(
         if *shutdown.borrow() {
             return Ok(None);
         }
+    }
+}
+
+/// `host:port` of `mysql.url`, for error messages (the URL itself may hold a password).
+fn mysql_address(url: &str) -> String {
+    match Opts::from_url(url) {
+        Ok(o) => format!("{}:{}", o.ip_or_hostname(), o.tcp_port()),
+        Err(_) => "the server of mysql.url".into(),
     }
 }
 
@@ -628,7 +639,7 @@ async fn prepare(
     };
     let from = start_from(config.mysql.resume, &server, &start)?;
     if let StartFrom::Position(p) = &from {
-        preflight::check_position_available(&mut conn, p).await?;
+        preflight::check_position_available(&mut conn, server.flavor, p).await?;
     }
     Ok((server, start, from))
 }

@@ -508,6 +508,7 @@ pub async fn mariadb_gtid_at(
 /// steps: the relay never skips ahead by itself.
 pub async fn check_position_available(
     conn: &mut Conn,
+    flavor: Flavor,
     position: &BinlogPosition,
 ) -> Result<(), RelayError> {
     let logs: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
@@ -515,10 +516,6 @@ pub async fn check_position_available(
         .into_iter()
         .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
         .collect();
-    let available = match (logs.first(), logs.last()) {
-        (Some((first, _)), Some((last, size))) => format!("{first}:4 to {last}:{size}"),
-        _ => "none".to_owned(),
-    };
     let problem = match logs.iter().find(|(name, _)| *name == position.file) {
         None => "its binlog file is no longer on the server (purged, or the binlog history was reset)",
         Some((_, size)) if position.pos > *size => {
@@ -527,12 +524,13 @@ pub async fn check_position_available(
         }
         Some(_) => return Ok(()),
     };
+    let available = crate::source::binlog_history(conn, flavor).await?;
     Err(RelayError::Binlog(format!(
-        "cannot resume from the checkpoint's binlog position {position}: {problem}. Available: \
-         {available}. The relay will not skip ahead by itself. To continue, move this connector's \
-         checkpoint row (binlog_file, binlog_pos, rows_acked = 0, gtid_set = NULL) to the earliest \
-         available position (events in between are lost unless replayed from elsewhere) or to the \
-         current end (SHOW MASTER STATUS; the gap is not relayed)"
+        "cannot resume from the checkpoint's binlog position {position}: {problem}. The server \
+         has: {available}. The relay will not skip ahead by itself. To continue, move this \
+         connector's checkpoint with `outbox-relay reset --config <file> --to earliest` (from \
+         the oldest binlog the server has; events in between are lost unless replayed from \
+         elsewhere) or `--to latest` (the gap is not relayed); stop the relay first"
     )))
 }
 

@@ -152,6 +152,9 @@ pub struct BinlogSource {
     start: StartFrom,
     payloads: PayloadTracker,
     ends: EventEnds,
+    /// To ask the server what it still has when it refuses the start point (error 1236).
+    opts: Opts,
+    flavor: Flavor,
 }
 
 /// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
@@ -183,7 +186,7 @@ impl BinlogSource {
         let mut conn = crate::with_timeout(
             read_timeout,
             "connecting for the binlog dump",
-            Conn::new(opts),
+            Conn::new(opts.clone()),
         )
         .await??;
         if flavor == Flavor::MariaDb {
@@ -223,10 +226,10 @@ impl BinlogSource {
                 .map_err(|e| RelayError::Binlog(format!("checkpoint GTID set: {e}")))?;
             request = request.with_gtid().with_gtid_set(sids);
         }
-        let stream = conn
-            .get_binlog_stream(request)
-            .await
-            .map_err(|e| unavailable(e, start))?;
+        let stream = match conn.get_binlog_stream(request).await {
+            Ok(stream) => stream,
+            Err(e) => return Err(unavailable(e, start, &opts, flavor, read_timeout).await),
+        };
         Ok(Self {
             stream,
             file,
@@ -235,6 +238,8 @@ impl BinlogSource {
             start: start.clone(),
             payloads: PayloadTracker::default(),
             ends: EventEnds::default(),
+            opts,
+            flavor,
         })
     }
 
@@ -262,7 +267,10 @@ impl BinlogSource {
                 Ok(None) => {
                     return Err(RelayError::Mysql("the server ended the binlog dump".into()))
                 }
-                Ok(Some(Err(e))) => return Err(unavailable(e, &self.start)),
+                Ok(Some(Err(e))) => {
+                    let (opts, flavor) = (&self.opts, self.flavor);
+                    return Err(unavailable(e, &self.start, opts, flavor, self.read_timeout).await);
+                }
                 Ok(Some(Ok(event))) => event,
             };
             self.last_event = tokio::time::Instant::now();
@@ -357,24 +365,101 @@ fn uncompress(event: Event, position: &BinlogPosition) -> Result<Event, RelayErr
 }
 
 /// Maps error 1236 (the server cannot send from there) to a definite error naming the start
-/// point and the recovery steps; other errors as usual.
-fn unavailable(e: mysql_async::Error, start: &StartFrom) -> RelayError {
-    match &e {
-        mysql_async::Error::Server(s) if s.code == ER_MASTER_FATAL_ERROR_READING_BINLOG => {
-            RelayError::Binlog(format!(
-                "the server cannot send the binlog from the checkpoint's {start} (error 1236: {}). \
-                 The binlog holding it was purged, or the server's binlog history was reset \
-                 (RESET MASTER) or is a different one. The relay will not skip ahead by itself. \
-                 To continue, move this connector's checkpoint row: to the earliest available \
-                 binlog (first row of SHOW BINARY LOGS, position 4; events between the checkpoint \
-                 and there are lost unless replayed from elsewhere), or to the current end \
-                 (SHOW MASTER STATUS; the gap from the checkpoint to there is not relayed). \
-                 Set binlog_file, binlog_pos, rows_acked = 0 and gtid_set = NULL in the row",
-                s.message
-            ))
-        }
-        _ => e.into(),
+/// point, what the server still has (asked on a new connection, see [`binlog_history`]) and the
+/// recovery commands; other errors as usual.
+async fn unavailable(
+    e: mysql_async::Error,
+    start: &StartFrom,
+    opts: &Opts,
+    flavor: Flavor,
+    timeout: Duration,
+) -> RelayError {
+    let mysql_async::Error::Server(s) = &e else {
+        return e.into();
+    };
+    if s.code != ER_MASTER_FATAL_ERROR_READING_BINLOG {
+        return e.into();
     }
+    let history = async {
+        let mut conn = Conn::new(opts.clone()).await?;
+        let history = binlog_history(&mut conn, flavor).await;
+        conn.disconnect().await.ok();
+        history
+    };
+    let has = match crate::with_timeout(timeout, "asking the server what it has", history).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => format!("(could not ask: {})", crate::redact_error(&e.to_string())),
+        Err(e) => format!("(could not ask: {e})"),
+    };
+    RelayError::Binlog(format!(
+        "the server cannot send the binlog from the checkpoint's {start} (error 1236: {}). The \
+         binlog holding it was purged, or the server's binlog history was reset (RESET MASTER) \
+         or is a different one. The server has: {has}. The relay will not skip ahead by itself. \
+         To continue, move this connector's checkpoint with `outbox-relay reset --config <file> \
+         --to earliest` (from the oldest binlog the server has; events between the checkpoint \
+         and there are lost unless replayed from elsewhere) or `--to latest` (the gap is not \
+         relayed); stop the relay first",
+        s.message
+    ))
+}
+
+/// What binlog history the server still has, for error messages: `binlog files
+/// mysql-bin.000007:4 to mysql-bin.000009:1234`, then the GTIDs: MySQL `gtid_purged` and
+/// `gtid_executed`; MariaDB the GTID position at the start of the oldest file
+/// (`BINLOG_GTID_POS`) and `gtid_binlog_pos`.
+///
+/// # Errors
+/// A query fails (`SHOW BINARY LOGS` needs REPLICATION CLIENT / BINLOG MONITOR).
+pub async fn binlog_history(conn: &mut Conn, flavor: Flavor) -> Result<String, mysql_async::Error> {
+    let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await?;
+    let logs: Vec<(String, u64)> = logs
+        .into_iter()
+        .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
+        .collect();
+    let (Some((first, _)), Some((last, size))) = (logs.first(), logs.last()) else {
+        return Ok("no binlog files".into());
+    };
+    let files = format!("binlog files {first}:4 to {last}:{size}");
+    let gtids = match flavor {
+        Flavor::MySql => {
+            let row: Option<(Option<String>, Option<String>)> = conn
+                .query_first("SELECT @@GLOBAL.gtid_purged, @@GLOBAL.gtid_executed")
+                .await?;
+            let (purged, executed) = row.unwrap_or_default();
+            let clean = |g: Option<String>| {
+                let g = g.unwrap_or_default().replace('\n', "");
+                if g.trim().is_empty() {
+                    "none".to_owned()
+                } else {
+                    g
+                }
+            };
+            format!(
+                "; GTIDs purged {}, executed {}",
+                clean(purged),
+                clean(executed)
+            )
+        }
+        Flavor::MariaDb => {
+            let row: Option<(Option<String>, Option<String>)> = conn
+                .exec_first(
+                    "SELECT BINLOG_GTID_POS(?, 4), @@GLOBAL.gtid_binlog_pos",
+                    (first.as_str(),),
+                )
+                .await?;
+            let (oldest, current) = row.unwrap_or_default();
+            format!(
+                "; GTID position at the start of {first}: {}, current: {}",
+                oldest
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or_else(|| "none".into()),
+                current
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or_else(|| "none".into())
+            )
+        }
+    };
+    Ok(format!("{files}{gtids}"))
 }
 
 /// The file name in a ROTATE event.
