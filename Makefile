@@ -48,14 +48,16 @@ clean: services-down
 	rm -rf .services
 	$(CARGO) clean
 
-## Fault matrix: the relay under a concurrent workload while kill -9, broker restarts, MariaDB
-## restarts and connection cuts are injected (crates/testkit/src/faults). It RESTARTS the servers
-## on MARIADB_PORT / KAFKA_PORT through tests/services/*.sh: run it when no other test uses them
-## (or point it at private ones: MARIADB_PORT=3336 KAFKA_PORT=9392 KAFKA_CONTROLLER_PORT=9393
-## OUTBOX_SERVICES_DIR=$$PWD/.services/faults make faults). Prints a table ending with
-## `missing: N duplicates: M`; fails when anything committed is missing or out of order.
+## Fault matrix: the relay under a concurrent workload while kill -9, broker restarts, database
+## server restarts and connection cuts are injected (crates/testkit/src/faults), against the server
+## OUTBOX_TEST_SERVER names (mariadb10 by default, mariadb11, mysql8). It RESTARTS that server (on
+## MARIADB_PORT / MARIADB11_PORT / MYSQL8_PORT) and Kafka (KAFKA_PORT) through tests/services/*.sh:
+## run it when no other test uses them (or point it at private ones: MYSQL8_PORT=3446 KAFKA_PORT=9692
+## KAFKA_CONTROLLER_PORT=9693 OUTBOX_SERVICES_DIR=$$PWD/.services/faults OUTBOX_TEST_SERVER=mysql8
+## OUTBOX_TEST_SERVERS=mysql8 make faults). Prints a table ending with `missing: N duplicates: M`;
+## fails when anything committed is missing or out of order.
 ## `faults`: 12 kills and 3 of each other fault (~3 min); `faults-full`: 100 kills, 20 broker
-## restarts, 10 MariaDB restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42".
+## restarts, 10 server restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42".
 ## Optional conformance checks (not part of `make test`): the relay's binlog reading against real
 ## binlog files of servers this machine cannot run (MySQL 8.4/9.x tagged GTIDs, ...), in the folder
 ## OUTBOX_CONFORMANCE_BINLOGS names (the layout of mysql_common's test-data/binlogs). Fails, saying
