@@ -196,6 +196,54 @@ async fn check_compares_topic_max_message_bytes_with_the_producer() -> Result<()
     w.db.drop_database().await
 }
 
+/// `binlog_file` and `binlog_pos` of an object of `status --json`.
+fn json_position(v: &serde_json::Value) -> Result<BinlogPosition> {
+    Ok(BinlogPosition {
+        file: v["binlog_file"].as_str().context("binlog_file")?.to_owned(),
+        pos: v["binlog_pos"].as_u64().context("binlog_pos")?,
+    })
+}
+
+/// A caught-up relay's checkpoint stays before its own last checkpoint write: `status` counts
+/// only what the relay has still to read, so it reports lag 0 (as `/metrics` does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_caught_up_relay_reports_lag_0() -> Result<()> {
+    let w = World::new(BIN, "opscaught").await?;
+    let (relay, _) = w.start(Duration::from_secs(60)).await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = outbox_relay_testkit::RowGen::new(&w.uid, "caught", 2);
+    outbox_relay_testkit::commit_rows(&mut conn, &gen.rows(3)).await?;
+    let end = current_binlog_position(&mut conn).await?;
+    w.wait_checkpoint_covers(&relay, &end, Duration::from_secs(60))
+        .await?;
+    // Other tests of this binary write to the shared server meanwhile: wait for a moment when
+    // the relay has read everything.
+    let v = outbox_relay_testkit::wait_until(
+        "status to report lag 0",
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        async || {
+            let (status, out, err) = run(&w.spec, &["status", "--json"]).await?;
+            expect(&status, 0, &out, &err)?;
+            let v: serde_json::Value = serde_json::from_str(out.trim()).context(out.clone())?;
+            Ok((v["lag"]["bytes"] == 0).then_some(v))
+        },
+    )
+    .await?;
+    ensure!(v["lag"]["seconds"] == 0.0, "{v}");
+    let (at, server) = (
+        json_position(&v["checkpoint"])?,
+        json_position(&v["server"])?,
+    );
+    ensure!(
+        at != server,
+        "the relay's own checkpoint write follows its checkpoint, so the two differ: {v}"
+    );
+    outbox_relay_testkit::expect_exit_code(relay.stop(Duration::from_secs(60)).await?, 0, &relay)?;
+    drop(conn);
+    w.db.drop_database().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
     let w = World::new(BIN, "opsstatus").await?;
@@ -210,6 +258,12 @@ async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
          rows_acked, gtid_set, source_server_id, lease_token, lease_owner, updated_at) \
          VALUES (?, ?, ?, 3, ?, @@server_id, 7, 'opshost:4242', UTC_TIMESTAMP(6) - INTERVAL 90 SECOND)",
         (w.connector(), &cp.file, cp.pos, &gtid),
+    )
+    .await?;
+    // A row the relay has not read: lag that is not the checkpoint table's own writes.
+    conn.query_drop(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
+         VALUES ('Order', 'o-1', 'Created', 'unread', '{}')",
     )
     .await?;
     let before = current_binlog_position(&mut conn).await?;
@@ -277,13 +331,7 @@ async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
         bytes == 0 || v["lag"]["seconds"].as_f64() == Some(age),
         "{v}"
     );
-    let server_pos = BinlogPosition {
-        file: v["server"]["binlog_file"]
-            .as_str()
-            .context("file")?
-            .to_owned(),
-        pos: v["server"]["binlog_pos"].as_u64().context("pos")?,
-    };
+    let server_pos = json_position(&v["server"])?;
     ensure!(
         lag(&mut conn, &before, &server_pos).await.is_ok()
             && lag(&mut conn, &server_pos, &after).await.is_ok(),

@@ -85,6 +85,61 @@ pub fn bytes_between(
     Some(rest + middle + to.pos)
 }
 
+/// Walks `SHOW BINLOG EVENTS` from `from` (an event start) up to `to` (exclusive), across
+/// files, and returns the first event `visit` objects to (`visit(Event_type, Info)` returns
+/// why), as "why at file:pos". `Some` also when `from`'s file is gone or more than `max`
+/// events lie between; `None` when every event up to `to` passed.
+///
+/// # Errors
+/// A query fails (`SHOW BINLOG EVENTS` needs REPLICATION SLAVE / BINLOG MONITOR).
+pub async fn first_event_between(
+    conn: &mut Conn,
+    from: &BinlogPosition,
+    to: &BinlogPosition,
+    max: usize,
+    mut visit: impl FnMut(&str, &str) -> Option<String>,
+) -> Result<Option<String>, RelayError> {
+    let logs = binary_logs(conn).await?;
+    let Some(a) = logs.iter().position(|(f, _)| *f == from.file) else {
+        return Ok(Some(format!("the checkpoint's file {} is gone", from.file)));
+    };
+    let mut inspected = 0usize;
+    for (file, _) in &logs[a..] {
+        let start = if *file == from.file { from.pos } else { 4 };
+        // SHOW BINLOG EVENTS takes no placeholders: the name as a quoted literal.
+        let literal = file.replace('\\', "\\\\").replace('\'', "''");
+        let rows: Vec<Row> = conn
+            .query(format!(
+                "SHOW BINLOG EVENTS IN '{literal}' FROM {start} LIMIT {}",
+                max.saturating_add(1)
+            ))
+            .await?;
+        for r in rows {
+            let pos: u64 = r.get(1).unwrap_or(0);
+            if *file == to.file && pos >= to.pos {
+                return Ok(None);
+            }
+            inspected += 1;
+            if inspected > max {
+                return Ok(Some(format!("more than {max} events")));
+            }
+            let kind: String = r.get(2).unwrap_or_default();
+            let info: String = r
+                .get::<Option<Vec<u8>>, _>(5)
+                .flatten()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            if let Some(why) = visit(&kind, &info) {
+                return Ok(Some(format!("{why} at {file}:{pos}")));
+            }
+        }
+        if *file == to.file {
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}
+
 /// The whole state row of one connector, as stored (lease columns included), with the row's
 /// age by the server's clock.
 #[derive(Debug, Clone, PartialEq)]

@@ -304,50 +304,16 @@ async fn outbox_insert_between(
     from: &BinlogPosition,
     to: &BinlogPosition,
 ) -> Result<Option<String>, RelayError> {
-    let logs = super::binary_logs(conn).await?;
-    let Some(a) = logs.iter().position(|(f, _)| *f == from.file) else {
-        return Ok(Some(format!("the checkpoint's file {} is gone", from.file)));
-    };
     let names: Vec<String> = ctx
         .mappings
         .iter()
         .map(|m| format!("{}.{}", m.table.database, m.table.table).to_ascii_lowercase())
         .collect();
     let mut outbox_ids: Vec<u64> = Vec::new();
-    let mut inspected = 0usize;
-    for (file, _) in &logs[a..] {
-        let start = if *file == from.file { from.pos } else { 4 };
-        // SHOW BINLOG EVENTS takes no placeholders: the name as a quoted literal.
-        let literal = file.replace('\\', "\\\\").replace('\'', "''");
-        let rows: Vec<Row> = conn
-            .query(format!(
-                "SHOW BINLOG EVENTS IN '{literal}' FROM {start} LIMIT {MAX_EVENTS_INSPECTED}"
-            ))
-            .await?;
-        for r in rows {
-            let pos: u64 = r.get(1).unwrap_or(0);
-            if *file == to.file && pos >= to.pos {
-                return Ok(None);
-            }
-            inspected += 1;
-            if inspected > MAX_EVENTS_INSPECTED {
-                return Ok(Some("too many events behind the checkpoint".into()));
-            }
-            let kind: String = r.get(2).unwrap_or_default();
-            let info: String = r
-                .get::<Option<Vec<u8>>, _>(5)
-                .flatten()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default();
-            if let Some(why) = classify(&kind, &info, &names, &mut outbox_ids) {
-                return Ok(Some(format!("{why} at {file}:{pos}")));
-            }
-        }
-        if *file == to.file {
-            return Ok(None);
-        }
-    }
-    Ok(None)
+    super::first_event_between(conn, from, to, MAX_EVENTS_INSPECTED, |kind, info| {
+        classify(kind, info, &names, &mut outbox_ids)
+    })
+    .await
 }
 
 /// Whether one `SHOW BINLOG EVENTS` row (type `kind`, `info`) may insert an outbox row (the

@@ -2,7 +2,8 @@
 //! between them, and who holds the connector's lease.
 //!
 //! Lag in bytes is the binlog between the checkpoint and the server's end (the file sizes of
-//! `SHOW BINARY LOGS`). Lag in seconds is 0 when the checkpoint is at the end, else the age of
+//! `SHOW BINARY LOGS`), 0 when only checkpoint-table writes lie between (an idle relay's own
+//! checkpoint writes; `SHOW BINLOG EVENTS`). Lag in seconds is 0 when the checkpoint is at the end, else the age of
 //! the checkpoint row (the server's `NOW()` minus `updated_at`): binlog events carry their times
 //! only in the binlog itself (not in `SHOW BINLOG EVENTS`), and reading it would need a dump
 //! connection, so the age of the last checkpoint write stands in for the age of the oldest
@@ -41,8 +42,8 @@ pub struct Status {
     /// The server's GTID state there (`@@gtid_binlog_pos` on MariaDB, `Executed_Gtid_Set` on
     /// MySQL).
     pub server_gtid: Option<String>,
-    /// Bytes of binlog from the checkpoint to the end (`None` without a checkpoint, or when its
-    /// file is gone).
+    /// Bytes of binlog from the checkpoint to the end, 0 when only writes to the checkpoint
+    /// table lie between (`None` without a checkpoint, or when its file is gone).
     pub lag_bytes: Option<u64>,
     /// 0 when caught up, else the checkpoint's age (see the module docs).
     pub lag_seconds: Option<f64>,
@@ -78,9 +79,16 @@ pub async fn status(config: &RelayConfig) -> Result<Status, RelayError> {
         logs.iter()
             .any(|(name, size)| *name == p.file && p.pos <= *size)
     });
-    let lag_bytes = position
+    let mut lag_bytes = position
         .as_ref()
         .and_then(|p| bytes_between(&logs, p, &end));
+    if let (Some(b), Some(p)) = (lag_bytes, &position) {
+        // An idle relay's checkpoint stays before its own last checkpoint write (writing a
+        // checkpoint past it would make another write, and so on): those writes are not lag.
+        if b > 0 && only_checkpoint_writes(&mut conn, &table, p, &end).await? {
+            lag_bytes = Some(0);
+        }
+    }
     let lag_seconds = match (lag_bytes, &row) {
         (Some(0), _) => Some(0.0),
         (Some(_), Some(r)) => Some(r.age_seconds),
@@ -100,6 +108,61 @@ pub async fn status(config: &RelayConfig) -> Result<Status, RelayError> {
         lag_seconds,
         lease_holder: holder,
     })
+}
+
+/// Most events `status` inspects behind the checkpoint before it counts them all as lag.
+const MAX_EVENTS_INSPECTED: usize = 2_000;
+
+/// Whether every transaction from `from` to `to` only writes the checkpoint `table` (the
+/// relays' own checkpoint and lease writes; MariaDB and MySQL `SHOW BINLOG EVENTS` texts).
+async fn only_checkpoint_writes(
+    conn: &mut mysql_async::Conn,
+    table: &crate::config::TableName,
+    from: &BinlogPosition,
+    to: &BinlogPosition,
+) -> Result<bool, RelayError> {
+    let own = [
+        format!("({}.{})", table.database, table.table).to_ascii_lowercase(),
+        format!("(`{}`.`{}`)", table.database, table.table).to_ascii_lowercase(),
+    ];
+    let other = super::first_event_between(conn, from, to, MAX_EVENTS_INSPECTED, |kind, info| {
+        not_a_checkpoint_write(kind, info, &own)
+    })
+    .await?;
+    Ok(other.is_none())
+}
+
+/// Why one `SHOW BINLOG EVENTS` row (type `kind`, `info`) is not part of a transaction that
+/// only writes the checkpoint table (`own`: its name as table maps show it); `None` when it is.
+fn not_a_checkpoint_write(kind: &str, info: &str, own: &[String]) -> Option<String> {
+    const FRAMING: [&str; 12] = [
+        "Gtid",
+        "Anonymous_Gtid",
+        "Xid",
+        "Annotate_rows",
+        "Rows_query",
+        "Rotate",
+        "Format_desc",
+        "Previous_gtids",
+        "Gtid_list",
+        "Binlog_checkpoint",
+        "Stop",
+        "Heartbeat",
+    ];
+    let rows = ["Write_rows", "Update_rows", "Delete_rows"];
+    if FRAMING.contains(&kind) || rows.iter().any(|r| kind.starts_with(r)) {
+        // Rows events follow their table map, which was checked.
+        return None;
+    }
+    let lower = info.to_ascii_lowercase();
+    if kind == "Table_map" {
+        return (!own.iter().any(|o| lower.contains(o.as_str())))
+            .then(|| format!("a write to another table ({info})"));
+    }
+    if kind == "Query" && matches!(lower.trim(), "begin" | "commit") {
+        return None;
+    }
+    Some(format!("a {kind} event"))
 }
 
 /// A missing checkpoint table as the prerequisite error that names the migration.
@@ -236,5 +299,35 @@ impl fmt::Display for Status {
                 "lease             free (last owner {owner}, token {token})"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_checkpoint_tables_own_transactions_are_not_lag() {
+        let own = ["(shop.outbox_relay_checkpoint)".to_owned()];
+        let ok = |kind: &str, info: &str| not_a_checkpoint_write(kind, info, &own).is_none();
+        // MariaDB 10.11 / MySQL 8.0 SHOW BINLOG EVENTS rows of a checkpoint write.
+        assert!(ok("Gtid", "BEGIN GTID 0-1-2869"));
+        assert!(ok("Gtid", "SET @@SESSION.GTID_NEXT= 'ab:12'"));
+        assert!(ok("Query", "BEGIN"));
+        assert!(ok(
+            "Annotate_rows",
+            "UPDATE outbox_relay_checkpoint SET binlog_pos = 4"
+        ));
+        assert!(ok(
+            "Table_map",
+            "table_id: 35 (shop.outbox_relay_checkpoint)"
+        ));
+        assert!(ok("Update_rows_v1", "table_id: 35 flags: STMT_END_F"));
+        assert!(ok("Update_rows", "table_id: 92 flags: STMT_END_F"));
+        assert!(ok("Xid", "COMMIT /* xid=77 */"));
+        // Anything else is lag.
+        assert!(!ok("Table_map", "table_id: 36 (shop.outbox)"));
+        assert!(!ok("Query", "CREATE TABLE t (id INT)"));
+        assert!(!ok("Transaction_payload", "compression='ZSTD'"));
     }
 }
