@@ -575,6 +575,7 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
         unknown_xa_commit: None,
         http_listen: None,
         retry_extra: String::new(),
+        http_extra: String::new(),
     };
     let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
     expect(&status, 0, &out, &err)?;

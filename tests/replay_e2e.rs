@@ -487,6 +487,7 @@ fn fixture_config(topic: &str) -> String {
         unknown_xa_commit: None,
         http_listen: None,
         retry_extra: String::new(),
+        http_extra: String::new(),
     };
     format!(
         "{}\n[outbox.columns]\nid = \"id\"\naggregate_type = \"name\"\naggregate_id = \"id\"\n\

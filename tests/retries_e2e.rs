@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use outbox_relay_testkit::{
     collect_records, commit_rows, compare_positions, current_binlog_position, ensure_at_least_once,
-    expect_exit_code, free_local_port, http_get, metric, read_all_records, wait_for_stderr,
-    wait_until, PrivateService, RowGen, ServiceSpec, World,
+    expect_exit_code, free_local_port, http_get, metric, read_all_records, wait_for_status,
+    wait_for_stderr, wait_until, PrivateService, RowGen, ServiceSpec, World,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -124,17 +124,19 @@ fn private_kafka() -> Result<(Arc<PrivateService>, String)> {
     ))
 }
 
-/// Kafka goes away while records are in flight; a stop then waits `retry.stop_timeout_ms` for
-/// acknowledgements, exits 0 and leaves the checkpoint at the last acknowledged transaction.
-/// With Kafka back, the next start delivers every row.
+/// Kafka goes away while no rows flow: `/readyz` turns not ready within `http.ready_kafka_ms`
+/// and ready again when Kafka is back. Then Kafka goes away while records are in flight; a stop
+/// waits `retry.stop_timeout_ms` for acknowledgements, exits 0 and leaves the checkpoint at the
+/// last acknowledged transaction. With Kafka back, the next start delivers every row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_with_records_in_flight_and_kafka_down_is_bounded_and_loses_nothing() -> Result<()> {
+async fn kafka_down_is_seen_by_readyz_and_bounds_a_stop_that_loses_nothing() -> Result<()> {
     let (kafka, bootstrap) = private_kafka()?;
     let mut w = World::new(BIN, "retry_inflight").await?;
     let port = free_local_port()?;
     w.spec.bootstrap_servers = bootstrap.clone();
     w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     w.spec.retry_extra = "stop_timeout_ms = 3000\n".into();
+    w.spec.http_extra = "ready_kafka_ms = 3000\n".into();
     let topic = w.topic("Order");
     let (relay, _) = w.start(WAIT).await?;
     let mut conn = w.db.conn().await?;
@@ -144,6 +146,24 @@ async fn a_stop_with_records_in_flight_and_kafka_down_is_bounded_and_loses_nothi
     let acked_end = current_binlog_position(&mut conn).await?;
     collect_records(&bootstrap, std::slice::from_ref(&topic), first.len(), WAIT).await?;
     w.wait_checkpoint_covers(&relay, &acked_end, WAIT).await?;
+
+    // Idle: no records are sent, yet readiness follows Kafka.
+    wait_for_status(&relay, port, "/readyz", 200, WAIT).await?;
+    kafka.stop()?;
+    let down = Instant::now();
+    let reason = wait_for_status(&relay, port, "/readyz", 503, WAIT).await?;
+    ensure!(
+        reason.contains("Kafka unreachable for ") && reason.contains("http.ready_kafka_ms = 3000"),
+        "{reason}"
+    );
+    // The bound (3 s), plus at most one probe interval (1 s) and the script's stop.
+    ensure!(
+        down.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        down.elapsed()
+    );
+    kafka.start()?;
+    wait_for_status(&relay, port, "/readyz", 200, WAIT).await?;
 
     kafka.stop()?;
     let before_second = current_binlog_position(&mut conn).await?;

@@ -61,6 +61,10 @@ pub struct HttpConfig {
     /// (the stream is stalled, or reading waits for Kafka). Must exceed
     /// `mysql.heartbeat_interval_ms`. Default 30000.
     pub ready_stall_ms: u64,
+    /// `/readyz` answers 503 when no Kafka broker answered the relay's metadata probe for this
+    /// long, in ms, also while no rows flow (the probe runs every third of it while streaming).
+    /// At least 3000. Default 30000.
+    pub ready_kafka_ms: u64,
 }
 
 /// Default `http.listen`.
@@ -72,6 +76,7 @@ impl Default for HttpConfig {
             enabled: true,
             listen: DEFAULT_HTTP_LISTEN.into(),
             ready_stall_ms: 30_000,
+            ready_kafka_ms: 30_000,
         }
     }
 }
@@ -785,6 +790,13 @@ impl RelayConfig {
                      murmur2_random partitioner; bootstrap servers from kafka.bootstrap_servers); remove it"
                 ));
             }
+        }
+        if self.http.ready_kafka_ms < 3_000 {
+            return bad(format!(
+                "http.ready_kafka_ms ({}) must be at least 3000: the Kafka probe runs every \
+                 third of it and waits that long for a broker",
+                self.http.ready_kafka_ms
+            ));
         }
         if self.http.enabled && self.http.ready_stall_ms <= self.mysql.heartbeat_interval_ms {
             return bad(format!(

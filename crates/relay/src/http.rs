@@ -3,8 +3,10 @@
 //! * `GET /metrics`: every metric of [`crate::metrics`] in the Prometheus text format 0.0.4.
 //! * `GET /healthz`: `200 ok` while the process runs (liveness).
 //! * `GET /readyz`: `200 ready: streaming` while the binlog stream is connected and an event or
-//!   heartbeat was read within `http.ready_stall_ms`; otherwise `503 not ready: <reason>`
-//!   (starting, waiting for the lease, connecting, retrying after an error, stalled, stopping).
+//!   heartbeat was read within `http.ready_stall_ms` and a Kafka broker answered the relay's
+//!   metadata probe within `http.ready_kafka_ms` (also while no rows flow); otherwise `503 not
+//!   ready: <reason>` (starting, waiting for the lease, connecting, retrying after an error,
+//!   stalled, Kafka unreachable, stopping).
 //!
 //! The listener is bound before the relay connects anywhere, so a port already in use is a
 //! configuration error at start-up, and `/healthz` answers while MySQL is unreachable. The
@@ -37,6 +39,7 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 struct Endpoints {
     metrics: &'static Metrics,
     ready_stall: Duration,
+    ready_kafka: Duration,
 }
 
 /// A running HTTP server.
@@ -77,6 +80,7 @@ pub async fn start(
     let state = Endpoints {
         metrics,
         ready_stall: Duration::from_millis(config.ready_stall_ms),
+        ready_kafka: Duration::from_millis(config.ready_kafka_ms),
     };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
@@ -155,7 +159,7 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<Endpoints>) -> impl IntoResponse {
-    match s.metrics.readiness(s.ready_stall) {
+    match s.metrics.readiness(s.ready_stall, s.ready_kafka) {
         Ok(what) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, TEXT)],
@@ -197,6 +201,7 @@ mod tests {
             enabled: true,
             listen: listen.into(),
             ready_stall_ms: 30_000,
+            ready_kafka_ms: 30_000,
         }
     }
 

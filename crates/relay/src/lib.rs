@@ -289,6 +289,15 @@ fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
         .build()
 }
 
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What one connection lifetime ([`run_once`]) ended with.
 struct Attempt {
     /// The latest acknowledged checkpoint known, to resume from without re-reading the store.
@@ -414,7 +423,13 @@ async fn run_once(
     };
     metrics::global().set_state(State::Streaming);
     let streaming_since = Instant::now();
+    // Aborted when the run ends: the probe only speaks for a streaming relay.
+    let probe = AbortOnDrop(tokio::spawn(
+        sink.probe()
+            .run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
+    ));
     let outcome = pipeline::run(stages, &settings, start, shutdown).await;
+    drop(probe);
     metrics::global().set_state(State::Connecting);
     tracing::info!(
         records_acked = outcome.stats.records_acked,

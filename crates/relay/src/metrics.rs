@@ -139,6 +139,9 @@ struct Live {
     caught_up: bool,
     /// When the stored checkpoint was last known to include every acknowledged record.
     checkpoint_current_at: Option<Instant>,
+    /// Since when, and why, no Kafka broker answered the readiness probe (`None`: the last
+    /// probe succeeded, or none ran yet in this run).
+    kafka_down: Option<(Instant, String)>,
 }
 
 /// The relay's metrics registry and health state. See the module documentation.
@@ -414,6 +417,7 @@ impl Metrics {
                 current_as_of: None,
                 caught_up: false,
                 checkpoint_current_at: None,
+                kafka_down: None,
             }),
         }
     }
@@ -437,9 +441,9 @@ impl Metrics {
             .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
     }
 
-    /// `Ok(text)` when the relay is streaming and has read an event or heartbeat within
-    /// `stall`; otherwise `Err(reason)`.
-    pub fn readiness(&self, stall: Duration) -> Result<String, String> {
+    /// `Ok(text)` when the relay is streaming, has read an event or heartbeat within `stall`,
+    /// and Kafka has not been unreachable for `kafka` or longer; otherwise `Err(reason)`.
+    pub fn readiness(&self, stall: Duration, kafka: Duration) -> Result<String, String> {
         let live = self.live();
         match &live.state {
             State::Streaming => {}
@@ -468,6 +472,17 @@ impl Metrics {
             }
             State::Stopping => return Err("stopping".into()),
         }
+        if let Some((since, error)) = &live.kafka_down {
+            let down = since.elapsed();
+            if down >= kafka {
+                return Err(format!(
+                    "Kafka unreachable for {} ms (http.ready_kafka_ms = {}): {}",
+                    down.as_millis(),
+                    kafka.as_millis(),
+                    crate::redact_error(error)
+                ));
+            }
+        }
         let idle = live.last_activity.map_or(Duration::MAX, |t| t.elapsed());
         if idle > stall {
             let in_flight = self.in_flight.get();
@@ -486,12 +501,27 @@ impl Metrics {
         Ok("streaming".into())
     }
 
+    /// The readiness probe sent at `asked` reached a Kafka broker (`Ok`), or no broker
+    /// answered (`Err` with the probe's error): /readyz turns not ready once the cluster has
+    /// been unreachable, counted from the first failed probe's start, for `http.ready_kafka_ms`.
+    pub fn kafka_probe(&self, asked: Instant, result: Result<(), String>) {
+        let mut live = self.live();
+        match result {
+            Ok(()) => live.kafka_down = None,
+            Err(e) => match &mut live.kafka_down {
+                Some((_, last)) => *last = e,
+                None => live.kafka_down = Some((asked, e)),
+            },
+        }
+    }
+
     /// Sets the state; any state but [`State::Streaming`] means the stream is not connected.
     pub fn set_state(&self, state: State) {
         let mut live = self.live();
         if state == State::Streaming {
             live.last_activity = Some(Instant::now());
             live.caught_up = false;
+            live.kafka_down = None;
         }
         self.connected.set(i64::from(state == State::Streaming));
         live.state = state;
@@ -862,6 +892,7 @@ mod tests {
             current_as_of: None,
             caught_up: false,
             checkpoint_current_at: None,
+            kafka_down: None,
         };
         assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
         live.current_as_of = Some(990.0);
@@ -884,31 +915,45 @@ mod tests {
     }
 
     #[test]
-    fn readiness_needs_streaming_and_recent_activity() {
+    fn readiness_needs_streaming_recent_activity_and_kafka() {
         let m = Metrics::new();
         let stall = Duration::from_secs(30);
-        assert_eq!(m.readiness(stall), Err("starting".to_owned()));
+        assert_eq!(m.readiness(stall, stall), Err("starting".to_owned()));
         m.set_state(State::Retrying {
             error: "MySQL: cannot connect to mysql://relay:pw@db:3306/shop".into(),
             attempt: 2,
             delay_ms: 400,
         });
-        let reason = m.readiness(stall).expect_err("retrying");
+        let reason = m.readiness(stall, stall).expect_err("retrying");
         assert_eq!(
             reason,
             "not streaming: attempt 2 failed, retrying in 400 ms: MySQL: cannot connect to \
              mysql://relay:***@db:3306/shop"
         );
         m.set_state(State::Streaming);
-        assert_eq!(m.readiness(stall), Ok("streaming".to_owned()));
+        assert_eq!(m.readiness(stall, stall), Ok("streaming".to_owned()));
         std::thread::sleep(Duration::from_millis(2));
-        let reason = m.readiness(Duration::ZERO).expect_err("stalled");
+        let reason = m.readiness(Duration::ZERO, stall).expect_err("stalled");
         assert!(
             reason.starts_with("stalled: no binlog event or heartbeat read for"),
             "{reason}"
         );
+        // Kafka unreachable: ready until the bound, then not, and ready again once it answers.
+        m.kafka_probe(Instant::now(), Err("no broker of k:9092 answered".into()));
+        assert_eq!(m.readiness(stall, stall), Ok("streaming".to_owned()));
+        let reason = m.readiness(stall, Duration::ZERO).expect_err("kafka down");
+        assert!(
+            reason.starts_with("Kafka unreachable for ")
+                && reason.ends_with("(http.ready_kafka_ms = 0): no broker of k:9092 answered"),
+            "{reason}"
+        );
+        m.kafka_probe(Instant::now(), Ok(()));
+        assert_eq!(
+            m.readiness(stall, Duration::ZERO),
+            Ok("streaming".to_owned())
+        );
         m.set_state(State::Stopping);
-        assert_eq!(m.readiness(stall), Err("stopping".to_owned()));
+        assert_eq!(m.readiness(stall, stall), Err("stopping".to_owned()));
     }
 
     #[test]

@@ -36,12 +36,14 @@ use crate::error::RelayError;
 use crate::route::KafkaRecord;
 
 mod limits;
+mod probe;
 mod served;
 use limits::TopicLimits;
 pub use limits::{
     batch_hazard, batch_size_alone, ProducerLimits, LIBRDKAFKA_DEFAULT_MAX_BYTES,
     RECORD_BATCH_OVERHEAD,
 };
+pub use probe::KafkaProbe;
 use served::ServedProducer;
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once

@@ -68,6 +68,9 @@ pub struct RelayConfigSpec {
     pub http_listen: Option<String>,
     /// TOML lines appended to the `[retry]` section (`max_attempts = 3`, `stop_timeout_ms = …`).
     pub retry_extra: String,
+    /// TOML lines appended to the `[http]` section when `http_listen` is set
+    /// (`ready_kafka_ms = 3000`).
+    pub http_extra: String,
 }
 
 impl RelayConfigSpec {
@@ -100,6 +103,7 @@ impl RelayConfigSpec {
             unknown_xa_commit: Some("skip".into()),
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: String::new(),
+            http_extra: String::new(),
         }
     }
 
@@ -163,7 +167,11 @@ impl RelayConfigSpec {
             ));
         }
         match &self.http_listen {
-            Some(listen) => out.push_str(&format!("\n[http]\nlisten = {}\n", toml_str(listen))),
+            Some(listen) => out.push_str(&format!(
+                "\n[http]\nlisten = {}\n{}",
+                toml_str(listen),
+                self.http_extra
+            )),
             None => out.push_str("\n[http]\nenabled = false\n"),
         }
         out
@@ -548,6 +556,7 @@ mod tests {
             unknown_xa_commit: None,
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: "max_attempts = 3\n".into(),
+            http_extra: "ready_kafka_ms = 3000\n".into(),
         };
         let toml = spec.to_toml();
         for needle in [
@@ -561,7 +570,7 @@ mod tests {
             "[checkpoint]",
             "[retry]",
             "max_backoff_ms = 2000\nmax_attempts = 3\n",
-            "[http]\nlisten = \"127.0.0.1:0\"\n",
+            "[http]\nlisten = \"127.0.0.1:0\"\nready_kafka_ms = 3000\n",
         ] {
             assert!(toml.contains(needle), "{needle:?} missing from\n{toml}");
         }
