@@ -341,6 +341,83 @@ async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
     w.db.drop_database().await
 }
 
+/// An outbox INSERT logged as a statement stops a relay without dead letters (exit 1), and
+/// the message's own directions get past it: the `SHOW BINLOG EVENTS` it names leads to the
+/// transaction's COMMIT, `reset --to` there moves the checkpoint, and the next rows arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_logged_insert_stops_with_directions_that_get_past_it() -> Result<()> {
+    let w = World::new(BIN, "opsstmt").await?;
+    let (relay, _) = w.start(START).await?;
+    let mut conn = w.db.conn().await?;
+    conn.query_drop("SET SESSION binlog_format = STATEMENT")
+        .await?;
+    conn.query_drop(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
+         VALUES ('Order', 'o-1', 'Created', 'as-statement', '{}')",
+    )
+    .await?;
+    conn.query_drop("SET SESSION binlog_format = ROW").await?;
+    let status = relay.wait_exit(EXIT).await?;
+    outbox_relay_testkit::expect_exit_code(status, 1, &relay)?;
+    let err = relay.stderr_text();
+    has(&err, "logged as a statement")?;
+    has(&err, "[dead_letter] enabled = true")?;
+    // The message names `SHOW BINLOG EVENTS IN 'file' FROM pos LIMIT 3`: follow it.
+    let shown = err
+        .split("SHOW BINLOG EVENTS IN '")
+        .nth(1)
+        .context("no SHOW BINLOG EVENTS in the message")?;
+    let (file, rest) = shown.split_once("' FROM ").context("no FROM")?;
+    let pos: u64 = rest
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("no position after FROM")?;
+    let events: Vec<mysql_async::Row> = conn
+        .query(format!("SHOW BINLOG EVENTS IN '{file}' FROM {pos} LIMIT 3"))
+        .await?;
+    let commit_end: u64 = events
+        .iter()
+        .find(|r| {
+            let kind: String = r.get(2).unwrap_or_default();
+            let info: String = r.get(5).unwrap_or_default();
+            kind == "Xid" || (kind == "Query" && info.trim() == "COMMIT")
+        })
+        .and_then(|r| r.get(4))
+        .context("no COMMIT or Xid among the events the message points at")?;
+    let to = format!("{file}:{commit_end}");
+    let (status, out, e) = run(&w.spec, &["reset", "--to", &to, "--yes"]).await?;
+    expect(&status, 0, &out, &e)?;
+
+    let relay = w.spawn()?;
+    let mut gen = RowGen::new(&w.uid, "after", 1);
+    let rows = gen.rows(2);
+    outbox_relay_testkit::commit_rows(&mut conn, &rows).await?;
+    let topic = w.topic(&rows[0].aggregate_type);
+    let records = outbox_relay_testkit::collect_records(
+        &w.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        rows.len(),
+        EXIT,
+    )
+    .await
+    .with_context(|| relay.stderr_tail())?;
+    outbox_relay_testkit::expect_exit_code(relay.stop(EXIT).await?, 0, &relay)?;
+    let keys: Vec<_> = records
+        .iter()
+        .filter_map(|r| r.header("event_key"))
+        .collect();
+    ensure!(
+        keys == rows
+            .iter()
+            .map(|r| r.event_key.as_str())
+            .collect::<Vec<_>>(),
+        "after the reset only the new rows arrive, in order: {keys:?}"
+    );
+    drop(conn);
+    w.db.drop_database().await
+}
+
 async fn state(w: &World) -> Result<outbox_relay_testkit::StateRow> {
     w.state().await
 }

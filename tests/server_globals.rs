@@ -834,3 +834,50 @@ async fn layouts_are_followed_through_ddl_without_column_names() -> Result<()> {
     w.db.drop_database().await?;
     Ok(())
 }
+
+/// `binlog_row_metadata=NO_LOG` (MariaDB's default): `run` and `check` both refuse it with the
+/// fix (exit code 3), and `run` says nothing about following layouts first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_log_row_metadata_is_refused_by_run_and_check_alike() -> Result<()> {
+    if test_server().is_mysql() {
+        println!(
+            "not on {}: MySQL's binlog_row_metadata is MINIMAL or FULL (NO_LOG is MariaDB's)",
+            test_server().name()
+        );
+        return Ok(());
+    }
+    let _serial = SERIAL.lock().await;
+    let w = World::new(BIN, "nolog").await?;
+    let guard = GlobalVariableGuard::set("binlog_row_metadata", "NO_LOG").await?;
+    let outcome = async {
+        let relay = w.spawn()?;
+        let status = relay.wait_exit(STARTUP).await?;
+        expect_exit_code(status, 3, &relay)?;
+        let stderr = relay.stderr_text();
+        ensure!(
+            stderr.contains("binlog_row_metadata")
+                && stderr.contains("NO_LOG")
+                && stderr.contains("SET GLOBAL binlog_row_metadata=FULL"),
+            "{stderr}"
+        );
+        ensure!(
+            !stderr.contains("follows the outbox tables' layouts"),
+            "run promised to follow layouts before refusing NO_LOG:\n{stderr}"
+        );
+        let check = RelayProcess::spawn_args(BIN, &["check", "--config"], &w.spec.to_toml(), &[])?;
+        let status = check.wait_exit(STARTUP).await?;
+        expect_exit_code(status, 3, &check)?;
+        let out = check.stdout_text();
+        ensure!(
+            out.lines().any(|l| l.starts_with("FAIL")
+                && l.contains("binlog_row_metadata")
+                && l.contains("NO_LOG")),
+            "check does not fail binlog_row_metadata=NO_LOG:\n{out}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    guard.restore().await?;
+    outcome?;
+    w.db.drop_database().await
+}

@@ -454,16 +454,23 @@ impl Decoder {
             .outbox_tables
             .keys()
             .find(|t| statement_writes_table(stmt, default_db, t))?;
+        let (file, pos) = (&ev.position.file, ev.position.pos);
         Some(Box::new(RowFailure {
             error: RelayError::Row {
                 position: ev.position.clone(),
                 table: table.to_string(),
-                reason: "an INSERT on the outbox was logged as a statement, not as rows (the \
-                         writing session used binlog_format=STATEMENT or MIXED), so its rows \
-                         cannot be read from the binlog. Fix: SET GLOBAL binlog_format=ROW and \
-                         make sure no writer sets a session binlog_format; the statement is \
-                         the dead letter's value"
-                    .into(),
+                reason: format!(
+                    "an INSERT on the outbox was logged as a statement, not as rows (the \
+                     writing session used binlog_format=STATEMENT or MIXED), so its rows cannot \
+                     be read from the binlog. `SHOW BINLOG EVENTS IN '{file}' FROM {pos} LIMIT \
+                     3` shows where it is, up to its transaction's COMMIT (or Xid) event. To get \
+                     past it: turn on dead letters ([dead_letter] enabled = true: the statement \
+                     becomes the dead letter's value and the stream continues), or write its \
+                     rows again with binlog_format=ROW and move the checkpoint past its \
+                     transaction with `outbox-relay reset --to {file}:<End_log_pos of that \
+                     COMMIT>` (relay stopped). To prevent it: SET GLOBAL binlog_format=ROW and \
+                     make sure no writer sets a session binlog_format"
+                ),
             },
             key: None,
             value: Some(stmt.as_bytes().to_vec()),

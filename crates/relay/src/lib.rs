@@ -652,6 +652,18 @@ async fn prepare(
             }
         },
     };
+    let mut start = start;
+    if !server.row_metadata_full && start.table_layouts.is_none() {
+        // A checkpoint moved by `reset` or by hand carries no layouts: today's are the best
+        // known, right unless an outbox table's columns changed after the checkpoint.
+        start.table_layouts =
+            preflight::current_layouts(&mut conn, &config.outbox_tables()).await?;
+        tracing::warn!(position = %start.position,
+            "the checkpoint carries no outbox table layouts (moved by reset or by hand) and table \
+             maps carry no column names: using the tables' current columns from \
+             information_schema. If an outbox table's columns changed after this position, move \
+             the checkpoint past that change (or SET GLOBAL binlog_row_metadata=FULL)");
+    }
     let from = start_from(config.mysql.resume, &server, &start)?;
     if let StartFrom::Position(p) = &from {
         preflight::check_position_available(&mut conn, server.flavor, p).await?;

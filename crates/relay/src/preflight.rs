@@ -226,7 +226,9 @@ pub fn evaluate_binlog_settings(
             "FULL",
             format!(
                 "SET GLOBAL binlog_row_metadata=FULL and add binlog_row_metadata=FULL to {cnf} \
-                 (the relay reads column names from the binlog's table map events)"
+                 (the relay reads column names from the binlog's table map events; MINIMAL also \
+                 works, with the layouts followed from information_schema; NO_LOG cannot: its \
+                 table maps carry neither column names nor signedness and character sets)"
             ),
         );
         if layout_tracking && c.level == Level::Fail && c.found == "MINIMAL" {
@@ -270,19 +272,20 @@ pub async fn check_server(conn: &mut Conn) -> Result<ServerInfo, RelayError> {
         .map(|(_, v)| v.to_ascii_uppercase());
     // Servers without the setting (MariaDB before 10.5, MySQL 5.7) log no names either.
     info.row_metadata_full = metadata.as_deref() == Some("FULL");
-    if !info.row_metadata_full {
-        tracing::warn!(binlog_row_metadata = ?metadata,
-            "table maps carry no column names: the relay follows the outbox tables' layouts from \
-             information_schema and the DDL in the binlog; binlog_row_metadata=FULL is simpler \
-             and recommended");
-    }
-    // Settings before the replica question, as the first failure is reported.
+    // Settings before the replica question, as the first failure is reported (NO_LOG among
+    // them: said before any word about following layouts).
     first_failure(evaluate_binlog_settings(
         info.flavor,
         &vars,
         false,
         LAYOUT_TRACKING,
     ))?;
+    if !info.row_metadata_full {
+        tracing::warn!(binlog_row_metadata = ?metadata,
+            "table maps carry no column names: the relay follows the outbox tables' layouts from \
+             information_schema and the DDL in the binlog; binlog_row_metadata=FULL is simpler \
+             and recommended");
+    }
     if is_replica(conn, info.flavor).await {
         first_failure(evaluate_binlog_settings(
             info.flavor,
@@ -356,6 +359,39 @@ pub async fn current_position(
     }
 }
 
+/// The outbox tables' column layouts as `information_schema.COLUMNS` has them now (names in
+/// ordinal order, ENUM/SET labels), in the checkpoint's `table_layouts` form
+/// ([`crate::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.
+///
+/// # Errors
+/// The query fails.
+pub async fn current_layouts(
+    conn: &mut Conn,
+    tables: &[TableName],
+) -> Result<Option<std::sync::Arc<str>>, RelayError> {
+    let mut tracker = crate::schema::LayoutTracker::new(tables.iter().cloned());
+    for table in tables {
+        // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without
+        // optional metadata lack too.
+        let rows: Vec<(String, String)> = conn
+            .exec(
+                "SELECT COLUMN_NAME, CAST(COLUMN_TYPE AS CHAR) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                (&table.database, &table.table),
+            )
+            .await?;
+        if !rows.is_empty() {
+            let labels: crate::schema::Labels = rows
+                .iter()
+                .filter_map(|(name, ty)| Some((name.clone(), crate::schema::enum_set_labels(ty)?)))
+                .collect();
+            tracker.set(table, rows.into_iter().map(|(name, _)| name).collect());
+            tracker.set_labels(table, labels);
+        }
+    }
+    Ok(tracker.snapshot())
+}
+
 /// The current binlog position (as [`current_position`]) together with the outbox tables'
 /// column layouts (names, and the labels of ENUM and SET columns) from `information_schema`, read so that they belong together: the position is
 /// read before and after the layouts, and the read is repeated until nothing was logged in
@@ -371,31 +407,10 @@ pub async fn position_with_layouts(
 ) -> Result<(BinlogPosition, Option<String>, Option<std::sync::Arc<str>>), RelayError> {
     for _ in 0..20 {
         let (before, executed) = current_position(conn, flavor).await?;
-        let mut tracker = crate::schema::LayoutTracker::new(tables.iter().cloned());
-        for table in tables {
-            // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without
-            // optional metadata lack too.
-            let rows: Vec<(String, String)> = conn
-                .exec(
-                    "SELECT COLUMN_NAME, CAST(COLUMN_TYPE AS CHAR) FROM information_schema.COLUMNS \
-                     WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
-                    (&table.database, &table.table),
-                )
-                .await?;
-            if !rows.is_empty() {
-                let labels: crate::schema::Labels = rows
-                    .iter()
-                    .filter_map(|(name, ty)| {
-                        Some((name.clone(), crate::schema::enum_set_labels(ty)?))
-                    })
-                    .collect();
-                tracker.set(table, rows.into_iter().map(|(name, _)| name).collect());
-                tracker.set_labels(table, labels);
-            }
-        }
+        let layouts = current_layouts(conn, tables).await?;
         let (after, _) = current_position(conn, flavor).await?;
         if after == before {
-            return Ok((before, executed, tracker.snapshot()));
+            return Ok((before, executed, layouts));
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

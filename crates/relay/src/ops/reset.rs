@@ -181,8 +181,9 @@ pub async fn reset(
                 gtid_set: report.gtid_set.clone(),
                 source_server_id: server.server_id,
                 source_server_uuid: server.server_uuid.clone(),
-                // The layouts at the new position are not known here; with
-                // binlog_row_metadata=FULL none are needed (README, "reset").
+                // The layouts at the new position are not known here: with
+                // binlog_row_metadata=FULL none are needed, otherwise the relay takes the
+                // current ones from information_schema at its next start.
                 table_layouts: None,
             })
             .await;
