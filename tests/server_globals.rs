@@ -881,3 +881,99 @@ async fn no_log_row_metadata_is_refused_by_run_and_check_alike() -> Result<()> {
     outcome?;
     w.db.drop_database().await
 }
+
+/// Temporal columns in the formats before MySQL 5.6 (a MariaDB table created with
+/// `mysql56_temporal_format=OFF`, as tables upgraded from MariaDB 5.3–10.0 have them), with and
+/// without fractional seconds, reach Kafka exactly as their 5.6-format twins added later do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_5_6_temporal_formats_decode_like_their_5_6_twins() -> Result<()> {
+    if test_server().is_mysql() {
+        println!(
+            "not on {}: MySQL writes the pre-5.6 temporal formats only for tables upgraded from \
+             MySQL 5.5, and has no setting to create one",
+            test_server().name()
+        );
+        return Ok(());
+    }
+    let _serial = SERIAL.lock().await;
+    let mut w = World::new(BIN, "oldtime").await?;
+    let mut conn = w.db.conn().await?;
+    let guard = GlobalVariableGuard::set("mysql56_temporal_format", "OFF").await?;
+    let created = conn
+        .query_drop(
+            "CREATE TABLE old_outbox (
+               id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+               aggregate_type VARCHAR(64) NOT NULL, aggregate_id VARCHAR(64) NOT NULL,
+               event_type VARCHAR(64) NOT NULL, event_key VARCHAR(64) NOT NULL,
+               payload LONGTEXT NOT NULL,
+               d0 DATETIME NULL, d6 DATETIME(6) NULL, d3 DATETIME(3) NULL,
+               t0 TIME NULL, t4 TIME(4) NULL, ts0 TIMESTAMP NULL, ts6 TIMESTAMP(6) NULL,
+               tail VARCHAR(10) NOT NULL
+             ) ENGINE=InnoDB",
+        )
+        .await;
+    guard.restore().await?;
+    created?;
+    // The same columns in the 5.6 formats (ADD COLUMN leaves the old ones as they are).
+    conn.query_drop(
+        "ALTER TABLE old_outbox ADD COLUMN n_d0 DATETIME NULL, ADD COLUMN n_d6 DATETIME(6) NULL, \
+         ADD COLUMN n_d3 DATETIME(3) NULL, ADD COLUMN n_t0 TIME NULL, ADD COLUMN n_t4 TIME(4) NULL, \
+         ADD COLUMN n_ts0 TIMESTAMP NULL, ADD COLUMN n_ts6 TIMESTAMP(6) NULL",
+    )
+    .await?;
+    let olds = ["d0", "d6", "d3", "t0", "t4", "ts0", "ts6"];
+    let additional: Vec<String> = olds
+        .iter()
+        .flat_map(|c| [c.to_string(), format!("n_{c}")])
+        .map(|c| format!("{{ column = \"{c}\", placement = \"envelope\" }}"))
+        .collect();
+    let db = w.db.name().to_owned();
+    w.spec.tables = Vec::new();
+    w.spec.outbox_extra = format!(
+        "[[outbox.table]]\nname = \"{db}.old_outbox\"\ncolumns = {{ created_at = \"\" }}\n\
+         additional = [{}]\n",
+        additional.join(", ")
+    );
+    let topic = w.topic("Order");
+    let (relay, _) = w.start(STARTUP).await?;
+    let values = "'2026-01-02 03:04:05', '2026-01-02 03:04:05.123456', '1999-12-31 23:59:59.987', \
+                  '-838:59:59', '12:34:56.7891', '2026-01-02 03:04:05', '2026-01-02 03:04:05.000001'";
+    conn.query_drop("SET time_zone = '+00:00'").await?;
+    conn.query_drop(format!(
+        "INSERT INTO old_outbox (aggregate_type, aggregate_id, event_type, event_key, payload, \
+         d0, d6, d3, t0, t4, ts0, ts6, n_d0, n_d6, n_d3, n_t0, n_t4, n_ts0, n_ts6, tail) \
+         VALUES ('Order', 'o-1', 'Created', 'old-1', '{{}}', {values}, {values}, 'end'), \
+                ('Order', 'o-1', 'Created', 'old-2', '{{}}', NULL, NULL, NULL, NULL, NULL, NULL, \
+                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'end')"
+    ))
+    .await?;
+    let records = outbox_relay_testkit::collect_records(
+        &w.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        2,
+        RELAY_WAIT,
+    )
+    .await
+    .with_context(|| relay.stderr_tail())?;
+    relay.stop(STOP).await?;
+    let envelope = |r: &outbox_relay_testkit::Record| -> Result<serde_json::Value> {
+        serde_json::from_str(r.value_str().context("no value")?).context("envelope")
+    };
+    let first = envelope(&records[0])?;
+    for c in olds {
+        ensure!(
+            first[c] == first[format!("n_{c}")] && !first[c].is_null(),
+            "{c}: pre-5.6 {} vs 5.6 {} in {first}",
+            first[c],
+            first[format!("n_{c}")]
+        );
+    }
+    ensure!(
+        first["d6"] == "2026-01-02 03:04:05.123456" && first["t0"] == "-838:59:59",
+        "{first}"
+    );
+    let second = envelope(&records[1])?;
+    ensure!(olds.iter().all(|c| second[c].is_null()), "{second}");
+    drop(conn);
+    w.db.drop_database().await
+}

@@ -59,6 +59,7 @@ enum PendingGtid {
 }
 use crate::source::SourceEvent;
 
+mod temporal;
 pub mod xa;
 
 use xa::{Outcome, XaStatement, XaTracker, Xid};
@@ -196,6 +197,9 @@ pub struct Decoder {
     /// What was derived from each table id's table map, reused while the server repeats the
     /// same table map (it sends one before every transaction's rows events).
     table_maps: HashMap<u64, TableMapInfo>,
+    /// Fractional-second precision of the outbox tables' DATETIME/TIME/TIMESTAMP columns (by
+    /// lower-case name), for the pre-5.6 formats whose table maps do not carry it.
+    temporal_decimals: HashMap<TableName, HashMap<String, u8>>,
 }
 
 /// Most table ids whose [`TableMapInfo`] is kept; the cache is emptied when it would grow past
@@ -263,7 +267,16 @@ impl Decoder {
             xa: XaTracker::default(),
             unknown_xa_commit: UnknownXaCommit::Stop,
             table_maps: HashMap::new(),
+            temporal_decimals: HashMap::new(),
         }
+    }
+
+    /// Sets the fractional-second precision of `table`'s DATETIME, TIME and TIMESTAMP columns
+    /// (lower-case column name → 0–6, from `information_schema.COLUMNS.DATETIME_PRECISION`):
+    /// the pre-5.6 formats ([`temporal`]) need it and their table maps do not carry it.
+    pub fn set_temporal_decimals(&mut self, table: TableName, decimals: HashMap<String, u8>) {
+        self.temporal_decimals.insert(table, decimals);
+        self.table_maps.clear();
     }
 
     /// Sets the column layout of `table` (names in table order) for table maps that carry no
@@ -663,6 +676,7 @@ impl Decoder {
             mapping,
             tracked,
             tracked_labels,
+            self.temporal_decimals.get(name),
         )?);
         let tracked = tracked.map(|t| t.map(<[String]>::to_vec).map_err(str::to_owned));
         let tracked_labels = tracked_labels.cloned();
@@ -1034,6 +1048,7 @@ impl ColumnLayout {
         mapping: &TableMapping,
         tracked: Option<Result<&[String], &str>>,
         tracked_labels: Option<&Labels>,
+        temporal_decimals: Option<&HashMap<String, u8>>,
     ) -> Result<Self, String> {
         let count = usize::try_from(tme.columns_count()).map_err(|e| e.to_string())?;
         let names = match (table_map_names(tme), tracked) {
@@ -1125,7 +1140,15 @@ impl ColumnLayout {
                     .then(|| string_column_length(column_meta))
                     .flatten(),
             });
-            meta.push(column_meta.to_vec());
+            // Pre-5.6 temporal columns carry no metadata: their precision, when known, stands
+            // in for it (read_row).
+            meta.push(match column_type {
+                Some(ty) if temporal::is_old_temporal(ty) => temporal_decimals
+                    .and_then(|d| d.get(&columns[i].name.to_lowercase()))
+                    .map(|d| vec![*d])
+                    .unwrap_or_default(),
+                _ => column_meta.to_vec(),
+            });
         }
         let find = |key: &str, name: &str| {
             columns
@@ -1233,6 +1256,24 @@ impl ColumnLayout {
                     ),
                 )
             })?;
+            if temporal::is_old_temporal(ty) {
+                let decimals = self.meta[col].first().copied().ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "column {:?} has a pre-MySQL 5.6 temporal format, whose binlog \
+                             values depend on a precision the table map does not carry, and \
+                             its precision is not known (the column was added after the relay \
+                             started, or this is a replay without a server). Fix: restart the \
+                             relay (it reads the precision from information_schema), or convert \
+                             the column: ALTER TABLE … FORCE with mysql56_temporal_format=ON",
+                            info.name
+                        ),
+                    )
+                })?;
+                values.push(Some(BinlogValue::Value(temporal::read(buf, ty, decimals)?)));
+                continue;
+            }
             let ctx = (ty, self.meta[col].as_slice(), info.unsigned, false);
             values.push(Some(buf.parse::<BinlogValue<'a>>(ctx)?));
         }
@@ -1914,9 +1955,15 @@ mod minimal_metadata_label_tests {
             "kind".to_owned(),
             vec!["Created".to_owned(), "Paid".to_owned()],
         )]);
-        let layout =
-            ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), Some(&labels))
-                .expect("resolves");
+        let layout = ColumnLayout::resolve(
+            &tme,
+            None,
+            &mapping(),
+            Some(Ok(&names[..])),
+            Some(&labels),
+            None,
+        )
+        .expect("resolves");
         let kind = &layout.columns[layout.event_type];
         let text = text_form(
             BinlogValue::Value(Value::Int(2)),
@@ -1931,7 +1978,7 @@ mod minimal_metadata_label_tests {
     fn a_mapped_enum_without_known_labels_stops_rather_than_relay_the_index() {
         let tme = minimal_table_map();
         let names = ["id".to_owned(), "KIND".to_owned()];
-        let why = ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), None)
+        let why = ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), None, None)
             .expect_err("no labels");
         assert!(
             why.contains("\"KIND\"") && why.contains("binlog_row_metadata=FULL"),
@@ -1939,7 +1986,14 @@ mod minimal_metadata_label_tests {
         );
         // Labels are found whatever the case of the column's name.
         let labels = Labels::from([("kind".to_owned(), vec!["A".to_owned()])]);
-        ColumnLayout::resolve(&tme, None, &mapping(), Some(Ok(&names[..])), Some(&labels))
-            .expect("resolves");
+        ColumnLayout::resolve(
+            &tme,
+            None,
+            &mapping(),
+            Some(Ok(&names[..])),
+            Some(&labels),
+            None,
+        )
+        .expect("resolves");
     }
 }

@@ -399,6 +399,19 @@ async fn run_once(
         }),
     };
     let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
+    let decimals = with_timeout(io_timeout, "reading temporal column precisions", async {
+        let mut conn = pool.get_conn().await?;
+        preflight::temporal_decimals(&mut conn, &config.outbox_tables()).await
+    })
+    .await;
+    match decimals.and_then(|d| d) {
+        Ok(all) => {
+            for (table, decimals) in all {
+                decoder.set_temporal_decimals(table, decimals);
+            }
+        }
+        Err(e) => return Attempt::before_streaming(Some(start), Err(e)),
+    }
     if let Some(layouts) = start.table_layouts.as_deref() {
         if let Err(e) = decoder.restore_layouts(layouts) {
             return Attempt::before_streaming(Some(start), Err(e));

@@ -359,6 +359,35 @@ pub async fn current_position(
     }
 }
 
+/// The fractional-second precision of each DATETIME, TIME and TIMESTAMP column of `tables`
+/// (lower-case column name → `DATETIME_PRECISION`), for the decoder's pre-5.6 temporal formats
+/// ([`crate::decode::Decoder::set_temporal_decimals`]).
+///
+/// # Errors
+/// The query fails.
+pub async fn temporal_decimals(
+    conn: &mut Conn,
+    tables: &[TableName],
+) -> Result<Vec<(TableName, std::collections::HashMap<String, u8>)>, RelayError> {
+    let mut out = Vec::with_capacity(tables.len());
+    for table in tables {
+        let rows: Vec<(String, Option<u64>)> = conn
+            .exec(
+                "SELECT COLUMN_NAME, DATETIME_PRECISION FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+                 AND DATA_TYPE IN ('datetime', 'time', 'timestamp')",
+                (&table.database, &table.table),
+            )
+            .await?;
+        let decimals = rows
+            .into_iter()
+            .map(|(name, p)| (name.to_lowercase(), p.unwrap_or(0).min(6) as u8))
+            .collect();
+        out.push((table.clone(), decimals));
+    }
+    Ok(out)
+}
+
 /// The outbox tables' column layouts as `information_schema.COLUMNS` has them now (names in
 /// ordinal order, ENUM/SET labels), in the checkpoint's `table_layouts` form
 /// ([`crate::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.
