@@ -52,7 +52,7 @@ use crate::error::RelayError;
 use crate::gtid::MysqlGtidSet;
 use crate::lease::Lease;
 use crate::metrics::State;
-use crate::pipeline::{PipelineSettings, Stages};
+use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
 use crate::replay::{ReplayRange, ReplaySource, ReplaySummary};
@@ -110,8 +110,11 @@ async fn supervise(
     let mut attempts = 0usize;
     let mut lease: Option<Lease> = None;
     let mut resume: Option<Checkpoint> = None;
+    // What runs learnt about records the brokers refuse for good (see pipeline.rs).
+    let mut refusals = Refusals::default();
 
     let result = loop {
+        let learnt = refusals.learnt();
         let started = Instant::now();
         let result = match lease.as_mut() {
             None => {
@@ -135,6 +138,7 @@ async fn supervise(
                     Ok(Some(l)) => {
                         lease = Some(l);
                         resume = None; // another instance may have moved the checkpoint
+                        refusals.clear();
                         continue;
                     }
                     Ok(None) => break Ok(()),
@@ -152,6 +156,7 @@ async fn supervise(
                     l,
                     resume.clone(),
                     &mut shutdown,
+                    &mut refusals,
                 )
                 .await;
                 if acked.is_some() {
@@ -175,6 +180,15 @@ async fn supervise(
                 let limit = Duration::from_millis(config.mysql.read_timeout_ms);
                 let _ = with_timeout(limit, "releasing the lease", old.release()).await;
             }
+        }
+        if refusals.learnt() != learnt {
+            // A refused record was found or narrowed down: progress, not a failure. Go on at
+            // once with a new producer (see pipeline.rs, "Records a broker refuses for good").
+            tracing::warn!(error = %e, "restarting with a new producer");
+            backoff = new_backoff(&config);
+            attempts = 0;
+            metrics.reconnect(&e);
+            continue;
         }
         if started.elapsed() >= HEALTHY_RUN {
             backoff = new_backoff(&config);
@@ -279,6 +293,7 @@ async fn run_once(
     lease: &mut Lease,
     resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
+    refusals: &mut Refusals,
 ) -> (Option<Checkpoint>, Result<(), RelayError>) {
     metrics::global().set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
@@ -346,7 +361,7 @@ async fn run_once(
         lease: Some(lease),
     };
     metrics::global().set_state(State::Streaming);
-    let outcome = pipeline::run(stages, &settings, start, shutdown).await;
+    let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
     metrics::global().set_state(State::Connecting);
     tracing::info!(
         records_acked = outcome.stats.records_acked,
@@ -455,7 +470,9 @@ pub async fn replay(
         store: None::<&MysqlCheckpointStore>,
         lease: None,
     };
-    let outcome = pipeline::run(stages, &settings, start, &mut shutdown).await;
+    // A replay is not retried: a refusal that stops the producer ends it (exit 1).
+    let mut refusals = Refusals::default();
+    let outcome = pipeline::run(stages, &settings, start, &mut shutdown, &mut refusals).await;
     let summary = ReplaySummary {
         files: file_count,
         events: source.events(),
