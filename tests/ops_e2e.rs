@@ -524,6 +524,7 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
         resume: None,
         dead_letter_topic: None,
         outbox_extra: String::new(),
+        timestamp: Some("column".into()),
         unknown_xa_commit: None,
         http_listen: None,
     };
@@ -716,6 +717,7 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
     // A mapping without created_at cannot be pruned.
     let mut spec = w.spec.clone();
     spec.outbox_extra = "[outbox.columns]\ncreated_at = \"\"\n".into();
+    spec.timestamp = None; // "column" needs created_at
     let (status, out, err) = run(&spec, &["prune", "--older-than", "7d"]).await?;
     expect(&status, 2, &out, &err)?;
     has(&err, "has no created_at column mapped")?;

@@ -484,6 +484,7 @@ fn fixture_config(topic: &str) -> String {
         resume: None,
         dead_letter_topic: None,
         outbox_extra: String::new(),
+        timestamp: Some("column".into()),
         unknown_xa_commit: None,
         http_listen: None,
     };

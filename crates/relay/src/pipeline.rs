@@ -370,6 +370,7 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         table: None,
         refusals,
         last_sent: None,
+        drain_after: false,
     };
     let result = reader
         .stream(
@@ -445,6 +446,8 @@ struct Reader<'a> {
     refusals: &'a mut Refusals,
     /// The last row whose record this run sent.
     last_sent: Option<RowRef>,
+    /// The record just sent was sent alone: wait for its report before reading on.
+    drain_after: bool,
 }
 
 impl Reader<'_> {
@@ -617,6 +620,10 @@ impl Reader<'_> {
                         self.produce(row, router, sink, done, progress, inflight).await?;
                         self.records_in_flight += 1;
                         metrics::global().set_in_flight(self.records_in_flight);
+                        if std::mem::take(&mut self.drain_after) {
+                            // Sent alone: nothing more is sent before its report.
+                            self.drain(sink, progress, inflight).await?;
+                        }
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
@@ -776,9 +783,8 @@ impl Reader<'_> {
                     },
                 );
                 self.last_sent = Some(row);
-                if alone {
-                    self.drain(sink, progress, inflight).await?;
-                }
+                // Its acknowledgement is awaited once it counts as in flight (see `stream`).
+                self.drain_after = alone;
                 Ok(())
             }
             Err(Refusal::Permanent(reason, kind)) => {

@@ -185,7 +185,7 @@ fn utc_text(ms: i64) -> String {
 
 /// `ms` as hours and minutes (`8 h 0 min`) for messages.
 fn span_text(ms: i64) -> String {
-    let minutes = ms.unsigned_abs() / 60_000;
+    let minutes = (ms.unsigned_abs() + 30_000) / 60_000;
     format!("{} h {} min", minutes / 60, minutes % 60)
 }
 
@@ -217,7 +217,9 @@ impl TimestampRules {
                 .saturating_sub(timestamp_slack(self.after_max_ms))
         {
             return Some(format!(
-                "the record timestamp {} is {} ahead of the relay's clock, and topic {topic}                  refuses timestamps more than message.timestamp.after.max.ms = {} ms ahead                  (Kafka 4's default is one hour)",
+                "the record timestamp {} is {} ahead of the relay's clock, and topic {topic} \
+                 refuses timestamps more than message.timestamp.after.max.ms = {} ms ahead \
+                 (Kafka 4's default is one hour)",
                 utc_text(timestamp_ms),
                 span_text(ahead),
                 self.after_max_ms
@@ -230,7 +232,8 @@ impl TimestampRules {
                 .saturating_sub(timestamp_slack(self.before_max_ms))
         {
             return Some(format!(
-                "the record timestamp {} is {} behind the relay's clock, and topic {topic}                  refuses timestamps more than message.timestamp.before.max.ms = {} ms old",
+                "the record timestamp {} is {} behind the relay's clock, and topic {topic} \
+                 refuses timestamps more than message.timestamp.before.max.ms = {} ms old",
                 utc_text(timestamp_ms),
                 span_text(behind),
                 self.before_max_ms
