@@ -760,8 +760,10 @@ impl Reader<'_> {
         let mut sent = self
             .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
             .await;
-        if matches!(sent, Err(Refusal::Permanent(_, DeadLetterKind::Producer)))
-            && sink.recheck_topic_limit(&record).await
+        if matches!(
+            sent,
+            Err(Refusal::Permanent(_, DeadLetterKind::Producer, false))
+        ) && sink.recheck_topic_limit(&record).await
         {
             // The topic's max.message.bytes was raised since it was read.
             sent = self
@@ -787,13 +789,13 @@ impl Reader<'_> {
                 self.drain_after = alone;
                 Ok(())
             }
-            Err(Refusal::Permanent(reason, kind)) => {
+            Err(Refusal::Permanent(reason, kind, keep_value)) => {
                 let err = RelayError::Row {
                     position: position.clone(),
                     table: table.to_string(),
                     reason: reason.clone(),
                 };
-                let dl = dead_letter_of(record, reason, position, table.to_string(), false);
+                let dl = dead_letter_of(record, reason, position, table.to_string(), keep_value);
                 self.dead_letter((dl, kind), err, sink, done, progress, inflight)
                     .await
             }
@@ -843,7 +845,7 @@ impl Reader<'_> {
                 inflight.push_dead_letter(done, dl);
                 Ok(())
             }
-            Err(Refusal::Permanent(reason, _)) => Err(refused_too(&dl, &reason)),
+            Err(Refusal::Permanent(reason, ..)) => Err(refused_too(&dl, &reason)),
             Err(Refusal::Failed(e)) => Err(e),
         }
     }
@@ -874,10 +876,13 @@ impl Reader<'_> {
             match send(sink, inflight.next_seq()) {
                 Ok(()) => return Ok(()),
                 Err(SendError::Permanent(reason)) => {
-                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer))
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, false))
+                }
+                Err(SendError::Timestamp(reason)) => {
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, true))
                 }
                 Err(SendError::BrokerRefused(reason)) => {
-                    return Err(Refusal::Permanent(reason, DeadLetterKind::Broker))
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Broker, true))
                 }
                 Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
@@ -894,14 +899,15 @@ impl Reader<'_> {
 
 /// Why a record could not be enqueued, once the queue had room.
 enum Refusal {
-    /// Refused for good: dead-letter (counted as this kind) or stop.
-    Permanent(String, DeadLetterKind),
+    /// Refused for good: dead-letter (counted as this kind; with the value when `true`, i.e.
+    /// its size was not the problem) or stop.
+    Permanent(String, DeadLetterKind, bool),
     /// Anything else: the run ends and resumes from its checkpoint.
     Failed(RelayError),
 }
 
-/// The dead letter of `record`; its value is kept unless `keep_value` is false (a send-time
-/// refusal is about the record's size).
+/// The dead letter of `record`; its value is kept unless `keep_value` is false (the refusal is
+/// about the record's size).
 fn dead_letter_of(
     record: KafkaRecord,
     reason: String,

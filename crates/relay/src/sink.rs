@@ -271,6 +271,9 @@ pub enum SendError {
     QueueFull,
     /// Refused for good (for example larger than `message.max.bytes`): dead-letter or stop.
     Permanent(String),
+    /// The record's timestamp is one its topic refuses (and no fallback applies): dead-letter
+    /// (with its value) or stop.
+    Timestamp(String),
     /// The brokers refuse the record's topic for good (missing with auto-creation off, not
     /// authorized), as learnt from their metadata: dead-letter or stop.
     BrokerRefused(String),
@@ -575,10 +578,10 @@ impl KafkaSink {
             COMMIT_TIMESTAMP_FIX
         };
         let Some(commit) = record.fallback_ms else {
-            return Err(SendError::Permanent(format!("{problem}. Fix: {fix}")));
+            return Err(SendError::Timestamp(format!("{problem}. Fix: {fix}")));
         };
         if let Some(also) = limits.timestamp_refusal(&record.topic, commit) {
-            return Err(SendError::Permanent(format!(
+            return Err(SendError::Timestamp(format!(
                 "{problem}; its commit time is refused too: {also}. Fix: {COMMIT_TIMESTAMP_FIX}"
             )));
         }

@@ -330,7 +330,11 @@ impl AckQueue {
             match sink.send_dead_letter(dl, self.first_seq + i as u64) {
                 Ok(()) => *sent = true,
                 Err(SendError::QueueFull) => return false,
-                Err(SendError::Permanent(reason) | SendError::BrokerRefused(reason)) => {
+                Err(
+                    SendError::Permanent(reason)
+                    | SendError::Timestamp(reason)
+                    | SendError::BrokerRefused(reason),
+                ) => {
                     *sent = true;
                     *outcome = Some(Err(refused_too(dl, &reason)));
                 }
