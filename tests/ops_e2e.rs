@@ -119,7 +119,7 @@ async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<(
             "FAIL  {db}.outbox.created_at (outbox.columns.created_at): expected DATETIME or \
              TIMESTAMP, found varchar(32)\n      fix: ALTER TABLE `{db}`.`outbox` MODIFY \
              `created_at` DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) (converting the \
-             existing values), or set outbox.columns.created_at = \"\" to use the binlog event time"
+             existing values), or set outbox.columns.created_at = \"\" (records carry the commit time)"
         ),
         format!(
             "FAIL  outbox table {db}.no_such_outbox: expected an existing table, found no such \

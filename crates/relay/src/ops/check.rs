@@ -665,7 +665,7 @@ pub fn evaluate_column_types(m: &TableMapping, cols: &[ColumnInfo]) -> Vec<Check
         &["datetime", "timestamp"],
         "DATETIME or TIMESTAMP",
         "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
-        "or set outbox.columns.created_at = \"\" to use the binlog event time",
+        "or set outbox.columns.created_at = \"\" (records carry the commit time)",
     );
     one(
         "outbox.columns.partition",
