@@ -384,6 +384,7 @@ async fn invisible_and_generated_columns_map_by_name() -> Result<()> {
         "shaped_outbox",
         "shaped",
         r#"columns = { id = "seq", aggregate_type = "agg_type", aggregate_id = "agg_id", event_type = "kind", event_key = "ekey", payload = "body", created_at = "" }
+timestamp = "commit"
 additional = [
   { column = "audit", placement = "header" },
   { column = "body_len", placement = "envelope", alias = "size" },
@@ -480,6 +481,7 @@ async fn a_generated_invisible_primary_key_is_the_event_id_on_mysql() -> Result<
         "gipk_outbox",
         "gipk",
         r#"columns = { id = "my_row_id", created_at = "" }
+timestamp = "commit"
 "#,
     );
     let (relay, _) = world.start(WAIT).await?;

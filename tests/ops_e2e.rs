@@ -119,7 +119,7 @@ async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<(
             "FAIL  {db}.outbox.created_at (outbox.columns.created_at): expected DATETIME or \
              TIMESTAMP, found varchar(32)\n      fix: ALTER TABLE `{db}`.`outbox` MODIFY \
              `created_at` DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) (converting the \
-             existing values), or set outbox.columns.created_at = \"\" to use the binlog event time"
+             existing values), or set outbox.columns.created_at = \"\" (records carry the commit time)"
         ),
         format!(
             "FAIL  outbox table {db}.no_such_outbox: expected an existing table, found no such \
@@ -649,6 +649,7 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
         resume: None,
         dead_letter_topic: None,
         outbox_extra: String::new(),
+        timestamp: Some("column".into()),
         unknown_xa_commit: None,
         http_listen: None,
         retry_extra: String::new(),
@@ -843,6 +844,7 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
     // A mapping without created_at cannot be pruned.
     let mut spec = w.spec.clone();
     spec.outbox_extra = "[outbox.columns]\ncreated_at = \"\"\n".into();
+    spec.timestamp = None; // "column" needs created_at
     let (status, out, err) = run(&spec, &["prune", "--older-than", "7d"]).await?;
     expect(&status, 2, &out, &err)?;
     has(&err, "has no created_at column mapped")?;

@@ -465,7 +465,7 @@ async fn create_topic(topic: &str) -> Result<()> {
 }
 
 /// A replay config for the fixture's `mysql.t`: payload = `json_col`, key and id = `id`,
-/// aggregate and event type = the generated column `name`, record time = the event time.
+/// aggregate and event type = the generated column `name`, record time = the commit time.
 fn fixture_config(topic: &str) -> String {
     let spec = RelayConfigSpec {
         connector_name: format!("replay-{}", unique_suffix()),
@@ -484,6 +484,7 @@ fn fixture_config(topic: &str) -> String {
         resume: None,
         dead_letter_topic: None,
         outbox_extra: String::new(),
+        timestamp: None,
         unknown_xa_commit: None,
         http_listen: None,
         retry_extra: String::new(),
@@ -501,19 +502,52 @@ fn fixture_config(topic: &str) -> String {
 /// Values are MySQL's own text of the stored documents (`mysql8-json.000001.select`);
 /// timestamps are the commit times the generator set (`SET TIMESTAMP`, 2021-03-15 08:43:22 and
 /// 08:43:39 UTC).
+/// The commit times (ms) in the GTID events (type 33) of binlog file `bytes`, in order: the
+/// `original_commit_timestamp` (µs) when the event has one, else its
+/// `immediate_commit_timestamp` (MySQL's GTID event layout: flags 1, SID 16, GNO 8, logical
+/// clock type 1, last_committed 8, sequence_number 8, then 7-byte timestamps whose top bit says
+/// the original one follows). The SQL's `SET TIMESTAMP` changes event header times only: these
+/// are the real commit times, the record timestamps of the default `outbox.timestamp`.
+fn gtid_commit_ms(bytes: &[u8]) -> Vec<i64> {
+    let le = |b: &[u8]| {
+        b.iter()
+            .rev()
+            .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
+    };
+    let mut out = Vec::new();
+    let mut at = 4;
+    while at + 19 <= bytes.len() {
+        let size = usize::try_from(le(&bytes[at + 9..at + 13])).unwrap_or(usize::MAX);
+        if size < 19 || at + size > bytes.len() {
+            break;
+        }
+        if bytes[at + 4] == 33 && size >= 19 + 42 + 7 {
+            let ts = at + 19 + 42;
+            let immediate = le(&bytes[ts..ts + 7]);
+            let micros = if immediate & (1 << 55) != 0 {
+                le(&bytes[ts + 7..ts + 14])
+            } else {
+                immediate
+            };
+            out.push(i64::try_from(micros / 1000).unwrap_or(0));
+        }
+        at += size;
+    }
+    out
+}
+
 fn fixture_record(id: u32) -> Content {
-    let (name, value, secs) = match id {
-        1 => (
-            "Joe",
-            r#"{"age": 24, "data": "xxxxxxxxxx", "name": "Joe"}"#,
-            1_615_797_802,
-        ),
+    let (name, value) = match id {
+        1 => ("Joe", r#"{"age": 24, "data": "xxxxxxxxxx", "name": "Joe"}"#),
         _ => (
             "Sue",
             r#"{"age": 32, "list": ["a", [1, 2, {"deep": {"deeper": [null, {}]}}], [], {}], "name": "Sue"}"#,
-            1_615_797_819,
         ),
     };
+    // GTID event 0 is the CREATE TABLE's; rows 1 and 2 are the next two transactions.
+    let commit_ms = std::fs::read(fixture(JSON_FILE))
+        .ok()
+        .and_then(|bytes| gtid_commit_ms(&bytes).get(id as usize).copied());
     let h = |k: &str, v: &str| (k.to_owned(), Some(v.as_bytes().to_vec()));
     let id = id.to_string();
     (
@@ -525,7 +559,7 @@ fn fixture_record(id: u32) -> Content {
             h("event_type", name),
             h("aggregate_type", name),
         ],
-        Some(secs * 1000),
+        commit_ms,
     )
 }
 

@@ -8,6 +8,12 @@
 # relay) with password $KAFKA_SASL_PASSWORD (default relay-secret) is created when the storage is
 # formatted (kafka-storage format --add-scram, KIP-900); the PLAINTEXT listener stays for the
 # broker itself and for tests' consumers. tests/security_e2e.rs starts such a private broker.
+# KAFKA_AUTO_CREATE=false: the broker creates no topics (auto.create.topics.enable=false).
+# KAFKA_DENY_TOPIC_PREFIX=<prefix> (with KAFKA_SASL_SCRAM=1): the broker runs the KRaft
+# StandardAuthorizer (super user User:ANONYMOUS, the PLAINTEXT and controller listeners;
+# allow.everyone.if.no.acl.found=true) and denies $KAFKA_SASL_USER every operation on topics
+# starting with <prefix> (an ACL added by kafka-acls' AclCommand once the broker is up).
+# tests/refusals_e2e.rs starts such a private broker.
 # KAFKA_LIBS_DIR: where the Kafka jars are (default $OUTBOX_SERVICES_DIR/kafka-libs-VERSION).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,6 +23,8 @@ SASL="${KAFKA_SASL_SCRAM:-0}"
 SASL_PORT="${KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}"
 SASL_USER="${KAFKA_SASL_USER:-relay}"
 SASL_PASSWORD="${KAFKA_SASL_PASSWORD:-relay-secret}"
+AUTO_CREATE="${KAFKA_AUTO_CREATE:-true}"
+DENY_PREFIX="${KAFKA_DENY_TOPIC_PREFIX:-}"
 PROPS="$DIR/server.properties"
 PIDFILE="$DIR/kafka.pid"
 LOG="$DIR/kafka.log"
@@ -53,7 +61,13 @@ up() {
   local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
   local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
   local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-  local sasl_props="" format_args=()
+  local sasl_props="" format_args=() authorizer_props=""
+  if [ -n "$DENY_PREFIX" ]; then
+    [ "$SASL" = 1 ] || die "KAFKA_DENY_TOPIC_PREFIX needs KAFKA_SASL_SCRAM=1 (the denied principal is the SASL user)"
+    authorizer_props="authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=true"
+  fi
   if [ "$SASL" = 1 ]; then
     listeners="$listeners,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
     advertised="$advertised,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
@@ -73,9 +87,10 @@ controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=$protocols
 $sasl_props
+$authorizer_props
 log.dirs=$DIR/data
 num.partitions=3
-auto.create.topics.enable=true
+auto.create.topics.enable=$AUTO_CREATE
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=3
 transaction.state.log.replication.factor=1
@@ -113,6 +128,11 @@ L4J
   setsid java "${java_opts[@]}" -cp "$LIBS/*" kafka.Kafka "$PROPS" >>"$DIR/stdout.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   wait_for 120 "Kafka on 127.0.0.1:$KAFKA_PORT" ready || die "Kafka did not become ready in 120 s, see $LOG and $DIR/stdout.log"
+  if [ -n "$DENY_PREFIX" ]; then
+    java -Xmx128m -cp "$LIBS/*" org.apache.kafka.tools.AclCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+      --add --deny-principal "User:$SASL_USER" --operation All --topic "$DENY_PREFIX" \
+      --resource-pattern-type prefixed >"$DIR/acl.log" 2>&1 || die "adding the deny ACL failed, see $DIR/acl.log"
+  fi
 }
 
 down() {

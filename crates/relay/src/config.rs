@@ -228,7 +228,8 @@ impl std::fmt::Debug for MysqlConfig {
 /// `[outbox]`: the outbox tables and how their rows become Kafka records.
 ///
 /// The mapping fields here (`columns`, `topic`, `headers`, `additional`, `null_payload`,
-/// `on_update`, `datetime_time_zone`, `binary_format`, `key_format`) are the defaults of every
+/// `on_update`, `timestamp`, `timestamp_refused`, `datetime_time_zone`, `binary_format`,
+/// `key_format`) are the defaults of every
 /// outbox table; a `[[outbox.table]]` entry overrides any of them for one table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -261,6 +262,14 @@ pub struct OutboxConfig {
     /// What an UPDATE of an outbox row does. Default `ignore`.
     #[serde(default)]
     pub on_update: OnUpdate,
+    /// Where the record timestamp comes from. Default `commit`: the source transaction's
+    /// commit time from the binlog.
+    #[serde(default)]
+    pub timestamp: TimestampSource,
+    /// With `timestamp = "column"`: what a column value the topic would refuse becomes.
+    /// Default `commit`.
+    #[serde(default)]
+    pub timestamp_refused: TimestampRefused,
     /// Time zone in which DATETIME `created_at` values are read: an IANA name
     /// (`Europe/Berlin`) or `UTC`. TIMESTAMP columns are UTC by definition. Default `UTC`.
     #[serde(default = "default_zone")]
@@ -320,6 +329,10 @@ pub struct OutboxTableConfig {
     pub null_payload: Option<NullPayload>,
     /// See [`OutboxConfig::on_update`].
     pub on_update: Option<OnUpdate>,
+    /// See [`OutboxConfig::timestamp`].
+    pub timestamp: Option<TimestampSource>,
+    /// See [`OutboxConfig::timestamp_refused`].
+    pub timestamp_refused: Option<TimestampRefused>,
     /// See [`OutboxConfig::datetime_time_zone`].
     pub datetime_time_zone: Option<String>,
     /// See [`OutboxConfig::binary_format`].
@@ -347,8 +360,9 @@ pub struct ColumnMapping {
     /// Payload; the Kafka value, bytes as stored (MySQL JSON as MySQL prints it). Default
     /// `payload`.
     pub payload: String,
-    /// Creation time (DATETIME read in `datetime_time_zone`, or TIMESTAMP); the Kafka record
-    /// timestamp. Set to `""` to use the binlog event time instead. Default `created_at`.
+    /// Creation time (DATETIME read in `datetime_time_zone`, or TIMESTAMP): the Kafka record
+    /// timestamp with `timestamp = "column"`, and what `prune` and `check` read. `""`: none.
+    /// Default `created_at`.
     pub created_at: String,
     /// Optional integer column holding an explicit partition number; NULL or `""` (default)
     /// lets the key choose the partition.
@@ -487,6 +501,38 @@ pub enum NullPayload {
     Skip,
     /// The row goes to the dead-letter topic (or stops the relay when none is configured).
     DeadLetter,
+}
+
+/// `timestamp`: where a record's timestamp (Kafka `CreateTime`) comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimestampSource {
+    /// The source transaction's commit time from the binlog: MySQL 8's GTID event carries it in
+    /// microseconds (`original_commit_timestamp`), otherwise the header time (whole seconds) of
+    /// the transaction's first event (MariaDB's GTID event, written at commit). The default of
+    /// Debezium's outbox event router too (the change event's source time).
+    #[default]
+    Commit,
+    /// The `outbox.columns.created_at` column (DATETIME read in `datetime_time_zone`, TIMESTAMP
+    /// as UTC); a value the topic would refuse follows `timestamp_refused`.
+    Column,
+}
+
+/// `timestamp_refused`: a `created_at` value (with `timestamp = "column"`) that the record's
+/// topic would refuse: more than its `message.timestamp.after.max.ms` in the future, more than
+/// its `message.timestamp.before.max.ms` in the past, or negative (Kafka documentation, topic
+/// configurations `message.timestamp.*`). Never applies to `LogAppendTime` topics, where the
+/// broker sets the timestamp itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimestampRefused {
+    /// Send the record with the commit time instead, with header `timestamp_fallback` holding
+    /// the refused value (ms since the epoch), counted by
+    /// `outbox_relay_timestamp_fallbacks_total`.
+    #[default]
+    Commit,
+    /// A row error: dead-lettered when `dead_letter.enabled`, else the relay stops naming it.
+    RowError,
 }
 
 /// `on_update`: outbox rows are insert-only; an UPDATE is usually a bug in the writer.

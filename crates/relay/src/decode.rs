@@ -24,7 +24,9 @@ use mysql_async::Value;
 use mysql_common::io::ParseBuf;
 
 use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
-use crate::config::{KeyFormat, NullPayload, OnUpdate, Placement, TableName, UnknownXaCommit};
+use crate::config::{
+    KeyFormat, NullPayload, OnUpdate, Placement, TableName, TimestampSource, UnknownXaCommit,
+};
 use crate::error::RelayError;
 use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::mapping::TableMapping;
@@ -64,6 +66,11 @@ pub mod xa;
 
 use xa::{Outcome, XaStatement, XaTracker, Xid};
 
+/// The header time of `ev` (whole seconds since the epoch) in ms.
+fn header_ms(ev: &SourceEvent) -> i64 {
+    i64::from(ev.timestamp) * 1000
+}
+
 /// One decoded outbox row: the event, or what could be read of a row that cannot become one.
 pub type DecodedRow = Result<OutboxEvent, Box<RowFailure>>;
 
@@ -95,9 +102,17 @@ pub struct OutboxEvent {
     pub extra_headers: Vec<(String, Vec<u8>)>,
     /// Additional columns placed in the envelope: (field name, JSON text of the value).
     pub envelope: Vec<(String, Vec<u8>)>,
-    /// Record timestamp in ms since the Unix epoch: `created_at` (DATETIME in the configured
-    /// zone, TIMESTAMP as UTC), else the binlog event time.
+    /// Record timestamp in ms since the Unix epoch: the transaction's commit time
+    /// ([`OutboxEvent::commit_ms`]), or with `timestamp = "column"` the `created_at` value
+    /// (DATETIME in the configured zone, TIMESTAMP as UTC) when not NULL.
     pub timestamp_ms: i64,
+    /// `timestamp_ms` is the `created_at` value (so a topic's refusal of it may fall back to
+    /// `commit_ms`, see `timestamp_refused`).
+    pub column_timestamp: bool,
+    /// The source transaction's commit time, ms since the Unix epoch: MySQL's
+    /// `original_commit_timestamp` (µs precision), else the header time of the transaction's
+    /// first event (whole seconds); for an XA transaction, that of its `XA COMMIT`.
+    pub commit_ms: i64,
     /// End of the rows event that carried the row (for error messages and tracing).
     pub position: BinlogPosition,
 }
@@ -241,6 +256,10 @@ struct TxState {
     gtid: Option<PendingGtid>,
     /// Touched something besides the checkpoint table.
     advances: bool,
+    /// The transaction's commit time, ms since the epoch, from its first event: MySQL's GTID
+    /// event (`original_commit_timestamp`, µs), else that event's header time (s). MariaDB
+    /// writes its GTID event at commit, with the committing statement's start time.
+    commit_ms: Option<i64>,
 }
 
 impl Decoder {
@@ -352,6 +371,7 @@ impl Decoder {
                     standalone: flags & FL_STANDALONE != 0,
                     gtid: Some(PendingGtid::MariaDb(gtid)),
                     advances: false,
+                    commit_ms: Some(header_ms(ev)),
                 };
                 return Ok(Decoded::Rows(Vec::new()));
             }
@@ -414,6 +434,7 @@ impl Decoder {
                     self.tx = TxState {
                         open: true,
                         gtid: self.tx.gtid.take(),
+                        commit_ms: Some(self.tx.commit_ms.unwrap_or_else(|| header_ms(ev))),
                         ..TxState::default()
                     };
                     Ok(Decoded::Rows(Vec::new()))
@@ -438,8 +459,16 @@ impl Decoder {
                 self.xa
                     .end_group_without_prepare()
                     .map_err(|e| xa_error(ev, &e))?;
+                // MySQL 8.0.1+ stamps the commit time in µs on the source that first committed
+                // the transaction (0 when unknown: an older source).
+                let original_us = g.original_commit_timestamp();
                 self.tx = TxState {
                     gtid: gtid_from_event(&g).ok().map(PendingGtid::MySql),
+                    commit_ms: Some(if original_us > 0 {
+                        i64::try_from(original_us / 1000).unwrap_or(i64::MAX)
+                    } else {
+                        header_ms(ev)
+                    }),
                     ..TxState::default()
                 };
                 Ok(Decoded::Rows(Vec::new()))
@@ -565,7 +594,16 @@ impl Decoder {
 
     /// Ends the current group with `rows` (relayed before the boundary); the boundary is
     /// withheld while an XA transaction is undecided.
-    fn end_tx(&mut self, ev: &SourceEvent, rows: Vec<DecodedRow>) -> Decoded {
+    fn end_tx(&mut self, ev: &SourceEvent, mut rows: Vec<DecodedRow>) -> Decoded {
+        // Rows released here were held since their XA PREPARE: they commit now, with this
+        // group (the XA COMMIT) and its commit time.
+        let commit_ms = self.tx.commit_ms.unwrap_or_else(|| header_ms(ev));
+        for event in rows.iter_mut().flatten() {
+            if !event.column_timestamp {
+                event.timestamp_ms = commit_ms;
+            }
+            event.commit_ms = commit_ms;
+        }
         let boundary = self.finish_tx(ev);
         match (self.xa.release(boundary), rows.is_empty()) {
             (None, _) => Decoded::Rows(rows),
@@ -760,7 +798,8 @@ impl Decoder {
             layout
                 .read_row(&mut buf, &mut values)
                 .map_err(|e| row_error(format!("the rows event cannot be decoded: {e}")))?;
-            match layout.extract(&mut values, &mapping, ev, &row_error) {
+            let commit_ms = self.tx.commit_ms.unwrap_or_else(|| header_ms(ev));
+            match layout.extract(&mut values, &mapping, ev, commit_ms, &row_error) {
                 Ok(Some(event)) => out.push(Ok(event)),
                 Ok(None) => {} // skipped by configuration (NULL payload)
                 Err(failure) => out.push(Err(failure)),
@@ -1285,6 +1324,7 @@ impl ColumnLayout {
         row: &mut [Option<BinlogValue<'_>>],
         mapping: &Arc<TableMapping>,
         ev: &SourceEvent,
+        commit_ms: i64,
         row_error: &dyn Fn(String) -> RelayError,
     ) -> Result<Option<OutboxEvent>, Box<RowFailure>> {
         let fail = |reason: String| RowFailure::bare(row_error(reason));
@@ -1310,8 +1350,8 @@ impl ColumnLayout {
             text_form(v, info, mapping.binary_format)
                 .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
         };
-        let timestamp_ms = match self.created_at {
-            Some(idx) => match take(idx)? {
+        let column_ms = match self.created_at {
+            Some(idx) if mapping.timestamp == TimestampSource::Column => match take(idx)? {
                 (BinlogValue::Value(v), info) => {
                     crate::columns::timestamp_ms(&v, mapping.datetime_time_zone)
                         .map_err(|e| fail(format!("column {:?}: {e}", info.name)))?
@@ -1323,9 +1363,8 @@ impl ColumnLayout {
                     )))
                 }
             },
-            None => None,
-        }
-        .unwrap_or(i64::from(ev.timestamp) * 1000);
+            _ => None,
+        };
         let partition = match self.partition {
             Some(idx) => match take(idx)? {
                 (BinlogValue::Value(Value::NULL), _) => None,
@@ -1413,7 +1452,10 @@ impl ColumnLayout {
                 partition,
                 extra_headers,
                 envelope,
-                timestamp_ms,
+                // A NULL created_at has no time of its own: the commit time, as without one.
+                timestamp_ms: column_ms.unwrap_or(commit_ms),
+                column_timestamp: column_ms.is_some(),
+                commit_ms,
                 position: ev.position.clone(),
             })),
             (problem, aggregate_type, aggregate_id) => {

@@ -52,7 +52,7 @@ use crate::error::RelayError;
 use crate::gtid::MysqlGtidSet;
 use crate::lease::Lease;
 use crate::metrics::State;
-use crate::pipeline::{PipelineSettings, Stages};
+use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::MariadbGtidPos;
 use crate::preflight::ServerInfo;
 use crate::replay::{ReplayRange, ReplaySource, ReplaySummary};
@@ -112,9 +112,12 @@ async fn supervise(
     let mut attempts = 0usize;
     let mut lease: Option<Lease> = None;
     let mut resume: Option<Checkpoint> = None;
+    // What runs learnt about records the brokers refuse for good (see pipeline.rs).
+    let mut refusals = Refusals::default();
 
     let result = loop {
         let mut streamed = None;
+        let learnt = refusals.learnt();
         let result = match lease.as_mut() {
             None => {
                 // A missing or outdated state table is an operator's fix, not a retry.
@@ -137,6 +140,7 @@ async fn supervise(
                     Ok(Some(l)) => {
                         lease = Some(l);
                         resume = None; // another instance may have moved the checkpoint
+                        refusals.clear();
                         continue;
                     }
                     Ok(None) => break Ok(()),
@@ -154,6 +158,7 @@ async fn supervise(
                     l,
                     resume.clone(),
                     &mut shutdown,
+                    &mut refusals,
                 )
                 .await;
                 if attempt.acked.is_some() {
@@ -186,6 +191,15 @@ async fn supervise(
                 let limit = Duration::from_millis(config.mysql.read_timeout_ms);
                 let _ = with_timeout(limit, "releasing the lease", old.release()).await;
             }
+        }
+        if refusals.learnt() != learnt {
+            // A refused record was found or narrowed down: progress, not a failure. Go on at
+            // once with a new producer (see pipeline.rs, "Records a broker refuses for good").
+            tracing::warn!(error = %e, "restarting with a new producer");
+            backoff = new_backoff(&config);
+            attempts = 0;
+            metrics.reconnect(&e);
+            continue;
         }
         // Only an attempt that streamed for a while resets the count: one that fails before
         // streaming (however long its start-up waits took) is one more consecutive failure.
@@ -345,6 +359,7 @@ async fn run_once(
     lease: &mut Lease,
     resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
+    refusals: &mut Refusals,
 ) -> Attempt {
     metrics::global().set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
@@ -441,7 +456,7 @@ async fn run_once(
         sink.probe()
             .run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
     ));
-    let outcome = pipeline::run(stages, &settings, start, shutdown).await;
+    let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
     drop(probe);
     metrics::global().set_state(State::Connecting);
     tracing::info!(
@@ -556,7 +571,9 @@ pub async fn replay(
         store: None::<&MysqlCheckpointStore>,
         lease: None,
     };
-    let outcome = pipeline::run(stages, &settings, start, &mut shutdown).await;
+    // A replay is not retried: a refusal that stops the producer ends it (exit 1).
+    let mut refusals = Refusals::default();
+    let outcome = pipeline::run(stages, &settings, start, &mut shutdown, &mut refusals).await;
     let summary = ReplaySummary {
         files: file_count,
         events: source.events(),

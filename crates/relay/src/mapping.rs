@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::config::{
     AdditionalColumn, BinaryFormat, ColumnMapping, HeaderNames, KeyFormat, NullPayload, OnUpdate,
-    OutboxConfig, Placement, RelayConfig, TableName,
+    OutboxConfig, Placement, RelayConfig, TableName, TimestampRefused, TimestampSource,
 };
 use crate::error::RelayError;
 use crate::route::TopicTemplate;
@@ -34,6 +34,10 @@ pub struct TableMapping {
     pub null_payload: NullPayload,
     /// What an UPDATE does.
     pub on_update: OnUpdate,
+    /// Where the record timestamp comes from.
+    pub timestamp: TimestampSource,
+    /// What a `created_at` value the topic would refuse becomes (`timestamp = "column"`).
+    pub timestamp_refused: TimestampRefused,
     /// Zone of DATETIME `created_at` values.
     pub datetime_time_zone: chrono_tz::Tz,
     /// Text form of binary values.
@@ -176,6 +180,8 @@ impl RelayConfig {
                 additional: o.additional.clone(),
                 null_payload: o.null_payload,
                 on_update: o.on_update,
+                timestamp: o.timestamp,
+                timestamp_refused: o.timestamp_refused,
                 datetime_time_zone: default_zone,
                 binary_format: o.binary_format,
                 key_format: o.key_format,
@@ -202,6 +208,8 @@ impl RelayConfig {
                 additional,
                 null_payload: t.null_payload.unwrap_or(o.null_payload),
                 on_update: t.on_update.unwrap_or(o.on_update),
+                timestamp: t.timestamp.unwrap_or(o.timestamp),
+                timestamp_refused: t.timestamp_refused.unwrap_or(o.timestamp_refused),
                 datetime_time_zone: match &t.datetime_time_zone {
                     Some(z) => parse_zone(z, &format!("{key} datetime_time_zone"))?,
                     None => default_zone,
@@ -209,6 +217,17 @@ impl RelayConfig {
                 binary_format: t.binary_format.unwrap_or(o.binary_format),
                 key_format: t.key_format.unwrap_or(o.key_format),
             });
+        }
+        if let Some(m) = out
+            .iter()
+            .find(|m| m.timestamp == TimestampSource::Column && m.columns.created_at.is_empty())
+        {
+            return Err(RelayError::Config(format!(
+                "outbox table {}: timestamp = \"column\" needs a column: set \
+                 outbox.columns.created_at (DATETIME or TIMESTAMP), or timestamp = \"commit\" \
+                 for the transaction's commit time",
+                m.table
+            )));
         }
         if out.is_empty() {
             return Err(RelayError::Config(

@@ -158,6 +158,7 @@ pub struct Metrics {
     checkpoint_pos: IntGauge,
     checkpoint_age: Gauge,
     checkpoint_writes: IntCounter,
+    timestamp_fallbacks: IntCounter,
     lag: Gauge,
     connected: IntGauge,
     binlog_to_ack: Histogram,
@@ -359,6 +360,13 @@ impl Metrics {
                 "Seconds since the stored checkpoint was last known to include every record \
                  Kafka acknowledged (a checkpoint write, or a check that found nothing new to \
                  write); grows while checkpoint writes fail. Computed at scrape time.",
+            ),
+            timestamp_fallbacks: counter(
+                &r,
+                "outbox_relay_timestamp_fallbacks_total",
+                "Records sent with the transaction's commit time because their topic would \
+                 refuse their created_at value (outbox.timestamp = \"column\", \
+                 timestamp_refused = \"commit\"); each carries header timestamp_fallback.",
             ),
             checkpoint_writes: counter(
                 &r,
@@ -630,6 +638,12 @@ impl Metrics {
             self.binlog_to_ack
                 .observe((clock.unix_s - f64::from(event_time)).max(0.0));
         }
+    }
+
+    /// A record is sent with its commit time instead of a `created_at` value its topic
+    /// would refuse.
+    pub fn timestamp_fallback(&self) {
+        self.timestamp_fallbacks.inc();
     }
 
     /// A row goes to the dead-letter topic.

@@ -18,6 +18,17 @@
 //! or forbidden), goes to the dead-letter topic when one is configured; otherwise the run stops
 //! with an error naming the row's binlog position, and the checkpoint stays before it.
 //!
+//! # Records a broker refuses for good
+//! With the idempotent producer and `enable.gapless.guarantee`, a batch the broker refuses for
+//! good (too large, an invalid timestamp, a policy) stops the producer (librdkafka's fatal
+//! error) and the run ends. Which row was at fault is not always known (a batch holds several
+//! records; a compressed batch can be too large as a whole), so the next run sends the records
+//! from the checkpoint up to the last row the failed run had sent one at a time, each
+//! acknowledged before the next ([`Refusals`]). A record refused alone is its row's fault:
+//! that row is dead-lettered by the run after (a stopped producer sends nothing more), or
+//! stops the relay naming it when there is no dead-letter topic. The other records of its
+//! batch and transaction are delivered. Each refusal costs one restart, never a loop.
+//!
 //! # Shutdown
 //! On a stop request the pipeline stops reading, waits for every acknowledgement, writes the
 //! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
@@ -87,6 +98,78 @@ enum Ack {
     /// A transaction ended and all its records are acknowledged. `advances` is false for a
     /// transaction that only wrote the relay's own checkpoint table.
     Boundary(Arc<Checkpoint>, bool),
+}
+
+/// One outbox row as the pipeline counts them: the transaction boundary before it and its
+/// number in that transaction (from 1). Every run that reads the row gives it the same
+/// reference (the checkpoint's `rows_acked` counts the same way).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowRef {
+    /// The boundary before the row's transaction.
+    pub base: crate::position::BinlogPosition,
+    /// The row's number in the transaction, from 1.
+    pub row: u64,
+}
+
+impl RowRef {
+    fn of(done: &Done) -> Self {
+        Self {
+            base: done.0.position.clone(),
+            row: done.1,
+        }
+    }
+
+    /// `true` when `self` is `other` or comes before it in the binlog.
+    fn not_after(&self, other: &RowRef) -> bool {
+        match self.base.partial_cmp(&other.base) {
+            Some(Ordering::Less) => true,
+            Some(Ordering::Equal) => self.row <= other.row,
+            _ => false,
+        }
+    }
+}
+
+/// A row the broker refused when it was sent alone.
+#[derive(Debug, Clone)]
+pub struct BrokerRefusal {
+    /// Why, with the fix (`dlq_reason`).
+    pub reason: String,
+    /// The broker's error (`dlq_broker_error`).
+    pub broker_error: String,
+    /// The value may go into the dead letter (its size was not the problem).
+    pub keep_value: bool,
+}
+
+/// What runs learnt about records the brokers refuse for good, kept by the supervisor from one
+/// run to the next (see "Records a broker refuses for good" above).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// Rows up to and including this one are sent one at a time: a batch before it was
+    /// refused and the row at fault is not known yet.
+    isolate_through: Option<RowRef>,
+    /// Rows a broker refused alone: dead-lettered without being sent again.
+    refused: std::collections::HashMap<RowRef, BrokerRefusal>,
+    /// Counts what was learnt (a row found, the isolated range extended).
+    learnt: u64,
+}
+
+impl Refusals {
+    /// Forgets everything (another server's binlog, or another instance moved the checkpoint).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Changes whenever a run learns something new: a run that did is progress, not a
+    /// failure to back off from.
+    pub fn learnt(&self) -> u64 {
+        self.learnt
+    }
+
+    fn isolates(&self, row: &RowRef) -> bool {
+        self.isolate_through
+            .as_ref()
+            .is_some_and(|last| row.not_after(last))
+    }
 }
 
 /// Settings of one pipeline run.
@@ -242,11 +325,15 @@ pub struct Stages<'a, S, E> {
 
 /// Runs the pipeline from `start` (the stored checkpoint) until `shutdown` turns `true`, the
 /// source ends, or an error occurs.
+///
+/// `refusals` carries what earlier runs learnt about records the brokers refuse for good (keep
+/// one per connector and pass it to every run; see "Records a broker refuses for good").
 pub async fn run<S: CheckpointStore, E: EventSource>(
     stages: Stages<'_, S, E>,
     settings: &PipelineSettings,
     start: Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
+    refusals: &mut Refusals,
 ) -> RunOutcome {
     let Stages {
         source,
@@ -284,6 +371,9 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         event_time: 0,
         read_at: Instant::now(),
         table: None,
+        refusals,
+        last_sent: None,
+        drain_after: false,
     };
     let result = reader
         .stream(
@@ -334,6 +424,13 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
             other.and(drained).and(stored)
         }
     };
+    let result = match result {
+        Err(e @ RelayError::Kafka(_)) => {
+            let culprit = inflight.fatal_refusal.take();
+            reader.settle_refusal(e, culprit, sink, &mut progress).await
+        }
+        other => other,
+    };
     // What was not drained is no longer waited for.
     metrics::global().set_in_flight(0);
     RunOutcome {
@@ -363,9 +460,88 @@ struct Reader<'a> {
     /// The last outbox table a row came from: its `database.table` label and row counter,
     /// looked up once per table rather than per row.
     table: Option<(Arc<TableName>, Arc<str>, metrics::TableRows)>,
+    /// Kept by the supervisor across runs.
+    refusals: &'a mut Refusals,
+    /// The last row whose record this run sent.
+    last_sent: Option<RowRef>,
+    /// The record just sent was sent alone: wait for its report before reading on.
+    drain_after: bool,
 }
 
 impl Reader<'_> {
+    /// After a run ended with a Kafka error: when the producer stopped because a broker refused
+    /// a batch for good, finds out what to do next (see "Records a broker refuses for good").
+    /// `culprit`: the first refused record reported in this run.
+    async fn settle_refusal<S: CheckpointStore>(
+        &mut self,
+        error: RelayError,
+        culprit: Option<acks::FatalRefusal>,
+        sink: &KafkaSink,
+        progress: &mut Progress<'_, S>,
+    ) -> Result<(), RelayError> {
+        let Some((cause, fatal)) = sink.fatal() else {
+            return Err(error);
+        };
+        if cause == crate::sink::FatalCause::Transient && culprit.is_none() {
+            return Err(error);
+        }
+        match culprit.filter(|c| c.alone) {
+            Some(c) if !sink.has_dead_letter() => {
+                // Everything before the row is acknowledged: store that, then stop.
+                if let Err(e) = progress.persist(true).await {
+                    tracing::warn!(error = %e, "cannot store the checkpoint before the refused row");
+                }
+                Err(RelayError::Row {
+                    position: c.position,
+                    table: c.table.to_string(),
+                    reason: format!(
+                        "{} (broker error {}; dead_letter.enabled = false, so the relay stops \
+                         with its checkpoint before the row; or enable dead letters to pass it)",
+                        c.reason, c.broker_error
+                    ),
+                })
+            }
+            Some(c) => {
+                tracing::warn!(reason = %c.reason, position = %c.position, table = %c.table,
+                    "record refused by Kafka; the producer stopped, so it goes to the \
+                     dead-letter topic after a restart");
+                self.refusals.learnt += 1;
+                self.refusals.refused.insert(
+                    c.row,
+                    BrokerRefusal {
+                        reason: c.reason,
+                        broker_error: c.broker_error,
+                        keep_value: c.keep_value,
+                    },
+                );
+                Err(RelayError::Kafka(format!(
+                    "Kafka refused a record for good ({fatal}); restarting with a new producer \
+                     to dead-letter its row"
+                )))
+            }
+            None => {
+                let through = self.last_sent.clone();
+                if let Some(last) = &through {
+                    self.refusals.learnt += 1;
+                    let known = self.refusals.isolate_through.take();
+                    self.refusals.isolate_through = Some(match known {
+                        Some(k) if last.not_after(&k) => k,
+                        _ => last.clone(),
+                    });
+                }
+                Err(RelayError::Kafka(format!(
+                    "Kafka refused a batch for good ({fatal}); the records from the checkpoint \
+                     through the last one sent ({}) are sent again one at a time to find the \
+                     row at fault",
+                    through.map_or_else(
+                        || "none".to_owned(),
+                        |r| format!("row {} after {}", r.row, r.base)
+                    )
+                )))
+            }
+        }
+    }
+
     /// Takes one acknowledgement; once the queue is empty, the pending boundary is safe too.
     fn on_ack<S: CheckpointStore>(
         &mut self,
@@ -462,6 +638,10 @@ impl Reader<'_> {
                         self.produce(row, router, sink, done, progress, inflight).await?;
                         self.records_in_flight += 1;
                         metrics::global().set_in_flight(self.records_in_flight);
+                        if std::mem::take(&mut self.drain_after) {
+                            // Sent alone: nothing more is sent before its report.
+                            self.drain(sink, progress, inflight).await?;
+                        }
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
@@ -549,6 +729,7 @@ impl Reader<'_> {
                     key: f.key,
                     value: f.value,
                     headers: f.headers,
+                    broker_error: None,
                 };
                 Err((f.error, dl, DeadLetterKind::Decode))
             }
@@ -562,11 +743,46 @@ impl Reader<'_> {
             }
         };
         let bytes = record_bytes(&record);
+        let row = RowRef::of(&done);
+        if let Some(refusal) = self.refusals.refused.get(&row).cloned() {
+            // Refused alone by a broker in an earlier run: not sent again.
+            let err = RelayError::Row {
+                position: position.clone(),
+                table: table.to_string(),
+                reason: refusal.reason.clone(),
+            };
+            let mut dl = dead_letter_of(
+                record,
+                refusal.reason,
+                position,
+                table.to_string(),
+                refusal.keep_value,
+            );
+            dl.broker_error = Some(refusal.broker_error);
+            return self
+                .dead_letter(
+                    (dl, DeadLetterKind::Broker),
+                    err,
+                    sink,
+                    done,
+                    progress,
+                    inflight,
+                )
+                .await;
+        }
+        let alone = self.refusals.isolates(&row);
         sink.ensure_topic(&record.topic).await?;
+        if alone {
+            self.drain(sink, progress, inflight).await?;
+        }
         let mut sent = self
             .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
             .await;
-        if matches!(sent, Err(Refusal::Permanent(_))) && sink.recheck_topic_limit(&record).await {
+        if matches!(
+            sent,
+            Err(Refusal::Permanent(_, DeadLetterKind::Producer, false))
+        ) && sink.recheck_topic_limit(&record).await
+        {
             // The topic's max.message.bytes was raised since it was read.
             sent = self
                 .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
@@ -583,26 +799,23 @@ impl Reader<'_> {
                         read_at,
                         position,
                         table,
+                        alone,
                     },
                 );
+                self.last_sent = Some(row);
+                // Its acknowledgement is awaited once it counts as in flight (see `stream`).
+                self.drain_after = alone;
                 Ok(())
             }
-            Err(Refusal::Permanent(reason)) => {
+            Err(Refusal::Permanent(reason, kind, keep_value)) => {
                 let err = RelayError::Row {
                     position: position.clone(),
                     table: table.to_string(),
                     reason: reason.clone(),
                 };
-                let dl = dead_letter_of(record, reason, position, table.to_string(), false);
-                self.dead_letter(
-                    (dl, DeadLetterKind::Producer),
-                    err,
-                    sink,
-                    done,
-                    progress,
-                    inflight,
-                )
-                .await
+                let dl = dead_letter_of(record, reason, position, table.to_string(), keep_value);
+                self.dead_letter((dl, kind), err, sink, done, progress, inflight)
+                    .await
             }
             Err(Refusal::Failed(e)) => Err(e),
         }
@@ -650,9 +863,22 @@ impl Reader<'_> {
                 inflight.push_dead_letter(done, dl);
                 Ok(())
             }
-            Err(Refusal::Permanent(reason)) => Err(refused_too(&dl, &reason)),
+            Err(Refusal::Permanent(reason, ..)) => Err(refused_too(&dl, &reason)),
             Err(Refusal::Failed(e)) => Err(e),
         }
+    }
+
+    /// Takes acknowledgements until nothing is in flight.
+    async fn drain<S: CheckpointStore>(
+        &mut self,
+        sink: &KafkaSink,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
+        while let Some(ack) = inflight.next(sink).await {
+            self.on_ack(ack, inflight.is_empty(), progress)?;
+        }
+        Ok(())
     }
 
     /// Calls `send` with the queue's next sequence number until librdkafka's queue has room,
@@ -667,7 +893,15 @@ impl Reader<'_> {
         loop {
             match send(sink, inflight.next_seq()) {
                 Ok(()) => return Ok(()),
-                Err(SendError::Permanent(reason)) => return Err(Refusal::Permanent(reason)),
+                Err(SendError::Permanent(reason)) => {
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, false))
+                }
+                Err(SendError::Timestamp(reason)) => {
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, true))
+                }
+                Err(SendError::BrokerRefused(reason)) => {
+                    return Err(Refusal::Permanent(reason, DeadLetterKind::Broker, true))
+                }
                 Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
@@ -683,14 +917,15 @@ impl Reader<'_> {
 
 /// Why a record could not be enqueued, once the queue had room.
 enum Refusal {
-    /// Refused for good: dead-letter or stop.
-    Permanent(String),
+    /// Refused for good: dead-letter (counted as this kind; with the value when `true`, i.e.
+    /// its size was not the problem) or stop.
+    Permanent(String, DeadLetterKind, bool),
     /// Anything else: the run ends and resumes from its checkpoint.
     Failed(RelayError),
 }
 
-/// The dead letter of `record`; its value is kept unless `keep_value` is false (a send-time
-/// refusal is about the record's size).
+/// The dead letter of `record`; its value is kept unless `keep_value` is false (the refusal is
+/// about the record's size).
 fn dead_letter_of(
     record: KafkaRecord,
     reason: String,
@@ -710,6 +945,7 @@ fn dead_letter_of(
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+        broker_error: None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::config::TimestampRefused;
 use crate::decode::OutboxEvent;
 use crate::error::RelayError;
 
@@ -157,8 +158,14 @@ pub struct KafkaRecord {
     pub headers: Vec<(Arc<str>, Vec<u8>)>,
     /// Explicit partition (from the partition column); `None` lets the key choose.
     pub partition: Option<i32>,
-    /// Record timestamp, ms since the Unix epoch.
+    /// Record timestamp (`CreateTime`), ms since the Unix epoch.
     pub timestamp_ms: i64,
+    /// `timestamp_ms` is a `created_at` value (`timestamp = "column"`), not the commit time.
+    pub column_timestamp: bool,
+    /// The commit time to send instead when the topic would refuse `timestamp_ms` (a
+    /// `created_at` value with `timestamp_refused = "commit"`); `None`: a refusal is a row
+    /// error.
+    pub fallback_ms: Option<i64>,
 }
 
 /// Maps outbox events to Kafka records, following each event's table mapping.
@@ -264,6 +271,10 @@ impl Router {
             headers,
             partition: event.partition,
             timestamp_ms: event.timestamp_ms,
+            column_timestamp: event.column_timestamp,
+            fallback_ms: (event.column_timestamp
+                && event.mapping.timestamp_refused == TimestampRefused::Commit)
+                .then_some(event.commit_ms),
         }
     }
 }
@@ -332,6 +343,8 @@ mod tests {
             extra_headers: Vec::new(),
             envelope: Vec::new(),
             timestamp_ms: 1_700_000_000_000,
+            column_timestamp: false,
+            commit_ms: 1_700_000_000_000,
             position: BinlogPosition::new("bin.000001", 400),
         }
     }

@@ -33,6 +33,7 @@ use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
 use crate::error::RelayError;
+use crate::metrics;
 use crate::route::KafkaRecord;
 
 mod limits;
@@ -40,8 +41,8 @@ mod probe;
 mod served;
 use limits::TopicLimits;
 pub use limits::{
-    batch_hazard, batch_size_alone, ProducerLimits, LIBRDKAFKA_DEFAULT_MAX_BYTES,
-    RECORD_BATCH_OVERHEAD,
+    batch_hazard, batch_size_alone, invalid_timestamp, ProducerLimits, TimestampRules,
+    LIBRDKAFKA_DEFAULT_MAX_BYTES, RECORD_BATCH_OVERHEAD,
 };
 pub use probe::KafkaProbe;
 use served::ServedProducer;
@@ -211,9 +212,17 @@ pub struct KafkaSink {
     auth_failure: AuthFailure,
     /// Topics whose partitions all had a leader when first used (see [`KafkaSink::ensure_topic`]).
     ready_topics: Arc<Mutex<HashSet<String>>>,
-    /// The `max.message.bytes` of those topics.
+    /// The `max.message.bytes` and timestamp rules of those topics.
     topic_limits: Arc<TopicLimits>,
+    /// Topics whose timestamp fallback was logged.
+    fallback_topics: Arc<Mutex<HashSet<String>>>,
+    /// Topics found missing (auto-creation off) or not authorized: when, and the refusal.
+    missing_topics: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>>,
 }
+
+/// How long a topic found missing (auto-creation off) or not authorized stays so before its
+/// metadata is asked for again.
+const MISSING_TOPIC_RECHECK: Duration = Duration::from_secs(10);
 
 /// Longest wait for a new topic's partitions to get leaders before its first record.
 const TOPIC_READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -235,7 +244,27 @@ pub struct DeadLetter {
     pub value: Option<Vec<u8>>,
     /// The record's own headers, when known.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The broker's error when the broker refused the record (`dlq_broker_error`).
+    pub broker_error: Option<String>,
 }
+
+/// The header a record sent with its commit time instead of a refused `created_at` value
+/// carries: that value, ms since the epoch, as decimal text.
+pub const TIMESTAMP_FALLBACK_HEADER: &str = "timestamp_fallback";
+
+/// The fix of a `created_at` value a topic refuses.
+const COLUMN_TIMESTAMP_FIX: &str = "write created_at in UTC, or set outbox.datetime_time_zone \
+    to the zone the writers use for DATETIME values (outbox-relay check compares a recent row \
+    with the server's UTC time), or use the commit time (outbox.timestamp = \"commit\", or \
+    timestamp_refused = \"commit\" to fall back to it), or raise the topic's \
+    message.timestamp.after.max.ms / message.timestamp.before.max.ms";
+
+/// The fix of a commit time a topic refuses (an old backlog against \
+/// `message.timestamp.before.max.ms`, or a clock far off).
+const COMMIT_TIMESTAMP_FIX: &str = "raise the topic's message.timestamp.before.max.ms (or \
+    after.max.ms) so that it takes the source's commit times, or set its \
+    message.timestamp.type=LogAppendTime; check the clocks of the database server, the relay \
+    and the brokers";
 
 /// Why a record was not enqueued.
 #[derive(Debug)]
@@ -244,6 +273,12 @@ pub enum SendError {
     QueueFull,
     /// Refused for good (for example larger than `message.max.bytes`): dead-letter or stop.
     Permanent(String),
+    /// The record's timestamp is one its topic refuses (and no fallback applies): dead-letter
+    /// (with its value) or stop.
+    Timestamp(String),
+    /// The brokers refuse the record's topic for good (missing with auto-creation off, not
+    /// authorized), as learnt from their metadata: dead-letter or stop.
+    BrokerRefused(String),
     /// Anything else; the pipeline stops and resumes from its checkpoint.
     Failed(RelayError),
 }
@@ -290,6 +325,8 @@ impl KafkaSink {
             auth_failure,
             ready_topics: Arc::new(Mutex::new(HashSet::new())),
             topic_limits: Arc::new(TopicLimits::new(config)),
+            fallback_topics: Arc::new(Mutex::new(HashSet::new())),
+            missing_topics: Arc::default(),
         })
     }
 
@@ -316,34 +353,33 @@ impl KafkaSink {
         {
             return Ok(());
         }
-        let producer = self.producer.clone();
-        let name = topic.to_owned();
-        let ready = tokio::task::spawn_blocking(move || {
-            let deadline = std::time::Instant::now() + TOPIC_READY_TIMEOUT;
-            loop {
-                let ready = producer
-                    .producer
-                    .client()
-                    .fetch_metadata(Some(&name), Duration::from_secs(5))
-                    .ok()
-                    .is_some_and(|md| {
-                        md.topics().iter().any(|t| {
-                            t.name() == name
-                                && t.error().is_none()
-                                && !t.partitions().is_empty()
-                                && t.partitions()
-                                    .iter()
-                                    .all(|p| p.leader() >= 0 && p.error().is_none())
-                        })
-                    });
-                if ready || std::time::Instant::now() >= deadline {
-                    return ready;
-                }
-                std::thread::sleep(Duration::from_millis(100));
+        if let Some(reason) = self.missing_reason(topic) {
+            tracing::debug!(topic, "{reason}");
+            return Ok(());
+        }
+        // A topic the brokers refuse to describe, or that is missing while they create no
+        // topics, will not become ready: say so at once (send refuses its records) instead
+        // of waiting for it.
+        let (_, error, broker) = self.topic_state(topic, Duration::ZERO).await?;
+        let missing = match error {
+            Some(code @ RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                Some(refusal_reason(code, topic, 0))
             }
-        })
-        .await
-        .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))?;
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => match broker {
+                Some(id) if self.topic_limits.auto_create(id).await == Some(false) => Some(
+                    refusal_reason(RDKafkaErrorCode::UnknownTopicOrPartition, topic, 0),
+                ),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(reason) = missing {
+            if let Ok(mut map) = self.missing_topics.lock() {
+                map.insert(topic.to_owned(), (std::time::Instant::now(), reason));
+            }
+            return Ok(());
+        }
+        let (ready, _, _) = self.topic_state(topic, TOPIC_READY_TIMEOUT).await?;
         if ready {
             self.topic_limits.learn(topic).await;
             if let Ok(mut set) = self.ready_topics.lock() {
@@ -353,6 +389,59 @@ impl KafkaSink {
             tracing::warn!(topic, "the topic's partitions have no leader yet (or it does not exist and auto-creation is off); sending anyway");
         }
         Ok(())
+    }
+
+    /// Why records for `topic` are refused without sending: it was found missing (with
+    /// auto-creation off) or not authorized less than [`MISSING_TOPIC_RECHECK`] ago.
+    fn missing_reason(&self, topic: &str) -> Option<String> {
+        let mut map = self.missing_topics.lock().ok()?;
+        match map.get(topic) {
+            Some((at, reason)) if at.elapsed() < MISSING_TOPIC_RECHECK => Some(reason.clone()),
+            Some(_) => {
+                map.remove(topic);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Asks for `topic`'s metadata until every partition has a leader or `wait` has passed
+    /// (at least once): whether it is ready, the topic's error in the last answer, and a broker
+    /// of the cluster.
+    async fn topic_state(
+        &self,
+        topic: &str,
+        wait: Duration,
+    ) -> Result<(bool, Option<RDKafkaErrorCode>, Option<i32>), RelayError> {
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + wait;
+            loop {
+                let mut state = (false, None, None);
+                if let Ok(md) = producer
+                    .producer
+                    .client()
+                    .fetch_metadata(Some(&name), Duration::from_secs(5))
+                {
+                    state.2 = md.brokers().first().map(|b| b.id());
+                    if let Some(t) = md.topics().iter().find(|t| t.name() == name) {
+                        state.1 = t.error().map(RDKafkaErrorCode::from);
+                        state.0 = t.error().is_none()
+                            && !t.partitions().is_empty()
+                            && t.partitions()
+                                .iter()
+                                .all(|p| p.leader() >= 0 && p.error().is_none());
+                    }
+                }
+                if state.0 || std::time::Instant::now() >= deadline {
+                    return state;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .await
+        .map_err(|e| RelayError::Kafka(format!("metadata task failed: {e}")))
     }
 
     /// Fetches cluster metadata once, to fail fast (and retry) when no broker answers.
@@ -396,6 +485,13 @@ impl KafkaSink {
         }
     }
 
+    /// The producer's fatal error, by cause, once librdkafka raised one (`rd_kafka_fatal_error`):
+    /// the producer then takes no more records.
+    pub fn fatal(&self) -> Option<(FatalCause, String)> {
+        let (code, reason) = self.producer.producer.client().fatal_error()?;
+        Some((classify_fatal(code, &reason), format!("{code}: {reason}")))
+    }
+
     /// The delivery reports of this sink's records, filed by [`KafkaSink::serve`].
     pub fn deliveries(&self) -> &Arc<Deliveries> {
         &self.deliveries
@@ -423,6 +519,9 @@ impl KafkaSink {
     /// `max.message.bytes` once [`KafkaSink::ensure_topic`] learnt it); [`SendError::Failed`]
     /// otherwise.
     pub fn send(&self, record: &KafkaRecord, seq: u64) -> Result<(), SendError> {
+        if let Some(reason) = self.missing_reason(&record.topic) {
+            return Err(SendError::BrokerRefused(reason));
+        }
         if let Some(reason) = self.topic_limits.refusal(
             &record.topic,
             &record.key,
@@ -431,18 +530,25 @@ impl KafkaSink {
         ) {
             return Err(SendError::Permanent(reason));
         }
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        let (timestamp, fallback) = self.timestamp_of(record)?;
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
         for (key, value) in &record.headers {
             headers = headers.insert(Header {
                 key,
                 value: Some(value.as_slice()),
             });
         }
+        if let Some(refused) = &fallback {
+            headers = headers.insert(Header {
+                key: TIMESTAMP_FALLBACK_HEADER,
+                value: Some(refused.as_bytes()),
+            });
+        }
         let mut br: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&record.topic, opaque(seq))
                 .key(record.key.as_slice())
                 .headers(headers)
-                .timestamp(record.timestamp_ms);
+                .timestamp(timestamp);
         if let Some(partition) = record.partition {
             br = br.partition(partition);
         }
@@ -454,6 +560,49 @@ impl KafkaSink {
             .producer
             .send(br)
             .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
+    }
+
+    /// The timestamp to send `record` with, and the refused `created_at` value (ms, as text)
+    /// when that is its commit time instead (header [`TIMESTAMP_FALLBACK_HEADER`]).
+    ///
+    /// # Errors
+    /// [`SendError::Permanent`] when the topic would refuse the timestamp and there is no
+    /// fallback (the commit time itself, or `timestamp_refused = "row_error"`), or the fallback
+    /// is refused too.
+    fn timestamp_of(&self, record: &KafkaRecord) -> Result<(i64, Option<String>), SendError> {
+        let limits = &self.topic_limits;
+        let Some(problem) = limits.timestamp_refusal(&record.topic, record.timestamp_ms) else {
+            return Ok((record.timestamp_ms, None));
+        };
+        let fix = if record.column_timestamp {
+            COLUMN_TIMESTAMP_FIX
+        } else {
+            COMMIT_TIMESTAMP_FIX
+        };
+        let Some(commit) = record.fallback_ms else {
+            return Err(SendError::Timestamp(format!("{problem}. Fix: {fix}")));
+        };
+        if let Some(also) = limits.timestamp_refusal(&record.topic, commit) {
+            return Err(SendError::Timestamp(format!(
+                "{problem}; its commit time is refused too: {also}. Fix: {COMMIT_TIMESTAMP_FIX}"
+            )));
+        }
+        metrics::global().timestamp_fallback();
+        if self.first_fallback(&record.topic) {
+            tracing::warn!(topic = %record.topic, "{problem}: sending the record with its \
+                transaction's commit time instead, with header timestamp_fallback (logged once \
+                per topic; counted by outbox_relay_timestamp_fallbacks_total). Fix: \
+                {COLUMN_TIMESTAMP_FIX}");
+        }
+        Ok((commit, Some(record.timestamp_ms.to_string())))
+    }
+
+    /// `true` the first time a fallback is taken for `topic` in this producer's life.
+    fn first_fallback(&self, topic: &str) -> bool {
+        self.fallback_topics
+            .lock()
+            .map(|mut set| set.insert(topic.to_owned()))
+            .unwrap_or(false)
     }
 
     /// After [`KafkaSink::send`] refused `record`: when its topic's `max.message.bytes` is what
@@ -507,7 +656,7 @@ impl KafkaSink {
             )));
         };
         let pos = dl.position.pos.to_string();
-        let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(dl.headers.len() + 5);
+        let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(dl.headers.len() + 6);
         all.extend(dl.headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         all.extend([
             ("dlq_reason", dl.reason.as_bytes()),
@@ -519,6 +668,9 @@ impl KafkaSink {
             ("dlq_binlog_pos", pos.as_bytes()),
             ("dlq_table", dl.table.as_bytes()),
         ]);
+        if let Some(error) = &dl.broker_error {
+            all.push(("dlq_broker_error", error.as_bytes()));
+        }
         if let Some(reason) = self.topic_limits.refusal(
             topic,
             dl.key.as_deref().unwrap_or_default(),
@@ -600,18 +752,49 @@ fn is_size_problem(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-/// Why Kafka refused a record for good (`dlq_reason`, or the error that stops the relay).
+/// Why Kafka refused a record for good (`dlq_reason`, or the error that stops the relay), with
+/// the fix.
 fn refusal_reason(code: RDKafkaErrorCode, topic: &str, size: usize) -> String {
+    use RDKafkaErrorCode as C;
     if is_size_problem(code) {
-        format!(
+        return format!(
             "the record ({size} bytes of key, value and headers) is too large for Kafka \
              (topic {topic}: {code}). Fix: raise kafka.properties \"message.max.bytes\" and the \
              topic's max.message.bytes (and the broker's message.max.bytes for new topics), or \
              keep outbox payloads smaller"
-        )
-    } else {
-        format!("Kafka refused the record for topic {topic}: {code}")
+        );
     }
+    let fix = match code {
+        C::InvalidTimestamp => format!(
+            "the record's timestamp is outside what the topic takes \
+             (message.timestamp.before.max.ms / message.timestamp.after.max.ms). Fix: use the \
+             commit time (outbox.timestamp = \"commit\"), write created_at in UTC or set \
+             outbox.datetime_time_zone to the writers' zone, or raise those limits of topic \
+             {topic}"
+        ),
+        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => format!(
+            "the relay's principal may not write to it. Fix: grant it WRITE and DESCRIBE on \
+             topic {topic} (kafka-acls.sh --add --allow-principal User:<relay> --operation \
+             Write --operation Describe --topic {topic}), or change the topic template"
+        ),
+        C::UnknownTopic | C::UnknownTopicOrPartition => format!(
+            "the topic does not exist and the brokers do not create topics \
+             (auto.create.topics.enable=false). Fix: create it (kafka-topics.sh --create \
+             --topic {topic}), or change the topic template or the row's aggregate type"
+        ),
+        C::UnknownPartition => format!(
+            "the partition column names a partition topic {topic} does not have. Fix: add \
+             partitions to it or correct the row's partition column"
+        ),
+        C::PolicyViolation => {
+            format!("a broker policy refuses it. Fix: see the brokers' policy for topic {topic}")
+        }
+        C::InvalidTopic => "the name is not a valid topic name. Fix: change the topic template \
+             or the row's aggregate type"
+            .to_owned(),
+        _ => format!("Fix: see the brokers' log for topic {topic}"),
+    };
+    format!("Kafka refused the record for topic {topic}: {code}: {fix}")
 }
 
 fn classify_send_error(e: KafkaError, topic: &str, size: usize) -> SendError {
@@ -628,22 +811,71 @@ fn classify_send_error(e: KafkaError, topic: &str, size: usize) -> SendError {
 
 /// Errors that retrying the same record cannot fix: the record or its topic is refused.
 /// Everything else (timeouts, broker down, leader changes) is retried by reconnecting.
-fn is_permanent(code: RDKafkaErrorCode) -> bool {
+const PERMANENT_CODES: [RDKafkaErrorCode; 13] = {
     use RDKafkaErrorCode as C;
-    matches!(
-        code,
-        C::MessageSizeTooLarge
-            | C::InvalidMessageSize
-            | C::InvalidMessage
-            | C::InvalidRecord
-            | C::InvalidTopic
-            | C::UnknownTopic
-            | C::UnknownTopicOrPartition
-            | C::TopicAuthorizationFailed
-            | C::ClusterAuthorizationFailed
-            | C::PolicyViolation
-            | C::UnknownPartition
-    )
+    [
+        C::MessageSizeTooLarge,
+        C::InvalidMessageSize,
+        C::InvalidMessage,
+        C::InvalidRecord,
+        C::InvalidTopic,
+        C::InvalidTimestamp,
+        C::UnknownTopic,
+        C::UnknownTopicOrPartition,
+        C::TopicAuthorizationFailed,
+        C::ClusterAuthorizationFailed,
+        C::PolicyViolation,
+        C::UnknownPartition,
+        C::UnsupportedForMessageFormat,
+    ]
+};
+
+/// See [`PERMANENT_CODES`].
+fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    PERMANENT_CODES.contains(&code)
+}
+
+/// What made librdkafka's producer unusable (`rd_kafka_fatal_error`), by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FatalCause {
+    /// The broker refused a batch for good (the error code it gave): with
+    /// `enable.gapless.guarantee` librdkafka stops producing rather than leave a gap
+    /// (`rdkafka_request.c`, "unable to satisfy gap-less guarantee"). Sending the same records
+    /// again fails the same way: one of them (or their batch as a whole) is refused.
+    Refused(RDKafkaErrorCode),
+    /// Anything else (a timed-out batch, an inconsistent sequence): a new producer from the
+    /// checkpoint fixes it.
+    Transient,
+}
+
+/// Classifies a fatal error of the idempotent producer by its cause. librdkafka raises
+/// `_GAPLESS_GUARANTEE` with the text "ProduceRequest for <topic> [<partition>] with <n>
+/// message(s) failed: <error> (broker …)", where `<error>` is `rd_kafka_err2str` of the
+/// broker's error: the permanent codes are recognised by that text.
+pub fn classify_fatal(code: RDKafkaErrorCode, reason: &str) -> FatalCause {
+    if code != RDKafkaErrorCode::GaplessGuarantee {
+        return FatalCause::Transient;
+    }
+    let Some(failed) = reason
+        .split_once("failed: ")
+        .map(|(_, rest)| rest.split(" (broker").next().unwrap_or(rest))
+    else {
+        return FatalCause::Transient;
+    };
+    PERMANENT_CODES
+        .iter()
+        .find(|c| description(**c) == failed)
+        .map_or(FatalCause::Transient, |c| FatalCause::Refused(*c))
+}
+
+/// librdkafka's description of `code` (`Broker: Message size too large`): rdkafka's `Display`
+/// is `<Name> (<description>)`.
+fn description(code: RDKafkaErrorCode) -> String {
+    let shown = code.to_string();
+    shown
+        .split_once(" (")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map_or(shown.clone(), str::to_owned)
 }
 
 /// Outcome of one record's delivery.
@@ -653,8 +885,11 @@ pub enum Delivered {
     Acked(i32, i64),
     /// Refused for good (too large, topic missing or forbidden): dead-letter it or stop.
     Refused {
-        /// librdkafka's reason.
+        /// librdkafka's reason, with the fix.
         reason: String,
+        /// The error code as librdkafka names it (`MessageSizeTooLarge (Broker: Message size
+        /// too large)`), for the dead letter's `dlq_broker_error`.
+        broker_error: String,
         /// The refused record's key.
         key: Option<Vec<u8>>,
         /// The refused record's value, unless its size is what was refused.
@@ -693,6 +928,7 @@ fn delivery_outcome(report: &DeliveryResult<'_>) -> Result<Delivered, RelayError
             let size = record_size(msg.key().unwrap_or_default(), msg.payload(), &headers);
             Ok(Delivered::Refused {
                 reason: refusal_reason(code, msg.topic(), size),
+                broker_error: code.to_string(),
                 key: msg.key().map(<[u8]>::to_vec),
                 value: if size_problem {
                     None
@@ -728,12 +964,43 @@ mod tests {
             reason.contains("kafka.properties \"message.max.bytes\""),
             "{reason}"
         );
-        assert_eq!(
-            refusal_reason(RDKafkaErrorCode::TopicAuthorizationFailed, "t.orders", 10),
-            format!(
-                "Kafka refused the record for topic t.orders: {}",
+        let denied = refusal_reason(RDKafkaErrorCode::TopicAuthorizationFailed, "t.orders", 10);
+        assert!(
+            denied.starts_with(&format!(
+                "Kafka refused the record for topic t.orders: {}: ",
                 RDKafkaErrorCode::TopicAuthorizationFailed
-            )
+            )),
+            "{denied}"
+        );
+        assert!(denied.contains("grant it WRITE and DESCRIBE"), "{denied}");
+    }
+
+    #[test]
+    fn fatal_errors_are_classified_by_their_cause() {
+        let refused = "ProduceRequest for t.orders [0] with 3 message(s) failed: Broker: Message \
+                       size too large (broker 1 PID{Id:1,Epoch:0}, base seq 0): unable to \
+                       satisfy gap-less guarantee";
+        assert_eq!(
+            classify_fatal(RDKafkaErrorCode::GaplessGuarantee, refused),
+            FatalCause::Refused(RDKafkaErrorCode::MessageSizeTooLarge)
+        );
+        let ts = refused.replace("Message size too large", "Invalid timestamp");
+        assert_eq!(
+            classify_fatal(RDKafkaErrorCode::GaplessGuarantee, &ts),
+            FatalCause::Refused(RDKafkaErrorCode::InvalidTimestamp)
+        );
+        // A timeout breaks the gap-less guarantee too, but a new producer fixes it.
+        let timeout = refused.replace("Broker: Message size too large", "Local: Message timed out");
+        assert_eq!(
+            classify_fatal(RDKafkaErrorCode::GaplessGuarantee, &timeout),
+            FatalCause::Transient
+        );
+        assert_eq!(
+            classify_fatal(
+                RDKafkaErrorCode::Inconsistent,
+                "succeeded when expecting failure"
+            ),
+            FatalCause::Transient
         );
     }
 
@@ -754,6 +1021,8 @@ mod tests {
             headers: vec![("id".into(), b"1".to_vec())],
             partition: None,
             timestamp_ms: 1_700_000_000_000,
+            column_timestamp: false,
+            fallback_ms: None,
         };
         sink.send(&record, 7).expect("enqueued");
         let mut reports = Vec::new();

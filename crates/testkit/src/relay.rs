@@ -57,6 +57,10 @@ pub struct RelayConfigSpec {
     /// TOML appended to the `[outbox]` section after `topic` (mapping options, then
     /// `[outbox.columns]`-style sub-tables or `[[outbox.table]]` entries).
     pub outbox_extra: String,
+    /// `outbox.timestamp` (`commit` or `column`); `None` leaves the relay's default (`commit`).
+    /// [`RelayConfigSpec::new`] sets `column`: most suites check each record's timestamp against
+    /// the `created_at` they wrote (`tests/refusals_e2e.rs` covers the default).
+    pub timestamp: Option<String>,
     /// `outbox.unknown_xa_commit` (`stop` or `skip`); `None` leaves the relay's default (`stop`).
     /// [`RelayConfigSpec::new`] sets `skip`: the relays of tests sharing one server must not stop
     /// at another test's XA COMMIT whose XA PREPARE came before their start (those XA
@@ -100,6 +104,7 @@ impl RelayConfigSpec {
             resume: None,
             dead_letter_topic: None,
             outbox_extra: String::new(),
+            timestamp: Some("column".into()),
             unknown_xa_commit: Some("skip".into()),
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: String::new(),
@@ -130,11 +135,14 @@ impl RelayConfigSpec {
         if let Some(mode) = &self.resume {
             mysql_extra.push_str(&format!("resume = {}\n", toml_str(mode)));
         }
-        let xa_line = self
+        let mut xa_line = self
             .unknown_xa_commit
             .as_ref()
             .map(|p| format!("unknown_xa_commit = {}\n", toml_str(p)))
             .unwrap_or_default();
+        if let Some(t) = &self.timestamp {
+            xa_line.push_str(&format!("timestamp = {}\n", toml_str(t)));
+        }
         let mut out = format!(
             "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n{mysql_extra}\n[outbox]\n\
              tables = [{}]\ntopic = {}\n{xa_line}{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
@@ -553,6 +561,7 @@ mod tests {
             resume: None,
             dead_letter_topic: None,
             outbox_extra: "null_payload = \"skip\"\n".into(),
+            timestamp: None,
             unknown_xa_commit: None,
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: "max_attempts = 3\n".into(),

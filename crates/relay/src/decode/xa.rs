@@ -637,6 +637,8 @@ mod tests {
             extra_headers: Vec::new(),
             envelope: Vec::new(),
             timestamp_ms: 0,
+            column_timestamp: false,
+            commit_ms: 0,
             position: BinlogPosition::new("b.000001", u64::from(n)),
         })
     }

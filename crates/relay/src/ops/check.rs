@@ -449,6 +449,27 @@ async fn outbox_table_checks(conn: &mut Conn, m: &TableMapping) -> Result<Vec<Ch
         return Ok(out);
     }
     out.extend(evaluate_column_types(m, &cols));
+    let created_at_is_datetime = !m.columns.created_at.is_empty()
+        && cols.iter().any(|c| {
+            c.name.eq_ignore_ascii_case(&m.columns.created_at) && c.data_type == "datetime"
+        });
+    if created_at_is_datetime {
+        // The newest row by id, and the server's UTC time, as text (no session time zone).
+        let newest: Result<Option<(Option<String>, String)>, _> = conn
+            .query_first(format!(
+                "SELECT CAST({} AS CHAR), CAST(UTC_TIMESTAMP(6) AS CHAR) FROM {} ORDER BY {} \
+                 DESC LIMIT 1",
+                super::quote_ident(&m.columns.created_at),
+                m.table.quoted(),
+                super::quote_ident(&m.columns.id),
+            ))
+            .await;
+        if let Ok(Some((Some(created), now))) = newest {
+            if let Some(check) = evaluate_created_at_skew(m, &created, &now) {
+                out.push(check);
+            }
+        }
+    }
     let select = conn
         .query_drop(format!("SELECT 1 FROM {} LIMIT 0", m.table.quoted()))
         .await;
@@ -463,6 +484,124 @@ async fn outbox_table_checks(conn: &mut Conn, m: &TableMapping) -> Result<Vec<Ch
         ),
     });
     Ok(out)
+}
+
+/// Most skew between a recent row's `created_at` and the server's UTC time that is not worth
+/// a word, ms.
+const SKEW_TOLERANCE_MS: i64 = 10 * 60_000;
+
+/// A whole time-zone offset is a multiple of this (UTC+05:45 exists), ms.
+const ZONE_STEP_MS: i64 = 15 * 60_000;
+
+/// How far from a whole zone offset a skew still counts as one (the row was written a little
+/// before the check), ms.
+const ZONE_SLACK_MS: i64 = 5 * 60_000;
+
+/// Compares `created` (a DATETIME value of the newest outbox row, as MySQL prints it) read in
+/// the table's `datetime_time_zone` with `server_utc` (`UTC_TIMESTAMP()`): when they differ by
+/// a whole time-zone offset (± 5 min), the writers store local time in another zone, and the
+/// check names the `datetime_time_zone` that reads it right. `None` when a value does not
+/// parse.
+pub fn evaluate_created_at_skew(
+    m: &TableMapping,
+    created: &str,
+    server_utc: &str,
+) -> Option<Check> {
+    use chrono::{NaiveDateTime, Offset, TimeZone};
+    let parse = |v: &str| NaiveDateTime::parse_from_str(v.trim(), "%Y-%m-%d %H:%M:%S%.f").ok();
+    let (created, now) = (parse(created)?, parse(server_utc)?);
+    let zone = m.datetime_time_zone;
+    let instant = zone.from_local_datetime(&created).earliest()?;
+    let now_utc = now.and_utc();
+    let skew = (instant.timestamp_millis()) - now_utc.timestamp_millis();
+    let name = format!(
+        "created_at of {} ({} read in datetime_time_zone {})",
+        m.table,
+        m.columns.created_at,
+        zone.name()
+    );
+    let steps = (skew as f64 / ZONE_STEP_MS as f64).round() as i64;
+    let whole_zone = steps != 0 && (skew - steps * ZONE_STEP_MS).abs() <= ZONE_SLACK_MS;
+    if skew.abs() <= SKEW_TOLERANCE_MS || !whole_zone || steps.abs() > 14 * 4 {
+        return Some(Check::ok(
+            name,
+            format!(
+                "the newest row's value is {} UTC_TIMESTAMP() ({} UTC)",
+                skew_text(skew),
+                now.format("%Y-%m-%d %H:%M:%S")
+            ),
+        ));
+    }
+    // The writers' zone is `steps` quarter hours ahead of the configured one (at that instant).
+    let configured = zone.offset_from_utc_datetime(&now).fix().local_minus_utc();
+    let writers = configured + i32::try_from(steps * ZONE_STEP_MS / 1000).ok()?;
+    let sign = if writers < 0 { '-' } else { '+' };
+    let offset = format!(
+        "UTC{sign}{:02}:{:02}",
+        writers.unsigned_abs() / 3600,
+        writers.unsigned_abs() % 3600 / 60
+    );
+    let mut zones: Vec<&str> = chrono_tz::TZ_VARIANTS
+        .iter()
+        .filter(|z| z.offset_from_utc_datetime(&now).fix().local_minus_utc() == writers)
+        .map(|z| z.name())
+        .filter(|n| {
+            [
+                "Europe/",
+                "Asia/",
+                "America/",
+                "Africa/",
+                "Australia/",
+                "Pacific/",
+            ]
+            .iter()
+            .any(|p| n.starts_with(p))
+        })
+        .take(3)
+        .collect();
+    // POSIX sign: Etc/GMT-8 is UTC+8. Exact, without daylight saving; else the first example.
+    let etc = (writers % 3600 == 0 && writers != 0).then(|| {
+        format!(
+            "Etc/GMT{}{}",
+            if writers > 0 { '-' } else { '+' },
+            writers.abs() / 3600
+        )
+    });
+    let suggestion = etc
+        .clone()
+        .or_else(|| zones.first().map(|z| (*z).to_owned()))
+        .unwrap_or_else(|| offset.clone());
+    zones.retain(|z| Some(*z) != etc.as_deref());
+    Some(Check::not_met(
+        Level::Warn,
+        name,
+        "created_at in datetime_time_zone (close to the server's UTC time for a new row)",
+        format!(
+            "the newest row's value is {} UTC_TIMESTAMP() ({} UTC): a whole time-zone offset, so \
+             the writers seem to store local time of a zone at {offset}",
+            skew_text(steps * ZONE_STEP_MS),
+            now.format("%Y-%m-%d %H:%M:%S")
+        ),
+        format!(
+            "set datetime_time_zone = \"{suggestion}\" ({offset}; or the writers' own IANA \
+             zone, which follows their daylight saving, e.g. {}) in [outbox] or the table's [[outbox.table]], or have the \
+             writers store UTC. Until then, with outbox.timestamp = \"column\" record \
+             timestamps are off by that much (Kafka 4 refuses those more than an hour ahead), \
+             and prune misjudges the rows' age",
+            zones.join(", ")
+        ),
+    ))
+}
+
+/// `ms` as "8 h 0 min after" / "3 min before" for messages.
+fn skew_text(ms: i64) -> String {
+    let minutes = ms.unsigned_abs() / 60_000;
+    let dir = if ms >= 0 { "after" } else { "before" };
+    if minutes >= 60 {
+        format!("{} h {} min {dir}", minutes / 60, minutes % 60)
+    } else {
+        format!("{minutes} min {} s {dir}", ms.unsigned_abs() / 1000 % 60)
+    }
 }
 
 /// Types of the mapped columns: the payload a JSON, text or binary string type, `created_at` a
@@ -526,7 +665,7 @@ pub fn evaluate_column_types(m: &TableMapping, cols: &[ColumnInfo]) -> Vec<Check
         &["datetime", "timestamp"],
         "DATETIME or TIMESTAMP",
         "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
-        "or set outbox.columns.created_at = \"\" to use the binlog event time",
+        "or set outbox.columns.created_at = \"\" (records carry the commit time)",
     );
     one(
         "outbox.columns.partition",
@@ -970,6 +1109,36 @@ mod tests {
             .and_then(|c| c.table_mappings())
             .expect("valid")
             .remove(0)
+    }
+
+    #[test]
+    fn created_at_skew_of_a_whole_zone_names_the_zone_that_fixes_it() {
+        let m = mapping("");
+        // Local time in UTC+8 read as UTC: 8 h ahead (give or take the seconds since).
+        let check =
+            evaluate_created_at_skew(&m, "2026-11-30 11:13:20.123456", "2026-11-30 03:13:26.000")
+                .expect("check");
+        assert_eq!(check.level, Level::Warn, "{check:?}");
+        assert!(check.found.contains("8 h 0 min after"), "{check:?}");
+        assert!(check.found.contains("UTC+08:00"), "{check:?}");
+        assert!(check.fix.contains("Etc/GMT-8"), "{check:?}");
+        assert!(
+            check.fix.starts_with("set datetime_time_zone = \""),
+            "{check:?}"
+        );
+        // Within minutes: fine.
+        let ok = evaluate_created_at_skew(&m, "2026-11-30 03:12:00", "2026-11-30 03:13:26")
+            .expect("check");
+        assert_eq!(ok.level, Level::Ok, "{ok:?}");
+        // An old row (not a whole offset): no guess.
+        let old = evaluate_created_at_skew(&m, "2026-11-28 17:41:00", "2026-11-30 03:13:26")
+            .expect("check");
+        assert_eq!(old.level, Level::Ok, "{old:?}");
+        // UTC-05:00 (New York in winter) read as UTC.
+        let west = evaluate_created_at_skew(&m, "2026-11-29 22:13:00", "2026-11-30 03:13:26")
+            .expect("check");
+        assert!(west.found.contains("UTC-05:00"), "{west:?}");
+        assert!(west.fix.contains("Etc/GMT+5"), "{west:?}");
     }
 
     #[test]

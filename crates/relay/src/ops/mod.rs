@@ -259,6 +259,11 @@ pub fn human_duration(seconds: f64) -> String {
     }
 }
 
+/// `ident` quoted as a MySQL identifier: `` `name` `` with backticks doubled.
+pub(crate) fn quote_ident(ident: &str) -> String {
+    format!("`{}`", ident.replace('`', "``"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -140,10 +140,6 @@ struct Ctx<'a> {
     mappings: &'a [TableMapping],
 }
 
-fn quote(ident: &str) -> String {
-    format!("`{}`", ident.replace('`', "``"))
-}
-
 async fn prune_table(
     conn: &mut Conn,
     ctx: &Ctx<'_>,
@@ -188,8 +184,8 @@ async fn prune_table(
     let cutoff = cutoff.format("%Y-%m-%d %H:%M:%S%.6f").to_string();
     let (t, id, created) = (
         m.table.quoted(),
-        quote(&m.columns.id),
-        quote(&m.columns.created_at),
+        super::quote_ident(&m.columns.id),
+        super::quote_ident(&m.columns.created_at),
     );
     let chunk = opts.batch_size.saturating_mul(20).clamp(1, 100_000);
     let mut last: Option<Value> = None;

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{refused_too, Ack};
+use super::{refused_too, Ack, RowRef};
 use crate::checkpoint::Checkpoint;
 use crate::error::RelayError;
 use crate::metrics::{self, DeadLetterKind};
@@ -34,6 +34,24 @@ pub(super) struct RecordInfo {
     /// End of the rows event that carried its row.
     pub position: BinlogPosition,
     /// `database.table` of its outbox.
+    pub table: Arc<str>,
+    /// Sent alone: everything before it was acknowledged first and nothing after it is sent
+    /// before its report (so a refusal of its batch is its own).
+    pub alone: bool,
+}
+
+/// A record whose batch the broker refused for good, after which the producer stopped
+/// (`enable.gapless.guarantee`): the first one reported in this run.
+pub(super) struct FatalRefusal {
+    /// The row.
+    pub row: RowRef,
+    /// Sent alone (see [`RecordInfo::alone`]): the refusal is the row's own.
+    pub alone: bool,
+    pub reason: String,
+    pub broker_error: String,
+    /// The value may go into its dead letter (its size was not the problem).
+    pub keep_value: bool,
+    pub position: BinlogPosition,
     pub table: Arc<str>,
 }
 
@@ -66,6 +84,8 @@ pub(super) struct AckQueue {
     unsent: usize,
     /// The metric counters of the last acknowledged record's topic.
     topic_counters: Option<(Arc<str>, metrics::TopicCounters)>,
+    /// The first record refused by a broker in a way that stopped the producer.
+    pub fatal_refusal: Option<FatalRefusal>,
 }
 
 impl AckQueue {
@@ -79,6 +99,7 @@ impl AckQueue {
             reports: Vec::new(),
             unsent: 0,
             topic_counters: None,
+            fatal_refusal: None,
         }
     }
 
@@ -126,7 +147,8 @@ impl AckQueue {
                 return None;
             }
             sink.serve();
-            self.apply_reports();
+            // librdkafka raises its fatal error before it files the refused batch's reports.
+            self.apply_reports(sink.fatal().is_some());
             if self.front_ready() {
                 continue;
             }
@@ -186,8 +208,9 @@ impl AckQueue {
         })
     }
 
-    /// Files the delivery reports that arrived under their entries.
-    fn apply_reports(&mut self) {
+    /// Files the delivery reports that arrived under their entries. `fatal`: the producer has
+    /// stopped (no dead letter can be sent with it).
+    fn apply_reports(&mut self, fatal: bool) {
         self.deliveries.take_into(&mut self.reports);
         if self.reports.is_empty() {
             return;
@@ -227,6 +250,31 @@ impl AckQueue {
                     }
                     Ok(Delivered::Refused {
                         reason,
+                        broker_error,
+                        value,
+                        ..
+                    }) if fatal => {
+                        // Its batch was refused and the producer stopped: the run ends, and the
+                        // pipeline finds out which row it was (see `Refusals`).
+                        if self.fatal_refusal.is_none() {
+                            self.fatal_refusal = Some(FatalRefusal {
+                                row: RowRef::of(done),
+                                alone: info.alone,
+                                reason: reason.clone(),
+                                broker_error,
+                                keep_value: value.is_some(),
+                                position: info.position.clone(),
+                                table: Arc::clone(&info.table),
+                            });
+                        }
+                        *slot = Some(Err(RelayError::Kafka(format!(
+                            "the broker refused a batch for good, which stopped the producer: \
+                             {reason}"
+                        ))));
+                    }
+                    Ok(Delivered::Refused {
+                        reason,
+                        broker_error,
                         key,
                         value,
                         headers,
@@ -239,6 +287,7 @@ impl AckQueue {
                             key,
                             value,
                             headers,
+                            broker_error: Some(broker_error),
                         };
                         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
                         metrics::global().dead_lettered(DeadLetterKind::Broker);
@@ -281,7 +330,11 @@ impl AckQueue {
             match sink.send_dead_letter(dl, self.first_seq + i as u64) {
                 Ok(()) => *sent = true,
                 Err(SendError::QueueFull) => return false,
-                Err(SendError::Permanent(reason)) => {
+                Err(
+                    SendError::Permanent(reason)
+                    | SendError::Timestamp(reason)
+                    | SendError::BrokerRefused(reason),
+                ) => {
                     *sent = true;
                     *outcome = Some(Err(refused_too(dl, &reason)));
                 }

@@ -16,6 +16,13 @@
 //!
 //! With producer compression the broker sees compressed batches, whose size is not known
 //! before sending: no record is refused here then.
+//!
+//! The same DescribeConfigs answer gives the topic's timestamp rules (`message.timestamp.type`,
+//! `message.timestamp.before.max.ms`, `message.timestamp.after.max.ms`; Kafka documentation,
+//! topic configurations): a `CreateTime` record outside them is refused by the broker
+//! (`INVALID_TIMESTAMP`), which with the idempotent producer is a fatal error as well. Kafka 4
+//! refuses, by default, timestamps more than one hour in the future (KIP-1030).
+//! [`TopicLimits::timestamp_refusal`] says so before sending.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,13 +155,128 @@ pub fn batch_hazard(
     })
 }
 
-/// The `max.message.bytes` of the topics the relay sends to: read when it first sends to a
-/// topic, and again before a record would be refused ([`TopicLimits::relearn`]).
+/// Which record timestamps a topic takes (Kafka topic configurations `message.timestamp.type`,
+/// `message.timestamp.before.max.ms` and `message.timestamp.after.max.ms`; before Kafka 3.6,
+/// `message.timestamp.difference.max.ms` for both directions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampRules {
+    /// `message.timestamp.type = LogAppendTime`: the broker stamps each record with its own
+    /// clock and refuses none for its timestamp.
+    pub log_append_time: bool,
+    /// Most ms a `CreateTime` timestamp may be behind the broker's clock.
+    pub before_max_ms: i64,
+    /// Most ms a `CreateTime` timestamp may be ahead of the broker's clock.
+    pub after_max_ms: i64,
+}
+
+/// Slack kept below a topic's timestamp limits, ms: the broker checks with its own clock, and
+/// later than the relay (batching, retries). A tenth of the limit, at most a minute.
+fn timestamp_slack(limit_ms: i64) -> i64 {
+    (limit_ms / 10).clamp(0, 60_000)
+}
+
+/// `ms` (since the epoch) as UTC text for messages.
+fn utc_text(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || format!("{ms} ms"),
+        |t| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string(),
+    )
+}
+
+/// `ms` as hours and minutes (`8 h 0 min`) for messages.
+fn span_text(ms: i64) -> String {
+    let minutes = (ms.unsigned_abs() + 30_000) / 60_000;
+    format!("{} h {} min", minutes / 60, minutes % 60)
+}
+
+/// Why no topic takes `timestamp_ms`, or `None`: a negative timestamp is refused by Kafka's
+/// clients and 0 is librdkafka's "now" (`rd_kafka_producev` `RD_KAFKA_VTYPE_TIMESTAMP`).
+pub fn invalid_timestamp(timestamp_ms: i64) -> Option<String> {
+    (timestamp_ms <= 0).then(|| {
+        format!(
+            "the record timestamp {} ({timestamp_ms} ms since the epoch) is not after              1970-01-01 00:00:00 UTC, which Kafka does not take",
+            utc_text(timestamp_ms)
+        )
+    })
+}
+
+impl TimestampRules {
+    /// Why this topic's broker would refuse a record stamped `timestamp_ms` when its clock
+    /// reads `now_ms` (ms since the epoch), or `None`.
+    pub fn refusal(&self, topic: &str, timestamp_ms: i64, now_ms: i64) -> Option<String> {
+        if let Some(reason) = invalid_timestamp(timestamp_ms) {
+            return Some(reason);
+        }
+        if self.log_append_time {
+            return None;
+        }
+        let ahead = timestamp_ms.saturating_sub(now_ms);
+        if ahead
+            > self
+                .after_max_ms
+                .saturating_sub(timestamp_slack(self.after_max_ms))
+        {
+            return Some(format!(
+                "the record timestamp {} is {} ahead of the relay's clock, and topic {topic} \
+                 refuses timestamps more than message.timestamp.after.max.ms = {} ms ahead \
+                 (Kafka 4's default is one hour)",
+                utc_text(timestamp_ms),
+                span_text(ahead),
+                self.after_max_ms
+            ));
+        }
+        let behind = now_ms.saturating_sub(timestamp_ms);
+        if behind
+            > self
+                .before_max_ms
+                .saturating_sub(timestamp_slack(self.before_max_ms))
+        {
+            return Some(format!(
+                "the record timestamp {} is {} behind the relay's clock, and topic {topic} \
+                 refuses timestamps more than message.timestamp.before.max.ms = {} ms old",
+                utc_text(timestamp_ms),
+                span_text(behind),
+                self.before_max_ms
+            ));
+        }
+        None
+    }
+
+    /// The rules in a DescribeConfigs answer (`value` looks an entry up); `None` without
+    /// `message.timestamp.type`.
+    fn from_config(value: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let kind = value("message.timestamp.type")?;
+        let ms = |key: &str| value(key).and_then(|v| v.trim().parse::<i64>().ok());
+        let both = ms("message.timestamp.difference.max.ms");
+        Some(Self {
+            log_append_time: kind.eq_ignore_ascii_case("LogAppendTime"),
+            before_max_ms: ms("message.timestamp.before.max.ms")
+                .or(both)
+                .unwrap_or(i64::MAX),
+            after_max_ms: ms("message.timestamp.after.max.ms")
+                .or(both)
+                .unwrap_or(i64::MAX),
+        })
+    }
+}
+
+/// What DescribeConfigs says about one topic.
+struct TopicConfig {
+    max_message_bytes: Option<u64>,
+    timestamps: Option<TimestampRules>,
+}
+
+/// The `max.message.bytes` and timestamp rules of the topics the relay sends to: read when it
+/// first sends to a topic, and again before a record would be refused ([`TopicLimits::relearn`]).
 pub struct TopicLimits {
     admin: ClientConfig,
     producer: ProducerLimits,
     /// Topic → `max.message.bytes`.
     limits: Mutex<HashMap<String, u64>>,
+    /// Topic → its timestamp rules.
+    timestamps: Mutex<HashMap<String, TimestampRules>>,
+    /// The brokers' `auto.create.topics.enable`, once read.
+    auto_create: Mutex<Option<bool>>,
     /// Topic → when its limit was last asked for, answered or not (throttles [`Self::relearn`]).
     asked: Mutex<HashMap<String, Instant>>,
     /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
@@ -169,24 +291,43 @@ impl TopicLimits {
             admin: super::admin_client_config(config),
             producer: ProducerLimits::of(config),
             limits: Mutex::new(HashMap::new()),
+            timestamps: Mutex::new(HashMap::new()),
+            auto_create: Mutex::new(None),
             asked: Mutex::new(HashMap::new()),
             smallest: AtomicU64::new(u64::MAX),
         }
     }
 
-    /// Asks the brokers for `topic`'s `max.message.bytes` (DescribeConfigs) and remembers it;
-    /// warns when batches of small records can exceed it ([`batch_hazard`]). Does nothing with
-    /// compression on. When the answer does not come (no `DescribeConfigs` permission, a
-    /// timeout), warns and leaves the topic unchecked: the broker still refuses what is too
-    /// large, as a producer error.
+    /// Asks the brokers for `topic`'s `max.message.bytes` and timestamp rules (DescribeConfigs)
+    /// and remembers them; warns when batches of small records can exceed the size limit
+    /// ([`batch_hazard`]). With compression on, sizes are not checked. When the answer does not
+    /// come (no `DescribeConfigs` permission, a timeout), warns and leaves the topic unchecked:
+    /// the broker still refuses what it does not take, found and handled as a row error after
+    /// the fact (the pipeline resends one record at a time to find it).
     pub async fn learn(&self, topic: &str) {
-        if self.producer.compresses {
-            return;
-        }
         if let Ok(mut asked) = self.asked.lock() {
             asked.insert(topic.to_owned(), Instant::now());
         }
-        match self.describe(topic).await {
+        let config = match self.describe(topic).await {
+            Ok(config) => config,
+            Err(reason) => {
+                tracing::warn!(
+                    topic,
+                    "cannot read the topic's configuration ({reason}); records too large for it                      or with timestamps it refuses are found only when the broker refuses them                      (grant DescribeConfigs on the topic to have them refused before sending)"
+                );
+                return;
+            }
+        };
+        if let (Some(rules), Ok(mut timestamps)) = (config.timestamps, self.timestamps.lock()) {
+            timestamps.insert(topic.to_owned(), rules);
+        }
+        if self.producer.compresses {
+            return;
+        }
+        match config
+            .max_message_bytes
+            .ok_or("the answer has no max.message.bytes")
+        {
             Ok(limit) => {
                 if let Some((problem, fix)) = batch_hazard(topic, limit, &self.producer) {
                     tracing::warn!(topic, max_message_bytes = limit, "{problem}. Fix: {fix}");
@@ -198,12 +339,20 @@ impl TopicLimits {
                     self.smallest.store(smallest, Ordering::Relaxed);
                 }
             }
-            Err(reason) => tracing::warn!(
-                topic,
-                "cannot read the topic's max.message.bytes ({reason}); records too large for it \
-                 are refused by the broker, which stops the relay (grant DescribeConfigs on the \
-                 topic to have them dead-lettered instead)"
-            ),
+            Err(reason) => {
+                tracing::warn!(topic, "cannot read the topic's max.message.bytes: {reason}")
+            }
+        }
+    }
+
+    /// Why `topic` would refuse a record stamped `timestamp_ms`, by its rules as last read and
+    /// the relay's clock; `None` when it takes it or its rules are unknown (only a timestamp no
+    /// topic takes is refused then, see [`invalid_timestamp`]).
+    pub fn timestamp_refusal(&self, topic: &str, timestamp_ms: i64) -> Option<String> {
+        let rules = self.timestamps.lock().ok()?.get(topic).copied();
+        match rules {
+            Some(rules) => rules.refusal(topic, timestamp_ms, now_ms()),
+            None => invalid_timestamp(timestamp_ms),
         }
     }
 
@@ -262,7 +411,37 @@ impl TopicLimits {
         }
     }
 
-    async fn describe(&self, topic: &str) -> Result<u64, String> {
+    /// The broker's `auto.create.topics.enable` (DescribeConfigs of broker `broker_id`), read
+    /// once and remembered; `None` when it cannot be read.
+    pub async fn auto_create(&self, broker_id: i32) -> Option<bool> {
+        if let Some(known) = self.auto_create.lock().ok().and_then(|a| *a) {
+            return Some(known);
+        }
+        let config = self.admin.clone();
+        let admin: AdminClient<DefaultClientContext> =
+            tokio::task::spawn_blocking(move || config.create().ok())
+                .await
+                .ok()
+                .flatten()?;
+        let spec = ResourceSpecifier::Broker(broker_id);
+        let opts = AdminOptions::new().request_timeout(Some(DESCRIBE_TIMEOUT));
+        let answer = admin.describe_configs([&spec], &opts).await;
+        tokio::task::spawn_blocking(move || drop(admin));
+        let value = answer
+            .ok()?
+            .into_iter()
+            .find_map(Result::ok)?
+            .get("auto.create.topics.enable")?
+            .value
+            .as_deref()
+            .map(|v| v.eq_ignore_ascii_case("true"))?;
+        if let Ok(mut known) = self.auto_create.lock() {
+            *known = Some(value);
+        }
+        Some(value)
+    }
+
+    async fn describe(&self, topic: &str) -> Result<TopicConfig, String> {
         // Creating a librdkafka client starts threads (and may set up TLS): not on the
         // runtime's threads.
         let config = self.admin.clone();
@@ -284,12 +463,19 @@ impl TopicLimits {
             .next()
             .ok_or("no answer for the topic")?
             .map_err(|code| code.to_string())?;
-        resource
-            .get("max.message.bytes")
-            .and_then(|entry| entry.value.as_deref())
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| "the answer has no max.message.bytes".to_owned())
+        let value = |key: &str| resource.get(key).and_then(|entry| entry.value.clone());
+        Ok(TopicConfig {
+            max_message_bytes: value("max.message.bytes").and_then(|v| v.parse().ok()),
+            timestamps: TimestampRules::from_config(value),
+        })
     }
+}
+
+/// The relay's clock, ms since the epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]
@@ -297,6 +483,59 @@ mod tests {
     use super::*;
 
     const NO_HEADERS: &[(&str, Vec<u8>)] = &[];
+
+    #[test]
+    fn timestamp_rules_follow_the_topic_configuration() {
+        let now = 1_767_323_045_000;
+        let hour = 3_600_000;
+        let kafka4 = TimestampRules::from_config(|k| {
+            [
+                ("message.timestamp.type", "CreateTime"),
+                ("message.timestamp.before.max.ms", "9223372036854775807"),
+                ("message.timestamp.after.max.ms", "3600000"),
+            ]
+            .iter()
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| (*v).to_owned())
+        })
+        .expect("rules");
+        assert_eq!(kafka4.after_max_ms, hour);
+        // UTC+8 local time read as UTC: 8 h ahead.
+        let reason = kafka4.refusal("t", now + 8 * hour, now).expect("refused");
+        assert!(reason.contains("is 8 h 0 min ahead"), "{reason}");
+        assert!(
+            reason.contains("message.timestamp.after.max.ms = 3600000"),
+            "{reason}"
+        );
+        assert_eq!(kafka4.refusal("t", now + 30 * 60_000, now), None);
+        // Within a minute of the limit counts as refused (the broker's clock, later sends).
+        assert!(kafka4.refusal("t", now + hour - 30_000, now).is_some());
+        assert_eq!(kafka4.refusal("t", 1, now), None, "no limit into the past");
+        assert!(kafka4.refusal("t", -5, now).is_some(), "negative");
+        assert!(kafka4.refusal("t", 0, now).is_some(), "librdkafka's now");
+        let old = TimestampRules {
+            log_append_time: false,
+            before_max_ms: 24 * hour,
+            after_max_ms: i64::MAX,
+        };
+        let reason = old.refusal("t", now - 48 * hour, now).expect("refused");
+        assert!(reason.contains("48 h 0 min behind"), "{reason}");
+        assert_eq!(old.refusal("t", now + 1_000 * hour, now), None);
+        let append = TimestampRules {
+            log_append_time: true,
+            ..kafka4
+        };
+        assert_eq!(append.refusal("t", now + 8 * hour, now), None);
+        assert!(append.refusal("t", -1, now).is_some());
+        // Before Kafka 3.6: one limit for both directions.
+        let legacy = TimestampRules::from_config(|k| match k {
+            "message.timestamp.type" => Some("CreateTime".into()),
+            "message.timestamp.difference.max.ms" => Some("1000".into()),
+            _ => None,
+        })
+        .expect("rules");
+        assert_eq!((legacy.before_max_ms, legacy.after_max_ms), (1000, 1000));
+    }
 
     #[test]
     fn zigzag_varint_sizes() {

@@ -1,0 +1,594 @@
+//! Records the broker refuses for good, end to end (issue 13, "Nothing wedges the relay"):
+//!
+//! - the record timestamp: the transaction's commit time by default, so a `created_at` written
+//!   in local time (UTC+8, read as UTC: 8 h in the future, which Kafka 4 refuses by default)
+//!   does not matter; with `timestamp = "column"` such a value falls back to the commit time
+//!   (header `timestamp_fallback`, a counter) or is a row error, per `timestamp_refused`;
+//! - a record too large for its topic that only the broker can see (compressed batches) in the
+//!   middle of a transaction: dead-lettered with the broker's error, or exit 1 naming the row,
+//!   never a restart loop; the other rows of the transaction arrive;
+//! - a topic that does not exist on a broker that creates none, and a topic the relay's SASL
+//!   user is denied by an ACL (a private broker: `tests/services/kafka.sh` with
+//!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`).
+//!
+//! Every test waits on observable state (records, dead letters, the relay's exit).
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, ensure, Context, Result};
+use mysql_async::TxOpts;
+use outbox_relay_testkit::private::repo_root;
+use outbox_relay_testkit::{
+    collect_until, create_topic, describe_exit, free_local_port, insert_outbox_rows,
+    next_server_id, read_all_records, recent_created_at_base, unique_suffix, InsertStyle,
+    OutboxRow, PrivateService, Record, RelayConfigSpec, RelayProcess, ServiceSpec, TestDb,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const STARTUP: Duration = Duration::from_secs(60);
+const RELAY_WAIT: Duration = Duration::from_secs(120);
+const READ_ALL: Duration = Duration::from_secs(60);
+const STOP: Duration = Duration::from_secs(30);
+/// A relay that must stop on a refused row does so within this (one restart with a new
+/// producer to find the row, then the stop): a restart loop would not.
+const EXIT_BOUND: Duration = Duration::from_secs(120);
+const HOUR_MS: i64 = 3_600_000;
+
+struct Fixture {
+    uid: String,
+    db: TestDb,
+    spec: RelayConfigSpec,
+}
+
+impl Fixture {
+    async fn new(name: &str) -> Result<Self> {
+        let db = TestDb::create(&format!("e2e_{name}")).await?;
+        let uid = unique_suffix();
+        let spec = RelayConfigSpec::new(
+            &db,
+            &format!("{name}-{uid}"),
+            next_server_id(),
+            &format!("t_{uid}"),
+        );
+        Ok(Self { uid, db, spec })
+    }
+
+    async fn start_relay(&self) -> Result<RelayProcess> {
+        let relay = RelayProcess::spawn(BIN, &self.spec.to_toml(), &[])?;
+        relay
+            .wait_for_checkpoint_row(self.db.pool(), &self.spec.connector_name, STARTUP)
+            .await?;
+        Ok(relay)
+    }
+
+    fn row(&self, n: usize, created_at_micros: i64, payload: String) -> OutboxRow {
+        OutboxRow {
+            aggregate_type: "Ticket".into(),
+            // One key: one partition, so the records' order is the rows' order.
+            aggregate_id: "ticket-1".into(),
+            event_type: "TicketSold".into(),
+            event_key: format!("{}-{n}", self.uid),
+            payload,
+            created_at_micros,
+        }
+    }
+
+    /// Commits `rows` in one transaction; returns the wall clock (ms) just before and after.
+    async fn commit(&self, rows: &[OutboxRow]) -> Result<(i64, i64)> {
+        let mut conn = self.db.conn().await?;
+        let before = now_ms();
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        insert_outbox_rows(&mut tx, "outbox", rows, InsertStyle::SingleRow).await?;
+        tx.commit().await?;
+        Ok((before, now_ms()))
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Local time of a service in UTC+8 written into a DATETIME read as UTC: 8 h in the future.
+fn utc_plus_8_micros() -> i64 {
+    (now_ms() + 8 * HOUR_MS) * 1000
+}
+
+fn keys(records: &[Record]) -> Vec<Option<&str>> {
+    records.iter().map(|r| r.header("event_key")).collect()
+}
+
+fn until_keys(wanted: Vec<String>) -> impl FnMut(&[Record]) -> bool + Send + 'static {
+    move |records: &[Record]| {
+        wanted
+            .iter()
+            .all(|k| records.iter().any(|r| r.header("event_key") == Some(k)))
+    }
+}
+
+/// The commit time lies within the commit's wall-clock window (MariaDB: whole seconds, so the
+/// second the commit began in).
+fn ensure_commit_time(r: &Record, (before, after): (i64, i64)) -> Result<()> {
+    let ts = r.timestamp_ms.context("record without timestamp")?;
+    ensure!(
+        ts >= before - 1000 && ts <= after + 1000,
+        "record {:?} stamped {ts}, expected the commit time within [{before}, {after}] ms",
+        r.header("event_key")
+    );
+    Ok(())
+}
+
+async fn http_get(port: u16, path: &str) -> Result<String> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<String> {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut response = String::new();
+        conn.read_to_string(&mut response)?;
+        Ok(response)
+    })
+    .await?
+}
+
+/// (a) Default config: created_at 8 h ahead does not matter; the records carry the commit time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_stamped_with_the_commit_time_by_default() -> Result<()> {
+    let mut f = Fixture::new("ts_commit").await?;
+    f.spec.timestamp = None; // the relay's default
+    let relay = f.start_relay().await?;
+    let rows: Vec<OutboxRow> = (0..3)
+        .map(|n| f.row(n, utc_plus_8_micros(), format!("{{\"n\":{n}}}")))
+        .collect();
+    let window = f.commit(&rows).await?;
+    let topic = f.spec.topic_for("Ticket");
+    let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        until_keys(wanted),
+    )
+    .await?;
+    ensure!(seen.len() == 3, "records: {:?}", keys(&seen));
+    for r in &seen {
+        ensure_commit_time(r, window)?;
+        ensure!(r.header("timestamp_fallback").is_none(), "{r:?}");
+    }
+    relay.ensure_running()?;
+    let status = relay.stop(STOP).await?;
+    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    f.db.drop_database().await
+}
+
+/// (a) `timestamp = "column"`: the topic (Kafka 4 defaults: at most 1 h ahead) would refuse the
+/// UTC+8 row, which falls back to the commit time with header `timestamp_fallback` and the
+/// counter; the valid rows of the same transaction keep their created_at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_created_at_falls_back_to_the_commit_time() -> Result<()> {
+    let mut f = Fixture::new("ts_fallback").await?;
+    f.spec.timestamp = Some("column".into());
+    let port = free_local_port()?;
+    f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    let relay = f.start_relay().await?;
+    let now = recent_created_at_base();
+    let rows = vec![
+        f.row(0, now, "{\"n\":0}".into()),
+        f.row(1, utc_plus_8_micros(), "{\"n\":1}".into()),
+        f.row(2, now + 1000, "{\"n\":2}".into()),
+    ];
+    let window = f.commit(&rows).await?;
+    let topic = f.spec.topic_for("Ticket");
+    let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        until_keys(wanted),
+    )
+    .await?;
+    ensure!(
+        keys(&seen)
+            == rows
+                .iter()
+                .map(|r| Some(r.event_key.as_str()))
+                .collect::<Vec<_>>(),
+        "records: {:?}\n{}",
+        keys(&seen),
+        relay.stderr_tail()
+    );
+    ensure!(seen[0].timestamp_ms == Some(rows[0].expected_timestamp_ms()));
+    ensure!(seen[2].timestamp_ms == Some(rows[2].expected_timestamp_ms()));
+    ensure!(seen[0].header("timestamp_fallback").is_none());
+    ensure_commit_time(&seen[1], window)?;
+    let refused = rows[1].expected_timestamp_ms().to_string();
+    ensure!(
+        seen[1].header("timestamp_fallback") == Some(refused.as_str()),
+        "headers of the fallen-back record: {:?}",
+        seen[1].headers
+    );
+    let page = http_get(port, "/metrics").await?;
+    ensure!(
+        page.lines()
+            .any(|l| l.starts_with("outbox_relay_timestamp_fallbacks_total 1")),
+        "no fallback counted:\n{page}"
+    );
+    ensure!(
+        relay
+            .stderr_text()
+            .contains("message.timestamp.after.max.ms = 3600000"),
+        "no warning naming the topic's limit\n{}",
+        relay.stderr_tail()
+    );
+    let status = relay.stop(STOP).await?;
+    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    f.db.drop_database().await
+}
+
+/// (a) `timestamp_refused = "row_error"`: the UTC+8 row is dead-lettered, the valid rows of the
+/// same transaction arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
+    let mut f = Fixture::new("ts_rowerr").await?;
+    f.spec.timestamp = Some("column".into());
+    f.spec.outbox_extra = "timestamp_refused = \"row_error\"\n".into();
+    let dlq = format!("t_{}.dlq", f.uid);
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let relay = f.start_relay().await?;
+    let now = recent_created_at_base();
+    let rows = vec![
+        f.row(0, now, "{\"n\":0}".into()),
+        f.row(1, utc_plus_8_micros(), "{\"n\":1}".into()),
+        f.row(2, now + 1000, "{\"n\":2}".into()),
+    ];
+    f.commit(&rows).await?;
+    let topic = f.spec.topic_for("Ticket");
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        RELAY_WAIT,
+        until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
+    )
+    .await?;
+    ensure!(
+        keys(&seen)
+            == [
+                Some(rows[0].event_key.as_str()),
+                Some(rows[2].event_key.as_str())
+            ],
+        "records: {:?}",
+        keys(&seen)
+    );
+    let dead = collect_until(
+        &f.spec.bootstrap_servers,
+        std::slice::from_ref(&dlq),
+        RELAY_WAIT,
+        until_keys(vec![rows[1].event_key.clone()]),
+    )
+    .await?;
+    let reason = dead[0].header("dlq_reason").unwrap_or_default();
+    ensure!(
+        reason.contains("8 h") && reason.contains("message.timestamp.after.max.ms"),
+        "dlq_reason {reason:?}"
+    );
+    ensure!(dead[0].header("dlq_topic") == Some(topic.as_str()));
+    // MySQL's binary JSON comes back as MySQL prints it ({"n": 1}): compare as JSON.
+    let value: Option<serde_json::Value> = dead[0]
+        .value_str()
+        .and_then(|v| serde_json::from_str(v).ok());
+    ensure!(
+        value == Some(serde_json::json!({"n": 1})),
+        "the dead letter's value is not the row's payload: {:?}",
+        dead[0].value_str()
+    );
+    relay.ensure_running()?;
+    let status = relay.stop(STOP).await?;
+    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    f.db.drop_database().await
+}
+
+/// A payload of `bytes` bytes that compresses badly.
+fn noise(bytes: usize, seed: u64) -> String {
+    let mut x = seed | 1;
+    let mut out = String::from("{\"noise\":\"");
+    while out.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push_str(&format!("{:016x}", x));
+    }
+    out.push_str("\"}");
+    out
+}
+
+/// Rows 0..3 in one transaction, row 1 too large for the topic (limit 20000 bytes): with
+/// compression the relay cannot know before sending, so the broker refuses the batch.
+async fn too_large_in_a_transaction(name: &str, dead_letters: bool) -> Result<()> {
+    let mut f = Fixture::new(name).await?;
+    let topic = f.spec.topic_for("Ticket");
+    create_topic(&f.spec.bootstrap_servers, &topic, 20_000).await?;
+    f.spec
+        .kafka_properties
+        .push(("compression.type".into(), "lz4".into()));
+    let dlq = format!("t_{}.dlq", f.uid);
+    if dead_letters {
+        f.spec.dead_letter_topic = Some(dlq.clone());
+    }
+    let relay = f.start_relay().await?;
+    let now = recent_created_at_base();
+    let rows = vec![
+        f.row(0, now, "{\"n\":0}".into()),
+        f.row(1, now, noise(100_000, 7)),
+        f.row(2, now, "{\"n\":2}".into()),
+    ];
+    f.commit(&rows).await?;
+    let table = format!("{}.outbox", f.db.name());
+    if dead_letters {
+        let seen = collect_until(
+            &f.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            RELAY_WAIT,
+            until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
+        )
+        .await?;
+        let first: Vec<Option<&str>> = {
+            let mut k = keys(&seen);
+            k.dedup();
+            k
+        };
+        ensure!(
+            first
+                == [
+                    Some(rows[0].event_key.as_str()),
+                    Some(rows[2].event_key.as_str())
+                ],
+            "records: {:?}\n{}",
+            keys(&seen),
+            relay.stderr_tail()
+        );
+        let dead = collect_until(
+            &f.spec.bootstrap_servers,
+            std::slice::from_ref(&dlq),
+            RELAY_WAIT,
+            until_keys(vec![rows[1].event_key.clone()]),
+        )
+        .await?;
+        let d = &dead[0];
+        ensure!(
+            d.header("dlq_broker_error")
+                .is_some_and(|e| e.contains("MessageSizeTooLarge")),
+            "dead letter headers: {:?}",
+            d.headers
+        );
+        ensure!(
+            d.header("dlq_table") == Some(table.as_str()),
+            "{:?}",
+            d.headers
+        );
+        ensure!(d.value.is_none(), "the too-large value is dropped");
+        relay.ensure_running()?;
+        let status = relay.stop(STOP).await?;
+        ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    } else {
+        let status = relay.wait_exit(EXIT_BOUND).await?;
+        let err = relay.stderr_text();
+        ensure!(
+            status.code() == Some(1),
+            "{}\n{}",
+            describe_exit(&status),
+            relay.stderr_tail()
+        );
+        for needle in [
+            table.as_str(),
+            topic.as_str(),
+            "Message size too large",
+            "Fix:",
+        ] {
+            ensure!(
+                err.contains(needle),
+                "stderr does not name {needle:?}:\n{}",
+                relay.stderr_tail()
+            );
+        }
+        ensure!(
+            err.contains("-bin.") || err.contains("binlog."),
+            "stderr names no binlog position:\n{}",
+            relay.stderr_tail()
+        );
+        // The row before it arrived; nothing after it did.
+        let seen = read_all_records(
+            &f.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            READ_ALL,
+        )
+        .await?;
+        ensure!(
+            seen.iter()
+                .any(|r| r.header("event_key") == Some(rows[0].event_key.as_str()))
+                && !seen
+                    .iter()
+                    .any(|r| r.header("event_key") != Some(rows[0].event_key.as_str())),
+            "records: {:?}",
+            keys(&seen)
+        );
+    }
+    f.db.drop_database().await
+}
+
+/// (b) dead letters on: the too-large row is dead-lettered with the broker's error, its
+/// transaction's other rows arrive, the relay keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_broker_refuses_as_too_large_dead_letters_only_its_row() -> Result<()> {
+    too_large_in_a_transaction("big_dlq", true).await
+}
+
+/// (b) dead letters off: exit 1 naming the position, table, topic and the broker's error,
+/// within a bound (no restart loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_broker_refuses_as_too_large_stops_the_relay_naming_the_row() -> Result<()> {
+    too_large_in_a_transaction("big_stop", false).await
+}
+
+const SASL_USER: &str = "relay";
+const SASL_PASSWORD: &str = "relay-secret";
+/// Topics starting with this are denied to the SASL user on the private broker.
+const DENIED_PREFIX: &str = "denied_";
+
+/// A private broker that creates no topics and denies `relay` the `denied_*` topics:
+/// (service, SASL bootstrap, PLAINTEXT bootstrap).
+fn strict_kafka() -> Result<(Arc<PrivateService>, String, String)> {
+    let plain: u16 = std::env::var("STRICT_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9692);
+    let spec = ServiceSpec {
+        name: "strict-kafka".into(),
+        script: "kafka.sh".into(),
+        args: Vec::new(),
+        env: vec![
+            ("KAFKA_PORT".into(), plain.to_string()),
+            ("KAFKA_CONTROLLER_PORT".into(), (plain + 1).to_string()),
+            ("KAFKA_SASL_PORT".into(), (plain + 2).to_string()),
+            ("KAFKA_SASL_SCRAM".into(), "1".into()),
+            ("KAFKA_SASL_USER".into(), SASL_USER.into()),
+            ("KAFKA_SASL_PASSWORD".into(), SASL_PASSWORD.into()),
+            ("KAFKA_AUTO_CREATE".into(), "false".into()),
+            ("KAFKA_DENY_TOPIC_PREFIX".into(), DENIED_PREFIX.into()),
+            (
+                "KAFKA_LIBS_DIR".into(),
+                repo_root()
+                    .join(".services")
+                    .join("kafka-libs-4.1.1")
+                    .display()
+                    .to_string(),
+            ),
+        ],
+    };
+    let service = PrivateService::acquire(spec, |_| Ok(()))?;
+    Ok((
+        service,
+        format!("127.0.0.1:{}", plain + 2),
+        format!("127.0.0.1:{plain}"),
+    ))
+}
+
+/// (c, d) On a broker that creates no topics, with an ACL denying the relay's user one topic:
+/// rows for a missing topic and for the denied topic are dead-lettered (the broker's error in
+/// `dlq_broker_error`), the other rows of the same transaction arrive; without dead letters the
+/// relay stops with exit 1 naming the topic and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_unauthorized_topics_are_row_errors() -> Result<()> {
+    let (_kafka, sasl, plain) = strict_kafka()?;
+    let mut f = Fixture::new("strict").await?;
+    // Aggregate types pick the topic: t_<uid>.Ticket exists, t_<uid>.Ghost does not,
+    // denied_<uid>.Ticket is denied.
+    f.spec.topic = "{aggregate_type}".into();
+    f.spec.bootstrap_servers = sasl.clone();
+    f.spec.kafka_properties.extend([
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        ("sasl.password".into(), SASL_PASSWORD.into()),
+    ]);
+    let ok_topic = format!("t_{}.Ticket", f.uid);
+    let missing_topic = format!("t_{}.Ghost", f.uid);
+    let denied_topic = format!("{DENIED_PREFIX}{}.Ticket", f.uid);
+    let dlq = format!("t_{}.dlq", f.uid);
+    for t in [&ok_topic, &denied_topic, &dlq] {
+        create_topic(&plain, t, 1_048_588).await?;
+    }
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let relay = f.start_relay().await?;
+    let now = recent_created_at_base();
+    let uid = f.uid.clone();
+    let row = |n: usize, topic: &str| OutboxRow {
+        aggregate_type: topic.to_owned(),
+        aggregate_id: "ticket-1".into(),
+        event_type: "TicketSold".into(),
+        event_key: format!("{uid}-{n}"),
+        payload: format!("{{\"n\":{n}}}"),
+        created_at_micros: now,
+    };
+    let rows = vec![
+        row(0, &ok_topic),
+        row(1, &missing_topic),
+        row(2, &ok_topic),
+        row(3, &denied_topic),
+        row(4, &ok_topic),
+    ];
+    f.commit(&rows).await?;
+    let seen = collect_until(
+        &plain,
+        std::slice::from_ref(&ok_topic),
+        RELAY_WAIT,
+        until_keys(
+            [0, 2, 4]
+                .iter()
+                .map(|i| rows[*i].event_key.clone())
+                .collect(),
+        ),
+    )
+    .await?;
+    ensure!(
+        seen.len() == 3,
+        "records: {:?}\n{}",
+        keys(&seen),
+        relay.stderr_tail()
+    );
+    let dead = collect_until(
+        &plain,
+        std::slice::from_ref(&dlq),
+        RELAY_WAIT,
+        until_keys(vec![rows[1].event_key.clone(), rows[3].event_key.clone()]),
+    )
+    .await?;
+    let by_key = |k: &str| -> Result<&Record> {
+        dead.iter()
+            .find(|d| d.header("event_key") == Some(k))
+            .ok_or_else(|| anyhow!("no dead letter for {k}"))
+    };
+    let missing = by_key(&rows[1].event_key)?;
+    let reason = missing.header("dlq_reason").unwrap_or_default();
+    ensure!(
+        reason.contains(&missing_topic) && reason.contains("auto.create.topics.enable=false"),
+        "dlq_reason of the missing topic: {reason:?}"
+    );
+    let denied = by_key(&rows[3].event_key)?;
+    let reason = denied.header("dlq_reason").unwrap_or_default();
+    ensure!(
+        reason.contains(&denied_topic) && reason.contains("TopicAuthorizationFailed"),
+        "dlq_reason of the denied topic: {reason:?}"
+    );
+    relay.ensure_running()?;
+    let status = relay.stop(STOP).await?;
+    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+
+    // Without dead letters: the next denied row stops the relay, naming the topic.
+    f.spec.dead_letter_topic = None;
+    let relay = f.start_relay().await?;
+    let more = vec![row(5, &ok_topic), row(6, &denied_topic)];
+    f.commit(&more).await?;
+    let status = relay.wait_exit(EXIT_BOUND).await?;
+    ensure!(
+        status.code() == Some(1),
+        "{}\n{}",
+        describe_exit(&status),
+        relay.stderr_tail()
+    );
+    let err = relay.stderr_text();
+    for needle in [
+        denied_topic.as_str(),
+        "TopicAuthorizationFailed",
+        "grant it WRITE",
+    ] {
+        ensure!(
+            err.contains(needle),
+            "stderr does not name {needle:?}:\n{}",
+            relay.stderr_tail()
+        );
+    }
+    f.db.drop_database().await
+}
