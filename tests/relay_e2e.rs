@@ -1254,7 +1254,7 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
 /// limit, one byte more is refused. Produced without the relay, one record per batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_size_alone_matches_the_brokers_max_message_bytes_check() -> Result<()> {
-    use outbox_relay_core::sink::batch_size_alone;
+    use outbox_relay_core::kafka::sink::batch_size_alone;
     use outbox_relay_testkit::rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
     use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};

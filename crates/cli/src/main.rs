@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use outbox_relay_core::binlog::replay::{parse_datetime, ReplayRange};
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::replay::{parse_datetime, ReplayRange};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 

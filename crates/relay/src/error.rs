@@ -1,4 +1,8 @@
-//! Errors, classified once: retry automatically, or stop and tell the operator what to do.
+//! Errors, classified once: retry automatically, or stop and tell the operator what to do;
+//! and what keeps them safe and bounded: passwords redacted ([`redact_url`],
+//! [`redact_error`]), waits turned into errors ([`with_timeout`]).
+
+use std::time::Duration;
 
 use crate::position::BinlogPosition;
 
@@ -165,7 +169,7 @@ impl From<mysql_async::Error> for RelayError {
                         .into(),
                     found: format!(
                         "error 1047 (command not supported): {}",
-                        crate::redact_error(&s.message)
+                        crate::error::redact_error(&s.message)
                     ),
                     fix: "point mysql.url at the database server itself, not at a proxy or load \
                           balancer (ProxySQL, MySQL Router's read/write port, a cloud proxy), or \
@@ -182,7 +186,11 @@ impl From<mysql_async::Error> for RelayError {
                      (MariaDB 10.5+: also BINLOG MONITOR, REPLICATION MASTER ADMIN), SELECT on the \
                      outbox tables and SELECT, INSERT, UPDATE on the checkpoint table"
                             .into(),
-                    found: format!("error {}: {}", s.code, crate::redact_error(&s.message)),
+                    found: format!(
+                        "error {}: {}",
+                        s.code,
+                        crate::error::redact_error(&s.message)
+                    ),
                     fix: "check the user and password in mysql.url (or mysql.password) and grant \
                       what is missing (see the README, \"Server prerequisites\"); a user created \
                       REQUIRE SSL or REQUIRE X509 also needs mysql.tls_mode (and for X509 \
@@ -205,7 +213,7 @@ impl From<mysql_async::Error> for RelayError {
                         .into(),
                     found: format!(
                         "the TLS handshake failed: {}",
-                        crate::redact_error(&tls.to_string())
+                        crate::error::redact_error(&tls.to_string())
                     ),
                     fix: "set mysql.tls_ca to the CA file that signed the server's certificate \
                           (the server's ssl_ca); when the certificate does not name the host of \
@@ -232,7 +240,7 @@ impl From<mysql_async::Error> for RelayError {
             mysql_async::Error::Io(mysql_async::IoError::Io(io)) => {
                 Self::Mysql(format!("{CONNECTION_FAILED}{}", describe_io(io)))
             }
-            _ => Self::Mysql(crate::redact_error(&e.to_string())),
+            _ => Self::Mysql(crate::error::redact_error(&e.to_string())),
         }
     }
 }
@@ -260,9 +268,65 @@ impl From<rdkafka::error::KafkaError> for RelayError {
     }
 }
 
+/// Awaits `fut` for at most `limit`; a half-open connection must not hang the relay.
+///
+/// # Errors
+/// [`RelayError::Mysql`] naming `what` when the time is up.
+pub async fn with_timeout<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(limit, fut).await.map_err(|_| {
+        RelayError::Mysql(format!("{what}: no answer within {} ms", limit.as_millis()))
+    })
+}
+
+/// `url` with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Removes anything that looks like a connection URL's password from an error message.
+pub fn redact_error(message: &str) -> String {
+    message
+        .split(' ')
+        .map(|w| {
+            if w.contains("://") {
+                redact_url(w)
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("mysql://relay:s3cr@t@db:3306/shop"),
+            "mysql://relay:***@db:3306/shop"
+        );
+        assert_eq!(redact_url("mysql://root@db/shop"), "mysql://root@db/shop");
+        assert_eq!(
+            redact_error("cannot connect to mysql://u:pw@h/db now"),
+            "cannot connect to mysql://u:***@h/db now"
+        );
+    }
 
     fn server_error(code: u16, message: &str) -> mysql_async::Error {
         mysql_async::Error::Server(mysql_async::ServerError {

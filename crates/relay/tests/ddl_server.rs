@@ -4,8 +4,8 @@
 //! server refuses must be refused by `apply` (or `parse`) too.
 
 use mysql_async::prelude::Queryable;
-use outbox_relay_core::ddl::{self, Ddl, Dialect};
-use outbox_relay_core::source::Flavor;
+use outbox_relay_core::binlog::source::Flavor;
+use outbox_relay_core::decode::ddl::{self, Ddl, Dialect};
 
 const CLAUSES: &[&str] = &[
     "ADD d INT, ADD e INT FIRST, ADD f INT AFTER a",

@@ -776,10 +776,10 @@ mod tests {
 /// the file holds, from `mariadb-binlog -vv`).
 #[cfg(test)]
 mod fixture_tests {
+    use crate::binlog::source::BinlogFileSource;
     use crate::config::TableName;
     use crate::decode::Decoder;
     use crate::error::RelayError;
-    use crate::source::BinlogFileSource;
 
     const FILE: &str = "mariadb-xa-bin.000002";
 
@@ -915,12 +915,12 @@ mod mysql_shape_tests {
     use mysql_async::binlog::events::{Event, FormatDescriptionEvent};
     use mysql_async::binlog::BinlogVersion;
 
+    use crate::binlog::source::SourceEvent;
     use crate::config::TableName;
     use crate::decode::{Decoder, GtidState};
     use crate::error::RelayError;
-    use crate::gtid::MysqlGtidSet;
+    use crate::position::gtid::MysqlGtidSet;
     use crate::position::BinlogPosition;
-    use crate::source::SourceEvent;
 
     const UUID: [u8; 16] = [0x55; 16];
     const UUID_TEXT: &str = "55555555-5555-5555-5555-555555555555";

@@ -11,13 +11,15 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
 use super::{binary_logs, read_state_row, StateRow};
-use crate::checkpoint::MysqlCheckpointStore;
+use crate::binlog::source::{report_host, Flavor};
 use crate::config::{RelayConfig, ResumeMode};
+use crate::decode::mapping::TableMapping;
 use crate::error::RelayError;
-use crate::mapping::TableMapping;
-use crate::preflight::{self, Check, Level};
-use crate::sink::{admin_client_config, batch_hazard, ProducerLimits, RECORD_BATCH_OVERHEAD};
-use crate::source::{report_host, Flavor};
+use crate::kafka::sink::{
+    admin_client_config, batch_hazard, ProducerLimits, RECORD_BATCH_OVERHEAD,
+};
+use crate::ops::preflight::{self, Check, Level};
+use crate::state::checkpoint::MysqlCheckpointStore;
 
 /// How long the Kafka checks wait for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,7 +80,10 @@ pub async fn check(config: &RelayConfig) -> CheckReport {
         Err(e) => report.checks.push(Check::not_met(
             Level::Fail,
             "MySQL connection",
-            format!("a connection to {}", crate::redact_url(&config.mysql.url)),
+            format!(
+                "a connection to {}",
+                crate::error::redact_url(&config.mysql.url)
+            ),
             e.to_string(),
             "check mysql.url (host, port, user, password) and that the server runs; the MySQL \
              checks were skipped",
@@ -173,7 +178,7 @@ async fn mysql_checks(
             "a server_id no other replica uses (checked with SHOW SLAVE HOSTS / SHOW REPLICAS)",
             format!(
                 "cannot list the replicas: {}",
-                crate::redact_error(&e.to_string())
+                crate::error::redact_error(&e.to_string())
             ),
             "grant REPLICATION MASTER ADMIN (MariaDB 10.5+) or REPLICATION SLAVE (MySQL) so the \
              collision check can run",
@@ -334,7 +339,7 @@ pub fn grants_refused(e: &mysql_async::Error) -> Check {
         "REPLICATION SLAVE on *.* (the binlog dump needs it)",
         format!(
             "not checked: the server refused SHOW GRANTS ({})",
-            crate::redact_error(&e.to_string())
+            crate::error::redact_error(&e.to_string())
         ),
         "let the user read its own grants (SHOW GRANTS needs no privilege for the current user \
          on MySQL and MariaDB; a proxy or a restricted account may refuse it), or check by hand \
@@ -410,7 +415,7 @@ async fn checkpoint_privileges(conn: &mut Conn, table: &crate::config::TableName
             Level::Fail,
             format!("privileges on {table}"),
             "SELECT, INSERT, UPDATE",
-            crate::redact_error(&e.to_string()),
+            crate::error::redact_error(&e.to_string()),
             format!("GRANT SELECT, INSERT, UPDATE ON {t} TO the relay's user"),
         ),
     }
@@ -479,7 +484,7 @@ async fn outbox_table_checks(conn: &mut Conn, m: &TableMapping) -> Result<Vec<Ch
             Level::Fail,
             format!("SELECT on {}", m.table),
             "SELECT",
-            crate::redact_error(&e.to_string()),
+            crate::error::redact_error(&e.to_string()),
             format!("GRANT SELECT ON {} TO the relay's user", m.table.quoted()),
         ),
     });
@@ -1091,7 +1096,7 @@ fn unknown_topic_limit(what: &str) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preflight::ServerInfo;
+    use crate::ops::preflight::ServerInfo;
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

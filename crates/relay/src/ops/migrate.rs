@@ -10,9 +10,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use crate::config::{ColumnMapping, RelayConfig, TableName};
+use crate::decode::mapping::TableMapping;
 use crate::error::RelayError;
-use crate::mapping::TableMapping;
-use crate::preflight::column_names;
+use crate::ops::preflight::column_names;
 
 /// `migrations/0001_outbox.sql`: the common outbox shape.
 pub const OUTBOX_SQL: &str = include_str!("../../../../migrations/0001_outbox.sql");

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod migrate;
+pub mod preflight;
 pub mod prune;
 pub mod reset;
 pub mod scan;
@@ -30,7 +31,7 @@ pub const EXIT_NOT_CONFIRMED: u8 = 4;
 /// [`RelayError::Prerequisite`] for access denied) when the server cannot be reached.
 pub async fn connect(config: &RelayConfig) -> Result<Conn, RelayError> {
     let opts = opts(config)?;
-    let mut conn = crate::with_timeout(
+    let mut conn = crate::error::with_timeout(
         Duration::from_millis(config.mysql.read_timeout_ms),
         "connecting to MySQL",
         Conn::new(opts),
@@ -42,12 +43,12 @@ pub async fn connect(config: &RelayConfig) -> Result<Conn, RelayError> {
 }
 
 /// The connection options of `[mysql]`, with its TLS settings and password
-/// ([`crate::mysql_tls::opts`]), as `run` uses them.
+/// ([`crate::config::mysql_tls::opts`]), as `run` uses them.
 ///
 /// # Errors
 /// [`RelayError::Config`] for an invalid URL or TLS setting.
 pub fn opts(config: &RelayConfig) -> Result<Opts, RelayError> {
-    crate::mysql_tls::opts(&config.mysql)
+    crate::config::mysql_tls::opts(&config.mysql)
 }
 
 /// `SHOW BINARY LOGS`: every binlog file the server has, oldest first, with its size in bytes.
@@ -223,7 +224,7 @@ pub async fn read_state_row(
 }
 
 /// The connection id holding `connector`'s lease (`IS_USED_LOCK` on
-/// [`crate::lease::lock_name`]), if any.
+/// [`crate::state::lease::lock_name`]), if any.
 ///
 /// # Errors
 /// [`RelayError::Mysql`] when the query fails.
@@ -235,7 +236,7 @@ pub async fn lease_holder(
     let holder: Option<Option<u64>> = conn
         .exec_first(
             "SELECT IS_USED_LOCK(?)",
-            (crate::lease::lock_name(table, connector),),
+            (crate::state::lease::lock_name(table, connector),),
         )
         .await?;
     Ok(holder.flatten())

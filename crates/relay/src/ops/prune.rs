@@ -28,10 +28,10 @@ use mysql_async::{Conn, Params, Row, Value};
 
 use super::{read_state_row, StateRow};
 use crate::config::{RelayConfig, TableName};
+use crate::decode::mapping::TableMapping;
 use crate::error::RelayError;
-use crate::mapping::TableMapping;
+use crate::ops::preflight;
 use crate::position::BinlogPosition;
-use crate::preflight;
 
 /// Most events between the checkpoint and the binlog end that are inspected; beyond that the
 /// checkpoint counts as behind.
@@ -136,7 +136,7 @@ struct Ctx<'a> {
     config: &'a RelayConfig,
     table: TableName,
     server_id: u32,
-    flavor: crate::source::Flavor,
+    flavor: crate::binlog::source::Flavor,
     mappings: &'a [TableMapping],
 }
 

@@ -23,14 +23,14 @@ use mysql_async::Pool;
 
 use super::scan;
 use super::{binary_logs, lease_holder, read_state_row, StateRow};
-use crate::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
+use crate::binlog::source::Flavor;
 use crate::config::{RelayConfig, TableName};
 use crate::error::RelayError;
-use crate::gtid::MysqlGtidSet;
-use crate::lease::Lease;
+use crate::ops::preflight::{self, ServerInfo};
+use crate::position::gtid::MysqlGtidSet;
 use crate::position::{BinlogPosition, MariadbGtidPos};
-use crate::preflight::{self, ServerInfo};
-use crate::source::Flavor;
+use crate::state::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
+use crate::state::lease::Lease;
 
 /// Where `--to` points.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl std::str::FromStr for Target {
         if t.eq_ignore_ascii_case("latest") {
             return Ok(Self::Latest);
         }
-        if let Ok(secs) = crate::replay::parse_datetime(t) {
+        if let Ok(secs) = crate::binlog::replay::parse_datetime(t) {
             return Ok(Self::Time(secs));
         }
         if let Ok(p) = t.parse::<BinlogPosition>() {
@@ -139,7 +139,10 @@ pub async fn reset(
             super::opts(config)?,
             &table,
             &connector,
-            &format!("{} (outbox-relay reset)", crate::instance_name()),
+            &format!(
+                "{} (outbox-relay reset)",
+                crate::state::lease::instance_name()
+            ),
             Duration::from_millis(config.mysql.read_timeout_ms),
         )
         .await?

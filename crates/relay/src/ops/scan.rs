@@ -12,12 +12,12 @@ use std::time::Duration;
 use mysql_async::binlog::events::PreviousGtidsEvent;
 use mysql_async::binlog::EventType;
 
+use crate::binlog::source::{report_host, BinlogSource, Flavor, SourceEvent, StartFrom};
 use crate::config::RelayConfig;
 use crate::decode::{Decoder, GtidState, TxBoundary};
 use crate::error::RelayError;
-use crate::gtid::MysqlGtidSet;
+use crate::position::gtid::MysqlGtidSet;
 use crate::position::BinlogPosition;
-use crate::source::{report_host, BinlogSource, Flavor, SourceEvent, StartFrom};
 
 /// MariaDB GTID event (type 162).
 const MARIADB_GTID_EVENT: u8 = 162;

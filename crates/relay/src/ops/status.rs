@@ -15,11 +15,11 @@ use mysql_async::prelude::Queryable;
 use serde_json::{json, Value};
 
 use super::{binary_logs, bytes_between, human_duration, lease_holder, read_state_row, StateRow};
+use crate::binlog::source::Flavor;
 use crate::config::RelayConfig;
 use crate::error::RelayError;
+use crate::ops::preflight;
 use crate::position::BinlogPosition;
-use crate::preflight;
-use crate::source::Flavor;
 
 /// What `status` found.
 #[derive(Debug, Clone)]

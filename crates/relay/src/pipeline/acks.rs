@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{refused_too, Ack, RowRef};
-use crate::checkpoint::Checkpoint;
 use crate::error::RelayError;
-use crate::metrics::{self, DeadLetterKind};
+use crate::kafka::sink::{DeadLetter, Delivered, Deliveries, DeliveryReport, KafkaSink, SendError};
+use crate::observe::metrics::{self, DeadLetterKind};
 use crate::position::BinlogPosition;
-use crate::sink::{DeadLetter, Delivered, Deliveries, DeliveryReport, KafkaSink, SendError};
+use crate::state::checkpoint::Checkpoint;
 
 /// Where a record entry's acknowledgement moves the checkpoint: the boundary before its
 /// transaction plus its index in the transaction.

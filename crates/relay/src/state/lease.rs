@@ -5,7 +5,7 @@
 //! infrastructure, and a second instance waiting in `GET_LOCK` takes over within about one
 //! poll interval. On acquiring it, the instance increments `lease_token` in its checkpoint row;
 //! every checkpoint write requires that token (see
-//! [`crate::checkpoint::MysqlCheckpointStore::fenced`]), so an instance that lost the lease —
+//! [`crate::state::checkpoint::MysqlCheckpointStore::fenced`]), so an instance that lost the lease —
 //! for example after a network partition it has not noticed yet — can never overwrite a newer
 //! checkpoint.
 
@@ -49,7 +49,8 @@ impl Lease {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Self>, RelayError> {
         let mut conn =
-            crate::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts)).await??;
+            crate::error::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts))
+                .await??;
         let lock_name = lock_name(table, connector);
         let started = Instant::now();
         let mut last_log: Option<Instant> = None;
@@ -57,7 +58,7 @@ impl Lease {
             if *shutdown.borrow() {
                 return Ok(None);
             }
-            let got: Option<i64> = crate::with_timeout(
+            let got: Option<i64> = crate::error::with_timeout(
                 io_timeout + LOCK_POLL,
                 "waiting for the lease",
                 conn.exec_first("SELECT GET_LOCK(?, ?)", (&lock_name, LOCK_POLL.as_secs())),
@@ -115,9 +116,10 @@ impl Lease {
         io_timeout: Duration,
     ) -> Result<Result<Self, Option<u64>>, RelayError> {
         let mut conn =
-            crate::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts)).await??;
+            crate::error::with_timeout(io_timeout, "connecting for the lease", Conn::new(opts))
+                .await??;
         let lock_name = lock_name(table, connector);
-        let got: Option<i64> = crate::with_timeout(
+        let got: Option<i64> = crate::error::with_timeout(
             io_timeout,
             "taking the lease",
             conn.exec_first("SELECT GET_LOCK(?, 0)", (&lock_name,)),
@@ -181,7 +183,7 @@ impl Lease {
             ))),
             Err(e) => Err(RelayError::LeaseLost(format!(
                 "the lease connection failed: {}",
-                crate::redact_error(&e.to_string())
+                crate::error::redact_error(&e.to_string())
             ))),
         }
     }
@@ -241,6 +243,20 @@ pub fn lock_name(table: &TableName, connector: &str) -> String {
     let hash = crc32fast::hash(full.as_bytes());
     let prefix: String = connector.chars().take(40).collect();
     format!("outbox_relay.{prefix}.{hash:08x}")
+}
+
+/// `host:pid`, stored as the lease owner for operators.
+pub fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
-//! Binlog coordinates: a file + offset position and MariaDB's GTID position.
+//! Binlog coordinates, a leaf every stage uses: a file + offset position, MariaDB's GTID
+//! position and MySQL's GTID sets ([`gtid`]).
 //!
-//! Both have a stable text form that is stored in the checkpoint table, so `Display` and
+//! Each has a stable text form that is stored in the checkpoint table, so `Display` and
 //! `FromStr` round-trip and the format is pinned by tests.
+
+pub mod gtid;
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;

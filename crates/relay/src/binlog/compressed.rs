@@ -435,9 +435,9 @@ mod tests {
 /// Expected values are those statements and `mariadb-binlog -vv` of the file.
 #[cfg(test)]
 mod mariadb_capture_tests {
+    use crate::binlog::source::BinlogFileSource;
     use crate::config::TableName;
     use crate::decode::{Decoder, OutboxEvent};
-    use crate::source::BinlogFileSource;
     use mysql_async::binlog::events::{EventData, RowsEventData};
     use mysql_async::binlog::row::BinlogRow;
     use mysql_async::binlog::value::BinlogValue;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::source::BinlogFileSource;
+use crate::binlog::source::BinlogFileSource;
 
 /// `tests/fixtures/binlogs/<name>` in this repository.
 pub(crate) fn path(name: &str) -> PathBuf {

@@ -888,7 +888,7 @@ mod tests {
     /// Every JSON column value of every rows event of the fixture, in order, as
     /// "<event> <image>: <rendering or error>".
     fn fixture_json(name: &str) -> Vec<String> {
-        let mut src = crate::fixtures::open(name);
+        let mut src = crate::binlog::fixtures::open(name);
         let mut seen = Vec::new();
         while let Some(ev) = src.next_event() {
             let ev = ev.unwrap_or_else(|e| panic!("{name}: {e}"));

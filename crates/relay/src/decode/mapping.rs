@@ -7,12 +7,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::config::topic::TopicTemplate;
 use crate::config::{
     AdditionalColumn, BinaryFormat, ColumnMapping, HeaderNames, KeyFormat, NullPayload, OnUpdate,
     OutboxConfig, Placement, RelayConfig, TableName, TimestampRefused, TimestampSource,
 };
 use crate::error::RelayError;
-use crate::route::TopicTemplate;
 
 /// The field name of the payload inside an envelope.
 pub const ENVELOPE_PAYLOAD_FIELD: &str = "payload";

@@ -2,146 +2,20 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::config::topic::TopicFields;
+pub use crate::config::topic::TopicTemplate;
 use crate::config::TimestampRefused;
 use crate::decode::OutboxEvent;
 use crate::error::RelayError;
 
-/// Kafka's limit on topic name length (bytes).
-const MAX_TOPIC_LEN: usize = 249;
-
-/// A parsed topic template such as `outbox.event.{aggregate_type}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicTemplate {
-    parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    AggregateType,
-    EventType,
-    Database,
-    Table,
-}
-
-impl TopicTemplate {
-    /// Parses a template. Placeholders: `{aggregate_type}`, `{event_type}`, `{database}`,
-    /// `{table}`.
-    ///
-    /// # Errors
-    /// [`RelayError::Config`] for an unknown placeholder, an unclosed brace, or literal text with
-    /// characters Kafka does not allow in topic names (`[a-zA-Z0-9._-]` only).
-    pub fn parse(template: &str) -> Result<Self, RelayError> {
-        let bad = |why: String| RelayError::Config(format!("outbox.topic {template:?}: {why}"));
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while !rest.is_empty() {
-            match rest.find('{') {
-                Some(0) => {
-                    let end = rest.find('}').ok_or_else(|| bad("unclosed '{'".into()))?;
-                    parts.push(match &rest[1..end] {
-                        "aggregate_type" => Part::AggregateType,
-                        "event_type" => Part::EventType,
-                        "database" => Part::Database,
-                        "table" => Part::Table,
-                        other => {
-                            return Err(bad(format!(
-                                "unknown placeholder {{{other}}}; use {{aggregate_type}}, \
-                                 {{event_type}}, {{database}} or {{table}}"
-                            )))
-                        }
-                    });
-                    rest = &rest[end + 1..];
-                }
-                found => {
-                    let end = found.unwrap_or(rest.len());
-                    let literal = &rest[..end];
-                    if let Some(c) = literal.chars().find(|c| !is_topic_char(*c)) {
-                        return Err(bad(format!(
-                            "{c:?} is not allowed in a Kafka topic name (use a-z A-Z 0-9 . _ -)"
-                        )));
-                    }
-                    parts.push(Part::Literal(literal.to_owned()));
-                    rest = &rest[end..];
-                }
-            }
-        }
-        if parts.is_empty() {
-            return Err(bad("the template is empty".into()));
-        }
-        Ok(Self { parts })
+/// The placeholders' values of `event`.
+fn topic_fields(event: &OutboxEvent) -> TopicFields<'_> {
+    TopicFields {
+        aggregate_type: &event.aggregate_type,
+        event_type: event.event_type.as_deref(),
+        database: &event.table.database,
+        table: &event.table.table,
     }
-
-    /// The topic when the template has no placeholder (a fixed topic), else `None`.
-    pub fn fixed(&self) -> Option<String> {
-        self.parts
-            .iter()
-            .map(|p| match p {
-                Part::Literal(s) => Some(s.as_str()),
-                _ => None,
-            })
-            .collect::<Option<String>>()
-    }
-
-    /// The topic for `event`.
-    ///
-    /// # Errors
-    /// A message naming the value when the result is not a valid topic name (empty, too long, or
-    /// with characters Kafka does not allow).
-    pub fn render(&self, event: &OutboxEvent) -> Result<String, String> {
-        let mut topic = String::new();
-        for part in &self.parts {
-            let value: &str = match part {
-                Part::Literal(s) => s,
-                Part::AggregateType => &event.aggregate_type,
-                Part::EventType => {
-                    std::str::from_utf8(event.event_type.as_deref().unwrap_or_default())
-                        .map_err(|_| "event_type is not UTF-8 text".to_owned())?
-                }
-                Part::Database => &event.table.database,
-                Part::Table => &event.table.table,
-            };
-            topic.push_str(value);
-        }
-        if topic.is_empty() || topic.len() > MAX_TOPIC_LEN || topic == "." || topic == ".." {
-            return Err(format!(
-                "topic {topic:?} is not a valid Kafka topic name (1 to {MAX_TOPIC_LEN} characters)"
-            ));
-        }
-        if let Some(c) = topic.chars().find(|c| !is_topic_char(*c)) {
-            return Err(format!(
-                "topic {topic:?} contains {c:?}, which Kafka does not allow in topic names; \
-                 fix the aggregate type or the topic template"
-            ));
-        }
-        Ok(topic)
-    }
-}
-
-impl TopicTemplate {
-    /// `true` when rendering the template for `event` gives `topic` (compared part by part:
-    /// no allocation).
-    fn renders_to(&self, event: &OutboxEvent, topic: &str) -> bool {
-        let mut rest = topic.as_bytes();
-        for part in &self.parts {
-            let value: &[u8] = match part {
-                Part::Literal(s) => s.as_bytes(),
-                Part::AggregateType => event.aggregate_type.as_bytes(),
-                Part::EventType => event.event_type.as_deref().unwrap_or_default(),
-                Part::Database => event.table.database.as_bytes(),
-                Part::Table => event.table.table.as_bytes(),
-            };
-            match rest.strip_prefix(value) {
-                Some(r) => rest = r,
-                None => return false,
-            }
-        }
-        rest.is_empty()
-    }
-}
-
-fn is_topic_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
 /// A Kafka record ready for the sink. Borrowed from nothing: the sink owns it until delivery.
@@ -192,10 +66,13 @@ impl Router {
     fn topic(&self, event: &OutboxEvent) -> Result<Arc<str>, String> {
         let template = &event.mapping.topic;
         let mut last = self.last_topic.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(topic) = last.as_ref().filter(|t| template.renders_to(event, t)) {
+        if let Some(topic) = last
+            .as_ref()
+            .filter(|t| template.renders_to(&topic_fields(event), t))
+        {
             return Ok(Arc::clone(topic));
         }
-        let topic: Arc<str> = template.render(event)?.into();
+        let topic: Arc<str> = template.render(&topic_fields(event))?.into();
         *last = Some(Arc::clone(&topic));
         Ok(topic)
     }
@@ -289,7 +166,7 @@ fn envelope_payload(event: &OutboxEvent) -> Result<Vec<u8>, String> {
     let payload = event.payload.as_deref().unwrap_or(b"null");
     let mut out = Vec::with_capacity(payload.len() + 64);
     out.extend_from_slice(b"{\"");
-    out.extend_from_slice(crate::mapping::ENVELOPE_PAYLOAD_FIELD.as_bytes());
+    out.extend_from_slice(crate::decode::mapping::ENVELOPE_PAYLOAD_FIELD.as_bytes());
     out.extend_from_slice(b"\":");
     if event.payload_is_json || serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_ok() {
         out.extend_from_slice(payload);
@@ -315,7 +192,7 @@ fn envelope_payload(event: &OutboxEvent) -> Result<Vec<u8>, String> {
 mod tests {
     use super::*;
     use crate::config::RelayConfig;
-    use crate::mapping::TableMapping;
+    use crate::decode::mapping::TableMapping;
     use crate::position::BinlogPosition;
     use std::sync::Arc;
 
@@ -386,7 +263,7 @@ mod tests {
         let t = TopicTemplate::parse("{database}.{table}.{aggregate_type}.{event_type}")
             .expect("valid");
         assert_eq!(
-            t.render(&event("Order")),
+            t.render(&topic_fields(&event("Order"))),
             Ok("shop.outbox.Order.OrderCreated".into())
         );
     }

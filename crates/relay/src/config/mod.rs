@@ -4,6 +4,10 @@
 //! instead of a silently ignored setting. Defaults are the values documented in the README's
 //! configuration reference and on each field below.
 
+pub mod mysql_tls;
+pub mod secrets;
+pub mod topic;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,7 +51,7 @@ pub struct RelayConfig {
 }
 
 /// `[http]`: `/metrics` (Prometheus), `/healthz` (the process runs) and `/readyz` (streaming and
-/// not stalled), see [`crate::http`].
+/// not stalled), see [`crate::observe::http`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -91,7 +95,7 @@ fn default_connector_name() -> String {
 pub struct MysqlConfig {
     /// Connection URL, `mysql://user:password@host:port/database`. The database part is where the
     /// checkpoint table lives unless `checkpoint.table` names one. May hold `${env:NAME}` and
-    /// `${file:PATH}` references ([`crate::secrets`]). Never logged.
+    /// `${file:PATH}` references ([`crate::config::secrets`]). Never logged.
     pub url: String,
     /// The user's password, taken literally (no percent-encoding); replaces a password in
     /// `url`. May hold `${env:NAME}` and `${file:PATH}` references. Never logged. Default: the
@@ -211,7 +215,7 @@ impl Default for DeadLetterConfig {
 impl std::fmt::Debug for MysqlConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlConfig")
-            .field("url", &crate::redact_url(&self.url))
+            .field("url", &crate::error::redact_url(&self.url))
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls_mode", &self.tls_mode)
             .field("tls_ca", &self.tls_ca)
@@ -577,7 +581,7 @@ pub enum KeyFormat {
 }
 
 /// `[kafka]`: the producer. Its `Debug` output shows secret properties
-/// ([`crate::secrets::is_secret_property`]) as `***`.
+/// ([`crate::config::secrets::is_secret_property`]) as `***`.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
@@ -610,7 +614,7 @@ impl KafkaConfig {
         self.properties
             .iter()
             .map(|(k, v)| {
-                let v = if crate::secrets::is_secret_property(k) {
+                let v = if crate::config::secrets::is_secret_property(k) {
                     "***"
                 } else {
                     v.as_str()
@@ -782,9 +786,9 @@ impl RelayConfig {
         Ok(config)
     }
 
-    /// Replaces `${env:NAME}` and `${file:PATH}` references (see [`crate::secrets`]).
+    /// Replaces `${env:NAME}` and `${file:PATH}` references (see [`crate::config::secrets`]).
     fn resolve_secrets(&mut self) -> Result<(), RelayError> {
-        use crate::secrets::resolve;
+        use crate::config::secrets::resolve;
         self.mysql.url = resolve("mysql.url", &self.mysql.url)?;
         if let Some(p) = &self.mysql.password {
             self.mysql.password = Some(resolve("mysql.password", p)?);
@@ -799,7 +803,7 @@ impl RelayConfig {
         let bad = |msg: String| Err(RelayError::Config(msg));
         self.validate_tls()?;
         // URL, password and TLS files, as every connection will use them.
-        crate::mysql_tls::opts(&self.mysql)?;
+        crate::config::mysql_tls::opts(&self.mysql)?;
         if self.connector_name.trim().is_empty() || self.connector_name.len() > 191 {
             return bad("connector_name must be 1 to 191 characters".into());
         }
@@ -816,8 +820,7 @@ impl RelayConfig {
                     .into(),
             );
         }
-        if self.dead_letter.enabled
-            && crate::route::TopicTemplate::parse(&self.dead_letter.topic).is_err()
+        if self.dead_letter.enabled && topic::TopicTemplate::parse(&self.dead_letter.topic).is_err()
         {
             return bad(format!(
                 "dead_letter.topic {:?} is not a valid Kafka topic name",

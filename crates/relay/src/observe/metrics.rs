@@ -1,5 +1,5 @@
 //! Metrics and health: the counters, gauges and histograms served at `/metrics` (Prometheus text
-//! format 0.0.4, see [`crate::http`]), the relay's state behind `/readyz`, and the progress log
+//! format 0.0.4, see [`crate::observe::http`]), the relay's state behind `/readyz`, and the progress log
 //! line written while the relay catches up.
 //!
 //! One process-wide [`Metrics`] ([`global`]) is updated by the pipeline with one call per
@@ -27,16 +27,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mysql_async::binlog::EventType;
 use prometheus::{
     Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
-use crate::checkpoint::Checkpoint;
 use crate::error::RelayError;
 use crate::position::BinlogPosition;
-use crate::source::SourceEvent;
 
 /// Most distinct `topic` label values; records of further topics count under
 /// [`OTHER_TOPICS`].
@@ -475,7 +472,7 @@ impl Metrics {
             } => {
                 return Err(format!(
                     "not streaming: attempt {attempt} failed, retrying in {delay_ms} ms: {}",
-                    crate::redact_error(error)
+                    crate::error::redact_error(error)
                 ))
             }
             State::Stopping => return Err("stopping".into()),
@@ -487,7 +484,7 @@ impl Metrics {
                     "Kafka unreachable for {} ms (http.ready_kafka_ms = {}): {}",
                     down.as_millis(),
                     kafka.as_millis(),
-                    crate::redact_error(error)
+                    crate::error::redact_error(error)
                 ));
             }
         }
@@ -535,19 +532,15 @@ impl Metrics {
         live.state = state;
     }
 
-    /// One binlog event was read from the source.
-    pub fn event_read(&self, event: &SourceEvent) {
+    /// One binlog event was read from the source; `dated_at` is its timestamp (s since the
+    /// epoch) when that says how current the stream is (`None` for the format description a
+    /// dump starts with, which carries the file's creation time, and artificial events).
+    pub fn event_read(&self, dated_at: Option<u32>) {
         self.binlog_events.inc();
-        let header = event.event.header();
-        // The format description a dump starts with carries the file's creation time, and
-        // artificial events carry none: neither says how current the stream is.
-        let dated = event.timestamp != 0
-            && header.log_pos() != 0
-            && header.event_type_raw() != EventType::FORMAT_DESCRIPTION_EVENT as u8;
         let mut live = self.live();
         live.last_activity = Some(Instant::now());
-        if dated {
-            live.current_as_of = Some(f64::from(event.timestamp));
+        if let Some(t) = dated_at {
+            live.current_as_of = Some(f64::from(t));
             live.caught_up = false;
         }
     }
@@ -657,14 +650,14 @@ impl Metrics {
             .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
-    /// The stored checkpoint is `cp` (`written`: this process just wrote it, rather than read
-    /// it).
-    pub fn checkpoint_stored(&self, cp: &Checkpoint, written: bool) {
-        if let Some(seq) = file_sequence(&cp.position.file) {
+    /// The stored checkpoint is at `position` (`written`: this process just wrote it, rather
+    /// than read it).
+    pub fn checkpoint_stored(&self, position: &BinlogPosition, written: bool) {
+        if let Some(seq) = file_sequence(&position.file) {
             self.checkpoint_file.set(seq);
         }
         self.checkpoint_pos
-            .set(i64::try_from(cp.position.pos).unwrap_or(i64::MAX));
+            .set(i64::try_from(position.pos).unwrap_or(i64::MAX));
         if written {
             self.checkpoint_writes.inc();
         }
@@ -764,17 +757,6 @@ mod tests {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
-    fn checkpoint(file: &str, pos: u64) -> Checkpoint {
-        Checkpoint {
-            position: BinlogPosition::new(file, pos),
-            rows_acked: 0,
-            gtid_set: None,
-            source_server_id: 1,
-            source_server_uuid: None,
-            table_layouts: None,
-        }
-    }
-
     #[test]
     fn renders_counters_gauges_and_histograms_in_text_format() {
         let m = Metrics::new();
@@ -786,7 +768,7 @@ mod tests {
         m.record_acked("t.Payment", 7, 0, read_at);
         m.dead_lettered(DeadLetterKind::Broker);
         m.set_in_flight(3);
-        m.checkpoint_stored(&checkpoint("mariadb-bin.000042", 1234), true);
+        m.checkpoint_stored(&BinlogPosition::new("mariadb-bin.000042", 1234), true);
         m.error(&RelayError::Mysql("gone".into()));
         m.reconnect(&RelayError::Kafka("down".into()));
         let text = m.render();

@@ -60,7 +60,7 @@ fn plain_opts(config: &MysqlConfig) -> Result<Opts, RelayError> {
             "mysql.url is not a valid URL ({}); write it as \
              mysql://user:password@host:port/database, with characters such as @ : / # % in \
              the password percent-encoded (@ is %40), or put the password in mysql.password",
-            crate::redact_error(&e.to_string())
+            crate::error::redact_error(&e.to_string())
         ))
     })?;
     if url.ssl_opts().is_some() {
@@ -203,7 +203,9 @@ pub async fn resolve(config: &MysqlConfig, timeout: Duration) -> Result<Opts, Re
     if config.tls_mode != TlsMode::Preferred {
         return Ok(opts);
     }
-    match crate::with_timeout(timeout, "connecting to MySQL", Conn::new(opts.clone())).await? {
+    match crate::error::with_timeout(timeout, "connecting to MySQL", Conn::new(opts.clone()))
+        .await?
+    {
         Ok(conn) => {
             conn.disconnect().await.ok();
             tracing::info!("mysql.tls_mode = preferred: the server accepts TLS; using it");

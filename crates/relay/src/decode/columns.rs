@@ -87,7 +87,7 @@ pub fn text_form(
     let value = match value {
         BinlogValue::Value(v) => v,
         BinlogValue::Jsonb(j) => {
-            return crate::json::render_mysql_json_to_vec(&j)
+            return crate::decode::json::render_mysql_json_to_vec(&j)
                 .map(Some)
                 .map_err(|e| e.to_string())
         }

@@ -46,9 +46,9 @@ impl KafkaProbe {
     }
 
     /// Probes every `every` until dropped, reporting each outcome to
-    /// [`crate::metrics::Metrics::kafka_probe`].
+    /// [`crate::observe::metrics::Metrics::kafka_probe`].
     pub async fn run(self, every: Duration) {
-        let metrics = crate::metrics::global();
+        let metrics = crate::observe::metrics::global();
         loop {
             tokio::time::sleep(every).await;
             let asked = std::time::Instant::now();

@@ -15,9 +15,9 @@ use mysql_async::binlog::{BinlogVersion, EventType};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
 
-use crate::compressed::{payload_error, Incomplete, PayloadTracker};
+use crate::binlog::compressed::{payload_error, Incomplete, PayloadTracker};
 use crate::error::{RelayError, ER_MASTER_FATAL_ERROR_READING_BINLOG};
-use crate::gtid::MysqlGtidSet;
+use crate::position::gtid::MysqlGtidSet;
 use crate::position::{BinlogPosition, MariadbGtidPos};
 
 /// Where a dump starts.
@@ -183,7 +183,7 @@ impl BinlogSource {
         heartbeat: Duration,
         read_timeout: Duration,
     ) -> Result<Self, RelayError> {
-        let mut conn = crate::with_timeout(
+        let mut conn = crate::error::with_timeout(
             read_timeout,
             "connecting for the binlog dump",
             Conn::new(opts.clone()),
@@ -277,7 +277,7 @@ impl BinlogSource {
             let header = event.header();
             let raw_type = header.event_type_raw();
             if raw_type == EventType::HEARTBEAT_EVENT as u8 {
-                crate::metrics::global().heartbeat();
+                crate::observe::metrics::global().heartbeat();
                 continue;
             }
             // Before a ROTATE changes the file name: an error names the payload's file.
@@ -348,10 +348,10 @@ fn payload_size(event: &Event, position: &BinlogPosition) -> Result<u64, RelayEr
 /// other event as it is.
 fn uncompress(event: Event, position: &BinlogPosition) -> Result<Event, RelayError> {
     let raw_type = event.header().event_type_raw();
-    if crate::compressed::mariadb_uncompressed_type(raw_type).is_none() {
+    if crate::binlog::compressed::mariadb_uncompressed_type(raw_type).is_none() {
         return Ok(event);
     }
-    crate::compressed::uncompress_mariadb(&event).map_err(|reason| {
+    crate::binlog::compressed::uncompress_mariadb(&event).map_err(|reason| {
         RelayError::Binlog(format!(
             "the MariaDB compressed binlog event (type {raw_type}) ending at {position} cannot \
              be decompressed: {reason}. The relay stops instead of skipping its rows. Fix: check \
@@ -386,11 +386,15 @@ async fn unavailable(
         conn.disconnect().await.ok();
         history
     };
-    let has = match crate::with_timeout(timeout, "asking the server what it has", history).await {
-        Ok(Ok(h)) => h,
-        Ok(Err(e)) => format!("(could not ask: {})", crate::redact_error(&e.to_string())),
-        Err(e) => format!("(could not ask: {e})"),
-    };
+    let has =
+        match crate::error::with_timeout(timeout, "asking the server what it has", history).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => format!(
+                "(could not ask: {})",
+                crate::error::redact_error(&e.to_string())
+            ),
+            Err(e) => format!("(could not ask: {e})"),
+        };
     RelayError::Binlog(format!(
         "the server cannot send the binlog from the checkpoint's {start} (error 1236: {}). The \
          binlog holding it was purged, or the server's binlog history was reset (RESET MASTER) \

@@ -34,62 +34,30 @@
 //! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
 //!
 //! # Sources
-//! The events come from an [`EventSource`]: the live binlog dump ([`BinlogSource`], never ends)
-//! or binlog files ([`crate::replay::ReplaySource`]). When a source ends (the end of the last
+//! The events come from an [`EventSource`]: the live binlog dump ([`crate::binlog::source::BinlogSource`], never ends)
+//! or binlog files ([`crate::binlog::replay::ReplaySource`]). When a source ends (the end of the last
 //! file), the run waits for every acknowledgement as on a stop request and returns `Ok`. A run
 //! without a checkpoint store (replay) writes no checkpoint and needs no lease.
 
 use std::cmp::Ordering;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mysql_async::binlog::events::TableMapEvent;
 use tokio::sync::watch;
 
 mod acks;
 use acks::{AckQueue, Done, RecordInfo};
 
-use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::binlog::source::SourceEvent;
+pub use crate::binlog::EventSource;
 use crate::config::TableName;
 use crate::decode::{Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
-use crate::lease::Lease;
-use crate::metrics::{self, DeadLetterKind, ProgressLog};
-use crate::route::{KafkaRecord, Router};
-use crate::sink::{DeadLetter, KafkaSink, SendError};
-use crate::source::{BinlogSource, SourceEvent};
-
-/// Where a run's binlog events come from.
-pub trait EventSource {
-    /// The next event. `Ok(None)`: the source has no more events (the end of the last binlog
-    /// file); the run then waits for every acknowledgement and returns `Ok`. A live dump never
-    /// ends this way.
-    ///
-    /// Must be cancel-safe: the run's select loop drops the future whenever another branch
-    /// (an acknowledgement, a tick, a stop request) is ready first, and an event may only be
-    /// consumed by a future that returns it.
-    ///
-    /// # Errors
-    /// As the source's own reading method ([`BinlogSource::next`],
-    /// [`crate::replay::ReplaySource::next_event`]).
-    fn next_event(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<SourceEvent>, RelayError>> + Send;
-
-    /// The table map event for `table_id`, as last seen in this source.
-    fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>>;
-}
-
-impl EventSource for BinlogSource {
-    async fn next_event(&mut self) -> Result<Option<SourceEvent>, RelayError> {
-        self.next().await.map(Some)
-    }
-
-    fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>> {
-        BinlogSource::table_map(self, table_id)
-    }
-}
+use crate::kafka::route::{KafkaRecord, Router};
+use crate::kafka::sink::{DeadLetter, KafkaSink, SendError};
+use crate::observe::metrics::{self, DeadLetterKind, ProgressLog};
+use crate::state::checkpoint::{Checkpoint, CheckpointStore};
+use crate::state::lease::Lease;
 
 /// What leaves the acknowledgement queue, in binlog order.
 enum Ack {
@@ -278,7 +246,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             .flatten()
             .map(|o| o.then(acked.rows_acked.cmp(&self.stored.rows_acked)));
         if !matches!(order, Some(Ordering::Less | Ordering::Equal)) {
-            crate::with_timeout(
+            crate::error::with_timeout(
                 self.io_timeout,
                 "writing the checkpoint",
                 store.save(&acked),
@@ -482,7 +450,7 @@ impl Reader<'_> {
         let Some((cause, fatal)) = sink.fatal() else {
             return Err(error);
         };
-        if cause == crate::sink::FatalCause::Transient && culprit.is_none() {
+        if cause == crate::kafka::sink::FatalCause::Transient && culprit.is_none() {
             return Err(error);
         }
         match culprit.filter(|c| c.alone) {
@@ -612,7 +580,7 @@ impl Reader<'_> {
                         tracing::debug!("the source has no more events");
                         return Ok(());
                     };
-                    metrics::global().event_read(&event);
+                    metrics::global().event_read(dated_at(&event));
                     self.event_time = event.timestamp;
                     self.read_at = Instant::now();
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
@@ -968,11 +936,23 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
     }
 }
 
+/// The event's timestamp when it says how current the stream is: not for the format
+/// description a dump starts with (it carries the file's creation time) nor for artificial
+/// events (no position, no time).
+fn dated_at(event: &SourceEvent) -> Option<u32> {
+    let header = event.event.header();
+    (event.timestamp != 0
+        && header.log_pos() != 0
+        && header.event_type_raw()
+            != mysql_async::binlog::EventType::FORMAT_DESCRIPTION_EVENT as u8)
+        .then_some(event.timestamp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::MysqlCheckpointStore;
     use crate::position::BinlogPosition;
+    use crate::state::checkpoint::MysqlCheckpointStore;
 
     fn base(server_id: u32, uuid: Option<&str>) -> Arc<Checkpoint> {
         Arc::new(Checkpoint {

@@ -3,7 +3,7 @@
 //! A stored checkpoint is a transaction boundary all of whose records, and all records before
 //! it, Kafka has acknowledged, plus how many outbox rows of the next transaction are
 //! acknowledged too (see `migrations/0002_checkpoint.sql`). The pipeline only hands such points
-//! to the store, moving forward only. Writes are fenced by the lease token (see [`crate::lease`]):
+//! to the store, moving forward only. Writes are fenced by the lease token (see [`crate::state::lease`]):
 //! an instance that lost its lease can no longer write.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +31,7 @@ pub struct Checkpoint {
     pub source_server_id: u32,
     /// `@@server_uuid` of the source (MySQL only).
     pub source_server_uuid: Option<String>,
-    /// The outbox tables' column layouts at `position` (JSON, see [`crate::schema`]), for table
+    /// The outbox tables' column layouts at `position` (JSON, see [`crate::decode::schema`]), for table
     /// maps without column names; stored when the table has the `table_layouts` column
     /// (`migrations/0003_checkpoint_layouts.sql`).
     pub table_layouts: Option<Arc<str>>,
@@ -75,7 +75,7 @@ impl MysqlCheckpointStore {
         }
     }
 
-    /// The same store, writing under lease `token` (see [`crate::lease::Lease`]).
+    /// The same store, writing under lease `token` (see [`crate::state::lease::Lease`]).
     pub fn fenced(&self, token: u64) -> Self {
         Self {
             lease_token: Some(token),
@@ -216,7 +216,7 @@ impl CheckpointStore for MysqlCheckpointStore {
             source_server_uuid: server_uuid,
             table_layouts: table_layouts.filter(|l| !l.is_empty()).map(Arc::from),
         };
-        crate::metrics::global().checkpoint_stored(&checkpoint, false);
+        crate::observe::metrics::global().checkpoint_stored(&checkpoint.position, false);
         Ok(Some(checkpoint))
     }
 
@@ -265,7 +265,7 @@ impl CheckpointStore for MysqlCheckpointStore {
                 self.connector
             )));
         }
-        crate::metrics::global().checkpoint_stored(checkpoint, true);
+        crate::observe::metrics::global().checkpoint_stored(&checkpoint.position, true);
         Ok(())
     }
 }

@@ -5,11 +5,11 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
+use crate::binlog::source::Flavor;
 use crate::config::TableName;
+use crate::decode::mapping::TableMapping;
 use crate::error::RelayError;
-use crate::mapping::TableMapping;
 use crate::position::BinlogPosition;
-use crate::source::Flavor;
 
 /// ER_PARSE_ERROR: what a server answers to a statement it does not know (MySQL 8.4 for
 /// `SHOW MASTER STATUS`, MySQL before 8.0.22 for `SHOW REPLICAS`).
@@ -27,7 +27,7 @@ pub struct ServerInfo {
     /// `@@server_uuid` (MySQL only).
     pub server_uuid: Option<String>,
     /// Table maps carry column names (`binlog_row_metadata=FULL`); otherwise the relay follows
-    /// the outbox tables' layouts itself (see [`crate::schema`]).
+    /// the outbox tables' layouts itself (see [`crate::decode::schema`]).
     pub row_metadata_full: bool,
 }
 
@@ -119,7 +119,7 @@ fn first_failure(checks: Vec<Check>) -> Result<(), RelayError> {
 
 /// Whether the relay can read tables whose table map events carry no column names
 /// (`binlog_row_metadata=MINIMAL`) by tracking their layout from `information_schema` and the
-/// DDL in the binlog ([`crate::schema`]): MINIMAL is then a warning, not a failure. (`NO_LOG`
+/// DDL in the binlog ([`crate::decode::schema`]): MINIMAL is then a warning, not a failure. (`NO_LOG`
 /// stays a failure: without signedness metadata an UNSIGNED id could not be told apart.)
 pub const LAYOUT_TRACKING: bool = true;
 
@@ -390,7 +390,7 @@ pub async fn temporal_decimals(
 
 /// The outbox tables' column layouts as `information_schema.COLUMNS` has them now (names in
 /// ordinal order, ENUM/SET labels), in the checkpoint's `table_layouts` form
-/// ([`crate::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.
+/// ([`crate::decode::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.
 ///
 /// # Errors
 /// The query fails.
@@ -398,7 +398,7 @@ pub async fn current_layouts(
     conn: &mut Conn,
     tables: &[TableName],
 ) -> Result<Option<std::sync::Arc<str>>, RelayError> {
-    let mut tracker = crate::schema::LayoutTracker::new(tables.iter().cloned());
+    let mut tracker = crate::decode::schema::LayoutTracker::new(tables.iter().cloned());
     for table in tables {
         // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without
         // optional metadata lack too.
@@ -410,9 +410,11 @@ pub async fn current_layouts(
             )
             .await?;
         if !rows.is_empty() {
-            let labels: crate::schema::Labels = rows
+            let labels: crate::decode::schema::Labels = rows
                 .iter()
-                .filter_map(|(name, ty)| Some((name.clone(), crate::schema::enum_set_labels(ty)?)))
+                .filter_map(|(name, ty)| {
+                    Some((name.clone(), crate::decode::schema::enum_set_labels(ty)?))
+                })
                 .collect();
             tracker.set(table, rows.into_iter().map(|(name, _)| name).collect());
             tracker.set_labels(table, labels);
@@ -568,7 +570,7 @@ pub async fn check_position_available(
         }
         Some(_) => return Ok(()),
     };
-    let available = crate::source::binlog_history(conn, flavor).await?;
+    let available = crate::binlog::source::binlog_history(conn, flavor).await?;
     Err(RelayError::Binlog(format!(
         "cannot resume from the checkpoint's binlog position {position}: {problem}. The server \
          has: {available}. The relay will not skip ahead by itself. To continue, move this \

@@ -23,15 +23,15 @@ use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 use mysql_common::io::ParseBuf;
 
-use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
 use crate::config::{
     KeyFormat, NullPayload, OnUpdate, Placement, TableName, TimestampSource, UnknownXaCommit,
 };
+use crate::decode::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
+use crate::decode::mapping::TableMapping;
+use crate::decode::schema::{Labels, LayoutTracker};
 use crate::error::RelayError;
-use crate::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
-use crate::mapping::TableMapping;
+use crate::position::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
 use crate::position::{BinlogPosition, MariadbGtid, MariadbGtidPos};
-use crate::schema::{Labels, LayoutTracker};
 
 /// The GTID state the decoder keeps up to date: MariaDB's position per domain, or MySQL's
 /// executed GTID set. Its text form is what the checkpoint stores as `gtid_set`.
@@ -59,8 +59,13 @@ enum PendingGtid {
     MariaDb(MariadbGtid),
     MySql(Gtid),
 }
-use crate::source::SourceEvent;
+use crate::binlog::source::SourceEvent;
 
+pub mod columns;
+pub mod ddl;
+pub mod json;
+pub mod mapping;
+pub mod schema;
 mod temporal;
 pub mod xa;
 
@@ -154,7 +159,7 @@ pub struct TxBoundary {
     /// boundary is not worth a write (and writing it would make an idle relay feed itself).
     pub advances: bool,
     /// The outbox tables' column layouts in force after this transaction (JSON, see
-    /// [`crate::schema`]), when known; stored with the checkpoint.
+    /// [`crate::decode::schema`]), when known; stored with the checkpoint.
     pub table_layouts: Option<Arc<str>>,
 }
 
@@ -292,7 +297,7 @@ impl Decoder {
 
     /// Sets the fractional-second precision of `table`'s DATETIME, TIME and TIMESTAMP columns
     /// (lower-case column name → 0–6, from `information_schema.COLUMNS.DATETIME_PRECISION`):
-    /// the pre-5.6 formats ([`temporal`]) need it and their table maps do not carry it.
+    /// the pre-5.6 formats (`temporal`) need it and their table maps do not carry it.
     pub fn set_temporal_decimals(&mut self, table: TableName, decimals: HashMap<String, u8>) {
         self.temporal_decimals.insert(table, decimals);
         self.table_maps.clear();
@@ -1353,7 +1358,7 @@ impl ColumnLayout {
         let column_ms = match self.created_at {
             Some(idx) if mapping.timestamp == TimestampSource::Column => match take(idx)? {
                 (BinlogValue::Value(v), info) => {
-                    crate::columns::timestamp_ms(&v, mapping.datetime_time_zone)
+                    crate::decode::columns::timestamp_ms(&v, mapping.datetime_time_zone)
                         .map_err(|e| fail(format!("column {:?}: {e}", info.name)))?
                 }
                 (_, info) => {
@@ -1523,8 +1528,8 @@ mod statement_tests {
 #[cfg(test)]
 mod fixture_tests {
     use super::*;
-    use crate::fixtures;
-    use crate::source::BinlogFileSource;
+    use crate::binlog::fixtures;
+    use crate::binlog::source::BinlogFileSource;
     use std::path::Path;
 
     /// The mappings of a config whose `[outbox]` section is `outbox`.
@@ -1766,8 +1771,8 @@ mod fixture_tests {
 #[cfg(test)]
 mod payload_fixture_tests {
     use super::*;
-    use crate::fixtures;
-    use crate::source::BinlogFileSource;
+    use crate::binlog::fixtures;
+    use crate::binlog::source::BinlogFileSource;
     use mysql_async::binlog::events::EventData;
     use std::path::{Path, PathBuf};
 

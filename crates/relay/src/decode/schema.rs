@@ -5,7 +5,7 @@
 //! 3"; the names come from the layout in force when the row was written. That layout is read
 //! from `information_schema` once, at a binlog position known to match it (a fresh start), stored
 //! with every checkpoint, and followed through the DDL in the binlog (`ALTER TABLE`, `CREATE`,
-//! `RENAME`, `DROP`; parsed by [`crate::ddl`]). So a relay far behind an ALTER that the server
+//! `RENAME`, `DROP`; parsed by [`crate::decode::ddl`]). So a relay far behind an ALTER that the server
 //! has long applied still decodes older rows with the older layout.
 //!
 //! A DDL statement on an outbox table that cannot be followed for sure marks the table's layout
@@ -23,10 +23,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::binlog::source::Flavor;
 use crate::config::TableName;
-use crate::ddl::{self, Ddl, Dialect, QualifiedName};
+use crate::decode::ddl::{self, Ddl, Dialect, QualifiedName};
 use crate::position::BinlogPosition;
-use crate::source::Flavor;
 
 /// A table's layout: its column names in order, or why it is not known.
 pub type Layout = Result<Vec<String>, String>;

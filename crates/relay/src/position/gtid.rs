@@ -1103,10 +1103,11 @@ mod tests {
         use mysql_common::packets::ComBinlogDumpGtid;
         use mysql_common::proto::MySerialize;
 
-        let sid = crate::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
-        let mysql_block =
-            &crate::fixtures::tagged_gtid_set(&[(sid, "", &[(1, 14)]), (sid, "mytag", &[(1, 3)])])
-                [..];
+        let sid = crate::binlog::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
+        let mysql_block = &crate::binlog::fixtures::tagged_gtid_set(&[
+            (sid, "", &[(1, 14)]),
+            (sid, "mytag", &[(1, 3)]),
+        ])[..];
         assert_eq!(
             mysql_block.len(),
             8 + (16 + 1 + 8 + 16) + (16 + 1 + 5 + 8 + 16)
@@ -1177,7 +1178,7 @@ mod tests {
     #[test]
     fn fixture_untagged_gtids() {
         let name = "mysql8-gtid.000001";
-        let (previous, gtids) = read_binlog(name, &crate::fixtures::read(name));
+        let (previous, gtids) = read_binlog(name, &crate::binlog::fixtures::read(name));
         assert!(previous.is_empty());
         let expected: Vec<String> = (1..=3)
             .map(|n| format!("3e11fa47-71ca-11e1-9e33-c80aa9429562:{n}"))
@@ -1205,8 +1206,8 @@ mod tests {
     /// are in the optional conformance target (`make conformance`).
     #[test]
     fn fixture_tagged_gtid() {
-        let sid = crate::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
-        let file = crate::fixtures::tagged_gtid_file(
+        let sid = crate::binlog::fixtures::uuid_bytes("55778904-0299-11f1-b1b8-4ef0c4956feb");
+        let file = crate::binlog::fixtures::tagged_gtid_file(
             &[(sid, "", &[(1, 14)]), (sid, "mytag", &[(1, 3)])],
             sid,
             "mytag",

@@ -33,8 +33,8 @@ use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
 use crate::error::RelayError;
-use crate::metrics;
-use crate::route::KafkaRecord;
+use crate::kafka::route::KafkaRecord;
+use crate::observe::metrics;
 
 mod limits;
 mod probe;
@@ -171,7 +171,9 @@ impl rdkafka::ClientContext for RelayKafkaContext {
 /// `Display` repeats the value).
 fn redact_config_error(e: KafkaError) -> String {
     match e {
-        KafkaError::ClientConfig(_, desc, key, _) if crate::secrets::is_secret_property(&key) => {
+        KafkaError::ClientConfig(_, desc, key, _)
+            if crate::config::secrets::is_secret_property(&key) =>
+        {
             format!("Client config error: {desc} {key} ***")
         }
         e => e.to_string(),

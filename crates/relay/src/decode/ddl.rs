@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use crate::source::Flavor;
+use crate::binlog::source::Flavor;
 
 /// A column layout: column names in table order (names compare case-insensitively, as MySQL
 /// does).

@@ -39,9 +39,9 @@ use mysql_async::binlog::events::TableMapEvent;
 use mysql_async::binlog::events::{Event, EventData, FormatDescriptionEvent};
 use mysql_async::binlog::{BinlogChecksumAlg, BinlogVersion};
 
+use crate::binlog::source::{BinlogFileSource, SourceEvent};
 use crate::error::RelayError;
 use crate::position::BinlogPosition;
-use crate::source::{BinlogFileSource, SourceEvent};
 
 /// The format `--start-datetime` and `--stop-datetime` take (UTC).
 pub const DATETIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
@@ -729,7 +729,7 @@ struct SliceReader {
     yielding: bool,
 }
 
-/// The events of a [`ReplayPlan`], for the pipeline ([`crate::pipeline::EventSource`]); ends
+/// The events of a [`ReplayPlan`], for the pipeline ([`crate::binlog::EventSource`]); ends
 /// after the last selected transaction.
 pub struct ReplaySource {
     slices: VecDeque<FileSlice>,
@@ -815,7 +815,7 @@ impl ReplaySource {
     }
 }
 
-impl crate::pipeline::EventSource for ReplaySource {
+impl crate::binlog::EventSource for ReplaySource {
     // An `async fn`, so the file is read only when the future is polled: the pipeline's select
     // loop creates this future on every turn and drops it unpolled when another branch is
     // ready, and an event read eagerly would be lost.
@@ -834,7 +834,7 @@ impl crate::pipeline::EventSource for ReplaySource {
 mod tests {
     use super::*;
 
-    use crate::fixtures;
+    use crate::binlog::fixtures;
 
     fn fixture(name: &str) -> PathBuf {
         fixtures::path(name)
@@ -1064,7 +1064,7 @@ mod tests {
 
     #[test]
     fn a_dropped_next_event_future_consumes_nothing() {
-        use crate::pipeline::EventSource;
+        use crate::binlog::EventSource;
         let p = plan(&[fixture(JSON)], &range(Some(452), Some(829))).expect("plan");
         let mut source = ReplaySource::new(&p);
         // The pipeline's select loop drops the future unpolled when another branch wins.

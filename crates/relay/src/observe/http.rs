@@ -1,6 +1,6 @@
 //! The HTTP endpoints of a running relay (`[http]`), served on the relay's tokio runtime:
 //!
-//! * `GET /metrics`: every metric of [`crate::metrics`] in the Prometheus text format 0.0.4.
+//! * `GET /metrics`: every metric of [`crate::observe::metrics`] in the Prometheus text format 0.0.4.
 //! * `GET /healthz`: `200 ok` while the process runs (liveness).
 //! * `GET /readyz`: `200 ready: streaming` while the binlog stream is connected and an event or
 //!   heartbeat was read within `http.ready_stall_ms` and a Kafka broker answered the relay's
@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::HttpConfig;
 use crate::error::RelayError;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// Content type of the Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -176,7 +176,7 @@ async fn readyz(State(s): State<Endpoints>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::State as RelayState;
+    use crate::observe::metrics::State as RelayState;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A minimal HTTP/1.0 GET: (status code, body).

@@ -1,0 +1,437 @@
+//! The supervisor: runs the pipeline against the server ([`run`]) and over binlog files
+//! ([`replay()`]). It starts the HTTP endpoints, waits for the connector's lease, prepares each
+//! run (server checks, resume point: `start.rs`), builds the stages and restarts runs after
+//! MySQL or Kafka failures with capped exponential backoff, counting consecutive failed
+//! attempts (`retry.max_attempts`).
+
+mod replay;
+mod start;
+
+pub use replay::replay;
+use replay::{new_decoder, new_router, new_sink};
+use start::{forget_rows_acked_on_another_server, prepare};
+
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use mysql_async::{Opts, Pool};
+use tokio::sync::watch;
+
+use crate::binlog::source::{BinlogSource, Flavor, StartFrom};
+use crate::config::RelayConfig;
+use crate::decode::GtidState;
+use crate::error::RelayError;
+use crate::kafka::route::Router;
+use crate::observe::metrics::State;
+use crate::pipeline::{PipelineSettings, Refusals, Stages};
+use crate::position::gtid::MysqlGtidSet;
+use crate::position::MariadbGtidPos;
+use crate::state::checkpoint::{Checkpoint, MysqlCheckpointStore};
+use crate::state::lease::Lease;
+
+use crate::binlog::source;
+use crate::config::mysql_tls;
+use crate::error::with_timeout;
+use crate::observe::{http, metrics};
+use crate::ops::preflight;
+use crate::pipeline;
+use crate::state::lease::instance_name;
+
+/// A run that streamed this long counts as a success: the count of consecutive failed
+/// attempts (`retry.max_attempts`) and the backoff start over.
+const HEALTHY_RUN: Duration = Duration::from_secs(10);
+
+/// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
+/// or a non-retriable error occurs.
+///
+/// Before anything else it starts the HTTP endpoints of `[http]` ([`http`]: `/metrics`,
+/// `/healthz`, `/readyz`), which stop when it returns. Then it waits for the connector's lease (one active instance per connector name). MySQL and
+/// Kafka failures are retried with capped exponential backoff (`[retry]`), resuming from the
+/// last acknowledged point; a lost lease sends the instance back to waiting for it.
+///
+/// # Errors
+/// The first error that retrying cannot fix: configuration, server prerequisites, an
+/// undecodable outbox row (with its position), an unavailable binlog position, or
+/// `retry.max_attempts` consecutive failures. [`RelayError::Config`] when `http.listen` cannot
+/// be bound.
+pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+    let metrics = metrics::global();
+    let server = http::start(&config.http, metrics).await?;
+    let result = supervise(config, shutdown).await;
+    metrics.set_state(State::Stopping);
+    if let Some(server) = server {
+        server.stop().await;
+    }
+    result
+}
+
+/// [`run`] without the HTTP endpoints.
+async fn supervise(
+    config: RelayConfig,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let metrics = metrics::global();
+    let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
+        return Ok(());
+    };
+    let pool = Pool::new(opts.clone());
+    let base_store = MysqlCheckpointStore::new(
+        pool.clone(),
+        config.checkpoint_table()?,
+        config.connector_name.clone(),
+    );
+    let router = new_router(&config)?;
+    let owner = instance_name();
+    let address = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
+    let mut backoff = new_backoff(&config);
+    let mut attempts = 0usize;
+    let mut lease: Option<Lease> = None;
+    let mut resume: Option<Checkpoint> = None;
+    // What runs learnt about records the brokers refuse for good (see pipeline.rs).
+    let mut refusals = Refusals::default();
+
+    let result = loop {
+        let mut streamed = None;
+        let learnt = refusals.learnt();
+        let result = match lease.as_mut() {
+            None => {
+                // A missing or outdated state table is an operator's fix, not a retry.
+                if let Err(e) = base_store.verify().await {
+                    if !e.is_retriable() {
+                        break Err(e);
+                    }
+                }
+                metrics.set_state(State::WaitingForLease);
+                match Lease::acquire(
+                    opts.clone(),
+                    base_store.table(),
+                    &config.connector_name,
+                    &owner,
+                    Duration::from_millis(config.mysql.read_timeout_ms),
+                    &mut shutdown,
+                )
+                .await
+                {
+                    Ok(Some(l)) => {
+                        lease = Some(l);
+                        resume = None; // another instance may have moved the checkpoint
+                        refusals.clear();
+                        continue;
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(l) => {
+                let store = base_store.fenced(l.token());
+                let attempt = run_once(
+                    &config,
+                    &opts,
+                    &pool,
+                    &store,
+                    &router,
+                    l,
+                    resume.clone(),
+                    &mut shutdown,
+                    &mut refusals,
+                )
+                .await;
+                if attempt.acked.is_some() {
+                    resume = attempt.acked;
+                }
+                streamed = attempt.streamed;
+                attempt.result
+            }
+        };
+        let result = result.map_err(|e| e.at_mysql_address(&address));
+        if let Err(e) = &result {
+            metrics.error(e);
+        }
+        let e = match result {
+            Ok(()) => break Ok(()),
+            Err(e) if e.is_retriable() && *shutdown.borrow() => {
+                // A stop while MySQL or Kafka is unreachable is still a clean stop: the stored
+                // checkpoint is the last one whose records Kafka acknowledged.
+                tracing::info!(error = %e, checkpoint = ?resume.as_ref().map(|c| c.position.to_string()),
+                    "stopped while the connection was failing; resuming from the stored checkpoint next start");
+                break Ok(());
+            }
+            Err(e) if e.is_retriable() => e,
+            Err(e) => break Err(e),
+        };
+        if matches!(e, RelayError::LeaseLost(_)) {
+            // Give the lock back (if the connection still works) so the instance that took over
+            // is not kept waiting by ours.
+            if let Some(old) = lease.take() {
+                let limit = Duration::from_millis(config.mysql.read_timeout_ms);
+                let _ = with_timeout(limit, "releasing the lease", old.release()).await;
+            }
+        }
+        if refusals.learnt() != learnt {
+            // A refused record was found or narrowed down: progress, not a failure. Go on at
+            // once with a new producer (see pipeline.rs, "Records a broker refuses for good").
+            tracing::warn!(error = %e, "restarting with a new producer");
+            backoff = new_backoff(&config);
+            attempts = 0;
+            metrics.reconnect(&e);
+            continue;
+        }
+        // Only an attempt that streamed for a while resets the count: one that fails before
+        // streaming (however long its start-up waits took) is one more consecutive failure.
+        if streamed.is_some_and(|d| d >= HEALTHY_RUN) {
+            backoff = new_backoff(&config);
+            attempts = 0;
+        }
+        attempts += 1;
+        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+            break Err(e);
+        }
+        // Jitter may add to the exponential delay: the cap holds after it.
+        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
+        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
+            resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
+        metrics.set_state(State::Retrying {
+            error: e.to_string(),
+            attempt: attempts,
+            delay_ms: delay.as_millis() as u64,
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            break Ok(());
+        }
+        metrics.reconnect(&e);
+    };
+    if let Some(lease) = lease {
+        lease.release().await;
+    }
+    pool.disconnect().await.ok();
+    result
+}
+
+/// The options of every MySQL connection ([`mysql_tls::resolve`]). With `tls_mode =
+/// "preferred"` that connects once; connection failures are retried with the `[retry]` backoff.
+/// `None` when `shutdown` came first.
+async fn mysql_opts(
+    config: &RelayConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Opts>, RelayError> {
+    let mut backoff = new_backoff(config);
+    let mut attempts = 0usize;
+    let timeout = Duration::from_millis(config.mysql.read_timeout_ms);
+    let address = mysql_address(&config.mysql.url);
+    loop {
+        let e = match mysql_tls::resolve(&config.mysql, timeout).await {
+            Ok(opts) => return Ok(Some(opts)),
+            Err(e) if e.is_retriable() => e.at_mysql_address(&address),
+            Err(e) => return Err(e.at_mysql_address(&address)),
+        };
+        attempts += 1;
+        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+            return Err(e);
+        }
+        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
+        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
+            "cannot connect to MySQL to negotiate TLS; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return Ok(None);
+        }
+    }
+}
+
+/// `host:port` of `mysql.url`, for error messages (the URL itself may hold a password).
+fn mysql_address(url: &str) -> String {
+    match Opts::from_url(url) {
+        Ok(o) => format!("{}:{}", o.ip_or_hostname(), o.tcp_port()),
+        Err(_) => "the server of mysql.url".into(),
+    }
+}
+
+fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(config.retry.initial_backoff_ms))
+        .with_max_delay(Duration::from_millis(config.retry.max_backoff_ms))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one connection lifetime ([`run_once`]) ended with.
+struct Attempt {
+    /// The latest acknowledged checkpoint known, to resume from without re-reading the store.
+    acked: Option<Checkpoint>,
+    /// `Ok` after a requested stop.
+    result: Result<(), RelayError>,
+    /// How long the binlog stream ran; `None` when the attempt ended before streaming.
+    streamed: Option<Duration>,
+}
+
+impl Attempt {
+    /// An attempt that ended before streaming.
+    fn before_streaming(acked: Option<Checkpoint>, result: Result<(), RelayError>) -> Self {
+        Self {
+            acked,
+            result,
+            streamed: None,
+        }
+    }
+}
+
+/// `step`, or `None` as soon as `shutdown` turns `true` (start-up steps such as reaching an
+/// unreachable Kafka must not hold up a stop).
+async fn unless_stopped<T>(
+    shutdown: &mut watch::Receiver<bool>,
+    step: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    if *shutdown.borrow() {
+        return None;
+    }
+    tokio::select! {
+        out = step => Some(out),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// One connection lifetime: checks, resume point, pipeline.
+#[allow(clippy::too_many_arguments)]
+async fn run_once(
+    config: &RelayConfig,
+    opts: &Opts,
+    pool: &Pool,
+    store: &MysqlCheckpointStore,
+    router: &Router,
+    lease: &mut Lease,
+    resume: Option<Checkpoint>,
+    shutdown: &mut watch::Receiver<bool>,
+    refusals: &mut Refusals,
+) -> Attempt {
+    metrics::global().set_state(State::Connecting);
+    if let Err(e) = lease.verify().await {
+        return Attempt::before_streaming(resume, Err(e));
+    }
+    // Start-up queries on a half-open connection must not hang the relay either.
+    let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
+    let prepared = unless_stopped(
+        shutdown,
+        with_timeout(
+            io_timeout * 2,
+            "start-up checks",
+            prepare(config, pool, store, resume.clone()),
+        ),
+    )
+    .await;
+    let (server, mut start, from) = match prepared.map(|p| p.and_then(|p| p)) {
+        None => return Attempt::before_streaming(resume, Ok(())),
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
+    };
+    forget_rows_acked_on_another_server(&mut start, &server, &from);
+    let sink = match unless_stopped(shutdown, new_sink(config)).await {
+        None => return Attempt::before_streaming(Some(start), Ok(())),
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
+    };
+    let connected = unless_stopped(
+        shutdown,
+        BinlogSource::connect(
+            opts.clone(),
+            config.mysql.server_id,
+            &source::report_host(&config.connector_name),
+            server.flavor,
+            &from,
+            Duration::from_millis(config.mysql.heartbeat_interval_ms),
+            Duration::from_millis(config.mysql.read_timeout_ms),
+        ),
+    )
+    .await;
+    let mut source = match connected {
+        None => return Attempt::before_streaming(Some(start), Ok(())),
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
+    };
+    let gtid_state = match &from {
+        StartFrom::MariadbGtid(g) => Some(GtidState::MariaDb(g.clone())),
+        StartFrom::MysqlGtid(g) => Some(GtidState::MySql(g.clone())),
+        StartFrom::Position(_) => start.gtid_set.as_deref().and_then(|g| match server.flavor {
+            Flavor::MariaDb => g.parse::<MariadbGtidPos>().ok().map(GtidState::MariaDb),
+            Flavor::MySql => g.parse::<MysqlGtidSet>().ok().map(GtidState::MySql),
+        }),
+    };
+    let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
+    let decimals = with_timeout(io_timeout, "reading temporal column precisions", async {
+        let mut conn = pool.get_conn().await?;
+        preflight::temporal_decimals(&mut conn, &config.outbox_tables()).await
+    })
+    .await;
+    match decimals.and_then(|d| d) {
+        Ok(all) => {
+            for (table, decimals) in all {
+                decoder.set_temporal_decimals(table, decimals);
+            }
+        }
+        Err(e) => return Attempt::before_streaming(Some(start), Err(e)),
+    }
+    if let Some(layouts) = start.table_layouts.as_deref() {
+        if let Err(e) = decoder.restore_layouts(layouts) {
+            return Attempt::before_streaming(Some(start), Err(e));
+        }
+    }
+    let settings = PipelineSettings {
+        max_in_flight: config.kafka.max_in_flight,
+        checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
+        source_server_id: server.server_id,
+        source_server_uuid: server.server_uuid.clone(),
+        io_timeout,
+        stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
+    };
+    tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
+    let stages = Stages {
+        source: &mut source,
+        decoder: &mut decoder,
+        router,
+        sink: &sink,
+        store: Some(store),
+        lease: Some(lease),
+    };
+    metrics::global().set_state(State::Streaming);
+    let streaming_since = Instant::now();
+    // Aborted when the run ends: the probe only speaks for a streaming relay.
+    let probe = AbortOnDrop(tokio::spawn(
+        sink.probe()
+            .run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
+    ));
+    let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
+    drop(probe);
+    metrics::global().set_state(State::Connecting);
+    tracing::info!(
+        records_acked = outcome.stats.records_acked,
+        dead_lettered = outcome.stats.dead_lettered,
+        transactions = outcome.stats.transactions,
+        checkpoints_written = outcome.stats.checkpoints_written,
+        checkpoint = %outcome.acked.position,
+        rows_acked = outcome.acked.rows_acked,
+        "pipeline run ended"
+    );
+    Attempt {
+        acked: Some(outcome.acked),
+        result: outcome.result,
+        streamed: Some(streaming_since.elapsed()),
+    }
+}

@@ -1,0 +1,229 @@
+//! Preparing one run: the server's checks, the resume point (the stored checkpoint, or the
+//! current end of the binlog on a first start) and how to ask the server for it.
+
+use std::time::Duration;
+
+use mysql_async::Pool;
+
+use crate::binlog::source::{Flavor, StartFrom};
+use crate::config::{RelayConfig, ResumeMode};
+use crate::error::RelayError;
+use crate::ops::preflight::ServerInfo;
+use crate::position::gtid::MysqlGtidSet;
+use crate::position::MariadbGtidPos;
+use crate::state::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
+
+use crate::binlog::source;
+use crate::ops::preflight;
+
+/// Checks the server and finds where to start: the in-memory resume point, else the stored
+/// checkpoint, else the current end of the binlog (stored at once, so rows committed from now on
+/// are relayed even if the relay dies before its first record).
+pub(super) async fn prepare(
+    config: &RelayConfig,
+    pool: &Pool,
+    store: &MysqlCheckpointStore,
+    resume: Option<Checkpoint>,
+) -> Result<(ServerInfo, Checkpoint, StartFrom), RelayError> {
+    let mut conn = pool.get_conn().await?;
+    let server = preflight::check_server(&mut conn).await?;
+    preflight::check_outbox_tables(&mut conn, &config.table_mappings()?).await?;
+    store.verify().await?;
+    if !server.row_metadata_full && !store.stores_layouts() {
+        return Err(RelayError::Prerequisite {
+            setting: "binlog_row_metadata".into(),
+            expected: "FULL (column names in the binlog), or a checkpoint table that can store \
+                       the outbox tables' column layouts"
+                .into(),
+            found: format!(
+                "no column names in table maps, and {} has no table_layouts column",
+                store.table()
+            ),
+            fix: format!(
+                "SET GLOBAL binlog_row_metadata=FULL (MySQL 8.0.1+, MariaDB 10.5+), or apply \
+                 migrations/0003_checkpoint_layouts.sql to {} so the relay can follow the \
+                 layouts itself",
+                store.table()
+            ),
+        });
+    }
+    // Our own previous dump connection may still be registered until the server notices it is
+    // gone (at its next heartbeat).
+    let grace = Duration::from_millis(config.mysql.heartbeat_interval_ms * 2 + 1000);
+    preflight::check_server_id_unique(
+        &mut conn,
+        &server,
+        config.mysql.server_id,
+        &source::report_host(&config.connector_name),
+        grace,
+    )
+    .await?;
+    let start = match resume {
+        Some(resume) => resume,
+        None => match store.load().await? {
+            Some(stored) => {
+                tracing::info!(position = %stored.position, rows_acked = stored.rows_acked,
+                    gtid = ?stored.gtid_set, "resuming from stored checkpoint");
+                stored
+            }
+            None => {
+                let (position, executed, table_layouts) = preflight::position_with_layouts(
+                    &mut conn,
+                    server.flavor,
+                    &config.outbox_tables(),
+                )
+                .await?;
+                let gtid_set = match server.flavor {
+                    Flavor::MariaDb => preflight::mariadb_gtid_at(&mut conn, &position).await?,
+                    Flavor::MySql => executed,
+                };
+                let start = Checkpoint {
+                    position,
+                    rows_acked: 0,
+                    gtid_set,
+                    source_server_id: server.server_id,
+                    source_server_uuid: server.server_uuid.clone(),
+                    table_layouts,
+                };
+                store.save(&start).await?;
+                tracing::info!(position = %start.position, gtid = ?start.gtid_set,
+                    "no checkpoint: starting at the current end of the binlog");
+                start
+            }
+        },
+    };
+    let mut start = start;
+    if !server.row_metadata_full && start.table_layouts.is_none() {
+        // A checkpoint moved by `reset` or by hand carries no layouts: today's are the best
+        // known, right unless an outbox table's columns changed after the checkpoint.
+        start.table_layouts =
+            preflight::current_layouts(&mut conn, &config.outbox_tables()).await?;
+        tracing::warn!(position = %start.position,
+            "the checkpoint carries no outbox table layouts (moved by reset or by hand) and table \
+             maps carry no column names: using the tables' current columns from \
+             information_schema. If an outbox table's columns changed after this position, move \
+             the checkpoint past that change (or SET GLOBAL binlog_row_metadata=FULL)");
+    }
+    let from = start_from(config.mysql.resume, &server, &start)?;
+    if let StartFrom::Position(p) = &from {
+        preflight::check_position_available(&mut conn, server.flavor, p).await?;
+    }
+    Ok((server, start, from))
+}
+
+/// Chooses how to resume from `start` under `mode`.
+/// A checkpoint inside a transaction (`rows_acked` > 0) resumed by GTID on another server than
+/// the one it was written on (a failover): its `rows_acked` becomes 0, so that transaction's
+/// first rows are sent again rather than trusted.
+///
+/// Why: `rows_acked` counts rows of "the transaction after the GTID set", which is a fact of the
+/// server the checkpoint was written on. Another server may log other transactions first (ones
+/// the old replica's replication filters left out, other GTID domains) or may not have that
+/// transaction at all (an asynchronous failover that lost it); skipping rows there could skip
+/// rows that were never sent. Sending them twice is within at-least-once.
+pub(super) fn forget_rows_acked_on_another_server(
+    start: &mut Checkpoint,
+    server: &ServerInfo,
+    from: &StartFrom,
+) {
+    let by_gtid = matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(_));
+    let other_server = start.source_server_id != server.server_id
+        || matches!((&start.source_server_uuid, &server.server_uuid), (Some(a), Some(b)) if a != b);
+    if by_gtid && other_server && start.rows_acked > 0 {
+        tracing::warn!(
+            rows_acked = start.rows_acked,
+            checkpoint_server_id = start.source_server_id,
+            server_id = server.server_id,
+            "the checkpoint was written inside a transaction on another server: that \
+             transaction cannot be matched here, so its first rows_acked rows are not skipped \
+             and may be sent again (at-least-once; consumers deduplicate by event_key)"
+        );
+        start.rows_acked = 0;
+    }
+}
+
+pub(super) fn start_from(
+    mode: ResumeMode,
+    server: &ServerInfo,
+    start: &Checkpoint,
+) -> Result<StartFrom, RelayError> {
+    let bad = |e: String| RelayError::Binlog(format!("the checkpoint's gtid_set: {e}"));
+    let gtid = match (server.flavor, start.gtid_set.as_deref()) {
+        (Flavor::MariaDb, Some(g)) => Some(StartFrom::MariadbGtid(
+            g.parse::<MariadbGtidPos>()
+                .map_err(|e| bad(e.to_string()))?,
+        )),
+        (Flavor::MySql, Some(g)) => Some(StartFrom::MysqlGtid(
+            g.parse::<MysqlGtidSet>().map_err(|e| bad(e.to_string()))?,
+        )),
+        (_, None) => None,
+    };
+    match (mode, gtid) {
+        (ResumeMode::Position, _) | (ResumeMode::Auto, None) => {
+            if start.source_server_id != server.server_id {
+                tracing::warn!(
+                    stored_server_id = start.source_server_id,
+                    server_id = server.server_id,
+                    "the checkpoint was written for another server; resuming from its file and \
+                     position, which only makes sense on the same server (use GTIDs to move \
+                     between servers)"
+                );
+            }
+            Ok(StartFrom::Position(start.position.clone()))
+        }
+        (ResumeMode::Gtid | ResumeMode::Auto, Some(from)) => Ok(from),
+        (ResumeMode::Gtid, None) => Err(RelayError::Config(
+            "mysql.resume = \"gtid\" but the checkpoint has no gtid_set (MySQL needs \
+             gtid_mode=ON)"
+                .into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_acked_is_kept_only_on_the_checkpoints_own_server_or_by_position() {
+        let server = |id: u32, uuid: Option<&str>| ServerInfo {
+            flavor: Flavor::MariaDb,
+            version: "10.11".into(),
+            server_id: id,
+            server_uuid: uuid.map(str::to_owned),
+            row_metadata_full: true,
+        };
+        let checkpoint = |id: u32, uuid: Option<&str>| Checkpoint {
+            position: crate::position::BinlogPosition::new("mariadb-bin.000007", 1234),
+            rows_acked: 3,
+            gtid_set: Some("0-1-50".into()),
+            source_server_id: id,
+            source_server_uuid: uuid.map(str::to_owned),
+            table_layouts: None,
+        };
+        let by_gtid = StartFrom::MariadbGtid("0-1-50".parse().expect("gtid"));
+        let by_position = StartFrom::Position(crate::position::BinlogPosition::new(
+            "mariadb-bin.000007",
+            1234,
+        ));
+        let after = |cp: Checkpoint, s: &ServerInfo, from: &StartFrom| {
+            let mut cp = cp;
+            forget_rows_acked_on_another_server(&mut cp, s, from);
+            cp.rows_acked
+        };
+        // The same server: the transaction after the GTID set is the one counted.
+        assert_eq!(after(checkpoint(2, None), &server(2, None), &by_gtid), 3);
+        // Another server (a failover): not trusted.
+        assert_eq!(after(checkpoint(2, None), &server(1, None), &by_gtid), 0);
+        // Same server_id but another server_uuid (MySQL): not trusted either.
+        assert_eq!(
+            after(checkpoint(2, Some("a")), &server(2, Some("b")), &by_gtid),
+            0
+        );
+        // By position the file and offset name the transaction: kept (and checked by the run).
+        assert_eq!(
+            after(checkpoint(2, None), &server(1, None), &by_position),
+            3
+        );
+    }
+}
