@@ -20,14 +20,14 @@ use anyhow::{bail, ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, TxOpts};
 use outbox_relay_testkit::{
-    all_seen, binary_logs, collect_records, collect_until, commit_rows, compare_positions,
-    connection_state, current_binlog_position, describe_record, ensure_at_least_once,
-    ensure_exactly_once, ensure_per_key_order, expect_exit_code, find_transaction,
-    high_watermark_total, integer_sequence, last_gtid, lease_lock_name, list_topics, mysql_url,
-    newest_binlog_file, next_server_id, read_all_records, read_checkpoint, registered_replica_ids,
-    stored_payloads, unreached_gtid_state, wait_for_stderr, wait_until, write_rows_event_ending_at,
-    BinlogPosition, BinlogTransaction, Checkpoint, Record, RelayConfigSpec, RelayProcess, RowGen,
-    World, DEFAULT_CHECKPOINT_TABLE,
+    binary_logs, collect_records, commit_rows, compare_positions, connection_state,
+    current_binlog_position, describe_record, ensure_at_least_once, ensure_exactly_once,
+    ensure_per_key_order, expect_exit_code, find_transaction, high_watermark_total,
+    integer_sequence, last_gtid, lease_lock_name, list_topics, mysql_url, newest_binlog_file,
+    next_server_id, read_all_records, read_checkpoint, registered_replica_ids, stored_payloads,
+    unreached_gtid_state, wait_for_stderr, wait_until, write_rows_event_ending_at, BinlogPosition,
+    BinlogTransaction, Checkpoint, Record, RelayConfigSpec, RelayProcess, RowGen, World,
+    DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::watch;
 
@@ -216,36 +216,14 @@ async fn write_batches(
     Ok((keys, tx))
 }
 
-/// Reads `topics` until every key of `wanted` is there; fails naming the missing ones.
+/// Reads `topics` until every key of `wanted` is there ([`World::wait_for_keys`]).
 async fn wait_for_keys(
     w: &World,
     topics: &[String],
     wanted: &HashSet<String>,
     relay: Option<&RelayProcess>,
 ) -> Result<Vec<Record>> {
-    let seen = collect_until(
-        &w.spec.bootstrap_servers,
-        topics,
-        RELAY_WAIT,
-        all_seen(wanted.clone()),
-    )
-    .await?;
-    let have: HashSet<&str> = seen.iter().filter_map(|r| r.header("event_key")).collect();
-    let missing: Vec<&String> = wanted
-        .iter()
-        .filter(|k| !have.contains(k.as_str()))
-        .collect();
-    if !missing.is_empty() {
-        let stderr = relay.map(RelayProcess::stderr_tail).unwrap_or_default();
-        bail!(
-            "{} of {} rows did not reach Kafka within {RELAY_WAIT:?}, e.g. {:?}\n--- relay \
-             stderr ---\n{stderr}",
-            missing.len(),
-            wanted.len(),
-            &missing[..missing.len().min(10)]
-        );
-    }
-    Ok(seen)
+    w.wait_for_keys(topics, wanted, relay, RELAY_WAIT).await
 }
 
 /// `(a.position, a.rows_acked) <= (b.position, b.rows_acked)`.

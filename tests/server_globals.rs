@@ -13,12 +13,11 @@ use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use outbox_relay_testkit::{
-    all_seen, binary_logs, binlog_transactions, collect_until, commit_rows,
-    count_other_transactions, count_table_writes, current_binlog_position, describe_record,
-    ensure_at_least_once, ensure_exactly_once, ensure_per_key_order, expect_exit_code,
-    find_transaction, global_variable, newest_binlog_file, read_all_records, stored_payloads,
-    test_server, wait_until, BinlogPosition, BinlogTransaction, GlobalVariableGuard,
-    RelayConfigSpec, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    binary_logs, binlog_transactions, commit_rows, count_other_transactions, count_table_writes,
+    current_binlog_position, describe_record, ensure_at_least_once, ensure_exactly_once,
+    ensure_per_key_order, expect_exit_code, find_transaction, global_variable, newest_binlog_file,
+    read_all_records, stored_payloads, test_server, wait_until, BinlogPosition, BinlogTransaction,
+    GlobalVariableGuard, RelayConfigSpec, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::Mutex;
 
@@ -63,35 +62,16 @@ async fn write_batches(
     Ok((keys, tx))
 }
 
-/// Reads `topics` until every key of `wanted` is there.
+/// Reads `topics` until every key of `wanted` is there ([`World::wait_for_keys`]).
 async fn wait_for_keys(
     w: &World,
     topics: &[String],
     wanted: &HashSet<String>,
     relay: &RelayProcess,
 ) -> Result<()> {
-    let seen = collect_until(
-        &w.spec.bootstrap_servers,
-        topics,
-        RELAY_WAIT,
-        all_seen(wanted.clone()),
-    )
-    .await?;
-    let have: HashSet<&str> = seen.iter().filter_map(|r| r.header("event_key")).collect();
-    let missing: Vec<&String> = wanted
-        .iter()
-        .filter(|k| !have.contains(k.as_str()))
-        .collect();
-    ensure!(
-        missing.is_empty(),
-        "{} of {} rows did not reach Kafka within {RELAY_WAIT:?}, e.g. {:?}\n--- relay stderr \
-         ---\n{}",
-        missing.len(),
-        wanted.len(),
-        &missing[..missing.len().min(10)],
-        relay.stderr_tail()
-    );
-    Ok(())
+    w.wait_for_keys(topics, wanted, Some(relay), RELAY_WAIT)
+        .await
+        .map(drop)
 }
 
 /// Checks that the stored checkpoint names a file exactly as `SHOW BINARY LOGS` does.

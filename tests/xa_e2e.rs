@@ -34,7 +34,7 @@ use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 use outbox_relay_testkit::{
-    collect_until, commit_rows, compare_positions, ensure_at_least_once, ensure_exactly_once,
+    commit_rows, compare_positions, ensure_at_least_once, ensure_exactly_once,
     ensure_per_key_order, expect_exit_code, gtid_of_event, gtid_state_includes,
     high_watermark_total, insert_outbox_rows, read_all_records, scan_binlog, stored_payloads,
     wait_until, xa_statement_gtid, xid_literal, BinlogPosition, Checkpoint, InsertStyle, OutboxRow,
@@ -281,32 +281,16 @@ fn offset_order(records: &[Record]) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Waits until every key of `wanted` is on `topics`.
+/// Reads `topics` until every key of `wanted` is there ([`World::wait_for_keys`]).
 async fn wait_for_keys(
     w: &World,
     topics: &[String],
     wanted: &HashSet<String>,
     relay: &RelayProcess,
 ) -> Result<()> {
-    let seen = collect_until(
-        &w.spec.bootstrap_servers,
-        topics,
-        RELAY_WAIT,
-        outbox_relay_testkit::all_seen(wanted.clone()),
-    )
-    .await?;
-    let have: HashSet<&str> = seen.iter().filter_map(|r| r.header("event_key")).collect();
-    let missing: Vec<&String> = wanted
-        .iter()
-        .filter(|k| !have.contains(k.as_str()))
-        .collect();
-    ensure!(
-        missing.is_empty(),
-        "{} rows did not reach Kafka within {RELAY_WAIT:?}: {missing:?}\n--- relay stderr ---\n{}",
-        missing.len(),
-        relay.stderr_tail()
-    );
-    Ok(())
+    w.wait_for_keys(topics, wanted, Some(relay), RELAY_WAIT)
+        .await
+        .map(drop)
 }
 
 /// The stored checkpoint is at or before `limit` (the start of the undecided XA transaction's

@@ -146,6 +146,44 @@ impl World {
         .map_err(|e| anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
     }
 
+    /// Reads `topics` until a record of every event key in `wanted` is there, for at most
+    /// `timeout`; returns the records read.
+    ///
+    /// # Errors
+    /// Keys still missing at the end (up to ten named, with `relay`'s stderr tail), or Kafka
+    /// cannot be read.
+    pub async fn wait_for_keys(
+        &self,
+        topics: &[String],
+        wanted: &HashSet<String>,
+        relay: Option<&RelayProcess>,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
+        let seen = crate::kafka::collect_until(
+            &self.spec.bootstrap_servers,
+            topics,
+            timeout,
+            all_seen(wanted.clone()),
+        )
+        .await?;
+        let have: HashSet<&str> = seen.iter().filter_map(|r| r.header("event_key")).collect();
+        let mut missing: Vec<&String> = wanted
+            .iter()
+            .filter(|k| !have.contains(k.as_str()))
+            .collect();
+        missing.sort();
+        ensure!(
+            missing.is_empty(),
+            "{} of {} rows did not reach Kafka within {timeout:?}, e.g. {:?}\n--- relay stderr \
+             ---\n{}",
+            missing.len(),
+            wanted.len(),
+            &missing[..missing.len().min(10)],
+            relay.map(RelayProcess::stderr_tail).unwrap_or_default()
+        );
+        Ok(seen)
+    }
+
     /// Checks that `cp` names a file of `SHOW BINARY LOGS` and is a transaction boundary.
     ///
     /// # Errors
