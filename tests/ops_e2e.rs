@@ -633,27 +633,16 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
     admin.query_drop(format!("CREATE DATABASE `{db}`")).await?;
     let uid = unique_suffix();
     let spec = RelayConfigSpec {
-        connector_name: format!("mig-{uid}"),
-        mysql_url: mysql_url(Some(&db)),
-        server_id: outbox_relay_testkit::next_server_id(),
-        tables: vec![format!("{db}.outbox")],
-        topic: format!("t_{uid}.outbox.event.{{aggregate_type}}"),
-        bootstrap_servers: outbox_relay_testkit::kafka_bootstrap(),
-        checkpoint_interval_ms: 500,
         kafka_properties: Vec::new(),
-        initial_backoff_ms: 200,
-        max_backoff_ms: 2_000,
-        max_in_flight: 10_000,
-        heartbeat_interval_ms: None,
-        read_timeout_ms: None,
-        resume: None,
-        dead_letter_topic: None,
-        outbox_extra: String::new(),
-        timestamp: Some("column".into()),
         unknown_xa_commit: None,
         http_listen: None,
-        retry_extra: String::new(),
-        http_extra: String::new(),
+        ..RelayConfigSpec::for_tables(
+            &format!("mig-{uid}"),
+            &mysql_url(Some(&db)),
+            outbox_relay_testkit::next_server_id(),
+            vec![format!("{db}.outbox")],
+            &format!("t_{uid}.outbox.event.{{aggregate_type}}"),
+        )
     };
     let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
     expect(&status, 0, &out, &err)?;

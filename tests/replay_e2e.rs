@@ -468,27 +468,16 @@ async fn create_topic(topic: &str) -> Result<()> {
 /// aggregate and event type = the generated column `name`, record time = the commit time.
 fn fixture_config(topic: &str) -> String {
     let spec = RelayConfigSpec {
-        connector_name: format!("replay-{}", unique_suffix()),
-        mysql_url: NO_MYSQL.into(),
-        server_id: 4242,
-        tables: vec!["test.t".into()],
-        topic: topic.into(),
-        bootstrap_servers: kafka_bootstrap(),
-        checkpoint_interval_ms: 500,
-        kafka_properties: vec![("linger.ms".into(), "5".into())],
-        initial_backoff_ms: 200,
-        max_backoff_ms: 2_000,
-        max_in_flight: 10_000,
-        heartbeat_interval_ms: None,
-        read_timeout_ms: None,
-        resume: None,
-        dead_letter_topic: None,
-        outbox_extra: String::new(),
         timestamp: None,
         unknown_xa_commit: None,
         http_listen: None,
-        retry_extra: String::new(),
-        http_extra: String::new(),
+        ..RelayConfigSpec::for_tables(
+            &format!("replay-{}", unique_suffix()),
+            NO_MYSQL,
+            4242,
+            vec!["test.t".into()],
+            topic,
+        )
     };
     format!(
         "{}\n[outbox.columns]\nid = \"id\"\naggregate_type = \"name\"\naggregate_id = \"id\"\n\

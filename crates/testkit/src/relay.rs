@@ -87,12 +87,30 @@ impl RelayConfigSpec {
         server_id: u32,
         topic_prefix: &str,
     ) -> Self {
+        Self::for_tables(
+            connector_name,
+            &db.url(),
+            server_id,
+            vec![db.outbox_table()],
+            &format!("{topic_prefix}.outbox.event.{{aggregate_type}}"),
+        )
+    }
+
+    /// A config of connector `connector_name` on `mysql_url` relaying `tables` to the topic
+    /// template `topic` on the test broker, with the defaults of [`RelayConfigSpec::new`].
+    pub fn for_tables(
+        connector_name: &str,
+        mysql_url: &str,
+        server_id: u32,
+        tables: Vec<String>,
+        topic: &str,
+    ) -> Self {
         Self {
             connector_name: connector_name.to_owned(),
-            mysql_url: db.url(),
+            mysql_url: mysql_url.to_owned(),
             server_id,
-            tables: vec![db.outbox_table()],
-            topic: format!("{topic_prefix}.outbox.event.{{aggregate_type}}"),
+            tables,
+            topic: topic.to_owned(),
             bootstrap_servers: kafka_bootstrap(),
             checkpoint_interval_ms: 500,
             kafka_properties: vec![("linger.ms".into(), "5".into())],
