@@ -77,8 +77,11 @@ faults-full: services-up
 
 ## Benchmark (not part of `make test`): backlog drain and steady-state latency of the relay, side
 ## by side with the machine's limit, a polling relay and Debezium (tests/bench/bench.sh,
-## crates/bench). Writes tests/bench/results/{latest.json,latest.md,latency.png} and the README's
-## bench section. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
-## BENCH_STEADY_SECS=15 make bench. Takes ~30 min at the defaults; run it on a quiet machine.
-bench: services-up
+## crates/bench), once per server in BENCH_SERVERS (default mariadb10,mysql8: MariaDB 10.11 and
+## MySQL 8.0; also mariadb11), each started if needed (and Kafka). Writes
+## tests/bench/results/{latest.json,latest.md,latency-<server>.png} (figures per server) and the
+## README's bench section. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
+## BENCH_STEADY_SECS=15 make bench; one server: BENCH_SERVERS=mysql8 make bench. Takes ~25 min
+## per server at the defaults; run it on a quiet machine.
+bench:
 	tests/bench/bench.sh

@@ -22,21 +22,25 @@ pub struct RawRead {
     pub secs: f64,
 }
 
-/// Streams the binlog from `from` up to `to` (an event end) with replica id `server_id`.
+/// Streams the binlog from `from` up to `to` (an event end) with replica id `server_id`;
+/// `mariadb`: the server is MariaDB (any version string it reports).
 ///
 /// # Errors
 /// The connection or the dump fails, or the stream ends before `to`.
 pub async fn raw_read(
     url: &str,
     server_id: u32,
+    mariadb: bool,
     from: &BinlogPosition,
     to: &BinlogPosition,
 ) -> Result<RawRead> {
     let mut conn = Conn::new(Opts::from_url(url)?)
         .await
         .context("binlog read connection")?;
-    // As the relay does on MariaDB: GTID-aware dump (MARIA_SLAVE_CAPABILITY_GTID = 4).
-    conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+    if mariadb {
+        // As the relay does on MariaDB: GTID-aware dump (MARIA_SLAVE_CAPABILITY_GTID = 4).
+        conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+    }
     let started = Instant::now();
     let request = BinlogStreamRequest::new(server_id)
         .with_filename(from.file.as_bytes())
@@ -71,12 +75,16 @@ pub async fn raw_read(
         if h.event_type() == Ok(EventType::ROTATE_EVENT) {
             if let Ok(r) = ev.read_event::<RotateEvent<'_>>() {
                 file = r.name().into_owned();
-                // The fake rotate before the first format description still carries its CRC32
-                // (the reader only knows the checksum algorithm after that event).
+                // The fake rotate before the first format description names the file the dump
+                // starts in; from MariaDB it still carries its CRC32 (the reader only knows the
+                // checksum algorithm after that event), from MySQL it does not.
                 if !seen_fde {
                     let raw = r.name_raw();
-                    file =
-                        String::from_utf8_lossy(&raw[..raw.len().saturating_sub(4)]).into_owned();
+                    file = if raw.starts_with(from.file.as_bytes()) {
+                        from.file.clone()
+                    } else {
+                        String::from_utf8_lossy(&raw[..raw.len().saturating_sub(4)]).into_owned()
+                    };
                 }
             }
             continue;

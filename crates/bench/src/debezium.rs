@@ -1,6 +1,7 @@
-//! Debezium for comparison: tests/bench/debezium/Runner.java (Debezium embedded, MySQL
+//! Debezium for comparison: tests/bench/debezium/Runner.java (Debezium embedded, the server's
 //! connector, outbox event router, a KafkaProducer) run by the machine's Java with the jars that
-//! tests/bench/debezium.sh resolved from Maven Central.
+//! tests/bench/debezium.sh resolved from Maven Central: the MySQL connector on MySQL 8.0, the
+//! MariaDB connector on MariaDB when Maven serves it (else the MySQL connector there too).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -32,24 +33,42 @@ pub struct Spec<'a> {
     pub topic_prefix: &'a str,
     /// Replica server id.
     pub server_id: u32,
-    /// MariaDB port.
+    /// The server's port.
     pub mysql_port: u16,
+    /// The server is MariaDB (else MySQL).
+    pub mariadb: bool,
     /// Kafka bootstrap servers.
     pub bootstrap: &'a str,
 }
 
 impl Spec<'_> {
-    /// The Debezium properties: the MariaDB (or MySQL) connector from the current binlog end (`no_data`: schema
-    /// only, no locks), file offsets (kept across restarts, as a Kafka Connect worker keeps
-    /// them), outbox event router routing by `aggregate_type`.
+    /// The Debezium properties: the connector in `libs` from the current binlog end (`no_data`:
+    /// schema only, no locks), over plain TCP as the relay connects, file offsets (kept across
+    /// restarts, as a Kafka Connect worker keeps them), outbox event router routing by
+    /// `aggregate_type`.
     pub fn properties(&self) -> String {
-        // tests/bench/debezium.sh writes which connector it resolved (MariaDB's when served).
+        // tests/bench/debezium.sh writes which connector it resolved for the server.
         let class = std::fs::read_to_string(self.libs.join(".connector-class"))
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "io.debezium.connector.mysql.MySqlConnector".into());
         // The MySQL connector against MariaDB: Runner.java rewrites its offsets, as MariaDB
-        // opens transactions with a GTID event the connector does not see as BEGIN.
-        let maria_offsets = class == "io.debezium.connector.mysql.MySqlConnector";
+        // opens transactions with a GTID event the connector does not see as BEGIN. Against
+        // MySQL the connector's own offsets are right.
+        let maria_offsets = self.mariadb && class == "io.debezium.connector.mysql.MySqlConnector";
+        // MySQL 8.0 authenticates with caching_sha2_password (its default, and the only
+        // built-in method left in 8.4+: mysql_native_password is deprecated since 8.0.34 and off
+        // by default in 8.4). Over plain TCP, a login whose password hash is not yet in the
+        // server's cache (every first login after a restart) needs the server's RSA public
+        // key, which Connector/J fetches only with allowPublicKeyRetrieval=true: what a
+        // Debezium user with a password sets when not using TLS. The bench's root has no
+        // password, so nothing is exchanged here; the setting keeps the configuration one that
+        // also works for such a user. TLS is off on every server, as for the relay and the
+        // polling relay (MySQL 8.0 offers TLS by default and Debezium's default is `preferred`).
+        let driver = if self.mariadb {
+            ""
+        } else {
+            "driver.allowPublicKeyRetrieval=true\n"
+        };
         let d = self.dir.display();
         let n = self.name;
         format!(
@@ -60,7 +79,8 @@ database.hostname=127.0.0.1
 database.port={port}
 database.user=root
 database.password=
-database.server.id={sid}
+database.ssl.mode=disabled
+{driver}database.server.id={sid}
 topic.prefix={n}
 database.include.list={db}
 table.include.list={db}.outbox

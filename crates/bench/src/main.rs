@@ -1,14 +1,26 @@
-//! `make bench`: outbox-relay's backlog drain and steady-state latency, measured in one run on
-//! this machine's MariaDB and Kafka, side by side with the machine's limit (bare binlog read,
-//! bare producer), a polling relay and Debezium embedded. Writes
-//! `tests/bench/results/latest.{json,md}` and `latency.png`, and the README's bench section.
+//! `make bench`: outbox-relay's backlog drain and steady-state latency, measured on one database
+//! server and this machine's Kafka, side by side with the machine's limit (bare binlog read, bare
+//! producer), a polling relay and Debezium embedded. tests/bench/bench.sh runs it once per server
+//! in `BENCH_SERVERS` and then combines the servers' figures:
+//!
+//! - `outbox-relay-bench measure FILE`: measures the server `OUTBOX_TEST_SERVER` names
+//!   (`mariadb10` (default), `mariadb11` or `mysql8`, as `tests/services/server.sh` names them;
+//!   its port from `MARIADB_PORT`, `MARIADB11_PORT` or `MYSQL8_PORT`) and writes its figures to
+//!   FILE (one JSON object, `"server"` naming it);
+//! - `outbox-relay-bench report FILE...`: combines such files (or earlier `latest.json` files)
+//!   into `tests/bench/results/latest.json` (`{"servers": {"<server>": {...}}, ...}`),
+//!   `latest.md`, `latency-<server>.png` and the README's bench section;
+//! - `outbox-relay-bench` alone: both, for the one server.
 //!
 //! Settings (environment): `BENCH_ROWS` (1000000), `BENCH_STEADY_SECS` (60), `BENCH_RATES`
 //! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,polling,debezium`),
-//! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder; no
-//! Debezium when unset), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty:
-//! leave it), `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (5: relay drains,
-//! each after its own bare-produce measurement; the median is reported), `MARIADB_PORT`, `KAFKA_PORT`.
+//! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
+//! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
+//! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty: leave it),
+//! `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (5: relay drains,
+//! each after its own bare-produce measurement; the median is reported), `OUTBOX_TEST_SERVER`
+//! and the server's port variable, `KAFKA_PORT`. tests/bench/bench.sh adds `BENCH_SERVERS`
+//! (`mariadb10,mysql8`).
 
 mod binlog;
 mod debezium;
@@ -28,7 +40,8 @@ use mysql_async::prelude::*;
 use mysql_async::Pool;
 use outbox_relay_testkit::binlog::current_binlog_position;
 use outbox_relay_testkit::{
-    kafka_bootstrap, mysql_port, next_server_id, unique_suffix, RelayProcess, TestDb,
+    kafka_bootstrap, mysql_port, next_server_id, test_server, unique_suffix, RelayProcess, TestDb,
+    TestServer,
 };
 use serde_json::{json, Map, Value};
 
@@ -66,6 +79,8 @@ struct Settings {
     out: PathBuf,
     readme: Option<PathBuf>,
     bootstrap: String,
+    /// The database server measured (`OUTBOX_TEST_SERVER`).
+    server: TestServer,
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -128,13 +143,17 @@ impl Settings {
                     .display()
                     .to_string(),
             )),
-            debezium_libs: std::env::var("BENCH_DEBEZIUM_LIBS").ok().map(PathBuf::from),
+            debezium_libs: std::env::var("BENCH_DEBEZIUM_LIBS")
+                .ok()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from),
             out: PathBuf::from(env_or(
                 "BENCH_OUT",
                 &root.join("tests/bench/results").display().to_string(),
             )),
             readme: (!readme.is_empty()).then(|| PathBuf::from(readme)),
             bootstrap: kafka_bootstrap(),
+            server: test_server(),
         })
     }
 }
@@ -288,6 +307,7 @@ impl Bench {
                     topic_prefix: &prefix,
                     server_id: next_server_id(),
                     mysql_port: mysql_port(),
+                    mariadb: self.s.server.is_mariadb(),
                     bootstrap: &self.s.bootstrap,
                 };
                 Running::Debezium(debezium::Debezium::start(&spec).await?)
@@ -438,7 +458,14 @@ impl Bench {
         log("drain: limit (a) bare binlog read");
         let cpu0 = own_cpu();
         let b0 = procs::machine_busy_s().ok();
-        let raw = binlog::raw_read(&db.url(), next_server_id(), &from, &to).await?;
+        let raw = binlog::raw_read(
+            &db.url(),
+            next_server_id(),
+            self.s.server.is_mariadb(),
+            &from,
+            &to,
+        )
+        .await?;
         let read_busy = busy_share(b0, raw.secs);
         let read_cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
         let read_rate = written.rows as f64 / raw.secs;
@@ -733,7 +760,7 @@ fn own_cpu() -> Option<f64> {
     procs::usage(std::process::id()).map(|u| u.cpu_s).ok()
 }
 
-/// Busy share of all the machine's cores (relay or harness, MariaDB, Kafka together) since
+/// Busy share of all the machine's cores (relay or harness, database server, Kafka together) since
 /// `busy0` (from [`procs::machine_busy_s`]) over `secs`: near 1.0 means the phase was bound by
 /// this machine's CPUs.
 fn busy_share(busy0: Option<f64>, secs: f64) -> Option<f64> {
@@ -774,29 +801,57 @@ fn polling_queries(run: &Running) -> Option<u64> {
     }
 }
 
+/// The server's version for the report and its pid (for its CPU time). The version is the
+/// running binary's own `--version` line (found through `/proc/<pid>/exe`: `mariadbd` from
+/// Debian, or the unpacked `mysqld`/`mariadbd` of `tests/services/server.sh`), with the version
+/// the server reports when that differs (the bench has MariaDB report a MySQL version for
+/// Debezium's MySQL connector, tests/bench/bench.sh); `@@version (@@version_comment)` when the
+/// binary cannot be run.
 async fn db_info() -> Result<(String, Option<u32>)> {
     let pool = Pool::new(outbox_relay_testkit::mysql_url(None).as_str());
     let mut c = pool.get_conn().await?;
-    let row: Option<(String, String)> = c.query_first("SELECT @@version, @@pid_file").await?;
+    let row: Option<(String, String, String)> = c
+        .query_first("SELECT @@version, @@version_comment, @@pid_file")
+        .await?;
     drop(c);
     pool.disconnect().await.ok();
-    let (version, pid_file) = row.unwrap_or_default();
-    // The binary's own version: the bench overrides the reported one for Debezium's MySQL
-    // connector (tests/bench/bench.sh).
-    let binary = std::process::Command::new("mariadbd")
-        .arg("--version")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .filter(|v| !v.is_empty());
+    let (version, comment, pid_file) = row.unwrap_or_default();
+    let pid = procs::pid_from_file(&pid_file);
+    let binary = pid.and_then(binary_version);
     let version = match binary {
         Some(b) if !b.contains(&version) => format!("{b} (reporting version {version})"),
-        _ => version,
+        Some(b) => b,
+        None => format!("{version} ({comment})"),
     };
-    Ok((version, procs::pid_from_file(&pid_file)))
+    Ok((version, pid))
 }
 
-fn machine(db_version: &str) -> Value {
+/// `<binary> --version` of process `pid`'s executable, run with the process's
+/// `LD_LIBRARY_PATH` (the unpacked MariaDB 11.4 needs its own libraries); the binary's folder is
+/// left out of the line.
+fn binary_version(pid: u32) -> Option<String> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let libs = environ
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"LD_LIBRARY_PATH="))
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("--version");
+    if let Some(libs) = libs {
+        cmd.env("LD_LIBRARY_PATH", libs);
+    }
+    let out = cmd.output().ok().filter(|o| o.status.success())?;
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let dir = exe.parent().map(|d| format!("{}/", d.display()));
+    let line = match dir {
+        Some(d) => line.strip_prefix(&d).map_or(line.clone(), str::to_owned),
+        None => line,
+    };
+    (!line.is_empty()).then_some(line)
+}
+
+fn machine(server: TestServer, db_version: &str) -> Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpuinfo = read("/proc/cpuinfo");
     let model = cpuinfo
@@ -820,7 +875,8 @@ fn machine(db_version: &str) -> Value {
         "mem_gb": mem_gb,
         "kernel": read("/proc/sys/kernel/osrelease").trim(),
         "loadavg_at_start": read("/proc/loadavg").trim(),
-        "mariadb": db_version,
+        "server": server.name(),
+        "db": db_version,
         "kafka": env_or("KAFKA_VERSION", "4.1.1"),
         "relay_commit": git,
     })
@@ -841,13 +897,51 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let s = Settings::from_env()?;
+    match args.first().map(String::as_str) {
+        None => {
+            let (out, readme) = (s.out.clone(), s.readme.clone());
+            let one = measure(s).await?;
+            let all = report::combine(vec![one])?;
+            report::write_all(&all, &out, readme.as_deref())?;
+            print!("{}", report::markdown_all(&all, ""));
+        }
+        Some("measure") if args.len() == 2 => {
+            let one = measure(s).await?;
+            print!("{}", report::markdown(&one, None));
+            std::fs::write(&args[1], serde_json::to_string_pretty(&one)? + "\n")
+                .with_context(|| format!("writing {}", args[1]))?;
+        }
+        Some("report") if args.len() > 1 => {
+            let mut runs = Vec::new();
+            for file in &args[1..] {
+                let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
+                runs.push(serde_json::from_str(&text).with_context(|| format!("parsing {file}"))?);
+            }
+            let all = report::combine(runs)?;
+            report::write_all(&all, &s.out, s.readme.as_deref())?;
+            print!("{}", report::markdown_all(&all, ""));
+        }
+        _ => anyhow::bail!(
+            "usage: outbox-relay-bench [measure FILE | report FILE...] (see crates/bench/src/main.rs)"
+        ),
+    }
+    Ok(())
+}
+
+/// Measures the server `s.server`: drain, steady state, the summary and the targets, as one
+/// JSON object (`"server"` names it).
+async fn measure(s: Settings) -> Result<Value> {
     anyhow::ensure!(
         s.relay_bin.exists(),
         "{} does not exist: build it with `cargo build --release -p outbox-relay` (make bench does)",
         s.relay_bin.display()
     );
-    let (db_version, db_pid) = db_info().await.context("MariaDB (make services-up)")?;
+    let server = s.server;
+    let (db_version, db_pid) = db_info()
+        .await
+        .with_context(|| format!("the {server} server (tests/services/server.sh {server} up)"))?;
     let sfx = unique_suffix();
     let scratch = std::env::temp_dir().join(format!("outbox-relay-bench-{sfx}"));
     std::fs::create_dir_all(&scratch)?;
@@ -864,7 +958,7 @@ async fn main() -> Result<()> {
         s,
     };
     let started = Instant::now();
-    let machine = machine(&db_version);
+    let machine = machine(server, &db_version);
     log(format!("machine: {machine}"));
     let result = async {
         let drain = if b.s.drain {
@@ -893,6 +987,7 @@ async fn main() -> Result<()> {
         "p99_ms_at_5k": steady_p99(&steady, "relay", 5000),
     });
     let mut all = json!({
+        "server": server.name(),
         "machine": machine,
         "settings": {
             "rows": b.s.rows, "steady_secs": b.s.steady_secs, "rates": b.s.rates,
@@ -908,7 +1003,5 @@ async fn main() -> Result<()> {
         all[k] = v.clone();
     }
     all["targets"] = report::targets(&all);
-    report::write_all(&all, &b.s.out, b.s.readme.as_deref())?;
-    print!("{}", report::markdown(&all));
-    Ok(())
+    Ok(all)
 }

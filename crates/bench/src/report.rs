@@ -1,5 +1,7 @@
-//! The benchmark's outputs: targets, Markdown tables, the JSON file, the latency plot and the
-//! README section between `<!-- bench:begin -->` and `<!-- bench:end -->`.
+//! The benchmark's outputs: targets, Markdown tables, the JSON file, the latency plots and the
+//! README section between `<!-- bench:begin -->` and `<!-- bench:end -->`. One server's figures
+//! are one JSON object (what `outbox-relay-bench measure` writes); the outputs combine the
+//! servers' objects as `{"servers": {"<server>": {...}}, ...}` ([`combine`]).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -19,7 +21,9 @@ fn pct(v: &Value) -> String {
     num(v).map_or_else(|| "–".to_owned(), |x| format!("{:.0}%", x * 100.0))
 }
 
-/// The targets with the measured value and whether it is met (`null`: not measured).
+/// The targets for one server's figures, with the measured value and whether it is met
+/// (`null`: not measured). Every figure is that server's: its drain against its own limit (the
+/// same binlog range read from that server) and its own Debezium run, its steady state.
 pub fn targets(all: &Value) -> Value {
     let steady = all["steady"].as_array().cloned().unwrap_or_default();
     let relay_20k: Vec<&Value> = steady
@@ -94,17 +98,147 @@ fn f(v: &Value, digits: usize) -> String {
     }
 }
 
-/// The Markdown report: drain, limit, steady state, targets.
-pub fn markdown(all: &Value) -> String {
+/// What the report calls a server (`tests/services/server.sh` names).
+pub fn server_title(name: &str) -> &str {
+    match name {
+        "mariadb10" => "MariaDB 10.11",
+        "mariadb11" => "MariaDB 11.4",
+        "mysql8" => "MySQL 8.0",
+        other => other,
+    }
+}
+
+/// One server's figures in the combined form ([`combine`]), in the servers' order.
+fn servers(all: &Value) -> impl Iterator<Item = (&String, &Value)> {
+    all["servers"].as_object().into_iter().flatten()
+}
+
+/// Combines per-server figures (objects `outbox-relay-bench measure` wrote, or combined files
+/// from earlier reports) into `{"servers": {"<server>": {...}}, "duration_s": <sum>}`; a
+/// later object for the same server replaces an earlier one. The targets are computed again
+/// from each server's own figures.
+///
+/// # Errors
+/// An object names no server (its `"server"`; a file from before per-server results: the
+/// MariaDB 10.11 figures with `machine.mariadb`).
+pub fn combine(runs: Vec<Value>) -> Result<Value> {
+    let mut by_server = serde_json::Map::new();
+    for run in runs {
+        if let Some(servers) = run["servers"].as_object() {
+            by_server.extend(servers.clone());
+            continue;
+        }
+        let mut run = run;
+        if run.get("server").is_none() {
+            // A latest.json from before per-server results: MariaDB 10.11 was the only server.
+            let old = run["machine"]
+                .as_object_mut()
+                .and_then(|m| m.remove("mariadb"))
+                .context("figures that name no server (no \"server\")")?;
+            run["machine"]["server"] = json!("mariadb10");
+            run["machine"]["db"] = old;
+            run["server"] = json!("mariadb10");
+        }
+        let name = run["server"]
+            .as_str()
+            .context("\"server\" is not a string")?
+            .to_owned();
+        by_server.insert(name, run);
+    }
+    let mut duration = 0.0;
+    for run in by_server.values_mut() {
+        if run.get("drain").is_some() {
+            run["targets"] = targets(run);
+        }
+        duration += num(&run["duration_s"]).unwrap_or(0.0);
+    }
+    Ok(json!({"servers": by_server, "duration_s": duration}))
+}
+
+/// The latency plot's file name for `server`.
+pub fn plot_name(server: &str) -> String {
+    format!("latency-{server}.png")
+}
+
+/// The Markdown report of every server in `all` ([`combine`]): a summary table, then one
+/// section per server ([`markdown`]) with its latency plot from `image_dir` (`""`: next to the
+/// Markdown file).
+pub fn markdown_all(all: &Value, image_dir: &str) -> String {
+    let mut m = String::new();
+    let mut rates: Vec<u64> = servers(all)
+        .flat_map(|(_, v)| {
+            v["settings"]["rates"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|r| r.as_u64())
+        .collect();
+    rates.sort_unstable();
+    rates.dedup();
+    m.push_str("**Per server** (drain: rows/s; steady: the relay's p99 commit -> ack in ms, the larger of the transaction sizes):\n\n");
+    m.push_str("| server | relay | × limit | polling | debezium | relay / debezium |");
+    for r in &rates {
+        let _ = write!(m, " p99 at {r}/s |");
+    }
+    m.push_str(" targets met |\n| --- | ---: | ---: | ---: | ---: | ---: |");
+    m.push_str(&" ---: |".repeat(rates.len()));
+    m.push_str(" ---: |\n");
+    for (name, v) in servers(all) {
+        let d = &v["drain"];
+        let _ = write!(
+            m,
+            "| {} | {} | {} | {} | {} | {} |",
+            server_title(name),
+            f(&d["relay"]["rows_per_s"], 0),
+            f(&d["relay"]["fraction_of_limit"], 2),
+            f(&d["polling"]["rows_per_s"], 0),
+            f(&d["debezium"]["rows_per_s"], 0),
+            f(&v["drain_ratio_to_debezium"], 1),
+        );
+        let steady = v["steady"].as_array().cloned().unwrap_or_default();
+        for &r in &rates {
+            let p99 = steady
+                .iter()
+                .filter(|s| s["system"] == "relay" && s["rate"] == r)
+                .filter_map(|s| num(&s["p99_ms"]))
+                .reduce(f64::max);
+            let _ = write!(m, " {} |", f(&json!(p99), 1));
+        }
+        let ts = v["targets"].as_array().cloned().unwrap_or_default();
+        let judged = ts.iter().filter(|t| t["met"].is_boolean()).count();
+        let met = ts.iter().filter(|t| t["met"] == true).count();
+        let _ = writeln!(m, " {met} of {judged} |");
+    }
+    for (name, v) in servers(all) {
+        let _ = writeln!(m, "\n### {} (`{name}`)\n", server_title(name));
+        if v.get("drain").is_none() {
+            let e = v["error"].as_str().unwrap_or("no figures");
+            let _ = writeln!(m, "Not measured: {}", e.lines().next().unwrap_or(""));
+            continue;
+        }
+        // The plot exists when there are steady-state latencies to plot.
+        let plotted = v["steady"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| num(&x["p50_ms"]).is_some()));
+        let image = plotted.then(|| format!("{image_dir}{}", plot_name(name)));
+        m.push_str(&markdown(v, image.as_deref()));
+    }
+    m
+}
+
+/// The Markdown report of one server's figures: drain, limit, steady state, targets, and the
+/// latency plot at `image` when given.
+pub fn markdown(all: &Value, image: Option<&str>) -> String {
     let mut m = String::new();
     let d = &all["drain"];
     let mc = &all["machine"];
     let st = &all["settings"];
     let _ = writeln!(
         m,
-        "Machine: {} CPUs ({}), {} GB RAM, Linux {}, MariaDB {}, Kafka {}; load at start {}; relay {}.\n",
+        "Machine: {} CPUs ({}), {} GB RAM, Linux {}, server {}, Kafka {}; load at start {}; relay {}.\n",
         mc["cpus"], mc["cpu_model"].as_str().unwrap_or("?"), f(&mc["mem_gb"], 1),
-        mc["kernel"].as_str().unwrap_or("?"), mc["mariadb"].as_str().unwrap_or("?"),
+        mc["kernel"].as_str().unwrap_or("?"), mc["db"].as_str().unwrap_or("?"),
         mc["kafka"].as_str().unwrap_or("?"), mc["loadavg_at_start"].as_str().unwrap_or("?"),
         mc["relay_commit"].as_str().unwrap_or("?"),
     );
@@ -262,23 +396,41 @@ pub fn markdown(all: &Value) -> String {
             f(&t["value"], 2)
         );
     }
+    if let Some(image) = image {
+        let server = server_title(all["server"].as_str().unwrap_or("?"));
+        let _ = writeln!(m, "\n![latency percentiles per rate on {server}]({image})");
+    }
     m
 }
 
-/// Writes `latest.json`, `latest.md`, `latency.png` into `out` and the README section.
+/// Writes `latest.json`, `latest.md` and `latency-<server>.png` per server of `all`
+/// ([`combine`]) into `out`, and the README section. Plots of servers not in `all` (and the
+/// single `latency.png` from before per-server results) are removed: they would show an
+/// earlier run's figures.
 ///
 /// # Errors
-/// A file cannot be written (the plot failing is only reported).
+/// A file cannot be written (a plot failing is only reported).
 pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("latest.json"),
         serde_json::to_string_pretty(all)? + "\n",
     )?;
-    let md = markdown(all);
-    std::fs::write(out.join("latest.md"), &md)?;
-    if let Err(e) = plot(all, &out.join("latency.png")) {
-        eprintln!("[bench] no plot: {e:#}");
+    std::fs::write(out.join("latest.md"), markdown_all(all, ""))?;
+    let mut plots = Vec::new();
+    for (name, v) in servers(all) {
+        let file = plot_name(name);
+        match plot(v, &out.join(&file)) {
+            Ok(()) => plots.push(file),
+            Err(e) => eprintln!("[bench] no plot for {name}: {e:#}"),
+        }
+    }
+    for entry in std::fs::read_dir(out)?.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with("latency") && file.ends_with(".png") && !plots.contains(&file) {
+            eprintln!("[bench] removing {file} (not a server of this run)");
+            std::fs::remove_file(entry.path())?;
+        }
     }
     if let Some(readme) = readme {
         let text = std::fs::read_to_string(readme)
@@ -286,8 +438,9 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
         let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
         if let (Some(a), Some(b)) = (text.find(begin), text.find(end)) {
             let new = format!(
-                "{}{begin}\n{md}\n![latency percentiles per rate](tests/bench/results/latency.png)\n{}",
+                "{}{begin}\n{}{}",
                 &text[..a],
+                markdown_all(all, "tests/bench/results/"),
                 &text[b..]
             );
             std::fs::write(readme, new)?;
@@ -337,8 +490,9 @@ fn plot(all: &Value, path: &Path) -> Result<()> {
     let pcts = [("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")];
     let root = BitMapBackend::new(path, (1500, 480 * txns.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
+    let server = server_title(all["server"].as_str().unwrap_or("?"));
     let root = root.titled(
-        "commit -> Kafka ack latency (ms, log scale) per rate",
+        &format!("{server}: commit -> Kafka ack latency (ms, log scale) per rate"),
         ("sans-serif", 26),
     )?;
     let panels = root.split_evenly((txns.len(), pcts.len()));
@@ -403,4 +557,34 @@ fn plot(all: &Value, path: &Path) -> Result<()> {
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combines_servers_and_figures_from_before_per_server_results() {
+        let old = json!({"machine": {"mariadb": "mariadbd Ver 10.11"}, "drain": {}, "steady": []});
+        let mysql = json!({"server": "mysql8", "machine": {"db": "mysqld Ver 8.0.31"},
+                           "drain": {"relay": {"rows_per_s": 100.0}}, "steady": [],
+                           "duration_s": 2.0});
+        let failed = json!({"server": "mariadb11", "error": "the harness failed"});
+        let all = combine(vec![old, mysql, failed]).expect("combined");
+        let names: Vec<&String> = servers(&all).map(|(n, _)| n).collect();
+        assert_eq!(names, ["mariadb10", "mariadb11", "mysql8"]);
+        assert_eq!(
+            all["servers"]["mariadb10"]["machine"]["db"],
+            "mariadbd Ver 10.11"
+        );
+        assert!(all["servers"]["mysql8"]["targets"].is_array());
+        assert_eq!(all["duration_s"], 2.0);
+        let md = markdown_all(&all, "img/");
+        assert!(md.contains("### MySQL 8.0 (`mysql8`)"), "{md}");
+        assert!(md.contains("Not measured: the harness failed"), "{md}");
+        assert!(md.contains("| MySQL 8.0 | 100 |"), "{md}");
+        // No steady-state latencies: no plot to link.
+        assert!(!md.contains("img/latency-mysql8.png"), "{md}");
+        assert!(combine(vec![json!({"drain": {}})]).is_err());
+    }
 }
