@@ -911,7 +911,7 @@ async fn pre_5_6_temporal_formats_decode_like_their_5_6_twins() -> Result<()> {
     w.spec.tables = Vec::new();
     w.spec.outbox_extra = format!(
         "[[outbox.table]]\nname = \"{db}.old_outbox\"\ncolumns = {{ created_at = \"\" }}\n\
-         additional = [{}]\n",
+         timestamp = \"commit\"\nadditional = [{}]\n",
         additional.join(", ")
     );
     let topic = w.topic("Order");
