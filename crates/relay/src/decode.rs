@@ -175,6 +175,7 @@ const MARIADB_FIRST_COMPRESSED_EVENT: u8 = 165; // QUERY_COMPRESSED .. DELETE_RO
 const MARIADB_LAST_COMPRESSED_EVENT: u8 = 171;
 const XA_PREPARE_LOG_EVENT: u8 = 38;
 const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
+const PREVIOUS_GTIDS_EVENT: u8 = 35;
 // MariaDB GTID event flags2.
 // MariaDB GTID event flags2 (log_event.h). FL_COMPLETED_XA (128) marks the group of an
 // XA COMMIT/ROLLBACK query, which is recognised by its text (as on MySQL).
@@ -354,6 +355,11 @@ impl Decoder {
                 // XA tracker withholds the boundary until then. A one-phase commit ends here.
                 self.tx.advances = true;
                 return Ok(self.end_tx(ev, rows));
+            }
+            PREVIOUS_GTIDS_EVENT => {
+                // Not needed here (the GTID state comes from the checkpoint), and not parsed:
+                // mysql_common reserves memory for as many sources as a damaged one counts.
+                return Ok(Decoded::Rows(Vec::new()));
             }
             TRANSACTION_PAYLOAD_EVENT => {
                 // MySQL compressed transaction: the source yields its inner events next, each at
@@ -736,9 +742,17 @@ impl Decoder {
         let mut buf = ParseBuf(rows.rows_data());
         let mut values = Vec::with_capacity(layout.image.len());
         while !buf.0.is_empty() {
+            let left = buf.0.len();
             layout
                 .read_row(&mut buf, &mut values)
                 .map_err(|e| row_error(format!("the rows event cannot be decoded: {e}")))?;
+            if buf.0.len() == left {
+                // An image without columns takes no bytes: the bytes left are not rows.
+                return Err(row_error(format!(
+                    "the rows event cannot be decoded: its row image holds no columns, yet {left} \
+                     bytes of rows follow"
+                )));
+            }
             match layout.extract(&mut values, &mapping, ev, &row_error) {
                 Ok(Some(event)) => out.push(Ok(event)),
                 Ok(None) => {} // skipped by configuration (NULL payload)
@@ -1482,6 +1496,66 @@ mod fixture_tests {
             boundaries.extend(b);
         }
         (rows, boundaries)
+    }
+
+    /// Found by fuzzing (binlog_file): a rows event whose after-image bitmap names no column
+    /// has row images of no bytes, and the decoder looped over the bytes after them forever
+    /// (collecting failures until memory ran out). Now a row error.
+    #[test]
+    fn rows_event_without_image_columns_is_an_error() {
+        let mut events = fixtures::split_events(&fixtures::read("mysql8-invisible-columns.000001"));
+        // The first WRITE_ROWS event of test.t1: table id (6), flags (2), extra data length (2),
+        // column count (1: 6), then the after-image bitmap.
+        let rows = events
+            .iter_mut()
+            .find(|e| e.type_code == 30)
+            .expect("rows event");
+        assert_eq!(rows.body[10..12], [6, 0xff]);
+        rows.body[11] = 0;
+        let dir = fixtures::scratch_dir("no-image-columns");
+        let path = dir.join("mysql8-invisible-columns.000001");
+        std::fs::write(&path, fixtures::write_file(&events)).expect("scratch file");
+        let m = mappings(
+            "tables = [\"test.t1\"]\n[outbox.columns]\nid = \"f1\"\nevent_key = \"f2\"\n\
+             event_type = \"f3\"\naggregate_type = \"f4\"\npayload = \"f5\"\naggregate_id = \"f6\"\n\
+             created_at = \"\"\n",
+        );
+        let mut source = BinlogFileSource::open(&path).expect("opens");
+        let mut decoder = Decoder::new(m, TableName::parse("none.none", None).expect("t"), None);
+        let mut errors = Vec::new();
+        while let Some(ev) = source.next_event() {
+            let ev = ev.expect("event");
+            if let Err(e) = decoder.decode(&ev, |id| source.table_map(id)) {
+                errors.push(e.to_string());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("test.t1")
+                && errors[0]
+                    .contains("its row image holds no columns, yet 27 bytes of rows follow"),
+            "{errors:?}"
+        );
+    }
+
+    /// Found by fuzzing (gtid_sets): the decoder parsed every PREVIOUS_GTIDS event, and
+    /// mysql_common reserves memory for as many sources as one counts (a panic or an abort for
+    /// a damaged count). The decoder does not need it and no longer parses it.
+    #[test]
+    fn damaged_previous_gtids_event_does_not_stop_decoding() {
+        let mut events = fixtures::split_events(&fixtures::read("mysql8-gtid.000001"));
+        let previous = events
+            .iter_mut()
+            .find(|e| e.type_code == 35)
+            .expect("PREVIOUS_GTIDS");
+        previous.body = (1u64 << 55).to_le_bytes().to_vec();
+        let dir = fixtures::scratch_dir("damaged-previous-gtids");
+        let path = dir.join("mysql8-gtid.000001");
+        std::fs::write(&path, fixtures::write_file(&events)).expect("scratch file");
+        let (_, boundaries) = decode_path(&path, Vec::new(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!boundaries.is_empty());
     }
 
     #[test]
