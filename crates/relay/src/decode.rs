@@ -1030,6 +1030,17 @@ fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec
         .collect()
 }
 
+/// The type mysql_common reads a value of a `ty` column as: a typed array's element type (the
+/// first metadata byte; the same metadata bytes are used), else `ty`.
+fn read_as(ty: ColumnType, meta: &[u8]) -> ColumnType {
+    match (ty, meta.first()) {
+        (ColumnType::MYSQL_TYPE_TYPED_ARRAY, Some(&inner)) => {
+            ColumnType::try_from(inner).unwrap_or(ty)
+        }
+        _ => ty,
+    }
+}
+
 /// Checks the table-map metadata of a column of type `ty` for what mysql_common's value parser
 /// takes from it without checking: the bytes it indexes, and a DECIMAL's scale at most its
 /// precision (it computes `precision - scale`).
@@ -1055,11 +1066,7 @@ fn check_column_meta(ty: ColumnType, meta: &[u8]) -> Result<(), String> {
         | MYSQL_TYPE_VECTOR => 1,
         _ => 0,
     };
-    // A typed array is read as its element type, with the same metadata bytes.
-    let read_as = match (ty, meta.first()) {
-        (MYSQL_TYPE_TYPED_ARRAY, Some(&inner)) => ColumnType::try_from(inner).unwrap_or(ty),
-        _ => ty,
-    };
+    let read_as = read_as(ty, meta);
     let needed = needs(ty).max(needs(read_as));
     if meta.len() < needed {
         return Err(format!(
@@ -1300,7 +1307,22 @@ impl ColumnLayout {
                     ),
                 )
             })?;
-            let ctx = (ty, self.meta[col].as_slice(), info.unsigned, false);
+            let meta = self.meta[col].as_slice();
+            if read_as(ty, meta) == ColumnType::MYSQL_TYPE_DATETIME2
+                && buf.0.first().is_some_and(|b| b & 0x80 == 0)
+            {
+                // mysql_common negates the packed value, which overflows for the smallest.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "the DATETIME value of column {:?} is below zero (stored as {:02x?}), \
+                         which MySQL never writes",
+                        info.name,
+                        &buf.0[..buf.0.len().min(5)]
+                    ),
+                ));
+            }
+            let ctx = (ty, meta, info.unsigned, false);
             values.push(Some(buf.parse::<BinlogValue<'a>>(ctx)?));
         }
         Ok(())
@@ -2186,6 +2208,15 @@ mod damaged_table_map_tests {
                 "{expected}: {result}"
             );
         }
+        // Found by fuzzing (rows_event): a DATETIME(0) value stored as 5 zero bytes made
+        // mysql_common negate i64::MIN (an overflow panic).
+        let result = decode_rows(&[18], &[0], &["c"], &[0, 0, 0, 0, 0, 0]);
+        assert!(
+            result.contains(
+                "the DATETIME value of column \"c\" is below zero (stored as [00, 00, 00, 00, 00])"
+            ),
+            "{result}"
+        );
         // The same layouts with sound metadata decode.
         let ok = decode_rows(&[246], &[5, 1], &["c"], &[0, 0x80, 0, 0x0c, 5]);
         assert!(ok.contains("OutboxEvent"), "{ok}");
