@@ -21,6 +21,7 @@ use mysql_async::binlog::events::{
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
+use mysql_common::binlog::consts::OptionalMetadataFieldType;
 use mysql_common::io::ParseBuf;
 
 use crate::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
@@ -983,8 +984,70 @@ fn table_map_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
     (!names.is_empty()).then_some(names)
 }
 
+/// A length-encoded integer at the start of `buf` and its size.
+fn lenenc_int(buf: &[u8]) -> Option<(u64, usize)> {
+    let (&first, rest) = buf.split_first()?;
+    let n = match first {
+        0..=250 => return Some((u64::from(first), 1)),
+        0xfc => 2,
+        0xfd => 3,
+        0xfe => 8,
+        _ => return None,
+    };
+    let mut le = [0u8; 8];
+    le[..n].copy_from_slice(rest.get(..n)?);
+    Some((u64::from_le_bytes(le), 1 + n))
+}
+
+/// Whether the ENUM_STR_VALUE and SET_STR_VALUE fields of `tme`'s optional metadata count no
+/// more labels than their bytes can hold: mysql_common reserves memory for as many as a list
+/// counts before reading them. The optional metadata is the end of the serialized event, after
+/// the table id (6), flags (2), database and table names (length, name, NUL), column count,
+/// types, metadata block and NULL bitmap.
+fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
+    use mysql_common::proto::MySerialize;
+    let mut raw = Vec::new();
+    tme.serialize(&mut raw);
+    let fits = || -> Option<bool> {
+        let mut at = 8 + tme.database_name_raw().len() + 2 + tme.table_name_raw().len() + 2;
+        let (columns, n) = lenenc_int(raw.get(at..)?)?;
+        at += n + usize::try_from(columns).ok()?;
+        let (meta, n) = lenenc_int(raw.get(at..)?)?;
+        at += n + usize::try_from(meta).ok()? + usize::try_from(columns.div_ceil(8)).ok()?;
+        let mut fields = raw.get(at..)?;
+        while let Some((&kind, rest)) = fields.split_first() {
+            let (len, n) = lenenc_int(rest)?;
+            let mut value = rest.get(n..n + usize::try_from(len).ok()?)?;
+            fields = &rest[n + value.len()..];
+            if kind != OptionalMetadataFieldType::SET_STR_VALUE as u8
+                && kind != OptionalMetadataFieldType::ENUM_STR_VALUE as u8
+            {
+                continue;
+            }
+            while !value.is_empty() {
+                let (labels, n) = lenenc_int(value)?;
+                value = &value[n..];
+                // Each label takes at least its length byte.
+                if labels > value.len() as u64 {
+                    return Some(false);
+                }
+                for _ in 0..labels {
+                    let (len, n) = lenenc_int(value)?;
+                    value = value.get(n + usize::try_from(len).ok()?..)?;
+                }
+            }
+        }
+        Some(true)
+    };
+    // A field that does not even parse is left to mysql_common's error.
+    fits().unwrap_or(true)
+}
+
 /// ENUM labels / SET member names per table column, from the table map's optional metadata.
 fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec<u8>>>> {
+    if !label_counts_fit(tme) {
+        return vec![None; count];
+    }
     let mut enums = Vec::new();
     let mut sets = Vec::new();
     for field in tme.iter_optional_meta() {
@@ -2121,6 +2184,17 @@ mod damaged_table_map_tests {
     /// COLUMN_NAME `names`) and a WRITE_ROWS event of all its columns with `rows`; returns the
     /// rows event's result as text.
     fn decode_rows(types: &[u8], meta: &[u8], names: &[&str], rows: &[u8]) -> String {
+        decode_rows_with(types, meta, names, &[], rows)
+    }
+
+    /// As [`decode_rows`], with `optional` appended to the table map's optional metadata.
+    fn decode_rows_with(
+        types: &[u8],
+        meta: &[u8],
+        names: &[&str],
+        optional: &[u8],
+        rows: &[u8],
+    ) -> String {
         let mut tm = vec![1, 0, 0, 0, 0, 0, 1, 0];
         for name in ["shop", "outbox"] {
             tm.push(name.len() as u8);
@@ -2138,6 +2212,7 @@ mod damaged_table_map_tests {
             .collect();
         tm.extend_from_slice(&[4, column_names.len() as u8]);
         tm.extend_from_slice(&column_names);
+        tm.extend_from_slice(optional);
         let mut wr = vec![1, 0, 0, 0, 0, 0, 1, 0, 2, 0, types.len() as u8];
         wr.extend(std::iter::repeat_n(0xff, types.len().div_ceil(8)));
         wr.extend_from_slice(rows);
@@ -2215,6 +2290,15 @@ mod damaged_table_map_tests {
             result.contains(
                 "the DATETIME value of column \"c\" is below zero (stored as [00, 00, 00, 00, 00])"
             ),
+            "{result}"
+        );
+        // An ENUM column whose ENUM_STR_VALUE list counts 2^62 labels in 3 bytes: mysql_common
+        // reserved memory for all of them (a capacity overflow panic, or an abort).
+        let meta = [0xf7, 1]; // STRING column, real type ENUM, 1-byte values
+        let labels = [6, 12, 0xfe, 0, 0, 0, 0, 0, 0, 0, 0x40, 1, b'a', 0];
+        let result = decode_rows_with(&[254], &meta, &["c"], &labels, &[0, 1]);
+        assert!(
+            result.contains("the table map carries no ENUM/SET labels"),
             "{result}"
         );
         // The same layouts with sound metadata decode.
