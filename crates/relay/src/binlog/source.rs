@@ -510,7 +510,11 @@ fn header_bytes(event: &Event) -> [u8; 19] {
 /// events: this source decompresses each one whole (its `uncompressed_size` bytes in memory)
 /// and yields its inner events after it, as [`BinlogSource`] does.
 pub struct BinlogFileSource {
-    file: mysql_common::binlog::BinlogFile<std::io::BufReader<std::io::Take<std::fs::File>>>,
+    file: std::io::BufReader<std::io::Take<std::fs::File>>,
+    /// Bytes of the file (up to its end for this reader) not read yet.
+    left: u64,
+    /// mysql_common's event parser; keeps the format description and the table maps.
+    reader: mysql_common::binlog::EventStreamReader,
     name: String,
     /// Inner events of the last TRANSACTION_PAYLOAD event, not yet yielded.
     inner: std::collections::VecDeque<Event>,
@@ -539,17 +543,17 @@ impl BinlogFileSource {
             RelayError::Binlog(format!("cannot read binlog file {}: {e}", path.display()))
         };
         let file = std::fs::File::open(path).map_err(bad)?;
-        let file = mysql_common::binlog::BinlogFile::new(
-            BinlogVersion::Version4,
-            std::io::BufReader::new(file.take(end)),
-        )
-        .map_err(bad)?;
+        let len = file.metadata().map_err(bad)?.len().min(end);
+        let mut file = std::io::BufReader::new(file.take(end));
+        mysql_common::binlog::BinlogFileHeader::read(&mut file).map_err(bad)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         Ok(Self {
             file,
+            left: len.saturating_sub(4),
+            reader: mysql_common::binlog::EventStreamReader::new(BinlogVersion::Version4),
             name,
             inner: std::collections::VecDeque::new(),
             payloads: PayloadTracker::default(),
@@ -565,24 +569,75 @@ impl BinlogFileSource {
     pub fn next_event(&mut self) -> Option<Result<SourceEvent, RelayError>> {
         let event = match self.inner.pop_front() {
             Some(event) => event,
-            None => match self.file.next() {
-                Some(Ok(event)) => event,
-                Some(Err(e)) => {
+            None if self.left == 0 => {
+                return self
+                    .payloads
+                    .check_complete()
+                    .err()
+                    .map(|e| Err(incomplete_payload(&self.name, e)))
+            }
+            None => match self.read_event() {
+                Ok(event) => event,
+                Err(e) => {
+                    self.left = 0; // nothing after a damaged event can be read
                     return Some(Err(RelayError::Binlog(format!(
                         "cannot decode an event of {}: {e}",
                         self.name
-                    ))))
-                }
-                None => {
-                    return self
-                        .payloads
-                        .check_complete()
-                        .err()
-                        .map(|e| Err(incomplete_payload(&self.name, e)))
+                    ))));
                 }
             },
         };
         Some(self.yield_event(event))
+    }
+
+    /// The next event of the file. Its header's size is checked against the bytes the file has
+    /// left (and the checksum it must hold) before mysql_common reads it: mysql_common
+    /// allocates what the header says and panics on an event cut short.
+    fn read_event(&mut self) -> std::io::Result<Event> {
+        use std::io::{Error, ErrorKind::InvalidData, Read};
+        let mut header = [0u8; 19];
+        if self.left < header.len() as u64 {
+            return Err(Error::new(
+                InvalidData,
+                format!(
+                    "truncated: an event header takes 19 bytes, the file has {} more",
+                    self.left
+                ),
+            ));
+        }
+        self.file.read_exact(&mut header)?;
+        let event_type = header[4];
+        let size = u32::from_le_bytes([header[9], header[10], header[11], header[12]]);
+        // Events after a format description event with checksums end with 4 bytes of it.
+        let checksum = event_type != EventType::FORMAT_DESCRIPTION_EVENT as u8
+            && !matches!(
+                self.reader.get_fde().footer().get_checksum_alg(),
+                Ok(None | Some(mysql_async::binlog::BinlogChecksumAlg::BINLOG_CHECKSUM_ALG_OFF))
+            );
+        let min = if checksum { 23 } else { 19 };
+        if size < min {
+            return Err(Error::new(
+                InvalidData,
+                format!("the event header (type {event_type}) claims a size of {size} bytes"),
+            ));
+        }
+        if u64::from(size) > self.left {
+            return Err(Error::new(
+                InvalidData,
+                format!(
+                    "truncated: the event (type {event_type}) is {size} bytes long, the file has \
+                     {} more",
+                    self.left
+                ),
+            ));
+        }
+        let mut bytes = vec![0u8; size as usize];
+        bytes[..19].copy_from_slice(&header);
+        self.file.read_exact(&mut bytes[19..])?;
+        self.left -= u64::from(size);
+        self.reader
+            .read(&bytes[..])?
+            .ok_or_else(|| Error::new(InvalidData, "an empty event"))
     }
 
     fn yield_event(&mut self, event: Event) -> Result<SourceEvent, RelayError> {
@@ -653,8 +708,7 @@ impl BinlogFileSource {
                 })?;
             let (one, tail) = rest.split_at(len);
             let inner = self
-                .file
-                .reader_mut()
+                .reader
                 .read_decompressed(one)
                 .map_err(|e| format!("an inner event cannot be parsed: {e}"))?
                 .ok_or("an inner event is empty")?;
@@ -666,7 +720,7 @@ impl BinlogFileSource {
 
     /// The table map event for `table_id`, as last seen in the file.
     pub fn table_map(&self, table_id: u64) -> Option<&TableMapEvent<'static>> {
-        self.file.reader().get_tme(table_id)
+        self.reader.get_tme(table_id)
     }
 }
 
@@ -750,5 +804,74 @@ mod tests {
     fn rotate_without_checksum_keeps_the_name() {
         let event = read(&artificial_rotate("binlog.000042", false));
         assert_eq!(rotate_file_name(&event).expect("name"), "binlog.000042");
+    }
+
+    /// A v4 event header of `event_type` claiming `size` bytes (end position 0).
+    fn header(event_type: u8, size: u32) -> Vec<u8> {
+        let mut h = vec![0u8; 4];
+        h.push(event_type);
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&size.to_le_bytes());
+        h.extend_from_slice(&[0; 6]);
+        h
+    }
+
+    /// Found by fuzzing (binlog_file): mysql_common's file reader panicked on an event cut
+    /// short by the end of the file (`read_exact(..).unwrap()`) and on an event too short for
+    /// the checksum its file declares (`len - 4`), and first allocated whatever size the header
+    /// claimed. Each is now an error naming the file.
+    #[test]
+    fn damaged_events_are_errors_not_panics() {
+        let fixture = crate::binlog::fixtures::split_events(&crate::binlog::fixtures::read("mysql8-gtid.000001"));
+        // The format description event (CRC32 checksums) and the PREVIOUS_GTIDS event.
+        let start = crate::binlog::fixtures::write_file(&fixture[..2]);
+        let cases: [(&str, Vec<u8>, &str); 4] = [
+            // A QUERY event claiming 4 GiB, 6 bytes of it in the file.
+            (
+                "cut",
+                header(2, u32::MAX),
+                "the event (type 2) is 4294967295 bytes long",
+            ),
+            (
+                "cut-small",
+                header(2, 40),
+                "the event (type 2) is 40 bytes long",
+            ),
+            // A whole header and no room for the checksum.
+            ("short", header(2, 19), "claims a size of 19 bytes"),
+            // Half a header.
+            (
+                "half",
+                vec![0; 7],
+                "an event header takes 19 bytes, the file has 7 more",
+            ),
+        ];
+        let dir = crate::binlog::fixtures::scratch_dir("damaged-events");
+        for (name, tail, expected) in cases {
+            let path = dir.join(format!("{name}.000001"));
+            let mut bytes = start.clone();
+            bytes.extend_from_slice(&tail);
+            bytes.extend_from_slice(&[0; 6][..if name.starts_with("cut") { 6 } else { 0 }]);
+            std::fs::write(&path, &bytes).expect("scratch file");
+            let mut source = BinlogFileSource::open(&path).expect("opens");
+            for _ in 0..2 {
+                assert!(
+                    matches!(source.next_event(), Some(Ok(_))),
+                    "{name}: good events"
+                );
+            }
+            match source.next_event() {
+                Some(Err(RelayError::Binlog(e))) => assert!(
+                    e.contains(&format!("{name}.000001")) && e.contains(expected),
+                    "{name}: {e}"
+                ),
+                other => panic!("{name}: {other:?}"),
+            }
+            assert!(
+                source.next_event().is_none(),
+                "{name}: nothing after the damage"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

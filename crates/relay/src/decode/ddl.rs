@@ -219,7 +219,11 @@ pub fn version_id(version: &str) -> Option<u32> {
         digits.parse::<u32>().ok()
     });
     let (major, minor, patch) = (parts.next()??, parts.next()??, parts.next()??);
-    (minor < 100 && patch < 100).then_some(major * 10000 + minor * 100 + patch)
+    if minor >= 100 || patch >= 100 {
+        return None;
+    }
+    // The version string of a damaged FORMAT_DESCRIPTION event may hold any number.
+    major.checked_mul(10000)?.checked_add(minor * 100 + patch)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1472,6 +1476,11 @@ mod tests {
         assert_eq!(version_id("8.0.36"), Some(80036));
         assert_eq!(version_id("5.7.44-log"), Some(50744));
         assert_eq!(version_id("8.0"), None);
+        // Found by fuzzing (ddl_parse): a major version whose id overflows u32 panicked.
+        assert_eq!(version_id("43.48448444.448.44"), None);
+        assert_eq!(version_id("429497.0.0"), None);
+        assert_eq!(version_id("4294967295.99.99"), None);
+        assert_eq!(version_id("1.4294967295.0"), None);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use mysql_async::binlog::events::{
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
+use mysql_common::binlog::consts::OptionalMetadataFieldType;
 use mysql_common::io::ParseBuf;
 
 use crate::config::{
@@ -196,6 +197,7 @@ const MARIADB_FIRST_COMPRESSED_EVENT: u8 = 165; // QUERY_COMPRESSED .. DELETE_RO
 const MARIADB_LAST_COMPRESSED_EVENT: u8 = 171;
 const XA_PREPARE_LOG_EVENT: u8 = 38;
 const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
+const PREVIOUS_GTIDS_EVENT: u8 = 35;
 // MariaDB GTID event flags2.
 // MariaDB GTID event flags2 (log_event.h). FL_COMPLETED_XA (128) marks the group of an
 // XA COMMIT/ROLLBACK query, which is recognised by its text (as on MySQL).
@@ -392,6 +394,11 @@ impl Decoder {
                 // XA tracker withholds the boundary until then. A one-phase commit ends here.
                 self.tx.advances = true;
                 return Ok(self.end_tx(ev, rows));
+            }
+            PREVIOUS_GTIDS_EVENT => {
+                // Not needed here (the GTID state comes from the checkpoint), and not parsed:
+                // mysql_common reserves memory for as many sources as a damaged one counts.
+                return Ok(Decoded::Rows(Vec::new()));
             }
             TRANSACTION_PAYLOAD_EVENT => {
                 // MySQL compressed transaction: the source yields its inner events next, each at
@@ -800,9 +807,17 @@ impl Decoder {
         let mut buf = ParseBuf(rows.rows_data());
         let mut values = Vec::with_capacity(layout.image.len());
         while !buf.0.is_empty() {
+            let left = buf.0.len();
             layout
                 .read_row(&mut buf, &mut values)
                 .map_err(|e| row_error(format!("the rows event cannot be decoded: {e}")))?;
+            if buf.0.len() == left {
+                // An image without columns takes no bytes: the bytes left are not rows.
+                return Err(row_error(format!(
+                    "the rows event cannot be decoded: its row image holds no columns, yet {left} \
+                     bytes of rows follow"
+                )));
+            }
             let commit_ms = self.tx.commit_ms.unwrap_or_else(|| header_ms(ev));
             match layout.extract(&mut values, &mapping, ev, commit_ms, &row_error) {
                 Ok(Some(event)) => out.push(Ok(event)),
@@ -1034,8 +1049,70 @@ fn table_map_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
     (!names.is_empty()).then_some(names)
 }
 
+/// A length-encoded integer at the start of `buf` and its size.
+fn lenenc_int(buf: &[u8]) -> Option<(u64, usize)> {
+    let (&first, rest) = buf.split_first()?;
+    let n = match first {
+        0..=250 => return Some((u64::from(first), 1)),
+        0xfc => 2,
+        0xfd => 3,
+        0xfe => 8,
+        _ => return None,
+    };
+    let mut le = [0u8; 8];
+    le[..n].copy_from_slice(rest.get(..n)?);
+    Some((u64::from_le_bytes(le), 1 + n))
+}
+
+/// Whether the ENUM_STR_VALUE and SET_STR_VALUE fields of `tme`'s optional metadata count no
+/// more labels than their bytes can hold: mysql_common reserves memory for as many as a list
+/// counts before reading them. The optional metadata is the end of the serialized event, after
+/// the table id (6), flags (2), database and table names (length, name, NUL), column count,
+/// types, metadata block and NULL bitmap.
+fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
+    use mysql_common::proto::MySerialize;
+    let mut raw = Vec::new();
+    tme.serialize(&mut raw);
+    let fits = || -> Option<bool> {
+        let mut at = 8 + tme.database_name_raw().len() + 2 + tme.table_name_raw().len() + 2;
+        let (columns, n) = lenenc_int(raw.get(at..)?)?;
+        at += n + usize::try_from(columns).ok()?;
+        let (meta, n) = lenenc_int(raw.get(at..)?)?;
+        at += n + usize::try_from(meta).ok()? + usize::try_from(columns.div_ceil(8)).ok()?;
+        let mut fields = raw.get(at..)?;
+        while let Some((&kind, rest)) = fields.split_first() {
+            let (len, n) = lenenc_int(rest)?;
+            let mut value = rest.get(n..n + usize::try_from(len).ok()?)?;
+            fields = &rest[n + value.len()..];
+            if kind != OptionalMetadataFieldType::SET_STR_VALUE as u8
+                && kind != OptionalMetadataFieldType::ENUM_STR_VALUE as u8
+            {
+                continue;
+            }
+            while !value.is_empty() {
+                let (labels, n) = lenenc_int(value)?;
+                value = &value[n..];
+                // Each label takes at least its length byte.
+                if labels > value.len() as u64 {
+                    return Some(false);
+                }
+                for _ in 0..labels {
+                    let (len, n) = lenenc_int(value)?;
+                    value = value.get(n + usize::try_from(len).ok()?..)?;
+                }
+            }
+        }
+        Some(true)
+    };
+    // A field that does not even parse is left to mysql_common's error.
+    fits().unwrap_or(true)
+}
+
 /// ENUM labels / SET member names per table column, from the table map's optional metadata.
 fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec<u8>>>> {
+    if !label_counts_fit(tme) {
+        return vec![None; count];
+    }
     let mut enums = Vec::new();
     let mut sets = Vec::new();
     for field in tme.iter_optional_meta() {
@@ -1081,6 +1158,60 @@ fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec
         .collect()
 }
 
+/// The type mysql_common reads a value of a `ty` column as: a typed array's element type (the
+/// first metadata byte; the same metadata bytes are used), else `ty`.
+fn read_as(ty: ColumnType, meta: &[u8]) -> ColumnType {
+    match (ty, meta.first()) {
+        (ColumnType::MYSQL_TYPE_TYPED_ARRAY, Some(&inner)) => {
+            ColumnType::try_from(inner).unwrap_or(ty)
+        }
+        _ => ty,
+    }
+}
+
+/// Checks the table-map metadata of a column of type `ty` for what mysql_common's value parser
+/// takes from it without checking: the bytes it indexes, and a DECIMAL's scale at most its
+/// precision (it computes `precision - scale`).
+fn check_column_meta(ty: ColumnType, meta: &[u8]) -> Result<(), String> {
+    use ColumnType::*;
+    let needs = |ty: ColumnType| match ty {
+        MYSQL_TYPE_STRING
+        | MYSQL_TYPE_BIT
+        | MYSQL_TYPE_NEWDECIMAL
+        | MYSQL_TYPE_ENUM
+        | MYSQL_TYPE_SET
+        | MYSQL_TYPE_VARCHAR
+        | MYSQL_TYPE_VAR_STRING => 2,
+        MYSQL_TYPE_TYPED_ARRAY
+        | MYSQL_TYPE_TIMESTAMP2
+        | MYSQL_TYPE_DATETIME2
+        | MYSQL_TYPE_TIME2
+        | MYSQL_TYPE_TINY_BLOB
+        | MYSQL_TYPE_MEDIUM_BLOB
+        | MYSQL_TYPE_LONG_BLOB
+        | MYSQL_TYPE_BLOB
+        | MYSQL_TYPE_GEOMETRY
+        | MYSQL_TYPE_VECTOR => 1,
+        _ => 0,
+    };
+    let read_as = read_as(ty, meta);
+    let needed = needs(ty).max(needs(read_as));
+    if meta.len() < needed {
+        return Err(format!(
+            "the table map gives {} bytes of metadata for its type {ty:?}, which needs {needed}",
+            meta.len()
+        ));
+    }
+    if let (MYSQL_TYPE_NEWDECIMAL, [precision, scale, ..]) = (read_as, meta) {
+        if scale > precision {
+            return Err(format!(
+                "the table map gives DECIMAL scale {scale} above its precision {precision}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl ColumnLayout {
     /// Resolves `mapping` against the table map `tme` of a rows event whose after image holds
     /// the columns `after_image` (all when `None`). `tracked` is the column layout known from
@@ -1124,6 +1255,13 @@ impl ColumnLayout {
                 )
             }
         };
+        if names.len() != count {
+            return Err(format!(
+                "the table map has {count} columns but names {} ({})",
+                names.len(),
+                names.join(", ")
+            ));
+        }
         let mut in_image = Vec::with_capacity(count);
         let mut next = 0;
         for i in 0..count {
@@ -1193,6 +1331,12 @@ impl ColumnLayout {
                     .unwrap_or_default(),
                 _ => column_meta.to_vec(),
             });
+        }
+        for &i in &image {
+            if let Some(ty) = columns[i].column_type {
+                check_column_meta(ty, &meta[i])
+                    .map_err(|e| format!("column {:?}: {e}", columns[i].name))?;
+            }
         }
         let find = |key: &str, name: &str| {
             columns
@@ -1318,7 +1462,22 @@ impl ColumnLayout {
                 values.push(Some(BinlogValue::Value(temporal::read(buf, ty, decimals)?)));
                 continue;
             }
-            let ctx = (ty, self.meta[col].as_slice(), info.unsigned, false);
+            let meta = self.meta[col].as_slice();
+            if read_as(ty, meta) == ColumnType::MYSQL_TYPE_DATETIME2
+                && buf.0.first().is_some_and(|b| b & 0x80 == 0)
+            {
+                // mysql_common negates the packed value, which overflows for the smallest.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "the DATETIME value of column {:?} is below zero (stored as {:02x?}), \
+                         which MySQL never writes",
+                        info.name,
+                        &buf.0[..buf.0.len().min(5)]
+                    ),
+                ));
+            }
+            let ctx = (ty, meta, info.unsigned, false);
             values.push(Some(buf.parse::<BinlogValue<'a>>(ctx)?));
         }
         Ok(())
@@ -1577,6 +1736,66 @@ mod fixture_tests {
             boundaries.extend(b);
         }
         (rows, boundaries)
+    }
+
+    /// Found by fuzzing (binlog_file): a rows event whose after-image bitmap names no column
+    /// has row images of no bytes, and the decoder looped over the bytes after them forever
+    /// (collecting failures until memory ran out). Now a row error.
+    #[test]
+    fn rows_event_without_image_columns_is_an_error() {
+        let mut events = fixtures::split_events(&fixtures::read("mysql8-invisible-columns.000001"));
+        // The first WRITE_ROWS event of test.t1: table id (6), flags (2), extra data length (2),
+        // column count (1: 6), then the after-image bitmap.
+        let rows = events
+            .iter_mut()
+            .find(|e| e.type_code == 30)
+            .expect("rows event");
+        assert_eq!(rows.body[10..12], [6, 0xff]);
+        rows.body[11] = 0;
+        let dir = fixtures::scratch_dir("no-image-columns");
+        let path = dir.join("mysql8-invisible-columns.000001");
+        std::fs::write(&path, fixtures::write_file(&events)).expect("scratch file");
+        let m = mappings(
+            "tables = [\"test.t1\"]\n[outbox.columns]\nid = \"f1\"\nevent_key = \"f2\"\n\
+             event_type = \"f3\"\naggregate_type = \"f4\"\npayload = \"f5\"\naggregate_id = \"f6\"\n\
+             created_at = \"\"\n",
+        );
+        let mut source = BinlogFileSource::open(&path).expect("opens");
+        let mut decoder = Decoder::new(m, TableName::parse("none.none", None).expect("t"), None);
+        let mut errors = Vec::new();
+        while let Some(ev) = source.next_event() {
+            let ev = ev.expect("event");
+            if let Err(e) = decoder.decode(&ev, |id| source.table_map(id)) {
+                errors.push(e.to_string());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("test.t1")
+                && errors[0]
+                    .contains("its row image holds no columns, yet 27 bytes of rows follow"),
+            "{errors:?}"
+        );
+    }
+
+    /// Found by fuzzing (gtid_sets): the decoder parsed every PREVIOUS_GTIDS event, and
+    /// mysql_common reserves memory for as many sources as one counts (a panic or an abort for
+    /// a damaged count). The decoder does not need it and no longer parses it.
+    #[test]
+    fn damaged_previous_gtids_event_does_not_stop_decoding() {
+        let mut events = fixtures::split_events(&fixtures::read("mysql8-gtid.000001"));
+        let previous = events
+            .iter_mut()
+            .find(|e| e.type_code == 35)
+            .expect("PREVIOUS_GTIDS");
+        previous.body = (1u64 << 55).to_le_bytes().to_vec();
+        let dir = fixtures::scratch_dir("damaged-previous-gtids");
+        let path = dir.join("mysql8-gtid.000001");
+        std::fs::write(&path, fixtures::write_file(&events)).expect("scratch file");
+        let (_, boundaries) = decode_path(&path, Vec::new(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!boundaries.is_empty());
     }
 
     #[test]
@@ -2042,5 +2261,156 @@ mod minimal_metadata_label_tests {
             None,
         )
         .expect("resolves");
+    }
+}
+
+#[cfg(test)]
+mod damaged_table_map_tests {
+    //! Table maps that mysql_common parses but whose columns its value parser (or the layout)
+    //! cannot take: found while writing the rows_event fuzz target; each panicked before.
+    use super::*;
+    use mysql_async::binlog::events::{Event, FormatDescriptionEvent};
+    use mysql_async::binlog::BinlogVersion;
+
+    fn event(type_code: u8, body: &[u8], end: u64) -> SourceEvent {
+        let size = u32::try_from(19 + body.len()).expect("small event");
+        let mut bytes = vec![0, 0, 0, 0, type_code, 1, 0, 0, 0];
+        bytes.extend_from_slice(&size.to_le_bytes());
+        bytes.extend_from_slice(&(end as u32).to_le_bytes());
+        bytes.extend_from_slice(&[0, 0]);
+        bytes.extend_from_slice(body);
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        SourceEvent {
+            event: Event::read(&fde, &bytes[..]).expect("event"),
+            position: BinlogPosition::new("mysql-bin.000001", end),
+            timestamp: 0,
+            in_payload: false,
+        }
+    }
+
+    /// Decodes a TABLE_MAP event of shop.outbox (column `types`, metadata block `meta`,
+    /// COLUMN_NAME `names`) and a WRITE_ROWS event of all its columns with `rows`; returns the
+    /// rows event's result as text.
+    fn decode_rows(types: &[u8], meta: &[u8], names: &[&str], rows: &[u8]) -> String {
+        decode_rows_with(types, meta, names, &[], rows)
+    }
+
+    /// As [`decode_rows`], with `optional` appended to the table map's optional metadata.
+    fn decode_rows_with(
+        types: &[u8],
+        meta: &[u8],
+        names: &[&str],
+        optional: &[u8],
+        rows: &[u8],
+    ) -> String {
+        let mut tm = vec![1, 0, 0, 0, 0, 0, 1, 0];
+        for name in ["shop", "outbox"] {
+            tm.push(name.len() as u8);
+            tm.extend_from_slice(name.as_bytes());
+            tm.push(0);
+        }
+        tm.push(types.len() as u8);
+        tm.extend_from_slice(types);
+        tm.push(meta.len() as u8);
+        tm.extend_from_slice(meta);
+        tm.extend(std::iter::repeat_n(0xff, types.len().div_ceil(8)));
+        let column_names: Vec<u8> = names
+            .iter()
+            .flat_map(|n| [&[n.len() as u8][..], n.as_bytes()].concat())
+            .collect();
+        tm.extend_from_slice(&[4, column_names.len() as u8]);
+        tm.extend_from_slice(&column_names);
+        tm.extend_from_slice(optional);
+        let mut wr = vec![1, 0, 0, 0, 0, 0, 1, 0, 2, 0, types.len() as u8];
+        wr.extend(std::iter::repeat_n(0xff, types.len().div_ceil(8)));
+        wr.extend_from_slice(rows);
+
+        let outbox = "tables = [\"shop.outbox\"]\n[outbox.columns]\nid = \"c\"\n\
+                      aggregate_type = \"c\"\naggregate_id = \"c\"\nevent_type = \"c\"\n\
+                      event_key = \"c\"\npayload = \"c\"\ncreated_at = \"\"\n";
+        let mut decoder = Decoder::new(
+            super::fixture_tests::mappings(outbox),
+            TableName::parse("none.none", None).expect("table"),
+            None,
+        );
+        let tm = event(19, &tm, 100);
+        let Ok(Some(EventData::TableMapEvent(tme))) = tm.event.read_data() else {
+            panic!("table map");
+        };
+        let tme = tme.into_owned();
+        let table_map = |id: u64| (id == tme.table_id()).then_some(&tme);
+        decoder.decode(&tm, table_map).expect("table map decodes");
+        match decoder.decode(&event(30, &wr, 200), table_map) {
+            Ok(d) => format!("{d:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn column_metadata_mysql_common_cannot_read_is_a_row_error() {
+        for (types, meta, names, expected) in [
+            // NEWDECIMAL(1,5): mysql_common computes precision - scale.
+            (
+                &[246][..],
+                &[1, 5][..],
+                &["c"][..],
+                "DECIMAL scale 5 above its precision 1",
+            ),
+            // VAR_STRING has no metadata in a table map, yet its values are read with two bytes.
+            (
+                &[253],
+                &[],
+                &["c"],
+                "0 bytes of metadata for its type MYSQL_TYPE_VAR_STRING, which needs 2",
+            ),
+            // TIMESTAMP2 without its fractional-seconds byte.
+            (
+                &[17],
+                &[],
+                &["c"],
+                "0 bytes of metadata for its type MYSQL_TYPE_TIMESTAMP2, which needs 1",
+            ),
+            // Fewer names than columns (an index panic), or more (a misleading error).
+            (
+                &[3, 3],
+                &[],
+                &["c"],
+                "the table map has 2 columns but names 1 (c)",
+            ),
+            (
+                &[3],
+                &[],
+                &["x", "c"],
+                "the table map has 1 columns but names 2 (x, c)",
+            ),
+        ] {
+            let result = decode_rows(types, meta, names, &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
+            assert!(
+                result.contains("cannot relay the row at mysql-bin.000001:200 in shop.outbox")
+                    && result.contains(expected),
+                "{expected}: {result}"
+            );
+        }
+        // Found by fuzzing (rows_event): a DATETIME(0) value stored as 5 zero bytes made
+        // mysql_common negate i64::MIN (an overflow panic).
+        let result = decode_rows(&[18], &[0], &["c"], &[0, 0, 0, 0, 0, 0]);
+        assert!(
+            result.contains(
+                "the DATETIME value of column \"c\" is below zero (stored as [00, 00, 00, 00, 00])"
+            ),
+            "{result}"
+        );
+        // An ENUM column whose ENUM_STR_VALUE list counts 2^62 labels in 3 bytes: mysql_common
+        // reserved memory for all of them (a capacity overflow panic, or an abort).
+        let meta = [0xf7, 1]; // STRING column, real type ENUM, 1-byte values
+        let labels = [6, 12, 0xfe, 0, 0, 0, 0, 0, 0, 0, 0x40, 1, b'a', 0];
+        let result = decode_rows_with(&[254], &meta, &["c"], &labels, &[0, 1]);
+        assert!(
+            result.contains("the table map carries no ENUM/SET labels"),
+            "{result}"
+        );
+        // The same layouts with sound metadata decode.
+        let ok = decode_rows(&[246], &[5, 1], &["c"], &[0, 0x80, 0, 0x0c, 5]);
+        assert!(ok.contains("OutboxEvent"), "{ok}");
     }
 }

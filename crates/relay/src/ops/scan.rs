@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use mysql_async::binlog::events::PreviousGtidsEvent;
 use mysql_async::binlog::EventType;
 
 use crate::binlog::source::{report_host, BinlogSource, Flavor, SourceEvent, StartFrom};
@@ -94,13 +93,7 @@ impl Scanner {
         }
         // MySQL: the GTID set of the file's start, so boundaries carry GTID sets.
         let start_set = (raw == EventType::PREVIOUS_GTIDS_EVENT as u8)
-            .then(|| {
-                event
-                    .event
-                    .read_event::<PreviousGtidsEvent<'_>>()
-                    .ok()
-                    .and_then(|e| MysqlGtidSet::from_previous_gtids(&e).ok())
-            })
+            .then(|| MysqlGtidSet::from_previous_gtids_event(&event.event).ok())
             .flatten();
         self.decoder(start_set.map(GtidState::MySql));
         let is_gtid = is_gtid_event(raw);
@@ -152,12 +145,8 @@ pub async fn check_boundary(
             let s = scanner.next().await?;
             let raw = s.event.event.header().event_type_raw();
             if raw == EventType::PREVIOUS_GTIDS_EVENT as u8 {
-                gtid = s
-                    .event
-                    .event
-                    .read_event::<PreviousGtidsEvent<'_>>()
+                gtid = MysqlGtidSet::from_previous_gtids_event(&s.event.event)
                     .ok()
-                    .and_then(|e| MysqlGtidSet::from_previous_gtids(&e).ok())
                     .map(|g| g.to_string());
             }
             if raw != EventType::FORMAT_DESCRIPTION_EVENT as u8 || s.event.position.file != pos.file

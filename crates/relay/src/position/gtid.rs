@@ -42,7 +42,7 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::str::FromStr;
 
-use mysql_async::binlog::events::{GtidEvent, PreviousGtidsEvent};
+use mysql_async::binlog::events::{Event, GtidEvent, PreviousGtidsEvent};
 use mysql_async::{GnoInterval, Sid};
 
 /// The largest transaction number MySQL assigns or accepts (`GNO_END - 1`, `GNO_END` being
@@ -83,6 +83,9 @@ pub enum GtidError {
     /// A single GTID that is not `UUID:NUMBER` or `UUID:TAG:NUMBER`.
     #[error("invalid GTID {0:?}: expected UUID:NUMBER or UUID:TAG:NUMBER")]
     InvalidGtid(String),
+    /// A PREVIOUS_GTIDS event whose counts do not fit its bytes.
+    #[error("malformed PREVIOUS_GTIDS event: {0}")]
+    MalformedEvent(String),
     /// An interval from the binary protocol (half-open `[start, end)`) that is empty or out of
     /// range.
     #[error("invalid GTID interval [{start}, {end}) of {source_id}: expected 1 <= start < end <= {}", MAX_GNO + 1)]
@@ -573,6 +576,21 @@ impl MysqlGtidSet {
         Ok(set)
     }
 
+    /// The set of a PREVIOUS_GTIDS `event` (see [`MysqlGtidSet::from_previous_gtids`]). Its
+    /// counts of sources and intervals are checked against the event's bytes first:
+    /// mysql_common reserves memory for as many as they say.
+    ///
+    /// # Errors
+    /// [`GtidError::MalformedEvent`] for counts the bytes cannot hold or an event mysql_common
+    /// cannot read; else as [`MysqlGtidSet::from_previous_gtids`].
+    pub fn from_previous_gtids_event(event: &Event) -> Result<Self, GtidError> {
+        check_previous_gtids(event.data()).map_err(GtidError::MalformedEvent)?;
+        let parsed = event
+            .read_event::<PreviousGtidsEvent<'_>>()
+            .map_err(|e| GtidError::MalformedEvent(e.to_string()))?;
+        Self::from_previous_gtids(&parsed)
+    }
+
     /// Adds half-open protocol intervals of (`uuid`, `tag`), validating them first.
     fn add_encoded(
         &mut self,
@@ -680,6 +698,66 @@ impl FromStr for MysqlGtidSet {
     }
 }
 
+/// Checks that the source and interval counts of a PREVIOUS_GTIDS event body (`Gtid_set::encode`:
+/// an 8-byte word with the format and the source count, then per source the UUID, in the tagged
+/// format a tag as a mysql::serialization string, the interval count and 16 bytes per interval)
+/// fit the bytes that follow them.
+fn check_previous_gtids(body: &[u8]) -> Result<(), String> {
+    let take = |rest: &mut &[u8], n: u64, what: &str| -> Result<(), String> {
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= rest.len())
+            .ok_or_else(|| format!("{what} needs {n} bytes, {} are left", rest.len()))?;
+        *rest = &rest[n..];
+        Ok(())
+    };
+    let u64_at =
+        |rest: &[u8]| -> Option<u64> { Some(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)) };
+    let mut rest = body;
+    let word = u64_at(rest).ok_or("the event is shorter than its 8-byte header")?;
+    take(&mut rest, 8, "the header")?;
+    let tagged = word >> 56 != 0;
+    let sources = if tagged {
+        (word >> 8) & ((1 << 48) - 1)
+    } else {
+        word & ((1 << 56) - 1)
+    };
+    // A source takes at least 24 bytes (UUID and interval count).
+    if sources > rest.len() as u64 / 24 {
+        return Err(format!(
+            "it counts {sources} sources in {} bytes",
+            rest.len()
+        ));
+    }
+    for _ in 0..sources {
+        take(&mut rest, 16, "a UUID")?;
+        if tagged {
+            // mysql::serialization varlen: the first byte's trailing ones + 1 bytes (9 for 0xff).
+            let first = *rest.first().ok_or("a tag length is missing")?;
+            let len = (first.trailing_ones() as usize + 1).min(9);
+            let bytes = rest.get(..len).ok_or("a tag length is cut short")?;
+            let mut le = [0u8; 8];
+            let tag_len = if len == 9 {
+                le.copy_from_slice(&bytes[1..]);
+                u64::from_le_bytes(le)
+            } else {
+                le[..len].copy_from_slice(bytes);
+                u64::from_le_bytes(le) >> len
+            };
+            take(&mut rest, len as u64, "a tag length")?;
+            take(&mut rest, tag_len, "a tag")?;
+        }
+        let intervals = u64_at(rest).ok_or("an interval count is missing")?;
+        take(&mut rest, 8, "an interval count")?;
+        take(
+            &mut rest,
+            intervals.saturating_mul(16),
+            &format!("{intervals} intervals"),
+        )?;
+    }
+    Ok(())
+}
+
 /// `s` without leading and trailing ASCII whitespace (MySQL's `SKIP_WHITESPACE`).
 fn trim_ws(s: &str) -> &str {
     s.trim_matches(|c: char| c.is_ascii_whitespace())
@@ -726,6 +804,67 @@ mod tests {
     const A: &str = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
     const B: &str = "4e11fa47-71ca-11e1-9e33-c80aa9429562";
     const C: &str = "0e11fa47-71ca-11e1-9e33-c80aa9429562";
+
+    /// A PREVIOUS_GTIDS event (no checksum) with `body`.
+    fn previous_gtids_event(body: &[u8]) -> Event {
+        use mysql_async::binlog::events::FormatDescriptionEvent;
+        use mysql_async::binlog::BinlogVersion;
+        let size = u32::try_from(19 + body.len()).expect("small event");
+        let mut bytes = vec![0, 0, 0, 0, 35, 1, 0, 0, 0];
+        bytes.extend_from_slice(&size.to_le_bytes());
+        bytes.extend_from_slice(&size.to_le_bytes());
+        bytes.extend_from_slice(&[0, 0]);
+        bytes.extend_from_slice(body);
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        Event::read(&fde, &bytes[..]).expect("event")
+    }
+
+    /// Found by fuzzing (gtid_sets): mysql_common reserves memory for as many sources and
+    /// intervals as a PREVIOUS_GTIDS event counts (an abort for a damaged count, not an error).
+    #[test]
+    fn previous_gtids_counts_are_checked_against_the_event() {
+        let uuid: [u8; 16] = core::array::from_fn(|i| i as u8);
+        let interval = [1u64.to_le_bytes(), 4u64.to_le_bytes()].concat();
+        let entry = |count: u64| [&uuid[..], &count.to_le_bytes(), &interval].concat();
+        let untagged = |sources: u64, intervals: u64| {
+            [sources.to_le_bytes().to_vec(), entry(intervals)].concat()
+        };
+        let tagged = |tag_len: u8| {
+            let word: u64 = 1 | 1 << 8 | 1 << 56;
+            [
+                &word.to_le_bytes()[..],
+                &uuid,
+                &[tag_len << 1],
+                b"tag",
+                &1u64.to_le_bytes(),
+                &interval,
+            ]
+            .concat()
+        };
+        let good = MysqlGtidSet::from_previous_gtids_event(&previous_gtids_event(&untagged(1, 1)))
+            .expect("one source, one interval");
+        assert_eq!(good.to_string(), "00010203-0405-0607-0809-0a0b0c0d0e0f:1-3");
+        let good = MysqlGtidSet::from_previous_gtids_event(&previous_gtids_event(&tagged(3)))
+            .expect("tagged");
+        assert_eq!(
+            good.to_string(),
+            "00010203-0405-0607-0809-0a0b0c0d0e0f:tag:1-3"
+        );
+        for (body, expected) in [
+            (
+                untagged(1 << 55, 1),
+                "it counts 36028797018963968 sources in 40 bytes",
+            ),
+            (untagged(1, 1 << 60), "1152921504606846976 intervals needs"),
+            (tagged(100), "a tag needs 100 bytes, 27 are left"),
+            (vec![1, 2, 3], "shorter than its 8-byte header"),
+        ] {
+            match MysqlGtidSet::from_previous_gtids_event(&previous_gtids_event(&body)) {
+                Err(GtidError::MalformedEvent(e)) => assert!(e.contains(expected), "{e}"),
+                other => panic!("{expected}: {other:?}"),
+            }
+        }
+    }
 
     fn set(s: &str) -> MysqlGtidSet {
         s.parse()
