@@ -8,12 +8,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use outbox_relay_core::binlog::source::Flavor;
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::decode::ddl::{self, Ddl, Dialect};
+use outbox_relay_core::decode::schema::{enum_set_labels, LayoutTracker};
 use outbox_relay_core::decode::xa::{parse_xa_statement, Xid};
 use outbox_relay_core::position::BinlogPosition;
-use outbox_relay_core::decode::schema::{enum_set_labels, LayoutTracker};
-use outbox_relay_core::binlog::source::Flavor;
 
 /// Server versions whose executable comments differ (`/*!80013 ... */`, `/*M!100500 ... */`).
 const VERSIONS: [(Flavor, &str); 4] = [

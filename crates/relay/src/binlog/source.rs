@@ -822,7 +822,9 @@ mod tests {
     /// claimed. Each is now an error naming the file.
     #[test]
     fn damaged_events_are_errors_not_panics() {
-        let fixture = crate::binlog::fixtures::split_events(&crate::binlog::fixtures::read("mysql8-gtid.000001"));
+        let fixture = crate::binlog::fixtures::split_events(&crate::binlog::fixtures::read(
+            "mysql8-gtid.000001",
+        ));
         // The format description event (CRC32 checksums) and the PREVIOUS_GTIDS event.
         let start = crate::binlog::fixtures::write_file(&fixture[..2]);
         let cases: [(&str, Vec<u8>, &str); 4] = [
