@@ -226,3 +226,67 @@ async fn kafka_down_is_seen_by_readyz_and_bounds_a_stop_that_loses_nothing() -> 
     w.db.drop_database().await?;
     Ok(())
 }
+
+/// The server ends the relay's binlog dump (its thread killed, as an operator or a failover
+/// tool does): the relay says that the server closed or killed the connection, retries, and
+/// the rows committed meanwhile arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_connection_the_server_closes_is_named_and_resumed() -> Result<()> {
+    use mysql_async::prelude::*;
+
+    let w = World::new(BIN, "retry_kill").await?;
+    let (relay, _) = w.start(WAIT).await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "kill", 2);
+    let topic = w.topic("Order");
+    let before = gen.rows(2);
+    commit_rows(&mut conn, &before).await?;
+    collect_records(
+        &w.spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        2,
+        WAIT,
+    )
+    .await?;
+    // The relay's dump connection: the one binlog dump of this test's database.
+    let dump: u64 = wait_until(
+        "the relay's binlog dump thread",
+        WAIT,
+        Duration::from_millis(100),
+        async || {
+            Ok(conn
+                .exec_first::<u64, _, _>(
+                    "SELECT ID FROM information_schema.PROCESSLIST \
+                 WHERE COMMAND LIKE 'Binlog Dump%' AND DB = ?",
+                    (w.db.name(),),
+                )
+                .await?)
+        },
+    )
+    .await?;
+    conn.query_drop(format!("KILL {dump}")).await?;
+    let stderr = wait_for_stderr(&relay, "relay interrupted; retrying", WAIT).await?;
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("relay interrupted; retrying"))
+        .unwrap_or_default();
+    ensure!(
+        ["killed", "closed the connection", "ended the binlog dump"]
+            .iter()
+            .any(|s| line.contains(s)),
+        "the retry does not say that the server ended the dump: {line}"
+    );
+    let after = gen.rows(2);
+    commit_rows(&mut conn, &after).await?;
+    let all: HashSet<String> = before
+        .iter()
+        .chain(&after)
+        .map(|r| r.event_key.clone())
+        .collect();
+    w.wait_for_keys(std::slice::from_ref(&topic), &all, Some(&relay), WAIT)
+        .await?;
+    expect_exit_code(relay.stop(WAIT).await?, 0, &relay)?;
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
+}
