@@ -283,6 +283,60 @@ fn compressed_part_start(
     }
 }
 
+/// A length-encoded integer (MySQL's) at the start of `buf` and its size; `None` when cut short
+/// or for the NULL (0xfb) and error (0xff) markers.
+pub(crate) fn lenenc_int(buf: &[u8]) -> Option<(u64, usize)> {
+    let (&first, rest) = buf.split_first()?;
+    let n = match first {
+        0..=250 => return Some((u64::from(first), 1)),
+        0xfc => 2,
+        0xfd => 3,
+        0xfe => 8,
+        _ => return None,
+    };
+    let mut le = [0u8; 8];
+    le[..n].copy_from_slice(rest.get(..n)?);
+    Some((u64::from_le_bytes(le), 1 + n))
+}
+
+/// The header fields of a TRANSACTION_PAYLOAD event body, checked as mysql_common reads them
+/// (`TransactionPayloadEvent`): it panics on a compression type it does not know and on an
+/// unknown field longer than the bytes left, and reads past the end on a cut field.
+pub(crate) fn check_payload_header(mut rest: &[u8]) -> Result<(), String> {
+    fn next(rest: &mut &[u8], what: &str) -> Result<u64, String> {
+        let (value, n) = lenenc_int(rest).ok_or_else(|| format!("its {what} is cut short"))?;
+        *rest = &rest[n..];
+        Ok(value)
+    }
+    loop {
+        match next(&mut rest, "field type")? {
+            0 => return Ok(()), // the end of the header; the payload follows
+            field @ 1..=3 => {
+                next(&mut rest, "field length")?;
+                let value = next(&mut rest, "field value")?;
+                if field == 2 && value != 0 && value != 255 {
+                    return Err(format!(
+                        "unknown compression type {value} (0 is zstd, 255 none)"
+                    ));
+                }
+            }
+            field => {
+                let len = next(&mut rest, "field length")?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&len| len <= rest.len())
+                    .ok_or_else(|| {
+                        format!("its field {field} of {len} bytes is longer than the event")
+                    })?;
+                rest = &rest[len..];
+            }
+        }
+        if rest.is_empty() {
+            return Err("its header has no end mark".into());
+        }
+    }
+}
+
 /// A length-encoded integer (MariaDB `net_field_length`): the value and the bytes it used.
 fn packed_int(buf: &[u8]) -> Option<(u64, usize)> {
     let first = *buf.first()?;

@@ -331,17 +331,23 @@ fn incomplete_payload(file: &str, e: Incomplete) -> RelayError {
     ))
 }
 
+/// A TRANSACTION_PAYLOAD event's header, parsed by mysql_common once its fields are checked
+/// ([`crate::compressed::check_payload_header`]).
+fn payload_event(event: &Event) -> Result<TransactionPayloadEvent<'_>, String> {
+    crate::compressed::check_payload_header(event.data())
+        .and_then(|()| {
+            event
+                .read_event::<TransactionPayloadEvent<'_>>()
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| format!("its header cannot be parsed: {e}"))
+}
+
 /// The `uncompressed_size` of a TRANSACTION_PAYLOAD event.
 fn payload_size(event: &Event, position: &BinlogPosition) -> Result<u64, RelayError> {
-    event
-        .read_event::<TransactionPayloadEvent<'_>>()
+    payload_event(event)
         .map(|tpe| tpe.uncompressed_size())
-        .map_err(|e| {
-            RelayError::Binlog(payload_error(
-                position,
-                &format!("its header cannot be parsed: {e}"),
-            ))
-        })
+        .map_err(|e| RelayError::Binlog(payload_error(position, &e)))
 }
 
 /// A MariaDB compressed event (`log_bin_compress=ON`) as the ordinary event it stands for; any
@@ -683,9 +689,7 @@ impl BinlogFileSource {
         size: u64,
     ) -> Result<std::collections::VecDeque<Event>, String> {
         use std::io::Read;
-        let tpe = event
-            .read_event::<TransactionPayloadEvent<'_>>()
-            .map_err(|e| format!("its header cannot be parsed: {e}"))?;
+        let tpe = payload_event(event)?;
         let mut bytes = Vec::new();
         tpe.decompressed()
             .and_then(|reader| reader.take(size.saturating_add(1)).read_to_end(&mut bytes))
@@ -872,6 +876,49 @@ mod tests {
             assert!(
                 source.next_event().is_none(),
                 "{name}: nothing after the damage"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Found by fuzzing (binlog_file): mysql_common's TRANSACTION_PAYLOAD parser panics on an
+    /// unknown header field longer than the event (`skip`) and on an unknown compression type
+    /// (`unwrap`). Each is now the payload error naming the event.
+    #[test]
+    fn damaged_payload_headers_are_errors_not_panics() {
+        let name = "mysql8-compressed.000001";
+        let cases: [(&[u8], &str); 3] = [
+            (
+                &[0xc2, 0x20, 1, 2],
+                "its field 194 of 32 bytes is longer than the event",
+            ),
+            (
+                &[2, 1, 7, 1, 1, 1, 0, 0xaa],
+                "unknown compression type 7 (0 is zstd, 255 none)",
+            ),
+            (&[3, 1, 5], "its header has no end mark"),
+        ];
+        let dir = crate::fixtures::scratch_dir("damaged-payload");
+        for (body, expected) in cases {
+            let mut events = crate::fixtures::split_events(&crate::fixtures::read(name));
+            let payload = events
+                .iter_mut()
+                .find(|e| e.type_code == EventType::TRANSACTION_PAYLOAD_EVENT as u8)
+                .expect("payload event");
+            payload.body = body.to_vec();
+            let path = dir.join(name);
+            std::fs::write(&path, crate::fixtures::write_file(&events)).expect("scratch file");
+            let mut source = BinlogFileSource::open(&path).expect("opens");
+            let error = loop {
+                match source.next_event() {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => break e.to_string(),
+                    None => panic!("{expected}: no error"),
+                }
+            };
+            assert!(
+                error.contains("its header cannot be parsed") && error.contains(expected),
+                "{expected}: {error}"
             );
         }
         let _ = std::fs::remove_dir_all(&dir);

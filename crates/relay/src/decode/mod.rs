@@ -1049,21 +1049,6 @@ fn table_map_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
     (!names.is_empty()).then_some(names)
 }
 
-/// A length-encoded integer at the start of `buf` and its size.
-fn lenenc_int(buf: &[u8]) -> Option<(u64, usize)> {
-    let (&first, rest) = buf.split_first()?;
-    let n = match first {
-        0..=250 => return Some((u64::from(first), 1)),
-        0xfc => 2,
-        0xfd => 3,
-        0xfe => 8,
-        _ => return None,
-    };
-    let mut le = [0u8; 8];
-    le[..n].copy_from_slice(rest.get(..n)?);
-    Some((u64::from_le_bytes(le), 1 + n))
-}
-
 /// Whether the ENUM_STR_VALUE and SET_STR_VALUE fields of `tme`'s optional metadata count no
 /// more labels than their bytes can hold: mysql_common reserves memory for as many as a list
 /// counts before reading them. The optional metadata is the end of the serialized event, after
@@ -1075,13 +1060,13 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
     tme.serialize(&mut raw);
     let fits = || -> Option<bool> {
         let mut at = 8 + tme.database_name_raw().len() + 2 + tme.table_name_raw().len() + 2;
-        let (columns, n) = lenenc_int(raw.get(at..)?)?;
+        let (columns, n) = crate::compressed::lenenc_int(raw.get(at..)?)?;
         at += n + usize::try_from(columns).ok()?;
-        let (meta, n) = lenenc_int(raw.get(at..)?)?;
+        let (meta, n) = crate::compressed::lenenc_int(raw.get(at..)?)?;
         at += n + usize::try_from(meta).ok()? + usize::try_from(columns.div_ceil(8)).ok()?;
         let mut fields = raw.get(at..)?;
         while let Some((&kind, rest)) = fields.split_first() {
-            let (len, n) = lenenc_int(rest)?;
+            let (len, n) = crate::compressed::lenenc_int(rest)?;
             let mut value = rest.get(n..n + usize::try_from(len).ok()?)?;
             fields = &rest[n + value.len()..];
             if kind != OptionalMetadataFieldType::SET_STR_VALUE as u8
@@ -1090,14 +1075,14 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
                 continue;
             }
             while !value.is_empty() {
-                let (labels, n) = lenenc_int(value)?;
+                let (labels, n) = crate::compressed::lenenc_int(value)?;
                 value = &value[n..];
                 // Each label takes at least its length byte.
                 if labels > value.len() as u64 {
                     return Some(false);
                 }
                 for _ in 0..labels {
-                    let (len, n) = lenenc_int(value)?;
+                    let (len, n) = crate::compressed::lenenc_int(value)?;
                     value = value.get(n + usize::try_from(len).ok()?..)?;
                 }
             }
