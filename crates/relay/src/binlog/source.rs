@@ -332,9 +332,9 @@ fn incomplete_payload(file: &str, e: Incomplete) -> RelayError {
 }
 
 /// A TRANSACTION_PAYLOAD event's header, parsed by mysql_common once its fields are checked
-/// ([`crate::compressed::check_payload_header`]).
+/// ([`crate::binlog::compressed::check_payload_header`]).
 fn payload_event(event: &Event) -> Result<TransactionPayloadEvent<'_>, String> {
-    crate::compressed::check_payload_header(event.data())
+    crate::binlog::compressed::check_payload_header(event.data())
         .and_then(|()| {
             event
                 .read_event::<TransactionPayloadEvent<'_>>()
@@ -898,16 +898,18 @@ mod tests {
             ),
             (&[3, 1, 5], "its header has no end mark"),
         ];
-        let dir = crate::fixtures::scratch_dir("damaged-payload");
+        let dir = crate::binlog::fixtures::scratch_dir("damaged-payload");
         for (body, expected) in cases {
-            let mut events = crate::fixtures::split_events(&crate::fixtures::read(name));
+            let mut events =
+                crate::binlog::fixtures::split_events(&crate::binlog::fixtures::read(name));
             let payload = events
                 .iter_mut()
                 .find(|e| e.type_code == EventType::TRANSACTION_PAYLOAD_EVENT as u8)
                 .expect("payload event");
             payload.body = body.to_vec();
             let path = dir.join(name);
-            std::fs::write(&path, crate::fixtures::write_file(&events)).expect("scratch file");
+            std::fs::write(&path, crate::binlog::fixtures::write_file(&events))
+                .expect("scratch file");
             let mut source = BinlogFileSource::open(&path).expect("opens");
             let error = loop {
                 match source.next_event() {

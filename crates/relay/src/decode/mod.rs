@@ -1060,13 +1060,13 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
     tme.serialize(&mut raw);
     let fits = || -> Option<bool> {
         let mut at = 8 + tme.database_name_raw().len() + 2 + tme.table_name_raw().len() + 2;
-        let (columns, n) = crate::compressed::lenenc_int(raw.get(at..)?)?;
+        let (columns, n) = crate::binlog::compressed::lenenc_int(raw.get(at..)?)?;
         at += n + usize::try_from(columns).ok()?;
-        let (meta, n) = crate::compressed::lenenc_int(raw.get(at..)?)?;
+        let (meta, n) = crate::binlog::compressed::lenenc_int(raw.get(at..)?)?;
         at += n + usize::try_from(meta).ok()? + usize::try_from(columns.div_ceil(8)).ok()?;
         let mut fields = raw.get(at..)?;
         while let Some((&kind, rest)) = fields.split_first() {
-            let (len, n) = crate::compressed::lenenc_int(rest)?;
+            let (len, n) = crate::binlog::compressed::lenenc_int(rest)?;
             let mut value = rest.get(n..n + usize::try_from(len).ok()?)?;
             fields = &rest[n + value.len()..];
             if kind != OptionalMetadataFieldType::SET_STR_VALUE as u8
@@ -1075,14 +1075,14 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
                 continue;
             }
             while !value.is_empty() {
-                let (labels, n) = crate::compressed::lenenc_int(value)?;
+                let (labels, n) = crate::binlog::compressed::lenenc_int(value)?;
                 value = &value[n..];
                 // Each label takes at least its length byte.
                 if labels > value.len() as u64 {
                     return Some(false);
                 }
                 for _ in 0..labels {
-                    let (len, n) = crate::compressed::lenenc_int(value)?;
+                    let (len, n) = crate::binlog::compressed::lenenc_int(value)?;
                     value = value.get(n + usize::try_from(len).ok()?..)?;
                 }
             }
