@@ -490,7 +490,34 @@ fn write_decimal(out: &mut Vec<u8>, data: &[u8]) -> Result<(), String> {
     let [precision, scale, bin @ ..] = data else {
         return Err(format!("DECIMAL value of {} bytes", data.len()));
     };
-    let (precision, scale) = (usize::from(*precision), usize::from(*scale));
+    let size = decimal_bin_size(*precision, *scale)?;
+    if bin.len() != size {
+        return Err(format!(
+            "DECIMAL({precision},{scale}) of {} bytes, expected {size}",
+            bin.len()
+        ));
+    }
+    let (negative, int_digits, frac_digits) = decimal_digits(*precision, *scale, bin)?;
+    if negative {
+        out.push(b'-');
+    }
+    let int_digits = int_digits.trim_start_matches('0');
+    out.extend_from_slice(if int_digits.is_empty() {
+        b"0"
+    } else {
+        int_digits.as_bytes()
+    });
+    if *scale > 0 {
+        out.push(b'.');
+        out.extend_from_slice(frac_digits.as_bytes());
+    }
+    Ok(())
+}
+
+/// The digit groups of a binary DECIMAL(`precision`, `scale`): the integer part starts with its
+/// partial group, the fraction ends with its partial group.
+fn decimal_groups(precision: u8, scale: u8) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let (precision, scale) = (usize::from(precision), usize::from(scale));
     // MySQL's DECIMAL_MAX_PRECISION and DECIMAL_MAX_SCALE.
     if precision == 0 || precision > 65 || scale > 30 || scale > precision {
         return Err(format!(
@@ -498,34 +525,52 @@ fn write_decimal(out: &mut Vec<u8>, data: &[u8]) -> Result<(), String> {
         ));
     }
     let intg = precision - scale;
-    // The integer part starts with its partial group, the fraction ends with its partial group.
     let partial = |digits: usize| Some(digits % 9).filter(|&d| d > 0);
-    let int_groups: Vec<usize> = partial(intg)
+    let int_groups = partial(intg)
         .into_iter()
         .chain(std::iter::repeat_n(9, intg / 9))
         .collect();
-    let frac_groups: Vec<usize> = std::iter::repeat_n(9, scale / 9)
+    let frac_groups = std::iter::repeat_n(9, scale / 9)
         .chain(partial(scale))
         .collect();
-    let size: usize = int_groups
+    Ok((int_groups, frac_groups))
+}
+
+/// Bytes of a binary DECIMAL(`precision`, `scale`) (`decimal_bin_size`).
+///
+/// # Errors
+/// A precision or scale MySQL does not allow.
+pub(crate) fn decimal_bin_size(precision: u8, scale: u8) -> Result<usize, String> {
+    let (int_groups, frac_groups) = decimal_groups(precision, scale)?;
+    Ok(int_groups
         .iter()
         .chain(&frac_groups)
         .map(|&d| DIG2BYTES[d])
-        .sum();
-    if bin.len() != size {
-        return Err(format!(
-            "DECIMAL({precision},{scale}) of {} bytes, expected {size}",
-            bin.len()
-        ));
-    }
+        .sum())
+}
+
+/// A binary DECIMAL(`precision`, `scale`) (`decimal2bin`, exactly
+/// [`decimal_bin_size`] bytes) as its sign, integer digits (zero-padded) and fraction digits.
+///
+/// # Errors
+/// A precision or scale MySQL does not allow, or a digit group with more digits than it holds.
+pub(crate) fn decimal_digits(
+    precision: u8,
+    scale: u8,
+    bin: &[u8],
+) -> Result<(bool, String, String), String> {
+    let (int_groups, frac_groups) = decimal_groups(precision, scale)?;
     // The sign is the first bit, inverted; a negative number has all its bits inverted.
     let negative = bin.first().is_some_and(|b| b & 0x80 == 0);
     let mask = if negative { 0xff } else { 0x00 };
     let mut pos = 0;
     let mut read_group = |digits: usize| -> Result<String, String> {
         let bytes = DIG2BYTES[digits];
+        let group = bin
+            .get(pos..pos + bytes)
+            .ok_or_else(|| format!("DECIMAL of {} bytes is cut short", bin.len()))?;
         let mut value: u64 = 0;
-        for (k, &b) in bin[pos..pos + bytes].iter().enumerate() {
+        for (k, &b) in group.iter().enumerate() {
             let b = if pos + k == 0 { b ^ 0x80 } else { b };
             value = value << 8 | u64::from(b ^ mask);
         }
@@ -537,28 +582,15 @@ fn write_decimal(out: &mut Vec<u8>, data: &[u8]) -> Result<(), String> {
         }
         Ok(format!("{value:0digits$}"))
     };
-    let mut int_digits = String::with_capacity(intg);
+    let mut int_digits = String::new();
     for &d in &int_groups {
         int_digits.push_str(&read_group(d)?);
     }
-    let mut frac_digits = String::with_capacity(scale);
+    let mut frac_digits = String::new();
     for &d in &frac_groups {
         frac_digits.push_str(&read_group(d)?);
     }
-    if negative {
-        out.push(b'-');
-    }
-    let int_digits = int_digits.trim_start_matches('0');
-    out.extend_from_slice(if int_digits.is_empty() {
-        b"0"
-    } else {
-        int_digits.as_bytes()
-    });
-    if scale > 0 {
-        out.push(b'.');
-        out.extend_from_slice(frac_digits.as_bytes());
-    }
-    Ok(())
+    Ok((negative, int_digits, frac_digits))
 }
 
 /// A packed DATE/TIME/DATETIME/TIMESTAMP as `my_TIME_to_str(t, to, 6)` prints it, after

@@ -1059,15 +1059,19 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
     let mut raw = Vec::new();
     tme.serialize(&mut raw);
     let fits = || -> Option<bool> {
+        let size = |n: u64| usize::try_from(n).ok();
         let mut at = 8 + tme.database_name_raw().len() + 2 + tme.table_name_raw().len() + 2;
         let (columns, n) = crate::binlog::compressed::lenenc_int(raw.get(at..)?)?;
-        at += n + usize::try_from(columns).ok()?;
+        at = at.checked_add(n)?.checked_add(size(columns)?)?;
         let (meta, n) = crate::binlog::compressed::lenenc_int(raw.get(at..)?)?;
-        at += n + usize::try_from(meta).ok()? + usize::try_from(columns.div_ceil(8)).ok()?;
+        at = at
+            .checked_add(n)?
+            .checked_add(size(meta)?)?
+            .checked_add(size(columns.div_ceil(8))?)?;
         let mut fields = raw.get(at..)?;
         while let Some((&kind, rest)) = fields.split_first() {
             let (len, n) = crate::binlog::compressed::lenenc_int(rest)?;
-            let mut value = rest.get(n..n + usize::try_from(len).ok()?)?;
+            let mut value = rest.get(n..n.checked_add(size(len)?)?)?;
             fields = &rest[n + value.len()..];
             if kind != OptionalMetadataFieldType::SET_STR_VALUE as u8
                 && kind != OptionalMetadataFieldType::ENUM_STR_VALUE as u8
@@ -1083,7 +1087,7 @@ fn label_counts_fit(tme: &TableMapEvent<'_>) -> bool {
                 }
                 for _ in 0..labels {
                     let (len, n) = crate::binlog::compressed::lenenc_int(value)?;
-                    value = value.get(n + usize::try_from(len).ok()?..)?;
+                    value = value.get(n.checked_add(size(len)?)?..)?;
                 }
             }
         }
@@ -1141,6 +1145,25 @@ fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec
             _ => None,
         })
         .collect()
+}
+
+/// A TIME(1) or TIME(2) value (`my_time_packed_from_binary`): 3 bytes of integer part, 1 byte
+/// of hundredths, negative values borrowing from the integer part. mysql_common computes the
+/// borrow on an unsigned byte, which overflows (a panic in debug builds, a wrong value in
+/// release builds) for every negative value with a fraction.
+fn time2_hundredths(buf: &mut ParseBuf<'_>) -> std::io::Result<Value> {
+    use mysql_common::binlog::misc::{my_packed_time_make, time_from_packed};
+    let bytes: &[u8] = buf.parse(4)?;
+    let mut intpart = i64::from(u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]])) - 0x80_0000;
+    let mut frac = i64::from(bytes[3]);
+    if intpart < 0 && frac > 0 {
+        intpart += 1;
+        frac -= 0x100;
+    }
+    Ok(time_from_packed(my_packed_time_make(
+        intpart,
+        frac * 10_000,
+    )))
 }
 
 /// The type mysql_common reads a value of a `ty` column as: a typed array's element type (the
@@ -1448,19 +1471,36 @@ impl ColumnLayout {
                 continue;
             }
             let meta = self.meta[col].as_slice();
-            if read_as(ty, meta) == ColumnType::MYSQL_TYPE_DATETIME2
-                && buf.0.first().is_some_and(|b| b & 0x80 == 0)
-            {
-                // mysql_common negates the packed value, which overflows for the smallest.
-                return Err(std::io::Error::new(
+            let bad = |why: String| {
+                std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!(
-                        "the DATETIME value of column {:?} is below zero (stored as {:02x?}), \
-                         which MySQL never writes",
-                        info.name,
+                    format!("column {:?}: {why}", info.name),
+                )
+            };
+            match (read_as(ty, meta), meta) {
+                (ColumnType::MYSQL_TYPE_DATETIME2, _)
+                    if buf.0.first().is_some_and(|b| b & 0x80 == 0) =>
+                {
+                    // mysql_common negates the packed value, which overflows for the smallest.
+                    return Err(bad(format!(
+                        "the DATETIME value is below zero (stored as {:02x?}), which MySQL \
+                         never writes",
                         &buf.0[..buf.0.len().min(5)]
-                    ),
-                ));
+                    )));
+                }
+                (ColumnType::MYSQL_TYPE_NEWDECIMAL, &[precision, scale, ..]) => {
+                    // mysql_common multiplies the last digit group without checking it.
+                    let size =
+                        crate::decode::json::decimal_bin_size(precision, scale).map_err(bad)?;
+                    if let Some(bin) = buf.0.get(..size) {
+                        crate::decode::json::decimal_digits(precision, scale, bin).map_err(bad)?;
+                    }
+                }
+                (ColumnType::MYSQL_TYPE_TIME2, &[1 | 2, ..]) if ty == read_as(ty, meta) => {
+                    values.push(Some(BinlogValue::Value(time2_hundredths(buf)?)));
+                    continue;
+                }
+                _ => {}
             }
             let ctx = (ty, meta, info.unsigned, false);
             values.push(Some(buf.parse::<BinlogValue<'a>>(ctx)?));
@@ -2381,7 +2421,7 @@ mod damaged_table_map_tests {
         let result = decode_rows(&[18], &[0], &["c"], &[0, 0, 0, 0, 0, 0]);
         assert!(
             result.contains(
-                "the DATETIME value of column \"c\" is below zero (stored as [00, 00, 00, 00, 00])"
+                "column \"c\": the DATETIME value is below zero (stored as [00, 00, 00, 00, 00])"
             ),
             "{result}"
         );
@@ -2394,8 +2434,32 @@ mod damaged_table_map_tests {
             result.contains("the table map carries no ENUM/SET labels"),
             "{result}"
         );
+        // Found by fuzzing (rows_event): a DECIMAL(5,4) whose last digit group (2 bytes, 4
+        // digits) holds 32767: mysql_common scales it by 10^5 in an i32 (an overflow panic).
+        let result = decode_rows(&[246], &[5, 4], &["c"], &[0, 0x80, 0x7f, 0xff]);
+        assert!(
+            result.contains("column \"c\": DECIMAL digit group 32767 has more than 4 digits"),
+            "{result}"
+        );
+        // Found by fuzzing (rows_event): a negative TIME(1)/TIME(2) with a fraction made
+        // mysql_common borrow from an unsigned byte (an overflow panic; a wrong value in release
+        // builds). -00:00:00.50 is stored as ff ff ff ce.
+        let result = decode_rows(&[19], &[2], &["c"], &[0, 0x7f, 0xff, 0xff, 0xce]);
+        assert!(
+            result.contains("aggregate_type: \"-000:00:00.500000\""),
+            "{result}"
+        );
+        // Found by fuzzing (rows_event): a label length of 2^64 - 1 overflowed the label check.
+        let labels = [
+            6, 11, 1, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+        ];
+        let result = decode_rows_with(&[254], &[0xf7, 1], &["c"], &labels, &[0, 1]);
+        assert!(
+            result.contains("the table map carries no ENUM/SET labels"),
+            "{result}"
+        );
         // The same layouts with sound metadata decode.
-        let ok = decode_rows(&[246], &[5, 1], &["c"], &[0, 0x80, 0, 0x0c, 5]);
-        assert!(ok.contains("OutboxEvent"), "{ok}");
+        let ok = decode_rows(&[246], &[5, 1], &["c"], &[0, 0x80, 0x0c, 5]);
+        assert!(ok.contains("aggregate_type: \"12.5\""), "{ok}");
     }
 }
