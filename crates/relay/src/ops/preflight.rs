@@ -580,6 +580,96 @@ pub async fn check_position_available(
     )))
 }
 
+/// Checks, before the dump, that a MySQL server can send the transactions after the GTID set
+/// `set`: it executed every one of them (`GTID_SUBSET(set, @@gtid_executed)`) and purged none
+/// it would have to send (`GTID_SUBSET(@@gtid_purged, set)`). The dump itself answers error
+/// 1236 then, but the server may close the connection before the client reads that answer.
+///
+/// # Errors
+/// [`RelayError::Binlog`] naming the set, what the server has and the recovery commands.
+pub async fn check_gtid_set_available(conn: &mut Conn, set: &str) -> Result<(), RelayError> {
+    // MySQL refuses a set holding transactions of its own server_uuid that it has not executed,
+    // or missing transactions it purged (others' GTIDs it lacks are fine: a failover).
+    let row: Option<(Option<String>, Option<String>, Option<i64>)> = conn
+        .exec_first(
+            "SELECT GTID_SUBTRACT(?, @@GLOBAL.gtid_executed), @@GLOBAL.server_uuid, \
+             GTID_SUBSET(@@GLOBAL.gtid_purged, ?)",
+            (set, set),
+        )
+        .await?;
+    let (missing, uuid, not_purged) = row.unwrap_or_default();
+    let own_missing = match (missing.as_deref(), uuid.as_deref()) {
+        (Some(m), Some(u)) if !u.is_empty() => {
+            m.to_ascii_lowercase().contains(&u.to_ascii_lowercase())
+        }
+        _ => false,
+    };
+    let problem = if own_missing {
+        "it holds transactions of this server that the server has not executed (the checkpoint \
+         comes from before a RESET MASTER or from another server with this server_uuid)"
+    } else if not_purged == Some(0) {
+        "transactions after it were purged from the server's binlog"
+    } else {
+        return Ok(());
+    };
+    let has = crate::binlog::source::binlog_history(conn, Flavor::MySql).await?;
+    Err(RelayError::Binlog(format!(
+        "cannot resume from the checkpoint's GTID set {set}: {problem} (the dump would end \
+         with error 1236). The server has: {has}. The relay will not skip ahead by itself. To \
+         continue, move this connector's checkpoint with `outbox-relay reset --config <file> \
+         --to earliest` (from the oldest binlog the server has; events in between are lost \
+         unless replayed from elsewhere) or `--to latest` (the gap is not relayed); stop the \
+         relay first"
+    )))
+}
+
+/// Checks, before the dump, that a MariaDB server has written the GTID position `pos` it is
+/// asked to continue after (every domain's sequence number at most the server's
+/// `@@gtid_binlog_pos`). In strict mode the dump itself answers error 1236 then, but the server
+/// may close the connection before the client reads that answer.
+///
+/// # Errors
+/// [`RelayError::Binlog`] naming the GTIDs, what the server has and the recovery commands.
+pub async fn check_mariadb_gtid_available(
+    conn: &mut Conn,
+    pos: &crate::position::MariadbGtidPos,
+) -> Result<(), RelayError> {
+    let current: Option<String> = conn.query_first("SELECT @@GLOBAL.gtid_binlog_pos").await?;
+    let Ok(current) = current
+        .unwrap_or_default()
+        .parse::<crate::position::MariadbGtidPos>()
+    else {
+        return Ok(()); // the dump's own answer decides
+    };
+    // Domains the server has never written are fine (a failover brings other servers'
+    // domains along); a domain it has, at a lower sequence number, is not.
+    let ahead: Vec<_> = pos
+        .beyond(&current)
+        .into_iter()
+        .filter(|g| {
+            current
+                .beyond(&crate::position::MariadbGtidPos::default())
+                .iter()
+                .any(|c| c.domain_id == g.domain_id)
+        })
+        .collect();
+    if ahead.is_empty() {
+        return Ok(());
+    }
+    let ahead: Vec<String> = ahead.iter().map(ToString::to_string).collect();
+    let has = crate::binlog::source::binlog_history(conn, Flavor::MariaDb).await?;
+    Err(RelayError::Binlog(format!(
+        "cannot resume from the checkpoint's GTID position {pos}: the server has not written \
+         {} (the checkpoint comes from another server or from before a RESET MASTER; the dump \
+         would end with error 1236). The server has: {has}. The relay will not skip ahead by \
+         itself. To continue, move this connector's checkpoint with `outbox-relay reset \
+         --config <file> --to earliest` (from the oldest binlog the server has; events in \
+         between are lost unless replayed from elsewhere) or `--to latest` (the gap is not \
+         relayed); stop the relay first",
+        ahead.join(", ")
+    )))
+}
+
 /// The replicas and dump clients registered with the server, as (`server_id`, host) from
 /// `SHOW SLAVE HOSTS` (MariaDB) or `SHOW REPLICAS` (MySQL; `SHOW SLAVE HOSTS` before 8.0.22,
 /// chosen by the error code). Returns the statement that answered too.

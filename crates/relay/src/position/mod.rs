@@ -142,6 +142,21 @@ impl MariadbGtidPos {
     pub fn is_empty(&self) -> bool {
         self.by_domain.is_empty()
     }
+
+    /// The GTIDs of `self` that `other` has not reached: a domain `other` lacks, or a higher
+    /// sequence number than `other`'s in the same domain.
+    pub fn beyond(&self, other: &MariadbGtidPos) -> Vec<MariadbGtid> {
+        self.by_domain
+            .iter()
+            .filter(|(d, g)| {
+                other
+                    .by_domain
+                    .get(d)
+                    .is_none_or(|o| o.sequence < g.sequence)
+            })
+            .map(|(_, g)| *g)
+            .collect()
+    }
 }
 
 impl fmt::Display for MariadbGtidPos {

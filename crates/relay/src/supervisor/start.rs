@@ -105,8 +105,16 @@ pub(super) async fn prepare(
              the checkpoint past that change (or SET GLOBAL binlog_row_metadata=FULL)");
     }
     let from = start_from(config.mysql.resume, &server, &start)?;
-    if let StartFrom::Position(p) = &from {
-        preflight::check_position_available(&mut conn, server.flavor, p).await?;
+    match &from {
+        StartFrom::Position(p) => {
+            preflight::check_position_available(&mut conn, server.flavor, p).await?;
+        }
+        StartFrom::MysqlGtid(set) => {
+            preflight::check_gtid_set_available(&mut conn, &set.to_string()).await?;
+        }
+        StartFrom::MariadbGtid(pos) => {
+            preflight::check_mariadb_gtid_available(&mut conn, pos).await?;
+        }
     }
     Ok((server, start, from))
 }
