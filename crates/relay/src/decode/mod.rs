@@ -1104,35 +1104,30 @@ fn table_map_labels(tme: &TableMapEvent<'_>, count: usize) -> Vec<Option<Vec<Vec
     }
     let mut enums = Vec::new();
     let mut sets = Vec::new();
+    // ENUM and SET label lists have the same shape but different types in mysql_common.
+    macro_rules! push_labels {
+        ($field:expr, $into:expr) => {
+            for values in $field.iter_values() {
+                let Ok(values) = values else {
+                    return vec![None; count];
+                };
+                $into.push(
+                    values
+                        .values()
+                        .iter()
+                        .map(|v| v.value_raw().to_vec())
+                        .collect(),
+                );
+            }
+        };
+    }
     for field in tme.iter_optional_meta() {
         match field {
             Ok(OptionalMetadataField::EnumStrValue(e)) => {
-                for values in e.iter_values() {
-                    let Ok(values) = values else {
-                        return vec![None; count];
-                    };
-                    enums.push(
-                        values
-                            .values()
-                            .iter()
-                            .map(|v| v.value_raw().to_vec())
-                            .collect(),
-                    );
-                }
+                push_labels!(e, enums);
             }
             Ok(OptionalMetadataField::SetStrValue(s)) => {
-                for values in s.iter_values() {
-                    let Ok(values) = values else {
-                        return vec![None; count];
-                    };
-                    sets.push(
-                        values
-                            .values()
-                            .iter()
-                            .map(|v| v.value_raw().to_vec())
-                            .collect(),
-                    );
-                }
+                push_labels!(s, sets);
             }
             _ => {}
         }
