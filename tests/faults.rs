@@ -8,26 +8,10 @@
 //! again when it ends. `make faults` runs the same harness alone (`--profile short`, or
 //! `make faults-full`).
 
-use anyhow::{ensure, Result};
-use outbox_relay_testkit::faults::{run, Options, Profile};
+use anyhow::Result;
+use outbox_relay_testkit::faults::short_matrix_test;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fault_matrix_short_loses_nothing() -> Result<()> {
-    let mut opts = Options::new(Profile::short());
-    opts.relay_bin = env!("CARGO_BIN_EXE_outbox-relay").into();
-    if let Some(seed) = std::env::var("FAULTS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        opts.seed = seed;
-    }
-    let report = run(&opts).await?;
-    println!("{}", report.render());
-    ensure!(
-        report.passed(),
-        "the fault matrix failed (seed {}): {} missing, see the table above",
-        report.seed,
-        report.verification.missing.len()
-    );
-    Ok(())
+    short_matrix_test(env!("CARGO_BIN_EXE_outbox-relay"), false).await
 }

@@ -61,6 +61,13 @@ pub enum RelayError {
     #[error("lease lost: {0}")]
     LeaseLost(String),
 
+    /// Exactly-once: a newer producer with this connector's `transactional.id` fenced ours
+    /// (KIP-98 `PRODUCER_FENCED`). The supervisor checks the lease: lost (another instance took
+    /// over) → waits for it like [`RelayError::LeaseLost`]; still held (another connector
+    /// shares the `transactional.id`) → stops, so the two never fence each other in turn.
+    #[error("fenced: {0}")]
+    Fenced(String),
+
     /// A command-line argument is unusable (a `--binlog` file that does not exist or is not a
     /// binlog file, a replay position or date-time that cannot be used). Not retried: the
     /// operator must change the command.
@@ -71,7 +78,10 @@ pub enum RelayError {
 impl RelayError {
     /// `true` when the supervisor should reconnect and resume from the last checkpoint.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, Self::Mysql(_) | Self::Kafka(_) | Self::LeaseLost(_))
+        matches!(
+            self,
+            Self::Mysql(_) | Self::Kafka(_) | Self::LeaseLost(_) | Self::Fenced(_)
+        )
     }
 
     /// Process exit code for this error (documented in the README): 2 configuration or

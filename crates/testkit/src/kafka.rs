@@ -87,6 +87,8 @@ fn new_consumer(bootstrap: &str) -> Result<BaseConsumer> {
         )
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        // librdkafka's default, said here because exactly-once tests depend on it.
+        .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
         .set("enable.partition.eof", "false")
@@ -366,6 +368,22 @@ pub async fn read_all_records(
         );
     }
     Ok(records)
+}
+
+/// Everything in `topics` a `read_committed` consumer sees: each partition from the beginning
+/// to its end (the consumer's position past the last stable offset: transaction markers and
+/// aborted records take offsets but are never delivered, so unlike [`read_all_records`] the
+/// count is not checked against the watermarks). Topics that do not exist are skipped.
+///
+/// # Errors
+/// As [`collect_records`].
+pub async fn read_committed_records(
+    bootstrap: &str,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<Vec<Record>> {
+    let (bootstrap, topics) = (bootstrap.to_owned(), topics.to_vec());
+    run_blocking(move || read_blocking(&bootstrap, &topics, false, None, timeout)).await
 }
 
 /// Sum over the partitions of `topics` of (high − low watermark): how many records they hold.

@@ -45,7 +45,7 @@ pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url, test_server, T
 pub use http::{http_get, metric, wait_for_status};
 pub use kafka::{
     collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,
-    list_topics, read_all_records, Record,
+    list_topics, read_all_records, read_committed_records, Record,
 };
 pub use outbox::{
     epoch_micros_to_datetime6, insert_outbox_rows, recent_created_at_base, InsertStyle, OutboxRow,

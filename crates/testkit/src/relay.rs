@@ -75,6 +75,8 @@ pub struct RelayConfigSpec {
     /// TOML lines appended to the `[http]` section when `http_listen` is set
     /// (`ready_kafka_ms = 3000`).
     pub http_extra: String,
+    /// TOML lines appended to the `[kafka]` section (`delivery = "exactly_once"`, …).
+    pub kafka_extra: String,
 }
 
 impl RelayConfigSpec {
@@ -127,6 +129,7 @@ impl RelayConfigSpec {
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: String::new(),
             http_extra: String::new(),
+            kafka_extra: String::new(),
         }
     }
 
@@ -163,7 +166,7 @@ impl RelayConfigSpec {
         }
         let mut out = format!(
             "connector_name = {}\n\n[mysql]\nurl = {}\nserver_id = {}\n{mysql_extra}\n[outbox]\n\
-             tables = [{}]\ntopic = {}\n{xa_line}{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n\n\
+             tables = [{}]\ntopic = {}\n{xa_line}{}\n\n[kafka]\nbootstrap_servers = {}\nmax_in_flight = {}\n{}\n\
              [kafka.properties]\n",
             toml_str(&self.connector_name),
             toml_str(&self.mysql_url),
@@ -173,6 +176,7 @@ impl RelayConfigSpec {
             self.outbox_extra,
             toml_str(&self.bootstrap_servers),
             self.max_in_flight,
+            self.kafka_extra,
         );
         for (k, v) in &self.kafka_properties {
             out.push_str(&format!("{} = {}\n", toml_str(k), toml_str(v)));
@@ -584,6 +588,7 @@ mod tests {
             http_listen: Some("127.0.0.1:0".into()),
             retry_extra: "max_attempts = 3\n".into(),
             http_extra: "ready_kafka_ms = 3000\n".into(),
+            kafka_extra: String::new(),
         };
         let toml = spec.to_toml();
         for needle in [

@@ -596,6 +596,74 @@ pub struct KafkaConfig {
     /// `enable.idempotence`, `acks` and `partitioner` are fixed by the relay and rejected here.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// `"at_least_once"` (default: an idempotent producer; a restart may send again what was
+    /// sent after the last checkpoint) or `"exactly_once"` (a transactional producer that writes
+    /// the resume point to [`KafkaConfig::progress_topic`] inside the Kafka transaction of the
+    /// records it covers: a `read_committed` consumer sees every outbox row once).
+    #[serde(default)]
+    pub delivery: Delivery,
+    /// Exactly-once: the producer's `transactional.id`. Default `outbox-relay.<connector_name>`:
+    /// stable across restarts and instances, so a new instance fences an old one
+    /// (`InitProducerId`, KIP-98).
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// Exactly-once: the compacted topic holding each connector's resume point, keyed by
+    /// `connector_name`. Default `outbox-relay.progress`; created (1 partition,
+    /// `cleanup.policy=compact`) when missing.
+    #[serde(default = "default_progress_topic")]
+    pub progress_topic: String,
+    /// Exactly-once: the longest a Kafka transaction stays open, in ms: records are committed
+    /// (with their resume point) this often while rows flow. Default 100. A consumer reading
+    /// `read_committed` sees a record at most about this long after the relay read it.
+    #[serde(default = "default_transaction_interval_ms")]
+    pub transaction_interval_ms: u64,
+    /// Exactly-once: the most records (dead letters included) in one Kafka transaction; a source
+    /// transaction with more spans several, the resume point saying how many of its rows are
+    /// committed. Default 10000.
+    #[serde(default = "default_transaction_max_records")]
+    pub transaction_max_records: u64,
+    /// Exactly-once: the most record bytes (key, value, headers) in one Kafka transaction.
+    /// Default 67108864 (64 MiB).
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: u64,
+    /// Exactly-once: `transaction.timeout.ms`, in ms: a transaction the relay leaves open longer
+    /// (it hung or died) is aborted by the broker. Default 60000; at most the broker's
+    /// `transaction.max.timeout.ms` (900000 by default).
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+}
+
+/// `kafka.delivery`: what a consumer may see after a relay crash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Idempotent producer, checkpoint in the state table after Kafka acknowledged: a restart
+    /// may send again records sent after the last checkpoint.
+    #[default]
+    AtLeastOnce,
+    /// Transactional producer, resume point inside the Kafka transaction: `read_committed`
+    /// consumers see every outbox row exactly once.
+    ExactlyOnce,
+}
+
+fn default_progress_topic() -> String {
+    "outbox-relay.progress".into()
+}
+
+fn default_transaction_interval_ms() -> u64 {
+    100
+}
+
+fn default_transaction_max_records() -> u64 {
+    10_000
+}
+
+fn default_transaction_max_bytes() -> u64 {
+    64 << 20
+}
+
+fn default_transaction_timeout_ms() -> u64 {
+    60_000
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -604,11 +672,44 @@ impl std::fmt::Debug for KafkaConfig {
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("max_in_flight", &self.max_in_flight)
             .field("properties", &self.redacted_properties())
+            .field("delivery", &self.delivery)
+            .field("transactional_id", &self.transactional_id)
+            .field("progress_topic", &self.progress_topic)
+            .field("transaction_interval_ms", &self.transaction_interval_ms)
+            .field("transaction_max_records", &self.transaction_max_records)
+            .field("transaction_max_bytes", &self.transaction_max_bytes)
+            .field("transaction_timeout_ms", &self.transaction_timeout_ms)
             .finish()
     }
 }
 
+impl Default for KafkaConfig {
+    /// No bootstrap servers; every other key at its default.
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: String::new(),
+            max_in_flight: default_max_in_flight(),
+            properties: BTreeMap::new(),
+            delivery: Delivery::default(),
+            transactional_id: None,
+            progress_topic: default_progress_topic(),
+            transaction_interval_ms: default_transaction_interval_ms(),
+            transaction_max_records: default_transaction_max_records(),
+            transaction_max_bytes: default_transaction_max_bytes(),
+            transaction_timeout_ms: default_transaction_timeout_ms(),
+        }
+    }
+}
+
 impl KafkaConfig {
+    /// The `transactional.id` of exactly-once mode for `connector`: [`KafkaConfig::transactional_id`]
+    /// or `outbox-relay.<connector>`.
+    pub fn transactional_id_for(&self, connector: &str) -> String {
+        self.transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("outbox-relay.{connector}"))
+    }
+
     /// `properties` with the values of secret keys replaced by `***`, for logs.
     pub fn redacted_properties(&self) -> BTreeMap<&str, &str> {
         self.properties
@@ -735,8 +836,10 @@ impl std::fmt::Display for TableName {
 
 /// Producer properties the relay sets itself; overriding them would break ordering or
 /// at-least-once delivery.
-pub const FIXED_PRODUCER_PROPERTIES: [&str; 6] = [
+pub const FIXED_PRODUCER_PROPERTIES: [&str; 8] = [
     "enable.idempotence",
+    "transactional.id",
+    "transaction.timeout.ms",
     "enable.gapless.guarantee",
     "acks",
     "request.required.acks",
@@ -836,8 +939,53 @@ impl RelayConfig {
             if FIXED_PRODUCER_PROPERTIES.contains(&key.as_str()) {
                 return bad(format!(
                     "kafka.properties.{key:?} is set by the relay (idempotent producer, acks=all, \
-                     murmur2_random partitioner; bootstrap servers from kafka.bootstrap_servers); remove it"
+                     murmur2_random partitioner; bootstrap servers from kafka.bootstrap_servers; \
+                     transactional.id and transaction.timeout.ms from kafka.transactional_id and \
+                     kafka.transaction_timeout_ms); remove it"
                 ));
+            }
+        }
+        if self.kafka.delivery == Delivery::ExactlyOnce {
+            let k = &self.kafka;
+            if topic::TopicTemplate::parse(&k.progress_topic).is_err()
+                || k.progress_topic.contains('{')
+            {
+                return bad(format!(
+                    "kafka.progress_topic {:?} is not a valid Kafka topic name",
+                    k.progress_topic
+                ));
+            }
+            if k.transactional_id
+                .as_deref()
+                .is_some_and(|t| t.trim().is_empty())
+            {
+                return bad(
+                    "kafka.transactional_id must not be empty (leave it out for \
+                            outbox-relay.<connector_name>)"
+                        .into(),
+                );
+            }
+            if k.transaction_interval_ms == 0
+                || k.transaction_max_records == 0
+                || k.transaction_max_bytes == 0
+            {
+                return bad(
+                    "kafka.transaction_interval_ms, kafka.transaction_max_records and \
+                            kafka.transaction_max_bytes must be at least 1"
+                        .into(),
+                );
+            }
+            if k.transaction_timeout_ms < 1_000
+                || k.transaction_timeout_ms <= 2 * k.transaction_interval_ms
+            {
+                return bad(format!(
+                    "kafka.transaction_timeout_ms ({}) must be at least 1000 and more than twice \
+                     kafka.transaction_interval_ms ({}): a transaction is committed that often",
+                    k.transaction_timeout_ms, k.transaction_interval_ms
+                ));
+            }
+            if self.dead_letter.enabled && self.dead_letter.topic == k.progress_topic {
+                return bad("dead_letter.topic and kafka.progress_topic must differ".into());
             }
         }
         if self.http.ready_kafka_ms < 3_000 {
@@ -971,6 +1119,53 @@ bootstrap_servers = "127.0.0.1:9092"
             .expect_err("acks is fixed")
             .to_string();
         assert!(err.contains("acks"), "{err}");
+    }
+
+    #[test]
+    fn exactly_once_defaults_and_its_invalid_settings_are_named() {
+        let c = RelayConfig::from_toml_str(&format!("{MINIMAL}delivery = \"exactly_once\"\n"))
+            .expect("valid");
+        assert_eq!(c.kafka.delivery, Delivery::ExactlyOnce);
+        assert_eq!(
+            c.kafka.transactional_id_for(&c.connector_name),
+            "outbox-relay.outbox-relay"
+        );
+        assert_eq!(c.kafka.progress_topic, "outbox-relay.progress");
+        assert_eq!(
+            (
+                c.kafka.transaction_interval_ms,
+                c.kafka.transaction_max_records,
+                c.kafka.transaction_timeout_ms
+            ),
+            (100, 10_000, 60_000)
+        );
+        for (line, named) in [
+            (
+                "transaction_timeout_ms = 150",
+                "kafka.transaction_timeout_ms",
+            ),
+            (
+                "transaction_max_records = 0",
+                "kafka.transaction_max_records",
+            ),
+            ("progress_topic = \"bad topic\"", "kafka.progress_topic"),
+            ("transactional_id = \" \"", "kafka.transactional_id"),
+        ] {
+            let toml = format!("{MINIMAL}delivery = \"exactly_once\"\n{line}\n");
+            let err = RelayConfig::from_toml_str(&toml)
+                .expect_err(line)
+                .to_string();
+            assert!(err.contains(named), "{line}: {err}");
+        }
+        let toml = format!("{MINIMAL}\n[kafka.properties]\n\"transactional.id\" = \"x\"\n");
+        let err = RelayConfig::from_toml_str(&toml)
+            .expect_err("transactional.id is set by the relay")
+            .to_string();
+        assert!(err.contains("kafka.transactional_id"), "{err}");
+        let err = RelayConfig::from_toml_str(&format!("{MINIMAL}delivery = \"twice\"\n"))
+            .expect_err("unknown mode")
+            .to_string();
+        assert!(err.contains("delivery"), "{err}");
     }
 
     #[test]

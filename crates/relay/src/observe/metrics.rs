@@ -55,6 +55,11 @@ const READ_TO_ACK_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Buckets of `outbox_relay_transaction_records`.
+const TRANSACTION_RECORD_BUCKETS: [f64; 10] = [
+    1.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 50000.0,
+];
+
 /// What the relay is doing, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -118,6 +123,7 @@ pub fn error_kind(e: &RelayError) -> &'static str {
         RelayError::Kafka(_) => "kafka",
         RelayError::Binlog(_) => "binlog",
         RelayError::LeaseLost(_) => "lease_lost",
+        RelayError::Fenced(_) => "fenced",
         RelayError::Argument(_) => "argument",
     }
 }
@@ -139,6 +145,9 @@ struct Live {
     /// Since when, and why, no Kafka broker answered the readiness probe (`None`: the last
     /// probe succeeded, or none ran yet in this run).
     kafka_down: Option<(Instant, String)>,
+    /// Exactly-once: since when the relay's Kafka transaction is open, and the age at which an
+    /// open transaction makes the relay not ready (half of `kafka.transaction_timeout_ms`).
+    transaction_open: Option<(Instant, Duration)>,
 }
 
 /// The relay's metrics registry and health state. See the module documentation.
@@ -162,6 +171,14 @@ pub struct Metrics {
     read_to_ack: Histogram,
     reconnects: IntCounterVec,
     errors: IntCounterVec,
+    transactions_committed: IntCounter,
+    transactions_aborted: IntCounter,
+    transaction_duration: Histogram,
+    transaction_commit: Histogram,
+    transaction_records: Histogram,
+    transaction_open_age: Gauge,
+    /// Exactly-once: the threshold of [`Live::transaction_open`], set by the sink.
+    transaction_stall: Mutex<Duration>,
     rows_read_total: AtomicU64,
     /// Counters per topic label, so a record's acknowledgement costs one lookup (no label
     /// hashing in the registry, no allocation).
@@ -409,9 +426,47 @@ impl Metrics {
                 &r,
                 "outbox_relay_errors_total",
                 "Errors that ended a run, by kind (the RelayError variant): config, \
-                 prerequisite, row, mysql, kafka, binlog, lease_lost, argument.",
+                 prerequisite, row, mysql, kafka, binlog, lease_lost, fenced, argument.",
                 "kind",
             ),
+            transactions_committed: counter(
+                &r,
+                "outbox_relay_transactions_committed_total",
+                "Exactly-once: Kafka transactions committed (records with their resume point).",
+            ),
+            transactions_aborted: counter(
+                &r,
+                "outbox_relay_transactions_aborted_total",
+                "Exactly-once: Kafka transactions aborted (their records are sent again from the \
+                 last committed resume point; read_committed consumers never see them).",
+            ),
+            transaction_duration: histogram(
+                &r,
+                "outbox_relay_transaction_duration_seconds",
+                "Exactly-once: from a Kafka transaction's first record to its commit.",
+                &READ_TO_ACK_BUCKETS,
+            ),
+            transaction_commit: histogram(
+                &r,
+                "outbox_relay_transaction_commit_seconds",
+                "Exactly-once: the commit call itself (EndTxn on the coordinator).",
+                &READ_TO_ACK_BUCKETS,
+            ),
+            transaction_records: histogram(
+                &r,
+                "outbox_relay_transaction_records",
+                "Exactly-once: records (dead letters included) per committed Kafka transaction.",
+                &TRANSACTION_RECORD_BUCKETS,
+            ),
+            transaction_open_age: float_gauge(
+                &r,
+                "outbox_relay_transaction_open_seconds",
+                "Exactly-once: how long the relay's current Kafka transaction has been open (0 \
+                 when none is): an open transaction holds back the last stable offset, so \
+                 read_committed consumers see nothing after its first record. Computed at \
+                 scrape time.",
+            ),
+            transaction_stall: Mutex::new(Duration::MAX),
             registry: r,
             rows_read_total: AtomicU64::new(0),
             topics: Mutex::new(HashMap::new()),
@@ -423,6 +478,7 @@ impl Metrics {
                 caught_up: false,
                 checkpoint_current_at: None,
                 kafka_down: None,
+                transaction_open: None,
             }),
         }
     }
@@ -440,6 +496,10 @@ impl Metrics {
             if let Some(at) = live.checkpoint_current_at {
                 self.checkpoint_age.set(at.elapsed().as_secs_f64());
             }
+            self.transaction_open_age.set(
+                live.transaction_open
+                    .map_or(0.0, |(since, _)| since.elapsed().as_secs_f64()),
+            );
         }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
@@ -488,6 +548,17 @@ impl Metrics {
                 ));
             }
         }
+        if let Some((since, limit)) = live.transaction_open {
+            let open = since.elapsed();
+            if open >= limit {
+                return Err(format!(
+                    "a Kafka transaction has been open for {} ms (more than half of \
+                     kafka.transaction_timeout_ms): it holds back the last stable offset, so \
+                     read_committed consumers see nothing new",
+                    open.as_millis()
+                ));
+            }
+        }
         let idle = live.last_activity.map_or(Duration::MAX, |t| t.elapsed());
         if idle > stall {
             let in_flight = self.in_flight.get();
@@ -518,6 +589,42 @@ impl Metrics {
                 None => live.kafka_down = Some((asked, e)),
             },
         }
+    }
+
+    /// Exactly-once: an open transaction makes the relay not ready after `limit`.
+    pub fn set_transaction_stall(&self, limit: Duration) {
+        *self
+            .transaction_stall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = limit;
+    }
+
+    /// Exactly-once: a Kafka transaction was begun.
+    pub fn transaction_opened(&self) {
+        let limit = *self
+            .transaction_stall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.live().transaction_open = Some((Instant::now(), limit));
+    }
+
+    /// Exactly-once: the open transaction ended (committed or aborted).
+    pub fn transaction_closed(&self) {
+        self.live().transaction_open = None;
+    }
+
+    /// Exactly-once: a transaction of `records` records, open for `age`, was committed by a
+    /// commit call that took `commit`.
+    pub fn transaction_committed(&self, age: Duration, records: u64, commit: Duration) {
+        self.transactions_committed.inc();
+        self.transaction_duration.observe(age.as_secs_f64());
+        self.transaction_commit.observe(commit.as_secs_f64());
+        self.transaction_records.observe(records as f64);
+    }
+
+    /// Exactly-once: a transaction was aborted.
+    pub fn transaction_aborted(&self) {
+        self.transactions_aborted.inc();
     }
 
     /// Sets the state; any state but [`State::Streaming`] means the stream is not connected.
@@ -678,7 +785,7 @@ impl Metrics {
     pub fn reconnect(&self, cause: &RelayError) {
         let label = match cause {
             RelayError::Kafka(_) => "kafka",
-            RelayError::LeaseLost(_) => "lease",
+            RelayError::LeaseLost(_) | RelayError::Fenced(_) => "lease",
             _ => "mysql",
         };
         self.reconnects.with_label_values(&[label]).inc();
@@ -889,6 +996,7 @@ mod tests {
             caught_up: false,
             checkpoint_current_at: None,
             kafka_down: None,
+            transaction_open: None,
         };
         assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
         live.current_as_of = Some(990.0);

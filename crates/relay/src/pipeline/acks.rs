@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use super::{refused_too, Ack, RowRef};
 use crate::error::RelayError;
-use crate::kafka::sink::{DeadLetter, Delivered, Deliveries, DeliveryReport, KafkaSink, SendError};
+use crate::kafka::sink::{
+    DeadLetter, Delivered, Deliveries, DeliveryReport, RecordSink, SendError,
+};
 use crate::observe::metrics::{self, DeadLetterKind};
 use crate::position::BinlogPosition;
 use crate::state::checkpoint::Checkpoint;
@@ -90,7 +92,7 @@ pub(super) struct AckQueue {
 
 impl AckQueue {
     /// An empty queue for `sink`'s records.
-    pub fn new(sink: &KafkaSink) -> Self {
+    pub fn new(sink: &impl RecordSink) -> Self {
         Self {
             entries: VecDeque::new(),
             first_seq: 0,
@@ -138,7 +140,7 @@ impl AckQueue {
 
     /// The next acknowledgement in order, waiting for delivery reports as needed; `None` when
     /// the queue is empty. Cancel-safe: state only changes in `self`, before each wait.
-    pub async fn next(&mut self, sink: &KafkaSink) -> Option<Ack> {
+    pub async fn next(&mut self, sink: &impl RecordSink) -> Option<Ack> {
         loop {
             if let Some(ack) = self.pop_ready() {
                 return Some(ack);
@@ -313,7 +315,7 @@ impl AckQueue {
 
     /// Enqueues the dead letters of records refused at delivery, under their records' numbers.
     /// `false` when librdkafka's queue is full (try again later).
-    fn send_dead_letters(&mut self, sink: &KafkaSink) -> bool {
+    fn send_dead_letters(&mut self, sink: &impl RecordSink) -> bool {
         for (i, entry) in self.entries.iter_mut().enumerate() {
             if self.unsent == 0 {
                 break;

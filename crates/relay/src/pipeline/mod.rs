@@ -54,7 +54,7 @@ use crate::config::TableName;
 use crate::decode::{Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::kafka::route::{KafkaRecord, Router};
-use crate::kafka::sink::{DeadLetter, KafkaSink, SendError};
+use crate::kafka::sink::{DeadLetter, RecordSink, SendError};
 use crate::observe::metrics::{self, DeadLetterKind, ProgressLog};
 use crate::state::checkpoint::{Checkpoint, CheckpointStore};
 use crate::state::lease::Lease;
@@ -156,6 +156,9 @@ pub struct PipelineSettings {
     /// After a stop was requested, longest wait for Kafka to acknowledge what is in flight
     /// (`retry.stop_timeout_ms`); what is not acknowledged by then is sent again next start.
     pub stop_timeout: Duration,
+    /// Exactly-once: the longest a Kafka transaction stays open while rows flow
+    /// (`kafka.transaction_interval_ms`); unused by an at-least-once sink.
+    pub transaction_interval: Duration,
 }
 
 /// Counters of one run, for logs.
@@ -186,6 +189,10 @@ struct Progress<'s, S> {
     /// checkpoint transactions, which would otherwise make an idle relay feed itself).
     dirty: bool,
     last_write: Instant,
+    /// Exactly-once: the last committed point written to the store, and the least time between
+    /// two such writes.
+    mirrored: Option<Checkpoint>,
+    mirror_interval: Duration,
     stats: RunStats,
     /// `@@server_id` and `@@server_uuid` of the server this run reads.
     server: (u32, Option<String>),
@@ -211,6 +218,48 @@ impl<S: CheckpointStore> Progress<'_, S> {
         Ok(())
     }
 
+    /// `true` when the acknowledged point is ahead of the stored one.
+    fn moved(&self, acked: &Checkpoint) -> bool {
+        // Positions of different servers (after a move by GTID) are unordered, even when their
+        // files share a name: the newer is the one this run produced.
+        let order = (acked.source_server_id == self.stored.source_server_id)
+            .then(|| acked.position.partial_cmp(&self.stored.position))
+            .flatten()
+            .map(|o| o.then(acked.rows_acked.cmp(&self.stored.rows_acked)));
+        !matches!(order, Some(Ordering::Less | Ordering::Equal))
+    }
+
+    /// Exactly-once [`Progress::persist`]: `stored` is the last committed point.
+    async fn commit<K: RecordSink>(&mut self, force: bool, sink: &K) -> Result<(), RelayError> {
+        let acked = self.acked();
+        let moved = self.moved(&acked);
+        if moved || sink.transaction_open() {
+            sink.commit(&acked).await?;
+            self.stored = acked;
+            self.stats.checkpoints_written += 1;
+        }
+        self.dirty = false;
+        let Some(store) = self.store else {
+            return Ok(());
+        };
+        if (force || self.last_write.elapsed() >= self.mirror_interval)
+            && self.mirrored.as_ref() != Some(&self.stored)
+        {
+            // The progress topic is the resume point; the state table follows it for `status`,
+            // `prune` and operators (never ahead of it: written after the commit).
+            crate::error::with_timeout(
+                self.io_timeout,
+                "mirroring the committed resume point to the state table",
+                store.save(&self.stored),
+            )
+            .await??;
+            self.mirrored = Some(self.stored.clone());
+            self.last_write = Instant::now();
+        }
+        metrics::global().checkpoint_current();
+        Ok(())
+    }
+
     fn acked(&self) -> Checkpoint {
         // Rows counted against a base written on another server (a run moved there by GTID,
         // until its first boundary) are rows of this server's transaction: stored under the
@@ -226,8 +275,13 @@ impl<S: CheckpointStore> Progress<'_, S> {
     }
 
     /// Writes the acknowledged checkpoint if it moved forward (and, unless `force`, if it is
-    /// worth a write).
-    async fn persist(&mut self, force: bool) -> Result<(), RelayError> {
+    /// worth a write). With a transactional sink, commits the Kafka transaction with that point
+    /// (the caller made sure nothing is in flight) and mirrors it to the store at most every
+    /// `checkpoint_interval` (always when `force`).
+    async fn persist<K: RecordSink>(&mut self, force: bool, sink: &K) -> Result<(), RelayError> {
+        if sink.transactional() {
+            return self.commit(force, sink).await;
+        }
         if !(self.dirty || force) {
             if self.store.is_some() {
                 metrics::global().checkpoint_current();
@@ -239,13 +293,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             return Ok(());
         };
         let acked = self.acked();
-        // Positions of different servers (after a move by GTID) are unordered, even when their
-        // files share a name: the newer is the one this run produced.
-        let order = (acked.source_server_id == self.stored.source_server_id)
-            .then(|| acked.position.partial_cmp(&self.stored.position))
-            .flatten()
-            .map(|o| o.then(acked.rows_acked.cmp(&self.stored.rows_acked)));
-        if !matches!(order, Some(Ordering::Less | Ordering::Equal)) {
+        if self.moved(&acked) {
             crate::error::with_timeout(
                 self.io_timeout,
                 "writing the checkpoint",
@@ -275,15 +323,16 @@ pub struct RunOutcome {
 }
 
 /// The stages of one run, borrowed from the supervisor.
-pub struct Stages<'a, S, E> {
+pub struct Stages<'a, S, E, K> {
     /// Binlog events: the live dump or binlog files.
     pub source: &'a mut E,
     /// Decoder for the outbox tables.
     pub decoder: &'a mut Decoder,
     /// Topic/key/header mapping.
     pub router: &'a Router,
-    /// Kafka producer.
-    pub sink: &'a KafkaSink,
+    /// Kafka producer: [`crate::kafka::sink::KafkaSink`] (at-least-once) or
+    /// [`crate::kafka::sink::TransactionalSink`] (exactly-once).
+    pub sink: &'a K,
     /// Fenced checkpoint store; `None` writes no checkpoint at all (replay).
     pub store: Option<&'a S>,
     /// The connector's lease, verified at every checkpoint tick; `None` when the run writes no
@@ -296,8 +345,8 @@ pub struct Stages<'a, S, E> {
 ///
 /// `refusals` carries what earlier runs learnt about records the brokers refuse for good (keep
 /// one per connector and pass it to every run; see "Records a broker refuses for good").
-pub async fn run<S: CheckpointStore, E: EventSource>(
-    stages: Stages<'_, S, E>,
+pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
+    stages: Stages<'_, S, E, K>,
     settings: &PipelineSettings,
     start: Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
@@ -322,6 +371,8 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
         stored: start.clone(),
         dirty: false,
         last_write: Instant::now(),
+        mirrored: Some(start.clone()),
+        mirror_interval: settings.checkpoint_interval,
         stats: RunStats::default(),
         server: (
             settings.source_server_id,
@@ -361,18 +412,24 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
     }
     let result = match result {
         // Kafka or the lease failed: what is in flight cannot be trusted to move the
-        // checkpoint (and without the lease it may not be written).
-        Err(e @ (RelayError::Kafka(_) | RelayError::LeaseLost(_))) => Err(e),
+        // checkpoint (and without the lease it may not be written). Exactly-once: the open
+        // transaction is aborted, so none of it becomes visible.
+        Err(e @ (RelayError::Kafka(_) | RelayError::LeaseLost(_) | RelayError::Fenced(_))) => {
+            sink.abort().await;
+            Err(e)
+        }
         other => {
             // Stop requested, the source failed, or a row stopped the relay: let Kafka
             // acknowledge what was sent so the checkpoint gets as far as it can, then store it.
             let mut drained = Ok(());
+            let mut all_acked = true;
             let deadline = tokio::time::Instant::now() + settings.stop_timeout;
             loop {
                 let ack = match tokio::time::timeout_at(deadline, inflight.next(sink)).await {
                     Ok(Some(ack)) => ack,
                     Ok(None) => break,
                     Err(_) => {
+                        all_acked = false;
                         tracing::warn!(
                             in_flight = reader.records_in_flight,
                             waited_ms = settings.stop_timeout.as_millis() as u64,
@@ -385,10 +442,22 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
                 };
                 if let Err(e) = reader.on_ack(ack, inflight.is_empty(), &mut progress) {
                     drained = Err(e);
+                    all_acked = false;
                     break;
                 }
             }
-            let stored = progress.persist(true).await;
+            // Exactly-once: a commit now would make visible records after the point it
+            // stores (their reports are missing): abort instead, they are sent again.
+            let stored = if sink.transactional() && !all_acked {
+                sink.abort().await;
+                Ok(())
+            } else {
+                let stored = progress.persist(true, sink).await;
+                if stored.is_err() {
+                    sink.abort().await;
+                }
+                stored
+            };
             other.and(drained).and(stored)
         }
     };
@@ -402,7 +471,13 @@ pub async fn run<S: CheckpointStore, E: EventSource>(
     // What was not drained is no longer waited for.
     metrics::global().set_in_flight(0);
     RunOutcome {
-        acked: progress.acked(),
+        // Exactly-once: only what was committed is past; acknowledged records of an aborted
+        // transaction are not.
+        acked: if sink.transactional() {
+            progress.stored.clone()
+        } else {
+            progress.acked()
+        },
         result,
         stats: progress.stats,
     }
@@ -440,23 +515,26 @@ impl Reader<'_> {
     /// After a run ended with a Kafka error: when the producer stopped because a broker refused
     /// a batch for good, finds out what to do next (see "Records a broker refuses for good").
     /// `culprit`: the first refused record reported in this run.
-    async fn settle_refusal<S: CheckpointStore>(
+    async fn settle_refusal<S: CheckpointStore, K: RecordSink>(
         &mut self,
         error: RelayError,
         culprit: Option<acks::FatalRefusal>,
-        sink: &KafkaSink,
+        sink: &K,
         progress: &mut Progress<'_, S>,
     ) -> Result<(), RelayError> {
         let Some((cause, fatal)) = sink.fatal() else {
             return Err(error);
         };
+        if cause == crate::kafka::sink::FatalCause::Fenced {
+            return Err(crate::kafka::sink::fenced(None, &fatal));
+        }
         if cause == crate::kafka::sink::FatalCause::Transient && culprit.is_none() {
             return Err(error);
         }
         match culprit.filter(|c| c.alone) {
             Some(c) if !sink.has_dead_letter() => {
                 // Everything before the row is acknowledged: store that, then stop.
-                if let Err(e) = progress.persist(true).await {
+                if let Err(e) = progress.persist(true, sink).await {
                     tracing::warn!(error = %e, "cannot store the checkpoint before the refused row");
                 }
                 Err(RelayError::Row {
@@ -531,12 +609,12 @@ impl Reader<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn stream<S: CheckpointStore, E: EventSource>(
+    async fn stream<S: CheckpointStore, E: EventSource, K: RecordSink>(
         &mut self,
         source: &mut E,
         decoder: &mut Decoder,
         router: &Router,
-        sink: &KafkaSink,
+        sink: &K,
         mut lease: Option<&mut Lease>,
         shutdown: &mut watch::Receiver<bool>,
         progress: &mut Progress<'_, S>,
@@ -544,6 +622,15 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let transactional = sink.transactional();
+        // Exactly-once: commits (a never-firing timer for an at-least-once sink).
+        let mut commit_tick = tokio::time::interval(if transactional {
+            self.settings.transaction_interval
+        } else {
+            Duration::from_secs(86_400)
+        });
+        commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_commit = Instant::now();
         let mut progress_tick = tokio::time::interval_at(
             tokio::time::Instant::now() + metrics::PROGRESS_LOG_INTERVAL,
             metrics::PROGRESS_LOG_INTERVAL,
@@ -568,8 +655,17 @@ impl Reader<'_> {
                     if let Some(lease) = lease.as_deref_mut() {
                         lease.verify().await?;
                     }
-                    if progress.last_write.elapsed() >= self.settings.checkpoint_interval {
-                        progress.persist(false).await?;
+                    if !transactional && progress.last_write.elapsed() >= self.settings.checkpoint_interval {
+                        progress.persist(false, sink).await?;
+                    }
+                }
+                _ = commit_tick.tick(), if transactional => {
+                    if last_commit.elapsed() >= self.settings.transaction_interval
+                        && (progress.dirty || sink.transaction_open())
+                    {
+                        self.drain(sink, progress, inflight).await?;
+                        progress.persist(false, sink).await?;
+                        last_commit = Instant::now();
                     }
                 }
                 _ = progress_tick.tick() => {
@@ -610,6 +706,14 @@ impl Reader<'_> {
                             // Sent alone: nothing more is sent before its report.
                             self.drain(sink, progress, inflight).await?;
                         }
+                        if transactional && sink.transaction_full() {
+                            // A Kafka transaction holds at most so many records or bytes: a
+                            // larger source transaction spans several, the point saying how
+                            // many of its rows are committed.
+                            self.drain(sink, progress, inflight).await?;
+                            progress.persist(true, sink).await?;
+                            last_commit = Instant::now();
+                        }
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
@@ -648,11 +752,11 @@ impl Reader<'_> {
     }
 
     /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry.
-    async fn produce<S: CheckpointStore>(
+    async fn produce<S: CheckpointStore, K: RecordSink>(
         &mut self,
         mut row: Result<OutboxEvent, Box<RowFailure>>,
         router: &Router,
-        sink: &KafkaSink,
+        sink: &K,
         done: Done,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
@@ -805,11 +909,11 @@ impl Reader<'_> {
 
     /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured
     /// and queues its acknowledgement entry; otherwise returns `err`.
-    async fn dead_letter<S: CheckpointStore>(
+    async fn dead_letter<S: CheckpointStore, K: RecordSink>(
         &mut self,
         (dl, kind): (DeadLetter, DeadLetterKind),
         err: RelayError,
-        sink: &KafkaSink,
+        sink: &K,
         done: Done,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
@@ -837,9 +941,9 @@ impl Reader<'_> {
     }
 
     /// Takes acknowledgements until nothing is in flight.
-    async fn drain<S: CheckpointStore>(
+    async fn drain<S: CheckpointStore, K: RecordSink>(
         &mut self,
-        sink: &KafkaSink,
+        sink: &K,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
@@ -851,12 +955,12 @@ impl Reader<'_> {
 
     /// Calls `send` with the queue's next sequence number until librdkafka's queue has room,
     /// taking acknowledgements meanwhile (backpressure).
-    async fn send_with_backpressure<S: CheckpointStore>(
+    async fn send_with_backpressure<S: CheckpointStore, K: RecordSink>(
         &mut self,
-        sink: &KafkaSink,
+        sink: &K,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
-        send: impl Fn(&KafkaSink, u64) -> Result<(), SendError>,
+        send: impl Fn(&K, u64) -> Result<(), SendError>,
     ) -> Result<(), Refusal> {
         loop {
             match send(sink, inflight.next_seq()) {
@@ -977,6 +1081,8 @@ mod tests {
             acked_rows: 3,
             dirty: true,
             last_write: Instant::now(),
+            mirrored: None,
+            mirror_interval: Duration::from_secs(1),
             stats: RunStats::default(),
             server: (server.0, server.1.map(str::to_owned)),
         }

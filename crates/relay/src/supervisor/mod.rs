@@ -18,10 +18,11 @@ use mysql_async::{Opts, Pool};
 use tokio::sync::watch;
 
 use crate::binlog::source::{BinlogSource, Flavor, StartFrom};
-use crate::config::RelayConfig;
+use crate::config::{Delivery, RelayConfig};
 use crate::decode::GtidState;
 use crate::error::RelayError;
 use crate::kafka::route::Router;
+use crate::kafka::sink::{KafkaProbe, RecordSink, TransactionalSink};
 use crate::observe::metrics::State;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::gtid::MysqlGtidSet;
@@ -124,18 +125,15 @@ async fn supervise(
             }
             Some(l) => {
                 let store = base_store.fenced(l.token());
-                let attempt = run_once(
-                    &config,
-                    &opts,
-                    &pool,
-                    &store,
-                    &router,
-                    l,
-                    resume.clone(),
-                    &mut shutdown,
-                    &mut refusals,
-                )
-                .await;
+                let parts = Parts {
+                    config: &config,
+                    opts: &opts,
+                    pool: &pool,
+                    store: &store,
+                    router: &router,
+                };
+                let attempt =
+                    run_once(&parts, l, resume.clone(), &mut shutdown, &mut refusals).await;
                 if attempt.acked.is_some() {
                     resume = attempt.acked;
                 }
@@ -159,7 +157,22 @@ async fn supervise(
             Err(e) if e.is_retriable() => e,
             Err(e) => break Err(e),
         };
-        if matches!(e, RelayError::LeaseLost(_)) {
+        if let RelayError::Fenced(why) = &e {
+            let held = match lease.as_mut() {
+                Some(l) => l.verify().await.is_ok(),
+                None => false,
+            };
+            if held {
+                // Our lease is intact, so the producer that fenced ours is not this connector's
+                // next instance: starting a new producer would fence it in turn, forever.
+                break Err(RelayError::Fenced(format!(
+                    "{why}. This instance still holds connector {:?}'s lease, so the other \
+                     producer belongs to another connector or program: this instance stops",
+                    config.connector_name
+                )));
+            }
+        }
+        if matches!(e, RelayError::LeaseLost(_) | RelayError::Fenced(_)) {
             // Give the lock back (if the connection still works) so the instance that took over
             // is not kept waiting by ours.
             if let Some(old) = lease.take() {
@@ -309,23 +322,60 @@ async fn unless_stopped<T>(
     }
 }
 
+/// What every run of one `supervisor::run` shares.
+struct Parts<'a> {
+    config: &'a RelayConfig,
+    opts: &'a Opts,
+    pool: &'a Pool,
+    store: &'a MysqlCheckpointStore,
+    router: &'a Router,
+}
+
 /// One connection lifetime: checks, resume point, pipeline.
-#[allow(clippy::too_many_arguments)]
 async fn run_once(
-    config: &RelayConfig,
-    opts: &Opts,
-    pool: &Pool,
-    store: &MysqlCheckpointStore,
-    router: &Router,
+    parts: &Parts<'_>,
     lease: &mut Lease,
-    resume: Option<Checkpoint>,
+    mut resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
     refusals: &mut Refusals,
 ) -> Attempt {
+    let Parts {
+        config,
+        pool,
+        store,
+        ..
+    } = *parts;
     metrics::global().set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
         return Attempt::before_streaming(resume, Err(e));
     }
+    // Exactly-once: the producer comes first. Its init_transactions fences an older producer
+    // of this connector and ends that one's open transaction, after which the progress topic
+    // holds the last committed point: the resume point, whatever an earlier run of this
+    // process believed (a commit whose answer was lost may have succeeded).
+    let transactional = if config.kafka.delivery == Delivery::ExactlyOnce {
+        let sink = match unless_stopped(shutdown, TransactionalSink::start(config)).await {
+            None => return Attempt::before_streaming(resume, Ok(())),
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
+        };
+        match unless_stopped(shutdown, sink.committed_point(config)).await {
+            None => return Attempt::before_streaming(resume, Ok(())),
+            Some(Ok(Some(committed))) => {
+                tracing::info!(position = %committed.position, rows_acked = committed.rows_acked,
+                    gtid = ?committed.gtid_set, progress_topic = %config.kafka.progress_topic,
+                    "exactly-once: resuming from the last committed point in the progress topic");
+                resume = Some(committed);
+            }
+            Some(Ok(None)) => tracing::info!(progress_topic = %config.kafka.progress_topic,
+                "exactly-once: the progress topic has no point for this connector yet; \
+                 starting from the state table's checkpoint"),
+            Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
+        }
+        Some(sink)
+    } else {
+        None
+    };
     // Start-up queries on a half-open connection must not hang the relay either.
     let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let prepared = unless_stopped(
@@ -343,11 +393,55 @@ async fn run_once(
         Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
     };
     forget_rows_acked_on_another_server(&mut start, &server, &from);
-    let sink = match unless_stopped(shutdown, new_sink(config)).await {
-        None => return Attempt::before_streaming(Some(start), Ok(())),
-        Some(Ok(s)) => s,
-        Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
+    let prepared = Prepared {
+        server,
+        start,
+        from,
     };
+    if let Some(sink) = transactional {
+        let probe = sink.probe();
+        return stream(parts, lease, prepared, shutdown, refusals, &sink, probe).await;
+    }
+    let sink = match unless_stopped(shutdown, new_sink(config)).await {
+        None => return Attempt::before_streaming(Some(prepared.start), Ok(())),
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Attempt::before_streaming(Some(prepared.start), Err(e)),
+    };
+    let probe = sink.probe();
+    stream(parts, lease, prepared, shutdown, refusals, &sink, probe).await
+}
+
+/// The server, resume point and dump start of one run.
+struct Prepared {
+    server: preflight::ServerInfo,
+    start: Checkpoint,
+    from: StartFrom,
+}
+
+/// The rest of [`run_once`]: connects the binlog stream and runs the pipeline into `sink`.
+#[allow(clippy::too_many_arguments)]
+async fn stream<K: RecordSink>(
+    parts: &Parts<'_>,
+    lease: &mut Lease,
+    prepared: Prepared,
+    shutdown: &mut watch::Receiver<bool>,
+    refusals: &mut Refusals,
+    sink: &K,
+    probe: KafkaProbe,
+) -> Attempt {
+    let Parts {
+        config,
+        opts,
+        pool,
+        store,
+        router,
+    } = *parts;
+    let Prepared {
+        server,
+        start,
+        from,
+    } = prepared;
+    let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let connected = unless_stopped(
         shutdown,
         BinlogSource::connect(
@@ -400,13 +494,14 @@ async fn run_once(
         source_server_uuid: server.server_uuid.clone(),
         io_timeout,
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
+        transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
         source: &mut source,
         decoder: &mut decoder,
         router,
-        sink: &sink,
+        sink,
         store: Some(store),
         lease: Some(lease),
     };
@@ -414,8 +509,7 @@ async fn run_once(
     let streaming_since = Instant::now();
     // Aborted when the run ends: the probe only speaks for a streaming relay.
     let probe = AbortOnDrop(tokio::spawn(
-        sink.probe()
-            .run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
+        probe.run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
     ));
     let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
     drop(probe);

@@ -94,6 +94,7 @@ pub async fn replay(
         source_server_uuid: None,
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
+        transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
     };
     let start = Checkpoint {
         position: plan

@@ -3,13 +3,16 @@
 //! ```text
 //! cargo run -p outbox-relay-testkit --bin faults -- --profile short|medium|full
 //!     [--seed N] [--relay-bin PATH] [--kills N] [--broker-restarts N] [--server-restarts N]
-//!     [--cuts N] [--freezes N] [--writers N] [--no-services]
+//!     [--cuts N] [--freezes N] [--writers N] [--no-services] [--exactly-once]
 //! ```
 //!
 //! Restarts the database server (OUTBOX_TEST_SERVER) and Kafka through `tests/services/*.sh` with this process's environment
 //! (`MARIADB_PORT`, `KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`, `OUTBOX_SERVICES_DIR`): never point
 //! it at servers that other tests use at the same time. The relay binary is `--relay-bin`, else
 //! `$OUTBOX_RELAY_BIN`, else `target/debug/outbox-relay` (build it first).
+//!
+//! `--exactly-once` runs the relay with `kafka.delivery = "exactly_once"`, reads the topics
+//! `read_committed` and fails on any duplicate.
 //!
 //! Prints progress, then a table whose last line is `missing: N duplicates: M`. Exit code 0 when
 //! the run passed, 1 when anything is missing, out of order or otherwise wrong, 2 for usage
@@ -22,13 +25,14 @@ use outbox_relay_testkit::faults::{run, Options, Profile};
 
 const USAGE: &str = "usage: faults [--profile short|medium|full] [--seed N] [--relay-bin PATH] \
 [--kills N] [--broker-restarts N] [--server-restarts N] [--cuts N] [--freezes N] [--writers N] \
-[--no-services]";
+[--no-services] [--exactly-once]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut profile = Profile::short();
     let mut seed = None;
     let mut relay_bin = None;
     let mut start_services = true;
+    let mut exactly_once = false;
     let mut overrides: Vec<(String, usize)> = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -64,6 +68,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 overrides.push((flag.to_owned(), n));
             }
             "--no-services" => start_services = false,
+            "--exactly-once" => exactly_once = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -87,6 +92,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         opts.relay_bin = bin;
     }
     opts.start_services = start_services;
+    opts.exactly_once = exactly_once;
     Ok(opts)
 }
 

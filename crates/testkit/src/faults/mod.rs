@@ -57,7 +57,7 @@ use crate::binlog::{
 use crate::checkpoint::{read_checkpoint, Checkpoint, DEFAULT_CHECKPOINT_TABLE};
 use crate::db::TestDb;
 use crate::env::{kafka_bootstrap, mysql_port, mysql_url};
-use crate::kafka::{collect_until, read_all_records, Record};
+use crate::kafka::{collect_until, read_all_records, read_committed_records, Record};
 use crate::proxy::{TcpProxy, Trip};
 use crate::relay::{describe_exit, RelayConfigSpec, RelayProcess};
 use crate::unique::{next_server_id, unique_suffix};
@@ -214,6 +214,9 @@ pub struct Options {
     pub repo_root: PathBuf,
     /// Run `server.sh <server> up` and `kafka.sh up` first.
     pub start_services: bool,
+    /// The relay's `kafka.delivery = "exactly_once"`: the topics are read `read_committed` and
+    /// any duplicate fails the run.
+    pub exactly_once: bool,
 }
 
 impl Options {
@@ -226,8 +229,36 @@ impl Options {
             relay_bin: default_relay_bin(),
             repo_root: services::default_repo_root(),
             start_services: true,
+            exactly_once: false,
         }
     }
+}
+
+/// The short profile as a test (`tests/faults.rs`, `tests/faults_eos.rs`): runs it with
+/// `relay_bin` (seed from `FAULTS_SEED` when set), prints the table, fails unless it passed.
+///
+/// # Errors
+/// The harness could not run, or the run failed (the message names the seed and the counts).
+pub async fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
+    let mut opts = Options::new(Profile::short());
+    opts.relay_bin = relay_bin.into();
+    opts.exactly_once = exactly_once;
+    if let Some(seed) = std::env::var("FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        opts.seed = seed;
+    }
+    let report = run(&opts).await?;
+    println!("{}", report.render());
+    anyhow::ensure!(
+        report.passed(),
+        "the fault matrix failed (seed {}): {} missing, {} duplicates, see the table above",
+        report.seed,
+        report.verification.missing.len(),
+        report.verification.duplicates
+    );
+    Ok(())
 }
 
 /// The relay binary: `$OUTBOX_RELAY_BIN`, else `<target dir>/debug/outbox-relay` where the
@@ -274,6 +305,8 @@ pub struct CheckpointSample {
 /// Everything a run found.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The relay ran exactly-once: a duplicate is a failure.
+    pub exactly_once: bool,
     /// Profile name.
     pub profile: String,
     /// Concurrent writers.
@@ -307,6 +340,7 @@ impl Report {
     /// no unexpected relay exit.
     pub fn passed(&self) -> bool {
         self.verification.passed()
+            && (!self.exactly_once || self.verification.duplicates == 0)
             && self.unexpected_exits.is_empty()
             && self.failures.is_empty()
             && self.faults.iter().all(|f| f.recovery.is_some())
@@ -324,8 +358,13 @@ impl Report {
         let v = &self.verification;
         let _ = writeln!(
             s,
-            "\n=== fault matrix: profile {}, seed {}, {:.0} s ===",
+            "\n=== fault matrix: profile {}{}, seed {}, {:.0} s ===",
             self.profile,
+            if self.exactly_once {
+                ", exactly-once (read_committed)"
+            } else {
+                ""
+            },
             self.seed,
             self.duration.as_secs_f64()
         );
@@ -720,6 +759,10 @@ pub async fn run(opts: &Options) -> Result<Report> {
     );
     spec.initial_backoff_ms = 200;
     spec.max_backoff_ms = 2_000;
+    if opts.exactly_once {
+        spec.kafka_extra =
+            format!("delivery = \"exactly_once\"\nprogress_topic = \"f_{uid}.progress\"\n");
+    }
     let topics: Vec<String> = ["Order", "Payment", workload::PROBE_TYPE]
         .iter()
         .map(|t| spec.topic_for(t))
@@ -1067,11 +1110,18 @@ pub async fn run(opts: &Options) -> Result<Report> {
     checkpoints.push(final_sample);
     drop(watcher);
 
-    let records = read_all_records(&bootstrap, &topics, Duration::from_secs(300)).await?;
+    // Exactly-once: what a read_committed consumer sees (transaction markers and aborted
+    // records take offsets, so the count is not the watermarks' sum).
+    let records = if opts.exactly_once {
+        read_committed_records(&bootstrap, &topics, Duration::from_secs(300)).await?
+    } else {
+        read_all_records(&bootstrap, &topics, Duration::from_secs(300)).await?
+    };
     let topic_template = spec.clone();
     let verification = verify::verify(&uid, &records, &committed, |t| topic_template.topic_for(t));
     let unexpected_exits = std::mem::take(&mut relays.unexpected_exits);
     let report = Report {
+        exactly_once: opts.exactly_once,
         profile: p.name.clone(),
         writer_count: p.writers,
         seed: opts.seed,

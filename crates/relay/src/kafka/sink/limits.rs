@@ -580,6 +580,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            ..KafkaConfig::default()
         }
     }
 

@@ -38,14 +38,18 @@ use crate::observe::metrics;
 
 mod limits;
 mod probe;
+mod record_sink;
 mod served;
+mod transactional;
 use limits::TopicLimits;
 pub use limits::{
     batch_hazard, batch_size_alone, invalid_timestamp, ProducerLimits, TimestampRules,
     LIBRDKAFKA_DEFAULT_MAX_BYTES, RECORD_BATCH_OVERHEAD,
 };
 pub use probe::KafkaProbe;
+pub use record_sink::RecordSink;
 use served::ServedProducer;
+pub use transactional::{decode_progress, encode_progress, fenced, TransactionalSink};
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
 /// per [`LOG_REPEAT`]: an unreachable broker otherwise floods the log with the same lines.
@@ -294,6 +298,19 @@ impl KafkaSink {
         config: &KafkaConfig,
         dead_letter_topic: Option<String>,
     ) -> Result<Self, RelayError> {
+        Self::with_properties(config, dead_letter_topic, &[])
+    }
+
+    /// [`KafkaSink::new`] with more producer properties set after the user's (the
+    /// transactional producer's `transactional.id`, see [`TransactionalSink`]).
+    ///
+    /// # Errors
+    /// As [`KafkaSink::new`].
+    pub(super) fn with_properties(
+        config: &KafkaConfig,
+        dead_letter_topic: Option<String>,
+        extra: &[(&str, String)],
+    ) -> Result<Self, RelayError> {
         let mut client = ClientConfig::new();
         // Defaults the user may override: a 1 ms batching delay (librdkafka's 5 ms default put
         // ~2.5 ms on every record's commit → ack latency at moderate rates for no measurable
@@ -311,6 +328,9 @@ impl KafkaSink {
             .set("enable.gapless.guarantee", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random");
+        for (key, value) in extra {
+            client.set(*key, value);
+        }
         let context = RelayKafkaContext::default();
         let auth_failure = context.auth_failure.clone();
         let deliveries = Arc::clone(&context.deliveries);
@@ -845,6 +865,10 @@ pub enum FatalCause {
     /// (`rdkafka_request.c`, "unable to satisfy gap-less guarantee"). Sending the same records
     /// again fails the same way: one of them (or their batch as a whole) is refused.
     Refused(RDKafkaErrorCode),
+    /// A newer transactional producer with the same `transactional.id` fenced this one
+    /// (`PRODUCER_FENCED`, KIP-98): this instance must stop producing, not start a new
+    /// producer that would fence the other in turn.
+    Fenced,
     /// Anything else (a timed-out batch, an inconsistent sequence): a new producer from the
     /// checkpoint fixes it.
     Transient,
@@ -1014,6 +1038,7 @@ mod tests {
             bootstrap_servers: "127.0.0.1:1".into(),
             max_in_flight: 10,
             properties: [("message.timeout.ms".to_owned(), "300".to_owned())].into(),
+            ..KafkaConfig::default()
         };
         let sink = KafkaSink::new(&config, None).expect("producer");
         let record = KafkaRecord {

@@ -1,0 +1,308 @@
+//! End-to-end tests of exactly-once delivery (`kafka.delivery = "exactly_once"`) against the
+//! real servers of the test machine: a `read_committed` consumer sees every committed outbox row
+//! once, across `kill -9` of the relay, source transactions larger than one Kafka transaction,
+//! and a producer that takes the relay's `transactional.id`.
+//!
+//! Each test has its own database, topics, progress topic, connector name and server id
+//! ([`World`]), so the tests run in parallel. They wait only on observable state (records
+//! visible to `read_committed` readers, the process's exit) and check what reached Kafka.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use outbox_relay_testkit::rdkafka::config::ClientConfig;
+use outbox_relay_testkit::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use outbox_relay_testkit::{
+    commit_rows, describe_exit, ensure_exactly_once, ensure_per_key_order, high_watermark_total,
+    read_committed_records, wait_for_stderr, wait_until, Record, RelayProcess, RowGen, World,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+/// Relay start-up until its checkpoint row holds a position.
+const STARTUP: Duration = Duration::from_secs(60);
+/// Records reaching Kafka.
+const RELAY_WAIT: Duration = Duration::from_secs(180);
+/// A graceful stop until the process has exited.
+const STOP: Duration = Duration::from_secs(60);
+/// Reading topics that are no longer written.
+const READ_ALL: Duration = Duration::from_secs(120);
+
+/// A world whose relay runs exactly-once with its own progress topic and at most
+/// `max_records` records per Kafka transaction. A first relay has run and stopped, so its
+/// checkpoint (the end of the binlog then) is where the next one starts: rows committed from
+/// here on are a backlog.
+async fn eos_world(name: &str, max_records: u64) -> Result<World> {
+    let mut world = World::new(BIN, name).await?;
+    world.spec.kafka_extra = format!(
+        "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+         transaction_max_records = {max_records}\ntransaction_interval_ms = 50\n",
+        world.uid
+    );
+    let (relay, _) = world.start(STARTUP).await?;
+    stop_cleanly(&relay).await?;
+    Ok(world)
+}
+
+/// SIGTERM, then checks the relay exited 0.
+async fn stop_cleanly(relay: &RelayProcess) -> Result<()> {
+    let status = relay.stop(STOP).await?;
+    ensure!(
+        status.success(),
+        "the relay stopped with {}\n{}",
+        describe_exit(&status),
+        relay.stderr_tail()
+    );
+    Ok(())
+}
+
+/// Waits until every key in `keys` is visible, stops `relay` cleanly, then checks that each key
+/// is there exactly once, in commit order per aggregate; returns the records.
+async fn finish(
+    world: &World,
+    topics: &[String],
+    keys: &[String],
+    relay: &RelayProcess,
+) -> Result<Vec<Record>> {
+    let wanted: HashSet<String> = keys.iter().cloned().collect();
+    world
+        .wait_for_keys(topics, &wanted, Some(relay), RELAY_WAIT)
+        .await?;
+    stop_cleanly(relay).await?;
+    ensure_each_once(world, topics, keys).await
+}
+
+fn progress_topic(world: &World) -> String {
+    format!("t_{}.progress", world.uid)
+}
+
+/// Offsets of `topics` below their last stable offsets: the records a `read_committed` reader
+/// can see, plus transaction markers and aborted records (a lower bound of progress, cheap
+/// to poll).
+async fn visible(world: &World, topics: &[String]) -> Result<u64> {
+    high_watermark_total(&world.spec.bootstrap_servers, topics).await
+}
+
+/// Waits until at least `n` records of `topics` are visible, failing if `relay` exits.
+async fn wait_visible(
+    world: &World,
+    topics: &[String],
+    n: u64,
+    relay: &RelayProcess,
+) -> Result<u64> {
+    wait_until(
+        &format!("{n} records visible to read_committed readers"),
+        RELAY_WAIT,
+        Duration::from_millis(20),
+        async || {
+            relay.ensure_running()?;
+            let seen = visible(world, topics).await?;
+            Ok((seen >= n).then_some(seen))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
+}
+
+/// Commit order of each event key, for [`ensure_per_key_order`].
+fn commit_order(keys: &[String]) -> HashMap<String, usize> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), i))
+        .collect()
+}
+
+/// The connector's progress records (JSON values), oldest first.
+async fn progress_records(world: &World) -> Result<Vec<serde_json::Value>> {
+    let records = read_committed_records(
+        &world.spec.bootstrap_servers,
+        &[progress_topic(world)],
+        READ_ALL,
+    )
+    .await?;
+    records
+        .iter()
+        .filter(|r| r.key_str() == Some(world.connector()))
+        .map(|r| {
+            serde_json::from_slice(r.value.as_deref().unwrap_or_default())
+                .context("a progress record is not JSON")
+        })
+        .collect()
+}
+
+/// Checks the final outcome: every key in `keys` exactly once for a read_committed reader, in
+/// commit order per aggregate; returns the records.
+async fn ensure_each_once(
+    world: &World,
+    topics: &[String],
+    keys: &[String],
+) -> Result<Vec<Record>> {
+    let records = read_committed_records(&world.spec.bootstrap_servers, topics, READ_ALL).await?;
+    let expected: HashSet<String> = keys.iter().cloned().collect();
+    ensure_exactly_once(&records, &expected)?;
+    ensure_per_key_order(&records, &commit_order(keys))?;
+    Ok(records)
+}
+
+/// kill -9 while transactions of a backlog are open, twice, with rows committed meanwhile: the
+/// aborted transactions never become visible, and the last committed point in the progress
+/// topic is where each new instance resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_is_visible_once_across_kill_9() -> Result<()> {
+    let world = eos_world("eos_kill", 300).await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "k", 40);
+    let mut keys = Vec::new();
+    let mut conn = world.db.conn().await?;
+    // A backlog of 30,000 rows in transactions of 100.
+    for _ in 0..300 {
+        let rows = gen.rows(100);
+        keys.extend(rows.iter().map(|r| r.event_key.clone()));
+        commit_rows(&mut conn, &rows).await?;
+    }
+    for (round, at) in [3_000u64, 12_000].into_iter().enumerate() {
+        let relay = world.spawn()?;
+        wait_visible(&world, &topics, at, &relay).await?;
+        relay.kill9()?;
+        // More rows while no relay runs.
+        let rows = gen.rows(50);
+        keys.extend(rows.iter().map(|r| r.event_key.clone()));
+        commit_rows(&mut conn, &rows).await?;
+        eprintln!("round {round}: killed after {at} visible records");
+    }
+    let relay = world.spawn()?;
+    // Rows committed while the last instance streams.
+    for _ in 0..20 {
+        let rows = gen.rows(25);
+        keys.extend(rows.iter().map(|r| r.event_key.clone()));
+        commit_rows(&mut conn, &rows).await?;
+    }
+    let records = finish(&world, &topics, &keys, &relay).await?;
+    ensure!(
+        records.len() == keys.len(),
+        "{} records for {} rows",
+        records.len(),
+        keys.len()
+    );
+    // The progress topic holds the end, and the state table mirrors it after the stop.
+    let progress = progress_records(&world).await?;
+    let last = progress
+        .last()
+        .context("no progress record for the connector")?;
+    ensure!(
+        last["rows_acked"] == 0,
+        "the final resume point is inside a transaction: {last}"
+    );
+    let mirrored = world.checkpoint().await?;
+    ensure!(
+        last["binlog_file"] == mirrored.binlog_file.as_str()
+            && last["binlog_pos"] == mirrored.binlog_pos,
+        "the state table mirrors {}:{} but the last committed point is {last}",
+        mirrored.binlog_file,
+        mirrored.binlog_pos
+    );
+    ensure!(
+        relay
+            .stderr_text()
+            .contains("exactly-once: resuming from the last committed point"),
+        "the last instance did not resume from the progress topic:\n{}",
+        relay.stderr_tail()
+    );
+    Ok(())
+}
+
+/// A source transaction of 5,000 rows with at most 500 records per Kafka transaction: it is
+/// committed in parts, each resume point inside it saying how many of its rows are committed;
+/// a kill -9 in the middle of the second such transaction resumes inside it without a
+/// duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result<()> {
+    let world = eos_world("eos_large", 500).await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "l", 20);
+    let mut conn = world.db.conn().await?;
+    let first = gen.rows(5_000);
+    let mut keys: Vec<String> = first.iter().map(|r| r.event_key.clone()).collect();
+    commit_rows(&mut conn, &first).await?;
+    let relay = world.spawn()?;
+    let wanted: HashSet<String> = keys.iter().cloned().collect();
+    world
+        .wait_for_keys(&topics, &wanted, Some(&relay), RELAY_WAIT)
+        .await?;
+    let inside: Vec<u64> = progress_records(&world)
+        .await?
+        .iter()
+        .filter_map(|p| p["rows_acked"].as_u64())
+        .filter(|n| *n > 0)
+        .collect();
+    // Commits come every 500 records at most (sooner when transaction_interval_ms passes).
+    let steps_ok = inside.windows(2).all(|w| w[0] < w[1] && w[1] - w[0] <= 500);
+    ensure!(
+        inside.len() >= 9 && steps_ok && inside[0] <= 500 && inside[inside.len() - 1] >= 4_500,
+        "expected resume points at most 500 rows apart inside the source transaction, got \
+         {inside:?}"
+    );
+    let second = gen.rows(5_000);
+    keys.extend(second.iter().map(|r| r.event_key.clone()));
+    commit_rows(&mut conn, &second).await?;
+    // Inside the second source transaction: committed parts visible, the rest not yet.
+    let seen = wait_visible(&world, &topics, 6_000, &relay).await?;
+    relay.kill9()?;
+    eprintln!("killed with {seen} records visible");
+    let relay = world.spawn()?;
+    finish(&world, &topics, &keys, &relay).await?;
+    Ok(())
+}
+
+/// Another producer takes the relay's `transactional.id` while the relay holds its lease (two
+/// connectors configured with one id): the relay is fenced and stops with an error naming the
+/// id, and does not fence the other producer back (it commits after the relay's exit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_relay_stops_and_does_not_fence_back() -> Result<()> {
+    let world = eos_world("eos_fenced", 1000).await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "f", 5);
+    let mut conn = world.db.conn().await?;
+    commit_rows(&mut conn, &gen.rows(10)).await?;
+    let relay = world.spawn()?;
+    wait_visible(&world, &topics, 10, &relay).await?;
+    let id = format!("outbox-relay.{}", world.connector());
+    let other: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &world.spec.bootstrap_servers)
+        .set("transactional.id", &id)
+        .create()?;
+    let other = tokio::task::spawn_blocking(move || -> Result<BaseProducer> {
+        other.init_transactions(Duration::from_secs(30))?;
+        Ok(other)
+    })
+    .await??;
+    // The relay finds out at its next transaction.
+    commit_rows(&mut conn, &gen.rows(10)).await?;
+    let status = relay.wait_exit(RELAY_WAIT).await?;
+    ensure!(
+        status.code() == Some(1),
+        "expected exit code 1, got {}\n{}",
+        describe_exit(&status),
+        relay.stderr_tail()
+    );
+    wait_for_stderr(&relay, "fenced", Duration::from_secs(5)).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        stderr.contains(&id) && stderr.contains("this instance stops"),
+        "the error does not name the transactional.id and the stop:\n{}",
+        relay.stderr_tail()
+    );
+    let scratch = format!("t_{}.scratch", world.uid);
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        other.begin_transaction()?;
+        other
+            .send(BaseRecord::<str, str>::to(&scratch).key("k").payload("v"))
+            .map_err(|(e, _)| e)?;
+        other.commit_transaction(Duration::from_secs(30))?;
+        Ok(())
+    })
+    .await?
+    .context("the other producer was fenced back")?;
+    Ok(())
+}
