@@ -306,3 +306,107 @@ async fn a_fenced_relay_stops_and_does_not_fence_back() -> Result<()> {
     .context("the other producer was fenced back")?;
     Ok(())
 }
+
+/// `reset` in exactly-once mode moves the point runs resume from (the progress topic), not
+/// only the state table: after a reset to where the relay started, its rows are sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_moves_the_progress_topics_point() -> Result<()> {
+    let world = eos_world("eos_reset", 1000).await?;
+    let start = world.checkpoint().await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "r", 5);
+    let mut conn = world.db.conn().await?;
+    let rows = gen.rows(30);
+    let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    commit_rows(&mut conn, &rows).await?;
+    let relay = world.spawn()?;
+    finish(&world, &topics, &keys, &relay).await?;
+    let to = format!("{}:{}", start.binlog_file, start.binlog_pos);
+    let reset = RelayProcess::spawn_args(
+        BIN,
+        &["reset", "--to", &to, "--yes", "--config"],
+        &world.spec.to_toml(),
+        &[],
+    )?;
+    let status = reset.wait_exit(STOP).await?;
+    ensure!(
+        status.success(),
+        "reset ended with {}\n{}\n{}",
+        describe_exit(&status),
+        reset.stdout_text(),
+        reset.stderr_tail()
+    );
+    let last = progress_records(&world).await?;
+    let last = last.last().context("no progress record")?;
+    ensure!(
+        last["binlog_file"] == start.binlog_file.as_str() && last["binlog_pos"] == start.binlog_pos,
+        "the progress topic's last point is {last}, not the reset's {to}"
+    );
+    let relay = world.spawn()?;
+    let wanted = keys.clone();
+    let again = move |records: &[Record]| {
+        let counts = outbox_relay_testkit::event_key_counts(records);
+        wanted.iter().all(|k| counts.get(k) == Some(&2))
+    };
+    let records = outbox_relay_testkit::collect_until(
+        &world.spec.bootstrap_servers,
+        &topics,
+        RELAY_WAIT,
+        again,
+    )
+    .await?;
+    stop_cleanly(&relay).await?;
+    let counts = outbox_relay_testkit::event_key_counts(&records);
+    ensure!(
+        keys.iter().all(|k| counts.get(k) == Some(&2)),
+        "after the reset every row must be sent once more: {counts:?}"
+    );
+    Ok(())
+}
+
+/// `check` in exactly-once mode: it initializes transactions with the connector's id when no
+/// instance runs (and says it did not while one runs), reads the progress topic's cleanup
+/// policy, and warns about the test broker's unreplicated transaction state log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_transactions_and_the_progress_topic() -> Result<()> {
+    let world = eos_world("eos_check", 1000).await?;
+    let id = format!("outbox-relay.{}", world.connector());
+    let check = |spec: &outbox_relay_testkit::RelayConfigSpec| {
+        RelayProcess::spawn_args(BIN, &["check", "--config"], &spec.to_toml(), &[])
+    };
+    let stopped = check(&world.spec)?;
+    stopped.wait_exit(STOP).await?;
+    let out = stopped.stdout_text();
+    for line in [
+        format!(
+            "OK    transactions (transactional.id {id}): the transaction coordinator initialized \
+             the producer"
+        ),
+        format!(
+            "OK    progress topic {}: exists, cleanup.policy=compact",
+            progress_topic(&world)
+        ),
+        "WARN  transaction state log: expected transaction.state.log.replication.factor >= 3 \
+         and transaction.state.log.min.isr >= 2, found replication factor 1, min.isr 1"
+            .to_owned(),
+    ] {
+        ensure!(out.contains(&line), "{line:?} not in:\n{out}");
+    }
+    let relay = world.spawn()?;
+    wait_for_stderr(&relay, "streaming binlog", RELAY_WAIT).await?;
+    let running = check(&world.spec)?;
+    running.wait_exit(STOP).await?;
+    let out = running.stdout_text();
+    let line = format!(
+        "OK    transactions (transactional.id {id}): not tried: an instance of this connector \
+         is running"
+    );
+    ensure!(out.contains(&line), "{line:?} not in:\n{out}");
+    // The check did not fence the running relay: it still relays.
+    let mut gen = RowGen::new(&world.uid, "c", 3);
+    let rows = gen.rows(5);
+    let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    commit_rows(&mut world.db.conn().await?, &rows).await?;
+    finish(&world, &[world.topic("Order")], &keys, &relay).await?;
+    Ok(())
+}

@@ -12,7 +12,7 @@ use rdkafka::client::DefaultClientContext;
 
 use super::{binary_logs, read_state_row, StateRow};
 use crate::binlog::source::{report_host, Flavor};
-use crate::config::{RelayConfig, ResumeMode};
+use crate::config::{Delivery, RelayConfig, ResumeMode};
 use crate::decode::mapping::TableMapping;
 use crate::error::RelayError;
 use crate::kafka::sink::{
@@ -70,10 +70,18 @@ impl fmt::Display for CheckReport {
 /// Runs every check against `config`'s server and brokers.
 pub async fn check(config: &RelayConfig) -> CheckReport {
     let mut report = CheckReport::default();
+    // Whether an instance of the connector runs (holds the lease); unknown without MySQL.
+    let mut running = None;
     match super::connect(config).await {
         Ok(mut conn) => {
             if let Err(e) = mysql_checks(config, &mut conn, &mut report.checks).await {
                 report.checks.push(error_check("MySQL checks", &e));
+            }
+            if let Ok(table) = config.checkpoint_table() {
+                running = super::lease_holder(&mut conn, &table, &config.connector_name)
+                    .await
+                    .ok()
+                    .map(|h| h.is_some());
             }
             let _ = conn.disconnect().await;
         }
@@ -89,7 +97,7 @@ pub async fn check(config: &RelayConfig) -> CheckReport {
              checks were skipped",
         )),
     }
-    kafka_checks(config, &mut report.checks).await;
+    kafka_checks(config, running, &mut report.checks).await;
     report
 }
 
@@ -871,7 +879,7 @@ pub fn evaluate_topic_limit(
     )
 }
 
-async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
+async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec<Check>) {
     let client = admin_client_config(&config.kafka);
     let admin: AdminClient<DefaultClientContext> = match client.create() {
         Ok(a) => a,
@@ -940,24 +948,29 @@ async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
         ),
     ));
     // The broker's defaults: whether it creates topics, and their max.message.bytes.
-    let (auto_create, new_topic_max) = match brokers.first() {
+    let broker = match brokers.first() {
         Some(id) => {
             let spec = ResourceSpecifier::Broker(*id);
             let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
             match admin.describe_configs([&spec], &opts).await {
-                Ok(results) => {
-                    let broker = results.into_iter().find_map(Result::ok);
-                    let value = |key: &str| broker.as_ref().and_then(|b| b.get(key)?.value.clone());
-                    (
-                        value("auto.create.topics.enable").map(|v| v.eq_ignore_ascii_case("true")),
-                        value("message.max.bytes").and_then(|v| v.parse::<u64>().ok()),
-                    )
-                }
-                Err(_) => (None, None),
+                Ok(results) => results.into_iter().find_map(Result::ok),
+                Err(_) => None,
             }
         }
-        None => (None, None),
+        None => None,
     };
+    let value = |key: &str| broker.as_ref().and_then(|b| b.get(key)?.value.clone());
+    let auto_create = value("auto.create.topics.enable").map(|v| v.eq_ignore_ascii_case("true"));
+    let new_topic_max = value("message.max.bytes").and_then(|v| v.parse::<u64>().ok());
+    if config.kafka.delivery == Delivery::ExactlyOnce {
+        let log = |key: &str| value(key).and_then(|v| v.parse::<i64>().ok());
+        out.extend(transaction_log_checks(
+            log("transaction.state.log.replication.factor"),
+            log("transaction.state.log.min.isr"),
+        ));
+        out.push(transactions_check(config, running).await);
+        out.push(progress_topic_check(config, &admin, &topics).await);
+    }
     let mappings = config.table_mappings().unwrap_or_default();
     let mut wanted: Vec<(String, String)> = Vec::new();
     for m in &mappings {
@@ -1018,6 +1031,139 @@ async fn kafka_checks(config: &RelayConfig, out: &mut Vec<Check>) {
                 format!("create it: kafka-topics.sh --create --topic {topic} --bootstrap-server …"),
             )
         });
+    }
+}
+
+/// Exactly-once: the transaction state log's replication. A transaction's commit needs its
+/// coordinator's `__transaction_state` partition in sync: with one replica a single broker
+/// failure blocks every transaction (the relay stops producing) or, on an unclean election,
+/// loses commit decisions.
+fn transaction_log_checks(replication: Option<i64>, min_isr: Option<i64>) -> Vec<Check> {
+    let name = "transaction state log";
+    match (replication, min_isr) {
+        (Some(rf), Some(isr)) if rf >= 3 && isr >= 2 => vec![Check::ok(
+            name,
+            format!(
+                "transaction.state.log.replication.factor = {rf}, transaction.state.log.min.isr \
+                 = {isr}"
+            ),
+        )],
+        (Some(rf), Some(isr)) => vec![Check::not_met(
+            Level::Warn,
+            name,
+            "transaction.state.log.replication.factor >= 3 and transaction.state.log.min.isr >= 2",
+            format!("replication factor {rf}, min.isr {isr}"),
+            "fine for a test cluster; in production set both on the brokers before the log is \
+             created (a broker failure otherwise blocks or loses transaction commits)",
+        )],
+        _ => vec![Check::not_met(
+            Level::Warn,
+            name,
+            "transaction.state.log.replication.factor and min.isr readable",
+            "not in the broker's configuration answer",
+            "check them on the brokers (3 and 2 in production)",
+        )],
+    }
+}
+
+/// Exactly-once: initializes transactions with the connector's `transactional.id` (which only
+/// fences and aborts what a stopped instance left) unless an instance runs.
+async fn transactions_check(config: &RelayConfig, running: Option<bool>) -> Check {
+    let id = config.kafka.transactional_id_for(&config.connector_name);
+    let name = format!("transactions (transactional.id {id})");
+    match running {
+        Some(true) => {
+            return Check::ok(
+                name,
+                "not tried: an instance of this connector is running (initializing would fence \
+                 it); it uses them",
+            )
+        }
+        None => {
+            return Check::not_met(
+                Level::Warn,
+                name,
+                "a check whether an instance runs",
+                "MySQL unreachable",
+                "run check again once MySQL answers",
+            )
+        }
+        Some(false) => {}
+    }
+    let mut client = admin_client_config(&config.kafka);
+    client.set("transactional.id", &id);
+    let tried = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        use rdkafka::producer::{BaseProducer, Producer};
+        let producer: BaseProducer = client.create().map_err(|e| e.to_string())?;
+        producer
+            .init_transactions(KAFKA_TIMEOUT)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match tried {
+        Ok(()) => Check::ok(name, "the transaction coordinator initialized the producer"),
+        Err(e) => Check::not_met(
+            Level::Fail,
+            name,
+            "a broker with transactions that authorizes this transactional.id",
+            e,
+            format!(
+                "grant the relay's principal WRITE and DESCRIBE on TransactionalId {id} and \
+                 IdempotentWrite on the cluster, check that the brokers' transaction state log \
+                 can be created (transaction.state.log.replication.factor <= brokers), or set \
+                 kafka.delivery = \"at_least_once\""
+            ),
+        ),
+    }
+}
+
+/// Exactly-once: the progress topic exists and is compacted, or the broker lets the relay
+/// create it.
+async fn progress_topic_check(
+    config: &RelayConfig,
+    admin: &AdminClient<DefaultClientContext>,
+    topics: &[String],
+) -> Check {
+    let topic = &config.kafka.progress_topic;
+    let name = format!("progress topic {topic}");
+    if !topics.contains(topic) {
+        return Check::ok(
+            name,
+            "does not exist yet; the relay creates it (compacted, 1 partition) at its first \
+             exactly-once start",
+        );
+    }
+    let spec = ResourceSpecifier::Topic(topic);
+    let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
+    let policy = match admin.describe_configs([&spec], &opts).await {
+        Ok(results) => results
+            .into_iter()
+            .find_map(Result::ok)
+            .and_then(|r| r.get("cleanup.policy")?.value.clone()),
+        Err(_) => None,
+    };
+    match policy {
+        Some(p) if p.contains("compact") => Check::ok(name, format!("exists, cleanup.policy={p}")),
+        Some(p) => Check::not_met(
+            Level::Warn,
+            name,
+            "cleanup.policy=compact",
+            format!("cleanup.policy={p}"),
+            format!(
+                "kafka-configs.sh --alter --entity-type topics --entity-name {topic} \
+                 --add-config cleanup.policy=compact (with delete, the connector's last point \
+                 could expire and the relay would fall back to the state table's mirror)"
+            ),
+        ),
+        None => Check::not_met(
+            Level::Warn,
+            name,
+            "its configuration",
+            "not readable",
+            "check that it is compacted (cleanup.policy=compact)",
+        ),
     }
 }
 

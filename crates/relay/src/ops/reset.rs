@@ -6,7 +6,9 @@
 //! given). Without `--yes` nothing is written (exit code [`super::EXIT_NOT_CONFIRMED`]). With it,
 //! the command takes the connector's lease first ([`Lease::try_acquire`]; refused while a relay
 //! holds it) — which bumps `lease_token`, so an instance that lost its lease can never write
-//! over the reset — writes the row fenced by that token, and releases the lease.
+//! over the reset — writes the row fenced by that token, and releases the lease. In
+//! exactly-once mode it also commits the new point to the progress topic (where such runs
+//! resume from) with the connector's transactional producer, before releasing the lease.
 //!
 //! A TIMESTAMP target is resolved by reading the binlog through a dump connection (as replica
 //! `mysql.server_id`): whole files are skipped by their creation time (the timestamp of their
@@ -24,8 +26,9 @@ use mysql_async::Pool;
 use super::scan;
 use super::{binary_logs, lease_holder, read_state_row, StateRow};
 use crate::binlog::source::Flavor;
-use crate::config::{RelayConfig, TableName};
+use crate::config::{Delivery, RelayConfig, TableName};
 use crate::error::RelayError;
+use crate::kafka::sink::{RecordSink, TransactionalSink};
 use crate::ops::preflight::{self, ServerInfo};
 use crate::position::gtid::MysqlGtidSet;
 use crate::position::{BinlogPosition, MariadbGtidPos};
@@ -176,20 +179,24 @@ pub async fn reset(
     };
     if let Some(lease) = lease {
         let token = lease.token();
-        let written = store
-            .fenced(token)
-            .save(&Checkpoint {
-                position: report.position.clone(),
-                rows_acked: 0,
-                gtid_set: report.gtid_set.clone(),
-                source_server_id: server.server_id,
-                source_server_uuid: server.server_uuid.clone(),
-                // The layouts at the new position are not known here: with
-                // binlog_row_metadata=FULL none are needed, otherwise the relay takes the
-                // current ones from information_schema at its next start.
-                table_layouts: None,
-            })
-            .await;
+        let point = Checkpoint {
+            position: report.position.clone(),
+            rows_acked: 0,
+            gtid_set: report.gtid_set.clone(),
+            source_server_id: server.server_id,
+            source_server_uuid: server.server_uuid.clone(),
+            // The layouts at the new position are not known here: with
+            // binlog_row_metadata=FULL none are needed, otherwise the relay takes the
+            // current ones from information_schema at its next start.
+            table_layouts: None,
+        };
+        let mut written = store.fenced(token).save(&point).await;
+        if written.is_ok() && config.kafka.delivery == Delivery::ExactlyOnce {
+            // Exactly-once runs resume from the progress topic: the new point goes there too,
+            // committed by the connector's own transactional producer while reset holds the
+            // lease (which also ends any transaction a crashed relay left open).
+            written = commit_progress(config, &point).await;
+        }
         lease.release().await;
         written?;
         report.applied = true;
@@ -198,6 +205,12 @@ pub async fn reset(
     let _ = conn.disconnect().await;
     let _ = pool.disconnect().await;
     Ok(report)
+}
+
+/// Commits `point` to the progress topic with the connector's transactional producer.
+async fn commit_progress(config: &RelayConfig, point: &Checkpoint) -> Result<(), RelayError> {
+    let sink = TransactionalSink::start(config).await?;
+    sink.commit(point).await
 }
 
 async fn lease_held(
