@@ -14,8 +14,9 @@ use anyhow::{ensure, Context, Result};
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use outbox_relay_testkit::{
-    commit_rows, describe_exit, ensure_exactly_once, ensure_per_key_order, high_watermark_total,
-    read_committed_records, wait_for_stderr, wait_until, Record, RelayProcess, RowGen, World,
+    commit_rows, describe_exit, ensure_exactly_once, ensure_per_key_order, free_local_port,
+    high_watermark_total, http_get, metric, read_committed_records, wait_for_status,
+    wait_for_stderr, wait_until, PrivateService, Record, RelayProcess, RowGen, ServiceSpec, World,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -34,12 +35,22 @@ const READ_ALL: Duration = Duration::from_secs(120);
 /// checkpoint (the end of the binlog then) is where the next one starts: rows committed from
 /// here on are a backlog.
 async fn eos_world(name: &str, max_records: u64) -> Result<World> {
+    eos_world_with(name, max_records, |_| {}).await
+}
+
+/// [`eos_world`] with the spec changed by `tune` first.
+async fn eos_world_with(
+    name: &str,
+    max_records: u64,
+    tune: impl FnOnce(&mut World),
+) -> Result<World> {
     let mut world = World::new(BIN, name).await?;
     world.spec.kafka_extra = format!(
         "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
          transaction_max_records = {max_records}\ntransaction_interval_ms = 50\n",
         world.uid
     );
+    tune(&mut world);
     let (relay, _) = world.start(STARTUP).await?;
     stop_cleanly(&relay).await?;
     Ok(world)
@@ -57,18 +68,29 @@ async fn stop_cleanly(relay: &RelayProcess) -> Result<()> {
     Ok(())
 }
 
-/// Waits until every key in `keys` is visible, stops `relay` cleanly, then checks that each key
-/// is there exactly once, in commit order per aggregate; returns the records.
+/// Waits until every key in `keys` is visible to read_committed readers.
+async fn finish_keys(
+    world: &World,
+    topics: &[String],
+    keys: &[String],
+    relay: &RelayProcess,
+) -> Result<()> {
+    let wanted: HashSet<String> = keys.iter().cloned().collect();
+    world
+        .wait_for_keys(topics, &wanted, Some(relay), RELAY_WAIT)
+        .await?;
+    Ok(())
+}
+
+/// [`finish_keys`], then stops `relay` cleanly and checks that each key is there exactly once,
+/// in commit order per aggregate; returns the records.
 async fn finish(
     world: &World,
     topics: &[String],
     keys: &[String],
     relay: &RelayProcess,
 ) -> Result<Vec<Record>> {
-    let wanted: HashSet<String> = keys.iter().cloned().collect();
-    world
-        .wait_for_keys(topics, &wanted, Some(relay), RELAY_WAIT)
-        .await?;
+    finish_keys(world, topics, keys, relay).await?;
     stop_cleanly(relay).await?;
     ensure_each_once(world, topics, keys).await
 }
@@ -408,5 +430,180 @@ async fn check_verifies_transactions_and_the_progress_topic() -> Result<()> {
     let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
     commit_rows(&mut world.db.conn().await?, &rows).await?;
     finish(&world, &[world.topic("Order")], &keys, &relay).await?;
+    Ok(())
+}
+
+/// An exactly-once relay (`transaction_timeout_ms = 8000`, HTTP on `port`) that relayed a first
+/// batch of 5 rows over `aggregates` aggregates.
+struct Watched {
+    world: World,
+    topics: Vec<String>,
+    gen: RowGen,
+    conn: outbox_relay_testkit::mysql_async::Conn,
+    keys: Vec<String>,
+    first: Vec<outbox_relay_testkit::OutboxRow>,
+    relay: RelayProcess,
+}
+
+async fn watched(
+    name: &str,
+    port: u16,
+    aggregates: usize,
+    tune: impl FnOnce(&mut World),
+) -> Result<Watched> {
+    let world = eos_world_with(name, 1000, |w| {
+        w.spec
+            .kafka_extra
+            .push_str("transaction_timeout_ms = 8000\n");
+        w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+        tune(w);
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "w", aggregates);
+    let mut conn = world.db.conn().await?;
+    let first = gen.rows(5);
+    let keys: Vec<String> = first.iter().map(|r| r.event_key.clone()).collect();
+    commit_rows(&mut conn, &first).await?;
+    let relay = world.spawn()?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    Ok(Watched {
+        world,
+        topics,
+        gen,
+        conn,
+        keys,
+        first,
+        relay,
+    })
+}
+
+/// Another producer leaves a transaction open on the relay's topic (a hanging transaction):
+/// read_committed consumers see none of the relay's later records, the relay's metrics show
+/// the last stable offset lag and how long it has been stuck, and `/readyz` says so once that
+/// passes half of `kafka.transaction_timeout_ms`. When the other transaction ends, everything is
+/// visible once and the relay is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_transaction_on_the_relays_topic_is_seen() -> Result<()> {
+    let port = free_local_port()?;
+    // One aggregate: every record goes to the partition of the hanging transaction.
+    let Watched {
+        world,
+        topics,
+        mut gen,
+        mut conn,
+        mut keys,
+        first,
+        relay,
+    } = watched("eos_hang", port, 1, |_| {}).await?;
+    wait_for_status(&relay, port, "/readyz", 200, RELAY_WAIT).await?;
+    // The other producer's transaction: one record, never committed.
+    let (bootstrap, topic) = (world.spec.bootstrap_servers.clone(), topics[0].clone());
+    let hanging = format!("hanging-{}", world.uid);
+    let other = tokio::task::spawn_blocking(move || -> Result<BaseProducer> {
+        let p: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("transactional.id", &hanging)
+            // The relay's partitioner: key o-00 lands on the relay's partition for it.
+            .set("partitioner", "murmur2_random")
+            .create()?;
+        p.init_transactions(Duration::from_secs(30))?;
+        p.begin_transaction()?;
+        p.send(
+            BaseRecord::<str, str>::to(&topic)
+                .key("o-00")
+                .payload("hanging"),
+        )
+        .map_err(|(e, _)| e)?;
+        p.flush(Duration::from_secs(30))?;
+        Ok(p)
+    })
+    .await??;
+    let second = gen.rows(5);
+    keys.extend(second.iter().map(|r| r.event_key.clone()));
+    commit_rows(&mut conn, &second).await?;
+    let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
+    ensure!(
+        reason.contains(&format!("the last stable offset of {}", topics[0]))
+            && reason.contains("a transaction is hanging"),
+        "{reason}"
+    );
+    let (_, page) = http_get(port, "/metrics").await?;
+    let lag = metric(&page, "outbox_relay_last_stable_offset_lag_records").unwrap_or(0.0);
+    let stuck = metric(&page, "outbox_relay_last_stable_offset_stuck_seconds").unwrap_or(0.0);
+    ensure!(lag >= 6.0 && stuck >= 4.0, "lag {lag}, stuck {stuck} s");
+    // Behind the hanging transaction, read_committed readers see only the first rows.
+    let seen = read_committed_records(&world.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    ensure!(
+        seen.len() == first.len(),
+        "{} records visible behind the open transaction",
+        seen.len()
+    );
+    tokio::task::spawn_blocking(move || other.abort_transaction(Duration::from_secs(30))).await??;
+    wait_for_status(&relay, port, "/readyz", 200, RELAY_WAIT).await?;
+    finish(&world, &topics, &keys, &relay).await?;
+    Ok(())
+}
+
+/// Kafka goes away while the relay's transaction holds records: the open transaction shows in
+/// `outbox_relay_transaction_open_seconds` and in `/readyz` once it passes half of
+/// `kafka.transaction_timeout_ms`; the transaction is aborted, and with Kafka back every row is
+/// visible once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_kafka_cannot_take_is_seen_and_aborted() -> Result<()> {
+    let kafka_port: u16 = std::env::var("EOS_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9892);
+    let kafka = PrivateService::acquire(
+        ServiceSpec::kafka("eos-kafka", kafka_port, Vec::new()),
+        |_| Ok(()),
+    )?;
+    let port = free_local_port()?;
+    let Watched {
+        world,
+        topics,
+        mut gen,
+        mut conn,
+        mut keys,
+        relay,
+        ..
+    } = watched("eos_open", port, 5, |w| {
+        w.spec.bootstrap_servers = format!("127.0.0.1:{kafka_port}");
+        w.spec.http_extra = "ready_kafka_ms = 120000\n".into();
+    })
+    .await?;
+    kafka.stop()?;
+    let second = gen.rows(5);
+    keys.extend(second.iter().map(|r| r.event_key.clone()));
+    commit_rows(&mut conn, &second).await?;
+    let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
+    ensure!(
+        reason.contains("a Kafka transaction has been open for"),
+        "{reason}"
+    );
+    let (_, page) = http_get(port, "/metrics").await?;
+    let open = metric(&page, "outbox_relay_transaction_open_seconds").unwrap_or(0.0);
+    ensure!(
+        open >= 4.0,
+        "outbox_relay_transaction_open_seconds = {open}"
+    );
+    // The abort itself fails while no broker answers, or the commit times out with its outcome
+    // unknown; the next producer's InitProducerId (or the coordinator's timeout) then ends it.
+    wait_until(
+        "the relay to abort its transaction",
+        RELAY_WAIT,
+        Duration::from_millis(200),
+        async || {
+            let text = relay.stderr_text();
+            let ended = text.contains("transaction aborted")
+                || text.contains("aborting the transaction")
+                || text.contains("the transaction's outcome is unknown");
+            Ok(ended.then_some(()))
+        },
+    )
+    .await?;
+    kafka.start()?;
+    finish(&world, &topics, &keys, &relay).await?;
     Ok(())
 }

@@ -148,6 +148,9 @@ struct Live {
     /// Exactly-once: since when the relay's Kafka transaction is open, and the age at which an
     /// open transaction makes the relay not ready (half of `kafka.transaction_timeout_ms`).
     transaction_open: Option<(Instant, Duration)>,
+    /// Exactly-once: the partition whose last stable offset has not moved the longest while
+    /// records follow it, as of the last sample.
+    lso_stuck: Option<(String, i32, Duration)>,
 }
 
 /// The relay's metrics registry and health state. See the module documentation.
@@ -177,6 +180,8 @@ pub struct Metrics {
     transaction_commit: Histogram,
     transaction_records: Histogram,
     transaction_open_age: Gauge,
+    lso_lag: IntGauge,
+    lso_stuck: Gauge,
     /// Exactly-once: the threshold of [`Live::transaction_open`], set by the sink.
     transaction_stall: Mutex<Duration>,
     rows_read_total: AtomicU64,
@@ -466,6 +471,21 @@ impl Metrics {
                  read_committed consumers see nothing after its first record. Computed at \
                  scrape time.",
             ),
+            lso_lag: gauge(
+                &r,
+                "outbox_relay_last_stable_offset_lag_records",
+                "Exactly-once: summed over the partitions of the topics the relay writes (the \
+                 progress topic included), high watermark minus last stable offset: records \
+                 read_committed consumers cannot see yet because a transaction before them is \
+                 open. Sampled every few seconds.",
+            ),
+            lso_stuck: float_gauge(
+                &r,
+                "outbox_relay_last_stable_offset_stuck_seconds",
+                "Exactly-once: the longest time a last stable offset of those partitions has not \
+                 moved while records follow it: a hanging transaction (the relay's own, or \
+                 another producer's) that read_committed consumers wait for. Sampled.",
+            ),
             transaction_stall: Mutex::new(Duration::MAX),
             registry: r,
             rows_read_total: AtomicU64::new(0),
@@ -479,6 +499,7 @@ impl Metrics {
                 checkpoint_current_at: None,
                 kafka_down: None,
                 transaction_open: None,
+                lso_stuck: None,
             }),
         }
     }
@@ -559,6 +580,20 @@ impl Metrics {
                 ));
             }
         }
+        let limit = *self
+            .transaction_stall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((topic, partition, age)) = &live.lso_stuck {
+            if *age >= limit {
+                return Err(format!(
+                    "the last stable offset of {topic} [{partition}] has not moved for {} ms \
+                     while records follow it: a transaction is hanging there (the relay's own, \
+                     or another producer's), and read_committed consumers see nothing after it",
+                    age.as_millis()
+                ));
+            }
+        }
         let idle = live.last_activity.map_or(Duration::MAX, |t| t.elapsed());
         if idle > stall {
             let in_flight = self.in_flight.get();
@@ -620,6 +655,15 @@ impl Metrics {
         self.transaction_duration.observe(age.as_secs_f64());
         self.transaction_commit.observe(commit.as_secs_f64());
         self.transaction_records.observe(records as f64);
+    }
+
+    /// Exactly-once: a sample of the last stable offsets: the summed lag, and the partition whose
+    /// offset has been stuck the longest.
+    pub fn last_stable_offset(&self, lag: i64, stuck: Option<(String, i32, Duration)>) {
+        self.lso_lag.set(lag);
+        self.lso_stuck
+            .set(stuck.as_ref().map_or(0.0, |s| s.2.as_secs_f64()));
+        self.live().lso_stuck = stuck;
     }
 
     /// Exactly-once: a transaction was aborted.
@@ -997,6 +1041,7 @@ mod tests {
             checkpoint_current_at: None,
             kafka_down: None,
             transaction_open: None,
+            lso_stuck: None,
         };
         assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
         live.current_as_of = Some(990.0);

@@ -22,7 +22,7 @@ use crate::config::{Delivery, RelayConfig};
 use crate::decode::GtidState;
 use crate::error::RelayError;
 use crate::kafka::route::Router;
-use crate::kafka::sink::{KafkaProbe, RecordSink, TransactionalSink};
+use crate::kafka::sink::{KafkaProbe, LsoMonitor, RecordSink, TransactionalSink};
 use crate::observe::metrics::State;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::gtid::MysqlGtidSet;
@@ -400,7 +400,18 @@ async fn run_once(
     };
     if let Some(sink) = transactional {
         let probe = sink.probe();
-        return stream(parts, lease, prepared, shutdown, refusals, &sink, probe).await;
+        let monitor = sink.lso_monitor(&config.kafka);
+        return stream(
+            parts,
+            lease,
+            prepared,
+            shutdown,
+            refusals,
+            &sink,
+            probe,
+            Some(monitor),
+        )
+        .await;
     }
     let sink = match unless_stopped(shutdown, new_sink(config)).await {
         None => return Attempt::before_streaming(Some(prepared.start), Ok(())),
@@ -408,7 +419,10 @@ async fn run_once(
         Some(Err(e)) => return Attempt::before_streaming(Some(prepared.start), Err(e)),
     };
     let probe = sink.probe();
-    stream(parts, lease, prepared, shutdown, refusals, &sink, probe).await
+    stream(
+        parts, lease, prepared, shutdown, refusals, &sink, probe, None,
+    )
+    .await
 }
 
 /// The server, resume point and dump start of one run.
@@ -428,6 +442,7 @@ async fn stream<K: RecordSink>(
     refusals: &mut Refusals,
     sink: &K,
     probe: KafkaProbe,
+    monitor: Option<LsoMonitor>,
 ) -> Attempt {
     let Parts {
         config,
@@ -511,8 +526,14 @@ async fn stream<K: RecordSink>(
     let probe = AbortOnDrop(tokio::spawn(
         probe.run(Duration::from_millis(config.http.ready_kafka_ms / 3)),
     ));
+    let monitor = monitor.map(|m| {
+        let every = Duration::from_millis(config.kafka.transaction_timeout_ms / 4)
+            .min(Duration::from_secs(5));
+        AbortOnDrop(tokio::spawn(m.run(every)))
+    });
     let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
     drop(probe);
+    drop(monitor);
     metrics::global().set_state(State::Connecting);
     tracing::info!(
         records_acked = outcome.stats.records_acked,

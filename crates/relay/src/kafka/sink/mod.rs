@@ -37,6 +37,7 @@ use crate::kafka::route::KafkaRecord;
 use crate::observe::metrics;
 
 mod limits;
+mod lso;
 mod probe;
 mod record_sink;
 mod served;
@@ -46,6 +47,7 @@ pub use limits::{
     batch_hazard, batch_size_alone, invalid_timestamp, ProducerLimits, TimestampRules,
     LIBRDKAFKA_DEFAULT_MAX_BYTES, RECORD_BATCH_OVERHEAD,
 };
+pub use lso::LsoMonitor;
 pub use probe::KafkaProbe;
 pub use record_sink::RecordSink;
 use served::ServedProducer;

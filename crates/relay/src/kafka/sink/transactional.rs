@@ -172,6 +172,16 @@ impl TransactionalSink {
         self.inner.probe()
     }
 
+    /// The monitor of the last stable offsets of the topics this producer writes (the progress
+    /// topic included): run it beside the pipeline.
+    pub fn lso_monitor(&self, kafka: &crate::config::KafkaConfig) -> super::LsoMonitor {
+        super::LsoMonitor::new(
+            Arc::clone(&self.inner.ready_topics),
+            self.progress_topic.clone(),
+            kafka,
+        )
+    }
+
     /// The `transactional.id` of this producer.
     pub fn transactional_id(&self) -> &str {
         &self.transactional_id
@@ -399,6 +409,13 @@ impl RecordSink for TransactionalSink {
                 if abortable {
                     self.abort().await;
                 } else {
+                    // A timed-out commit may still complete on the coordinator: the next
+                    // producer's InitProducerId finishes or aborts it, and the next run reads
+                    // the progress topic to learn which.
+                    tracing::warn!(error = %e, "the transaction's outcome is unknown (its commit \
+                        did not complete); the next producer of this transactional.id completes \
+                        or aborts it, and the relay resumes from the progress topic's last \
+                        committed point");
                     self.close();
                     metrics::global().transaction_aborted();
                 }
@@ -531,6 +548,19 @@ pub fn decode_progress(value: &[u8]) -> Result<Checkpoint, RelayError> {
     })
 }
 
+/// A consumer configuration on the relay's brokers: the user's properties minus the producer's
+/// own (librdkafka warns about each), and `bootstrap.servers`.
+pub(super) fn consumer_config(kafka: &crate::config::KafkaConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in &kafka.properties {
+        if !PRODUCER_ONLY.contains(&key.as_str()) {
+            client.set(key, value);
+        }
+    }
+    client.set("bootstrap.servers", &kafka.bootstrap_servers);
+    client
+}
+
 /// Reads `topic` to its end with `read_committed` and returns `connector`'s last resume point.
 /// "Its end" is the high watermark when reading starts: the read waits for transactions still
 /// open below it (another connector's) to end, so a committed point after them is not missed.
@@ -540,14 +570,7 @@ fn read_progress(
     connector: &str,
 ) -> Result<Option<Checkpoint>, RelayError> {
     let consumer = |isolation: &str| -> Result<BaseConsumer, RelayError> {
-        let mut client = ClientConfig::new();
-        // The user's properties minus the producer's own (librdkafka warns about each).
-        for (key, value) in &config.kafka.properties {
-            if !PRODUCER_ONLY.contains(&key.as_str()) {
-                client.set(key, value);
-            }
-        }
-        client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+        let mut client = consumer_config(&config.kafka);
         client
             .set(
                 "group.id",
