@@ -42,9 +42,9 @@ use outbox_relay_testkit::faults::workload::{
 };
 use outbox_relay_testkit::{
     canonical_gtid_set, collect_records, collect_until, describe_exit, gtid_state_variable,
-    mysql_port, next_server_id, read_all_records, read_checkpoint, replica_port, replica_script,
-    unique_suffix, wait_until, Checkpoint, Record, RelayConfigSpec, RelayProcess, TcpProxy, TestDb,
-    DEFAULT_CHECKPOINT_TABLE,
+    mysql_port, next_server_id, read_all_records, read_checkpoint, read_committed_records,
+    replica_port, replica_script, unique_suffix, wait_until, Checkpoint, Record, RelayConfigSpec,
+    RelayProcess, TcpProxy, TestDb, DEFAULT_CHECKPOINT_TABLE,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -541,6 +541,9 @@ struct FailoverCase {
     /// After the failover: stop the relay on the primary gracefully, start it again, write more
     /// rows: nothing may be sent twice (README: a graceful stop leaves no duplicates).
     graceful_restart_after: bool,
+    /// `kafka.delivery = "exactly_once"`: no checkpoint is copied (the progress topic holds the
+    /// point, GTID set included), and a read_committed reader must see no duplicate.
+    exactly_once: bool,
 }
 
 /// Replica → primary failover under a continuous workload; see the module docs for the setup.
@@ -591,6 +594,10 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
         &format!("t_{uid}"),
     );
     spec.mysql_url = replica_url(Some(&state_db));
+    if case.exactly_once {
+        spec.kafka_extra =
+            format!("delivery = \"exactly_once\"\nprogress_topic = \"t_{uid}.progress\"\n");
+    }
     let topics = topics(&spec);
     let relay_a = spawn_relay(&spec, None)?;
     let cp0 = wait_until(
@@ -683,8 +690,9 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
 
     // The operator's step: copy the checkpoint row to the primary's state table, with the
     // outbox layouts it stores (without binlog_row_metadata=FULL, MySQL's default MINIMAL,
-    // the relay needs them to name the columns of the rows after the checkpoint).
-    {
+    // the relay needs them to name the columns of the rows after the checkpoint). Exactly-once
+    // needs no copy: the progress topic's point carries the GTID set and the layouts.
+    if !case.exactly_once {
         let table_layouts: Option<String> = replica_state
             .get_conn()
             .await?
@@ -745,8 +753,20 @@ async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
         describe_exit(&status),
         relay_b.stderr_tail()
     );
-    let records = read_all_records(&spec.bootstrap_servers, &topics, RELAY_WAIT).await?;
+    let records = if case.exactly_once {
+        read_committed_records(&spec.bootstrap_servers, &topics, RELAY_WAIT).await?
+    } else {
+        read_all_records(&spec.bootstrap_servers, &topics, RELAY_WAIT).await?
+    };
     let v = verify(&uid, &records, &committed, |t| spec.topic_for(t));
+    ensure!(
+        !case.exactly_once || v.duplicates == 0,
+        "exactly-once failover: {} duplicates for a read_committed reader ({})\n--- relay on \
+         the primary ---\n{}",
+        v.duplicates,
+        describe(&v),
+        relay_b.stderr_tail()
+    );
     let cp_b = read_checkpoint(
         &primary_state,
         DEFAULT_CHECKPOINT_TABLE,
@@ -847,6 +867,7 @@ async fn gtid_failover_from_replica_to_primary_loses_nothing() -> Result<()> {
             kill9: false,
             replica_binlog_ahead: false,
             graceful_restart_after: false,
+            exactly_once: false,
         },
     )
     .await
@@ -862,6 +883,7 @@ async fn gtid_failover_after_kill_9_loses_nothing() -> Result<()> {
             kill9: true,
             replica_binlog_ahead: false,
             graceful_restart_after: false,
+            exactly_once: false,
         },
     )
     .await
@@ -879,6 +901,7 @@ async fn gtid_failover_checkpoint_moves_to_the_primary_and_restart_sends_nothing
             kill9: false,
             replica_binlog_ahead: true,
             graceful_restart_after: true,
+            exactly_once: false,
         },
     )
     .await
@@ -987,4 +1010,21 @@ async fn gtid_resume_on_another_server_sends_the_rows_the_old_server_counted_as_
         .await?;
     conn.disconnect().await?;
     db.drop_database().await
+}
+
+/// Exactly-once: kill -9 of the relay on the replica, then the same connector on the primary
+/// with `resume = "gtid"` and no checkpoint copied: it resumes from the progress topic's GTID set;
+/// a read_committed reader sees every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtid_failover_exactly_once_after_kill_9_has_no_duplicates() -> Result<()> {
+    gtid_failover(
+        "failover-eos",
+        FailoverCase {
+            kill9: true,
+            replica_binlog_ahead: false,
+            graceful_restart_after: false,
+            exactly_once: true,
+        },
+    )
+    .await
 }

@@ -260,17 +260,26 @@ impl<S: CheckpointStore> Progress<'_, S> {
         Ok(())
     }
 
-    fn acked(&self) -> Checkpoint {
-        // Rows counted against a base written on another server (a run moved there by GTID,
-        // until its first boundary) are rows of this server's transaction: stored under the
-        // other server's name, a return to that server would skip rows of its own, maybe
-        // different, transaction. Counted as 0 they are only sent again.
+    /// `true` while the acknowledged base was written on another server (a run moved there by
+    /// GTID, until its first boundary).
+    fn foreign_base(&self) -> bool {
         let base = &self.acked_base;
-        let foreign = base.source_server_id != self.server.0
-            || matches!((&base.source_server_uuid, &self.server.1), (Some(a), Some(b)) if a != b);
+        base.source_server_id != self.server.0
+            || matches!((&base.source_server_uuid, &self.server.1), (Some(a), Some(b)) if a != b)
+    }
+
+    fn acked(&self) -> Checkpoint {
+        // Rows counted against a base written on another server are rows of this server's
+        // transaction: stored under the other server's name, a return to that server would
+        // skip rows of its own, maybe different, transaction. Counted as 0 they are only sent
+        // again.
         Checkpoint {
-            rows_acked: if foreign { 0 } else { self.acked_rows },
-            ..(**base).clone()
+            rows_acked: if self.foreign_base() {
+                0
+            } else {
+                self.acked_rows
+            },
+            ..(*self.acked_base).clone()
         }
     }
 
@@ -631,6 +640,8 @@ impl Reader<'_> {
         });
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_commit = Instant::now();
+        // Exactly-once: the interval passed inside a source transaction; commit at its end.
+        let mut commit_due = false;
         let mut progress_tick = tokio::time::interval_at(
             tokio::time::Instant::now() + metrics::PROGRESS_LOG_INTERVAL,
             metrics::PROGRESS_LOG_INTERVAL,
@@ -663,9 +674,16 @@ impl Reader<'_> {
                     if last_commit.elapsed() >= self.settings.transaction_interval
                         && (progress.dirty || sink.transaction_open())
                     {
-                        self.drain(sink, progress, inflight).await?;
-                        progress.persist(false, sink).await?;
-                        last_commit = Instant::now();
+                        if self.rows_in_tx == 0 {
+                            self.drain(sink, progress, inflight).await?;
+                            progress.persist(false, sink).await?;
+                            last_commit = Instant::now();
+                        } else {
+                            // Inside a source transaction: commit at its end, so that the
+                            // point is a transaction boundary, which a GTID names on any
+                            // server (a point inside one is only exact on its own server).
+                            commit_due = true;
+                        }
                     }
                 }
                 _ = progress_tick.tick() => {
@@ -706,10 +724,12 @@ impl Reader<'_> {
                             // Sent alone: nothing more is sent before its report.
                             self.drain(sink, progress, inflight).await?;
                         }
-                        if transactional && sink.transaction_full() {
+                        if transactional && sink.transaction_full() && !progress.foreign_base() {
                             // A Kafka transaction holds at most so many records or bytes: a
                             // larger source transaction spans several, the point saying how
-                            // many of its rows are committed.
+                            // many of its rows are committed. (Not while the base is another
+                            // server's: such a point cannot count this server's rows, see
+                            // `Progress::acked`; the transaction then ends at the boundary.)
                             self.drain(sink, progress, inflight).await?;
                             progress.persist(true, sink).await?;
                             last_commit = Instant::now();
@@ -744,6 +764,11 @@ impl Reader<'_> {
                             // while Kafka is slow.
                             let advances = boundary.1 || self.pending.as_ref().is_some_and(|p| p.1);
                             self.pending = Some((boundary.0, advances));
+                        }
+                        if std::mem::take(&mut commit_due) {
+                            self.drain(sink, progress, inflight).await?;
+                            progress.persist(false, sink).await?;
+                            last_commit = Instant::now();
                         }
                     }
                 }
