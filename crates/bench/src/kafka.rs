@@ -377,3 +377,103 @@ pub fn summary(v: &[i64]) -> BTreeMap<&'static str, f64> {
         ("max_ms", v.last().map_or(f64::NAN, |m| *m as f64 / 1000.0)),
     ])
 }
+
+/// A `read_committed` reader of one topic running while a system produces to it: each record's
+/// latency is the time it was received here minus its payload `ts` (the source commit), i.e.
+/// commit → visible to a consumer, what a transactional producer's consumers see. Used for the
+/// relay in both delivery modes, so their figures compare.
+pub struct LiveReader {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    count: Arc<AtomicU64>,
+    handle: std::thread::JoinHandle<Result<(Latencies, i64)>>,
+}
+
+impl LiveReader {
+    /// Starts reading `topic` (which exists) from its beginning.
+    ///
+    /// # Errors
+    /// The consumer cannot be created or assigned.
+    pub fn start(bootstrap: &str, topic: &str) -> Result<Self> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "outbox-relay-bench-live")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "5")
+            .set("fetch.max.bytes", "52428800")
+            .create()
+            .context("creating the live reader")?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+        c.assign(&tpl)?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let (s, n) = (Arc::clone(&stop), Arc::clone(&count));
+        let handle = std::thread::spawn(move || {
+            let mut out = Latencies::default();
+            let mut last = 0;
+            while !s.load(Ordering::Relaxed) {
+                match c.poll(Duration::from_millis(50)) {
+                    Some(Ok(m)) => {
+                        let now = now_micros();
+                        last = now;
+                        out.records += 1;
+                        n.fetch_add(1, Ordering::Relaxed);
+                        match m.payload().and_then(payload_ts) {
+                            Some(ts) => out.micros.push((now - ts).max(0)),
+                            None => out.unusable += 1,
+                        }
+                    }
+                    Some(Err(e)) => bail!("live reader: {e}"),
+                    None => {}
+                }
+            }
+            out.micros.sort_unstable();
+            Ok((out, last))
+        });
+        Ok(Self {
+            stop,
+            count,
+            handle,
+        })
+    }
+
+    /// Records received so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `want` records arrived (or `timeout`, or `give_up` says so); returns the count.
+    ///
+    /// # Errors
+    /// `give_up` fails.
+    pub async fn wait_for(
+        &self,
+        want: u64,
+        timeout: Duration,
+        mut give_up: impl FnMut() -> Result<()>,
+    ) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.count();
+            if n >= want || Instant::now() >= deadline {
+                return Ok(n);
+            }
+            give_up()?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops reading; the latencies and when the last record arrived (µs since the epoch).
+    ///
+    /// # Errors
+    /// The reader failed.
+    pub fn finish(self) -> Result<(Latencies, i64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("live reader panicked"))?
+    }
+}

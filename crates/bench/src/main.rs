@@ -13,7 +13,8 @@
 //! - `outbox-relay-bench` alone: both, for the one server.
 //!
 //! Settings (environment): `BENCH_ROWS` (1000000), `BENCH_STEADY_SECS` (60), `BENCH_RATES`
-//! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,polling,debezium`),
+//! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,relay_eos,polling,debezium`;
+//! `relay_eos` is the relay with `kafka.delivery = "exactly_once"`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty: leave it),
@@ -51,6 +52,8 @@ use crate::workload::{now_micros, Written};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum System {
     Relay,
+    /// The relay with `kafka.delivery = "exactly_once"`.
+    RelayEos,
     Polling,
     Debezium,
 }
@@ -59,6 +62,7 @@ impl System {
     fn name(self) -> &'static str {
         match self {
             System::Relay => "relay",
+            System::RelayEos => "relay_eos",
             System::Polling => "polling",
             System::Debezium => "debezium",
         }
@@ -101,14 +105,15 @@ fn list(name: &str, default: &str) -> Result<Vec<u64>> {
 impl Settings {
     fn from_env() -> Result<Self> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let systems = env_or("BENCH_SYSTEMS", "relay,polling,debezium")
+        let systems = env_or("BENCH_SYSTEMS", "relay,relay_eos,polling,debezium")
             .split(',')
             .map(|s| match s.trim() {
                 "relay" => Ok(System::Relay),
+                "relay_eos" => Ok(System::RelayEos),
                 "polling" => Ok(System::Polling),
                 "debezium" => Ok(System::Debezium),
                 other => anyhow::bail!(
-                    "BENCH_SYSTEMS: unknown system {other:?} (relay, polling, debezium)"
+                    "BENCH_SYSTEMS: unknown system {other:?} (relay, relay_eos, polling, debezium)"
                 ),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -265,13 +270,29 @@ impl Bench {
         format!("{}_{}{}", self.prefix, db.name(), self.run_tag)
     }
 
+    /// The exactly-once relay's connector name on `db` (its own checkpoint and progress).
+    fn connector_eos(&self, db: &TestDb) -> String {
+        format!("{}_{}_eos", self.prefix, db.name())
+    }
+
     /// Starts `sys` on `db`. The relay starts where its checkpoint says (or at the binlog end);
     /// Debezium where its offsets file (named `dbz_name`) says (or at the binlog end).
     async fn start(&self, sys: System, db: &TestDb, dbz_name: &str) -> Result<Running> {
         Ok(match sys {
-            System::Relay => {
-                let connector = self.connector(db);
-                let toml = relay_toml(&connector, db, &self.topic_prefix(sys));
+            System::Relay | System::RelayEos => {
+                let connector = if sys == System::RelayEos {
+                    self.connector_eos(db)
+                } else {
+                    self.connector(db)
+                };
+                let mut toml = relay_toml(&connector, db, &self.topic_prefix(sys));
+                if sys == System::RelayEos {
+                    // Appended to the [kafka] section, the last one.
+                    toml.push_str(&format!(
+                        "delivery = \"exactly_once\"\nprogress_topic = \"{}.progress\"\n",
+                        self.prefix
+                    ));
+                }
                 let r = RelayProcess::spawn(&self.s.relay_bin, &toml, &[("RUST_LOG", "warn")])?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
@@ -577,14 +598,25 @@ impl Bench {
         log(format!("drain: {}", self.system_tag(sys)));
         let db_cpu0 = self.db_cpu();
         let b0 = procs::machine_busy_s().ok();
+        // Exactly-once: records count once committed (visible to read_committed readers); the
+        // topic also holds transaction markers, so its offsets are no count.
+        let live = match sys {
+            System::RelayEos => Some(kafka::LiveReader::start(&self.s.bootstrap, &topic)?),
+            _ => None,
+        };
         let t0 = now_micros();
         let clock = Instant::now();
         let mut run = self.start(sys, db, "dbz_drain").await?;
         let timeout = Duration::from_secs((self.s.rows / 500).max(600));
-        let n = kafka::wait_for_count(&self.s.bootstrap, &topic, written.rows, timeout, || {
-            run.check()
-        })
-        .await?;
+        let n = match &live {
+            Some(live) => live.wait_for(written.rows, timeout, || run.check()).await?,
+            None => {
+                kafka::wait_for_count(&self.s.bootstrap, &topic, written.rows, timeout, || {
+                    run.check()
+                })
+                .await?
+            }
+        };
         let usage = run.usage();
         let wall = clock.elapsed().as_secs_f64();
         let db_cpu1 = self.db_cpu();
@@ -607,8 +639,12 @@ impl Bench {
                 )),
             );
         }
-        let end_ms = kafka::last_append_ms(&self.s.bootstrap, &topic).await?;
-        let secs = ((end_ms * 1000 - t0) as f64 / 1e6).max(1e-3);
+        let end_us = match live {
+            // When the last record became visible here.
+            Some(live) => live.finish()?.1,
+            None => kafka::last_append_ms(&self.s.bootstrap, &topic).await? * 1000,
+        };
+        let secs = ((end_us - t0) as f64 / 1e6).max(1e-3);
         let rate = n as f64 / secs;
         r.insert("records".into(), json!(n));
         r.insert("secs".into(), json!(secs));
@@ -712,22 +748,44 @@ impl Bench {
         let cpu0 = run.usage().map(|u| u.cpu_s);
         let db_cpu0 = self.db_cpu();
         let q0 = polling_queries(run);
+        // The relay in both modes is also timed by a live read_committed reader: commit →
+        // visible, the figure exactly-once is judged by.
+        let live = match sys {
+            System::Relay | System::RelayEos => {
+                Some(kafka::LiveReader::start(&self.s.bootstrap, &topic)?)
+            }
+            _ => None,
+        };
         let w: Written =
             workload::write_steady(db.pool(), &agg, rate, txn, self.s.steady_secs).await?;
         let writer_end = Instant::now();
-        let n = kafka::wait_for_count(
-            &self.s.bootstrap,
-            &topic,
-            w.rows,
-            Duration::from_secs(60),
-            || run.check(),
-        )
-        .await?;
+        let wait = Duration::from_secs(60);
+        let n = match (&live, sys) {
+            (Some(live), System::RelayEos) => live.wait_for(w.rows, wait, || run.check()).await?,
+            _ => {
+                kafka::wait_for_count(&self.s.bootstrap, &topic, w.rows, wait, || run.check())
+                    .await?
+            }
+        };
+        let visible = match live {
+            Some(live) => {
+                if sys == System::Relay {
+                    live.wait_for(w.rows, wait, || Ok(())).await?;
+                }
+                Some(live.finish()?.0)
+            }
+            None => None,
+        };
         let catch_up = writer_end.elapsed().as_secs_f64();
         let cpu = run.usage().map(|u| u.cpu_s).zip(cpu0).map(|(b, a)| b - a);
         let db_cpu = self.db_cpu().zip(db_cpu0).map(|(b, a)| b - a);
         let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
-        let lat = kafka::latencies(&self.s.bootstrap, &topic).await?;
+        // Broker append time − commit for the others; the exactly-once relay's records are
+        // appended before their transaction commits, so only visibility counts for it.
+        let lat = match (&visible, sys) {
+            (Some(v), System::RelayEos) => v.clone(),
+            _ => kafka::latencies(&self.s.bootstrap, &topic).await?,
+        };
         let mut v = json!({
             "system": sys.name(), "rate": rate, "txn": txn,
             "rows": w.rows, "writer_rows_per_s": w.rows as f64 / w.secs,
@@ -739,6 +797,11 @@ impl Bench {
         });
         for (k, x) in kafka::summary(&lat.micros) {
             v[k] = json!(x);
+        }
+        if let Some(vis) = &visible {
+            for (k, x) in kafka::summary(&vis.micros) {
+                v[format!("visible_{k}")] = json!(x);
+            }
         }
         if let Some(c) = cpu {
             v["cpu_s"] = json!(c);
@@ -985,6 +1048,13 @@ async fn measure(s: Settings) -> Result<Value> {
         "drain_ratio_to_debezium": relay_rate.zip(f(&drain["debezium"]["rows_per_s"])).map(|(a, b)| a / b),
         "drain_ratio_to_polling": relay_rate.zip(f(&drain["polling"]["rows_per_s"])).map(|(a, b)| a / b),
         "p99_ms_at_5k": steady_p99(&steady, "relay", 5000),
+        "eos_drain_ratio": f(&drain["relay_eos"]["rows_per_s"]).zip(relay_rate).map(|(a, b)| a / b),
+        "eos_visible_p99_ms_at_5k": steady_p99(&steady, "relay_eos", 5000),
+        "visible_p99_ms_at_5k": steady
+            .iter()
+            .filter(|v| v["system"] == "relay" && v["rate"] == 5000)
+            .filter_map(|v| v["visible_p99_ms"].as_f64())
+            .reduce(f64::max),
     });
     let mut all = json!({
         "server": server.name(),
