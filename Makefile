@@ -57,7 +57,9 @@ clean: services-down
 ## OUTBOX_TEST_SERVERS=mysql8 make faults). Prints a table ending with `missing: N duplicates: M`;
 ## fails when anything committed is missing or out of order.
 ## `faults`: 12 kills and 3 of each other fault (~3 min); `faults-full`: 100 kills, 20 broker
-## restarts, 10 server restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42".
+## restarts, 10 server restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42";
+## FAULTS_ARGS=--exactly-once runs the relay with kafka.delivery = "exactly_once", reads the topics
+## read_committed and fails on any duplicate too.
 ## Optional conformance checks (not part of `make test`): the relay's binlog reading against real
 ## binlog files of servers this machine cannot run (MySQL 8.4/9.x tagged GTIDs, ...), in the folder
 ## OUTBOX_CONFORMANCE_BINLOGS names (the layout of mysql_common's test-data/binlogs). Fails, saying

@@ -22,8 +22,9 @@ use mysql_async::TxOpts;
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
     collect_until, create_topic, describe_exit, free_local_port, insert_outbox_rows,
-    next_server_id, read_all_records, recent_created_at_base, unique_suffix, InsertStyle,
-    OutboxRow, PrivateService, Record, RelayConfigSpec, RelayProcess, ServiceSpec, TestDb,
+    next_server_id, read_all_records, read_committed_records, recent_created_at_base,
+    unique_suffix, InsertStyle, OutboxRow, PrivateService, Record, RelayConfigSpec, RelayProcess,
+    ServiceSpec, TestDb,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -306,8 +307,20 @@ fn noise(bytes: usize, seed: u64) -> String {
 
 /// Rows 0..3 in one transaction, row 1 too large for the topic (limit 20000 bytes): with
 /// compression the relay cannot know before sending, so the broker refuses the batch.
-async fn too_large_in_a_transaction(name: &str, dead_letters: bool) -> Result<()> {
+async fn too_large_in_a_transaction(
+    name: &str,
+    dead_letters: bool,
+    exactly_once: bool,
+) -> Result<()> {
     let mut f = Fixture::new(name).await?;
+    if exactly_once {
+        // The refused batch makes the Kafka transaction abortable: each step of finding the row
+        // is an aborted transaction and a run from the last committed point.
+        f.spec.kafka_extra = format!(
+            "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n",
+            f.uid
+        );
+    }
     let topic = f.spec.topic_for("Ticket");
     create_topic(&f.spec.bootstrap_servers, &topic, 20_000).await?;
     f.spec
@@ -334,9 +347,12 @@ async fn too_large_in_a_transaction(name: &str, dead_letters: bool) -> Result<()
             until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
         )
         .await?;
+        // Exactly-once: as read_committed sees it, each once; at-least-once: first occurrences.
         let first: Vec<Option<&str>> = {
             let mut k = keys(&seen);
-            k.dedup();
+            if !exactly_once {
+                k.dedup();
+            }
             k
         };
         ensure!(
@@ -398,16 +414,29 @@ async fn too_large_in_a_transaction(name: &str, dead_letters: bool) -> Result<()
             "stderr names no binlog position:\n{}",
             relay.stderr_tail()
         );
-        // The row before it arrived; nothing after it did.
-        let seen = read_all_records(
-            &f.spec.bootstrap_servers,
-            std::slice::from_ref(&topic),
-            READ_ALL,
-        )
-        .await?;
+        // Nothing after it arrived; the row before it did (at-least-once: acknowledged and
+        // stored before the stop). Exactly-once: the refusal aborted the Kafka transaction that
+        // held the row before it, and the stop commits nothing more: it arrives after the fix.
+        let seen = if exactly_once {
+            read_committed_records(
+                &f.spec.bootstrap_servers,
+                std::slice::from_ref(&topic),
+                READ_ALL,
+            )
+            .await?
+        } else {
+            read_all_records(
+                &f.spec.bootstrap_servers,
+                std::slice::from_ref(&topic),
+                READ_ALL,
+            )
+            .await?
+        };
         ensure!(
-            seen.iter()
-                .any(|r| r.header("event_key") == Some(rows[0].event_key.as_str()))
+            (exactly_once
+                || seen
+                    .iter()
+                    .any(|r| r.header("event_key") == Some(rows[0].event_key.as_str())))
                 && !seen
                     .iter()
                     .any(|r| r.header("event_key") != Some(rows[0].event_key.as_str())),
@@ -422,14 +451,27 @@ async fn too_large_in_a_transaction(name: &str, dead_letters: bool) -> Result<()
 /// transaction's other rows arrive, the relay keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_broker_refuses_as_too_large_dead_letters_only_its_row() -> Result<()> {
-    too_large_in_a_transaction("big_dlq", true).await
+    too_large_in_a_transaction("big_dlq", true, false).await
+}
+
+/// (b) in exactly-once mode, dead letters on: the same outcome, each record once for a
+/// read_committed reader (the refused batch aborts transactions, never loops).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_refused_batch_dead_letters_only_its_row() -> Result<()> {
+    too_large_in_a_transaction("big_eos_dlq", true, true).await
+}
+
+/// (b) in exactly-once mode, dead letters off: exit 1 naming the row, within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_refused_batch_stops_the_relay_naming_the_row() -> Result<()> {
+    too_large_in_a_transaction("big_eos_stop", false, true).await
 }
 
 /// (b) dead letters off: exit 1 naming the position, table, topic and the broker's error,
 /// within a bound (no restart loop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_broker_refuses_as_too_large_stops_the_relay_naming_the_row() -> Result<()> {
-    too_large_in_a_transaction("big_stop", false).await
+    too_large_in_a_transaction("big_stop", false, false).await
 }
 
 const SASL_USER: &str = "relay";

@@ -408,6 +408,15 @@ impl LiveReader {
             tpl.add_partition_offset(topic, p, Offset::Beginning)?;
         }
         c.assign(&tpl)?;
+        // Warm up before the writer starts: the first fetches (metadata, connection, offsets)
+        // took ~0.5 s, which the first records would count as latency. (An empty partition
+        // has no position to wait for, so the warm-up is a fixed second of polling.)
+        let warm = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < warm {
+            if let Some(Err(e)) = c.poll(Duration::from_millis(100)) {
+                bail!("live reader: {e}");
+            }
+        }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let count = Arc::new(AtomicU64::new(0));
         let (s, n) = (Arc::clone(&stop), Arc::clone(&count));

@@ -612,14 +612,16 @@ pub struct KafkaConfig {
     /// `cleanup.policy=compact`) when missing.
     #[serde(default = "default_progress_topic")]
     pub progress_topic: String,
-    /// Exactly-once: the longest a Kafka transaction stays open, in ms: records are committed
-    /// (with their resume point) this often while rows flow. Default 100. A consumer reading
-    /// `read_committed` sees a record at most about this long after the relay read it.
+    /// Exactly-once: the longest a Kafka transaction stays open while the relay is current, in
+    /// ms: records are committed (with their resume point) at the first transaction boundary
+    /// after this long. Default 100. A consumer reading `read_committed` sees a record about this
+    /// long after the relay read it, at most. While the relay catches up (the events it reads
+    /// are 2 s old or more) transactions stay open up to 1 s or their size bounds.
     #[serde(default = "default_transaction_interval_ms")]
     pub transaction_interval_ms: u64,
     /// Exactly-once: the most records (dead letters included) in one Kafka transaction; a source
     /// transaction with more spans several, the resume point saying how many of its rows are
-    /// committed. Default 10000.
+    /// committed. Default 100000.
     #[serde(default = "default_transaction_max_records")]
     pub transaction_max_records: u64,
     /// Exactly-once: the most record bytes (key, value, headers) in one Kafka transaction.
@@ -655,7 +657,7 @@ fn default_transaction_interval_ms() -> u64 {
 }
 
 fn default_transaction_max_records() -> u64 {
-    10_000
+    100_000
 }
 
 fn default_transaction_max_bytes() -> u64 {
@@ -1137,7 +1139,7 @@ bootstrap_servers = "127.0.0.1:9092"
                 c.kafka.transaction_max_records,
                 c.kafka.transaction_timeout_ms
             ),
-            (100, 10_000, 60_000)
+            (100, 100_000, 60_000)
         );
         for (line, named) in [
             (

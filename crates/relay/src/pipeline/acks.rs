@@ -150,7 +150,9 @@ impl AckQueue {
             }
             sink.serve();
             // librdkafka raises its fatal error before it files the refused batch's reports.
-            self.apply_reports(sink.fatal().is_some());
+            // Exactly-once: a refused record leaves its transaction to abort, as a fatal error
+            // leaves the idempotent producer: the run ends either way.
+            self.apply_reports(sink.fatal().is_some() || sink.transactional());
             if self.front_ready() {
                 continue;
             }

@@ -531,15 +531,19 @@ impl Reader<'_> {
         sink: &K,
         progress: &mut Progress<'_, S>,
     ) -> Result<(), RelayError> {
-        let Some((cause, fatal)) = sink.fatal() else {
-            return Err(error);
+        use crate::kafka::sink::FatalCause;
+        let fatal = match sink.fatal() {
+            Some((FatalCause::Fenced, fatal)) => {
+                return Err(crate::kafka::sink::fenced(None, &fatal))
+            }
+            Some((FatalCause::Transient, _)) if culprit.is_none() => return Err(error),
+            Some((_, fatal)) => fatal,
+            // Exactly-once: a refused record aborts the transaction without a fatal error.
+            None if sink.transactional() && culprit.is_some() => {
+                "a record was refused inside the Kafka transaction, which was aborted".to_owned()
+            }
+            None => return Err(error),
         };
-        if cause == crate::kafka::sink::FatalCause::Fenced {
-            return Err(crate::kafka::sink::fenced(None, &fatal));
-        }
-        if cause == crate::kafka::sink::FatalCause::Transient && culprit.is_none() {
-            return Err(error);
-        }
         match culprit.filter(|c| c.alone) {
             Some(c) if !sink.has_dead_letter() => {
                 // Everything before the row is acknowledged: store that, then stop.
@@ -671,7 +675,16 @@ impl Reader<'_> {
                     }
                 }
                 _ = commit_tick.tick(), if transactional => {
-                    if last_commit.elapsed() >= self.settings.transaction_interval
+                    // Catching up on a backlog, a commit every transaction_interval would spend
+                    // more time committing than producing (each commit waits for the
+                    // coordinator, nothing is sent meanwhile) for records that are late anyway:
+                    // transactions then grow to their size bounds, or CATCH_UP_TRANSACTION.
+                    let interval = if catching_up(self.event_time) {
+                        CATCH_UP_TRANSACTION.max(self.settings.transaction_interval)
+                    } else {
+                        self.settings.transaction_interval
+                    };
+                    if last_commit.elapsed() >= interval
                         && (progress.dirty || sink.transaction_open())
                     {
                         if self.rows_in_tx == 0 {
@@ -1010,6 +1023,21 @@ impl Reader<'_> {
             }
         }
     }
+}
+
+/// Exactly-once: events at least this old (binlog timestamp, s) mean the relay is catching up.
+const CATCH_UP_LAG_S: u64 = 2;
+
+/// Exactly-once: the longest a Kafka transaction stays open while the relay catches up.
+const CATCH_UP_TRANSACTION: Duration = Duration::from_secs(1);
+
+/// `true` when the event last read (binlog timestamp `event_time`, s since the epoch; 0:
+/// none) is [`CATCH_UP_LAG_S`] or more behind the clock.
+fn catching_up(event_time: u32) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    event_time != 0 && now.saturating_sub(u64::from(event_time)) >= CATCH_UP_LAG_S
 }
 
 /// Why a record could not be enqueued, once the queue had room.
