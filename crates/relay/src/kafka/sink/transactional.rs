@@ -393,8 +393,19 @@ impl RecordSink for TransactionalSink {
             self.abort().await;
             return Err(e);
         }
-        let timeout = self.op_timeout;
+        // Wait for the progress record's acknowledgement here, serving the queue: rdkafka's
+        // commit_transaction flushes first, and its flush polls the queue in steps of 100 ms,
+        // which this task's serving empties under it, so every commit waited 100 ms for nothing.
         let started = Instant::now();
+        let flushed_by = started + self.op_timeout;
+        while self.inner.producer.producer.in_flight_count() > 0 && Instant::now() < flushed_by {
+            tokio::select! {
+                () = self.inner.events() => {}
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            self.inner.serve();
+        }
+        let timeout = self.op_timeout;
         match self.blocking(move |p| p.commit_transaction(timeout)).await {
             Ok(()) => {
                 let (age, records) = self.close();
