@@ -11,7 +11,7 @@
 use anyhow::Result;
 use outbox_relay_testkit::faults::short_matrix_test;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fault_matrix_short_exactly_once_has_no_duplicates() -> Result<()> {
-    short_matrix_test(env!("CARGO_BIN_EXE_outbox-relay"), true).await
+#[test]
+fn fault_matrix_short_exactly_once_has_no_duplicates() -> Result<()> {
+    short_matrix_test(env!("CARGO_BIN_EXE_outbox-relay"), true)
 }

@@ -15,9 +15,11 @@
 # starting with <prefix> (an ACL added by kafka-acls' AclCommand once the broker is up).
 # tests/refusals_e2e.rs starts such a private broker.
 # KAFKA_LIBS_DIR: where the Kafka jars are (default $OUTBOX_SERVICES_DIR/kafka-libs-VERSION).
+# KAFKA_DIR: the broker's folder (config, data, logs; default $OUTBOX_SERVICES_DIR/kafka), for a
+# private broker beside servers of the default folder (the fault matrix test's broker).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DIR="$SERVICES_DIR/kafka"
+DIR="${KAFKA_DIR:-$SERVICES_DIR/kafka}"
 LIBS="${KAFKA_LIBS_DIR:-$SERVICES_DIR/kafka-libs-$KAFKA_VERSION}"
 SASL="${KAFKA_SASL_SCRAM:-0}"
 SASL_PORT="${KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}"

@@ -235,11 +235,62 @@ impl Options {
 }
 
 /// The short profile as a test (`tests/faults.rs`, `tests/faults_eos.rs`): runs it with
-/// `relay_bin` (seed from `FAULTS_SEED` when set), prints the table, fails unless it passed.
+/// `relay_bin` (seed from `FAULTS_SEED` when set) against the server under test and a private
+/// Kafka broker of its own, prints the table, fails unless it passed.
+///
+/// The private broker (127.0.0.1:`FAULTS_KAFKA_PORT`, default 9992, its controller on the next
+/// port; folder `.services/private/faults-kafka`) starts with empty storage and is stopped at
+/// the end. Its broker restarts then load only the matrix's own topics: by the time the matrix
+/// runs, the shared broker carries thousands of partitions from the other suites, and on a
+/// loaded machine its restart took over two minutes ("Kafka did not become ready in 120 s").
+///
+/// Call it from a plain `#[test]`: it sets the Kafka variables of the service scripts
+/// (`KAFKA_PORT`, `KAFKA_CONTROLLER_PORT`, `KAFKA_DIR`, `KAFKA_LIBS_DIR`) in this process's
+/// environment before any thread of its own starts, then runs the matrix on a new runtime.
 ///
 /// # Errors
 /// The harness could not run, or the run failed (the message names the seed and the counts).
-pub async fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
+pub fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
+    let port: u16 = std::env::var("FAULTS_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9992);
+    let dir = crate::private::private_services_dir("faults-kafka");
+    let libs = services::default_repo_root()
+        .join(".services")
+        .join("kafka-libs-4.1.1");
+    let vars = [
+        ("KAFKA_PORT", port.to_string()),
+        ("KAFKA_CONTROLLER_PORT", (port + 1).to_string()),
+        ("KAFKA_DIR", dir.join("kafka").display().to_string()),
+        ("KAFKA_LIBS_DIR", libs.display().to_string()),
+    ];
+    for (k, v) in &vars {
+        std::env::set_var(k, v);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let scripts = Services::new(&services::default_repo_root());
+        // A broker a killed run left behind, then fresh storage.
+        scripts
+            .run(Service::Kafka, "down", Duration::from_secs(120))
+            .await?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        let result = short_matrix(relay_bin, exactly_once).await;
+        let stopped = scripts
+            .run(Service::Kafka, "down", Duration::from_secs(120))
+            .await;
+        result?;
+        stopped.map(|_| ())
+    })
+}
+
+async fn short_matrix(relay_bin: &str, exactly_once: bool) -> Result<()> {
     let mut opts = Options::new(Profile::short());
     opts.relay_bin = relay_bin.into();
     opts.exactly_once = exactly_once;
