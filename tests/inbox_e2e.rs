@@ -24,8 +24,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 
 use outbox_relay_testkit::{
-    collect_records, describe_exit, mysql_port, next_server_id, unique_suffix,
-    wait_until, Record, RelayConfigSpec, RelayProcess, TestDb,
+    collect_records, describe_exit, mysql_port, next_server_id, unique_suffix, wait_until, Record,
+    RelayConfigSpec, RelayProcess, TestDb,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -46,7 +46,8 @@ struct Lang {
 }
 
 fn langs() -> Result<Vec<Lang>> {
-    let wanted = std::env::var("OUTBOX_INBOX_LANGS").unwrap_or_else(|_| "rust,java,go,python".into());
+    let wanted =
+        std::env::var("OUTBOX_INBOX_LANGS").unwrap_or_else(|_| "rust,java,go,python".into());
     // target/debug/deps/inbox_e2e-… -> target/debug/examples/scenario_consumer
     let exe = std::env::current_exe()?;
     let target_debug = exe
@@ -61,7 +62,10 @@ fn langs() -> Result<Vec<Lang>> {
             "go" => (repo().join("inbox/go/bin/scenario-consumer"), vec![]),
             "python" => (
                 repo().join("inbox/python/.venv/bin/python"),
-                vec!["-m".into(), "outbox_inbox.examples.scenario_consumer".into()],
+                vec![
+                    "-m".into(),
+                    "outbox_inbox.examples.scenario_consumer".into(),
+                ],
             ),
             other => bail!("OUTBOX_INBOX_LANGS names {other:?}: use rust, java, go, python"),
         };
@@ -162,7 +166,8 @@ impl World {
         drop(conn);
         let uid = format!("ib_{}_{}", name.replace('_', ""), unique_suffix());
         let mut spec = RelayConfigSpec::new(&db, &format!("inbox-{uid}"), next_server_id(), &uid);
-        spec.outbox_extra = "additional = [{ column = \"version\", placement = \"header\" }]\n".into();
+        spec.outbox_extra =
+            "additional = [{ column = \"version\", placement = \"header\" }]\n".into();
         let topic = spec.topic_for("order");
         let dlq = format!("{uid}.inbox.dead_letter");
         let bootstrap = spec.bootstrap_servers.clone();
@@ -196,8 +201,8 @@ impl World {
 
     /// The relay's records on the topic, once `n` have arrived.
     async fn relayed(&self, n: usize) -> Result<Vec<Record>> {
-        let recs = collect_records(&self.bootstrap, std::slice::from_ref(&self.topic), n, WAIT)
-            .await?;
+        let recs =
+            collect_records(&self.bootstrap, std::slice::from_ref(&self.topic), n, WAIT).await?;
         ensure!(
             recs.len() >= n,
             "only {} of {n} outbox rows reached {}\n--- relay ---\n{}",
@@ -224,17 +229,12 @@ impl World {
     }
 
     async fn wait_coupons(&self, at_least: u64, consumers: &[&ScenarioConsumer]) -> Result<()> {
-        wait_until(
-            &format!("{at_least} coupons"),
-            WAIT,
-            POLL,
-            async || {
-                for c in consumers {
-                    c.ensure_running()?;
-                }
-                Ok((self.coupon_total().await? >= at_least).then_some(()))
-            },
-        )
+        wait_until(&format!("{at_least} coupons"), WAIT, POLL, async || {
+            for c in consumers {
+                c.ensure_running()?;
+            }
+            Ok((self.coupon_total().await? >= at_least).then_some(()))
+        })
         .await
         .map_err(|e| anyhow::anyhow!("{e:#}\n{}", describe(consumers)))
     }
@@ -415,7 +415,12 @@ fn describe(consumers: &[&ScenarioConsumer]) -> String {
 }
 
 /// Asserts every event got exactly one coupon, except those in `none`.
-async fn assert_one_coupon_each(w: &World, events: &[Event], none: &[&str], lang: &str) -> Result<()> {
+async fn assert_one_coupon_each(
+    w: &World,
+    events: &[Event],
+    none: &[&str],
+    lang: &str,
+) -> Result<()> {
     let coupons = w.coupons().await?;
     let mut wrong = Vec::new();
     for e in events {
@@ -546,8 +551,16 @@ async fn duplicate_deliveries_grant_one_coupon_each() -> Result<()> {
         c.stop().await?;
         assert_one_coupon_each(&w, &evs, &[], &lang.name).await?;
         let processed = c.outcomes().iter().filter(|o| o.0 == "processed").count();
-        ensure!(processed == evs.len(), "[{}] {processed} processed", lang.name);
-        ensure!(w.dead_letter_count().await? == 0, "[{}] dead letters", lang.name);
+        ensure!(
+            processed == evs.len(),
+            "[{}] {processed} processed",
+            lang.name
+        );
+        ensure!(
+            w.dead_letter_count().await? == 0,
+            "[{}] dead letters",
+            lang.name
+        );
         assert_group_committed_to_end(&w, &group, &lang.name).await?;
         w.finish().await
     })
@@ -558,7 +571,10 @@ async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) ->
     let evs = events(s);
     let partitions = s["partitions"].as_i64().unwrap_or(1) as i32;
     let point = s["crash"]["point"].as_str().unwrap_or_default().to_owned();
-    let key = s["crash"]["event_key"].as_str().unwrap_or_default().to_owned();
+    let key = s["crash"]["event_key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let w = World::new("crash", &lang.name, partitions).await?;
     w.insert(&evs).await?;
     w.relayed(evs.len()).await?;
@@ -588,10 +604,15 @@ async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) ->
     );
     let mut second = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
     w.wait_coupons(evs.len() as u64, &[&second]).await?;
-    wait_until("the restarted consumer to settle the crashed record", WAIT, POLL, async || {
-        second.ensure_running()?;
-        Ok(second.outcomes().iter().any(|o| o.1 == key).then_some(()))
-    })
+    wait_until(
+        "the restarted consumer to settle the crashed record",
+        WAIT,
+        POLL,
+        async || {
+            second.ensure_running()?;
+            Ok(second.outcomes().iter().any(|o| o.1 == key).then_some(()))
+        },
+    )
     .await
     .map_err(|e| anyhow::anyhow!("{e:#}\n{}", second.describe()))?;
     second.stop().await?;
@@ -601,7 +622,11 @@ async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) ->
         .filter(|o| o.1 == key)
         .map(|o| o.0)
         .collect();
-    let want = if committed_before_crash { "duplicate" } else { "processed" };
+    let want = if committed_before_crash {
+        "duplicate"
+    } else {
+        "processed"
+    };
     ensure!(
         again.first().map(String::as_str) == Some(want),
         "[{}] after the restart {key} was {again:?}, want {want}",
@@ -615,12 +640,18 @@ async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_handler_before_db_commit_grants_once() -> Result<()> {
-    each_lang("crash_after_handler", async |lang, s| crash_scenario(lang, s, false).await).await
+    each_lang("crash_after_handler", async |lang, s| {
+        crash_scenario(lang, s, false).await
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_db_commit_before_offset_commit_grants_once() -> Result<()> {
-    each_lang("crash_after_db_commit", async |lang, s| crash_scenario(lang, s, true).await).await
+    each_lang("crash_after_db_commit", async |lang, s| {
+        crash_scenario(lang, s, true).await
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,17 +660,21 @@ async fn rebalance_moves_partitions_and_grants_once() -> Result<()> {
         let evs = events(s);
         let partitions = s["partitions"].as_i64().unwrap_or(1) as i32;
         let second_after = s["rebalance"]["second_after_coupons"].as_u64().unwrap_or(1);
-        let stop_first_after = s["rebalance"]["stop_first_after_coupons"].as_u64().unwrap_or(2);
+        let stop_first_after = s["rebalance"]["stop_first_after_coupons"]
+            .as_u64()
+            .unwrap_or(2);
         let third = evs.len() / 3;
         let w = World::new("rebal", &lang.name, partitions).await?;
         let group = format!("g-{}", unique_suffix());
         let mut a = ScenarioConsumer::spawn(lang, &w, &group, &[])?;
         w.insert(&evs[..third]).await?;
-        w.wait_coupons(second_after.min(third as u64), &[&a]).await?;
+        w.wait_coupons(second_after.min(third as u64), &[&a])
+            .await?;
         // B joins while A works: the group rebalances; more rows flow meanwhile.
         let mut b = ScenarioConsumer::spawn(lang, &w, &group, &[])?;
         w.insert(&evs[third..2 * third]).await?;
-        w.wait_coupons(stop_first_after.min(2 * third as u64), &[&a, &b]).await?;
+        w.wait_coupons(stop_first_after.min(2 * third as u64), &[&a, &b])
+            .await?;
         // A leaves (SIGTERM: it commits and leaves the group); B takes every partition.
         a.stop().await?;
         w.insert(&evs[2 * third..]).await?;
@@ -648,7 +683,11 @@ async fn rebalance_moves_partitions_and_grants_once() -> Result<()> {
         assert_one_coupon_each(&w, &evs, &[], &lang.name).await?;
         for (who, c) in [("first", &a), ("second", &b)] {
             let n = c.outcomes().iter().filter(|o| o.0 == "processed").count();
-            ensure!(n > 0, "[{}] the {who} consumer processed nothing", lang.name);
+            ensure!(
+                n > 0,
+                "[{}] the {who} consumer processed nothing",
+                lang.name
+            );
         }
         assert_group_committed_to_end(&w, &group, &lang.name).await?;
         w.finish().await
@@ -727,7 +766,9 @@ async fn check_expectations(
                 .find(|r| r.header("event_key") == Some(k.as_str()))
                 .with_context(|| format!("[{lang}] no dead letter for {k}"))?;
             ensure!(
-                dl.header("dlq_attempts").and_then(|a| a.parse::<u64>().ok()) == n.as_u64(),
+                dl.header("dlq_attempts")
+                    .and_then(|a| a.parse::<u64>().ok())
+                    == n.as_u64(),
                 "[{lang}] {k}: dlq_attempts {:?}, want {n}",
                 dl.header("dlq_attempts")
             );
@@ -798,7 +839,12 @@ async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<(
         let dls = check_expectations(&w, &c, s, &lang.name).await?;
         let zero: Vec<&str> = s["expect"]["coupons"]
             .as_object()
-            .map(|o| o.iter().filter(|(_, v)| v.as_u64() == Some(0)).map(|(k, _)| k.as_str()).collect())
+            .map(|o| {
+                o.iter()
+                    .filter(|(_, v)| v.as_u64() == Some(0))
+                    .map(|(k, _)| k.as_str())
+                    .collect()
+            })
             .unwrap_or_default();
         assert_one_coupon_each(&w, &evs, &zero, &lang.name).await?;
         // The dead letter says where the record was; key, value and headers are the record's.

@@ -77,7 +77,9 @@ impl InboxConfig {
             return Err("inbox consumer name is empty: set InboxConfig::consumer".into());
         }
         if self.dead_letter_topic.is_empty() {
-            return Err("inbox dead_letter_topic is empty: name the topic failed records go to".into());
+            return Err(
+                "inbox dead_letter_topic is empty: name the topic failed records go to".into(),
+            );
         }
         if self.max_attempts == 0 {
             return Err("inbox max_attempts is 0: it must be at least 1".into());

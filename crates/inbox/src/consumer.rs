@@ -89,9 +89,10 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         config
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        let consumer: StreamConsumer<CommitOnRevoke> = config
-            .create_with_context(CommitOnRevoke)
-            .map_err(|e| InboxError::kafka("creating the consumer", e))?;
+        let consumer: StreamConsumer<CommitOnRevoke> =
+            config
+                .create_with_context(CommitOnRevoke)
+                .map_err(|e| InboxError::kafka("creating the consumer", e))?;
         consumer
             .subscribe(topics)
             .map_err(|e| InboxError::kafka(format!("subscribing to {topics:?}"), e))?;
@@ -166,7 +167,8 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             }
         }
         if uncommitted {
-            commit_stored(&self.consumer).map_err(|e| InboxError::kafka("committing offsets", e))?;
+            commit_stored(&self.consumer)
+                .map_err(|e| InboxError::kafka("committing offsets", e))?;
         }
         self.consumer.unsubscribe();
         Ok(())

@@ -61,8 +61,7 @@ impl DeadLetters {
                 value: Some(v),
             });
         }
-        let mut out: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.topic).headers(headers);
+        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.topic).headers(headers);
         if let Some(k) = record.key.as_deref() {
             out = out.key(k);
         }

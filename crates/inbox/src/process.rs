@@ -104,7 +104,11 @@ impl Inbox<NoHooks> {
     /// # Errors
     /// [`InboxError::Config`] for a setting [`InboxConfig`] refuses; [`InboxError::Kafka`]
     /// when the producer cannot be created.
-    pub fn new(pool: Pool, config: InboxConfig, bootstrap_servers: &str) -> Result<Self, InboxError> {
+    pub fn new(
+        pool: Pool,
+        config: InboxConfig,
+        bootstrap_servers: &str,
+    ) -> Result<Self, InboxError> {
         config.validate().map_err(InboxError::Config)?;
         let dead_letters = DeadLetters::new(bootstrap_servers, &config.dead_letter_topic)?;
         let t = &config.inbox_table;
@@ -177,7 +181,9 @@ impl<H: Hooks> Inbox<H> {
             Some(k) if !k.is_empty() => k,
             _ => {
                 let reason = format!("missing {} header", cfg.event_key_header);
-                return self.dead_letter(record, reason, 0, Outcome::DeadLettered).await;
+                return self
+                    .dead_letter(record, reason, 0, Outcome::DeadLettered)
+                    .await;
             }
         };
         let version = match cfg.version_header.as_deref() {
@@ -188,7 +194,9 @@ impl<H: Hooks> Inbox<H> {
                     Ok(v) => Some(v),
                     Err(_) => {
                         let reason = format!("invalid version header: {text}");
-                        return self.dead_letter(record, reason, 0, Outcome::DeadLettered).await;
+                        return self
+                            .dead_letter(record, reason, 0, Outcome::DeadLettered)
+                            .await;
                     }
                 },
             },
@@ -204,7 +212,9 @@ impl<H: Hooks> Inbox<H> {
                 Ok(Attempt::Gap { expected, got }) => {
                     let reason = format!("version gap: expected {expected}, got {got}");
                     if cfg.gap_policy == GapPolicy::Park {
-                        return self.dead_letter(record, reason, attempt, Outcome::Parked).await;
+                        return self
+                            .dead_letter(record, reason, attempt, Outcome::Parked)
+                            .await;
                     }
                     reason
                 }
@@ -247,7 +257,9 @@ impl<H: Hooks> Inbox<H> {
             .start_transaction(TxOpts::default())
             .await
             .map_err(|e| format!("database: {e}"))?;
-        let result = self.in_transaction(&mut tx, record, event_key, version, handler).await;
+        let result = self
+            .in_transaction(&mut tx, record, event_key, version, handler)
+            .await;
         match result {
             Ok(Attempt::Committed) => {
                 self.hooks.before_commit(record);

@@ -51,6 +51,8 @@ impl InboxRecord {
 
     /// The key as UTF-8 text, if present and valid.
     pub fn key_str(&self) -> Option<&str> {
-        self.key.as_deref().and_then(|k| std::str::from_utf8(k).ok())
+        self.key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
     }
 }
