@@ -70,17 +70,32 @@ pub enum OpsCommand {
     /// Create or upgrade the checkpoint table (and with --outbox the outbox tables) from the
     /// SQL in migrations/ (embedded). Idempotent.
     ///
+    /// With --inbox --database-url URL: create the consumer side's tables (outbox_inbox,
+    /// outbox_inbox_version; migrations/0004_inbox.sql) in a consumer's database instead; no
+    /// config file needed.
+    ///
     /// Exit codes: 0 done (or nothing to do); 1 runtime error; 2 configuration error (also an
     /// outbox table to create whose mapping is not the common shape); 3 missing privileges.
     #[command(verbatim_doc_comment)]
     Migrate {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
-        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
-        config: PathBuf,
+        #[arg(
+            long,
+            short,
+            env = "OUTBOX_RELAY_CONFIG",
+            required_unless_present = "inbox"
+        )]
+        config: Option<PathBuf>,
         /// Also create the configured outbox tables that do not exist, in the common shape
         /// (migrations/0001_outbox.sql). Existing tables are not changed.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "inbox")]
         outbox: bool,
+        /// Create the inbox tables in the consumer's database --database-url.
+        #[arg(long, requires = "database_url")]
+        inbox: bool,
+        /// The consumer's database: mysql://user:pass@host:3306/db.
+        #[arg(long, env = "OUTBOX_INBOX_DATABASE_URL")]
+        database_url: Option<String>,
     },
     /// Delete outbox rows that are older than --older-than AND already relayed.
     ///
@@ -92,11 +107,37 @@ pub enum OpsCommand {
     /// not cover the rows within --max-wait-ms; nothing more was deleted); 2 configuration or
     /// argument error (also: a table mapped without created_at); 3 no checkpoint of this
     /// server.
+    ///
+    /// With --inbox: delete a consumer's inbox rows instead (--database-url, --consumer,
+    /// --bootstrap-servers; no config file): only rows processed longer ago than --older-than
+    /// whose records the consumer group (--group, default the consumer name) has committed past,
+    /// so a redelivery is still recognised (README, "Consumers: the inbox").
     #[command(verbatim_doc_comment)]
     Prune {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
-        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
-        config: PathBuf,
+        #[arg(
+            long,
+            short,
+            env = "OUTBOX_RELAY_CONFIG",
+            required_unless_present = "inbox"
+        )]
+        config: Option<PathBuf>,
+        /// Prune a consumer's inbox table (outbox_inbox) instead of the outbox.
+        #[arg(long, requires_all = ["database_url", "consumer", "bootstrap_servers"])]
+        inbox: bool,
+        /// With --inbox: the consumer's database, mysql://user:pass@host:3306/db.
+        #[arg(long, env = "OUTBOX_INBOX_DATABASE_URL")]
+        database_url: Option<String>,
+        /// With --inbox: the consumer name (the inbox key).
+        #[arg(long)]
+        consumer: Option<String>,
+        /// With --inbox: the consumer group whose committed offsets bound the delete (default:
+        /// the consumer name).
+        #[arg(long)]
+        group: Option<String>,
+        /// With --inbox: Kafka bootstrap servers of the consumer group.
+        #[arg(long)]
+        bootstrap_servers: Option<String>,
         /// Retention: rows with created_at older than this (7d, 12h, 30m, 90s, 2w).
         #[arg(long, value_name = "AGE", value_parser = ops::prune::parse_retention)]
         older_than: Duration,
@@ -176,10 +217,56 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
-        OpsCommand::Migrate { config, outbox } => {
+        OpsCommand::Migrate {
+            inbox: true,
+            database_url: Some(url),
+            ..
+        } => match runtime.block_on(ops::inbox::migrate_inbox(&url)) {
+            Ok(r) => {
+                print!("{r}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        OpsCommand::Migrate { config, outbox, .. } => {
+            let Some(config) = config else {
+                return fail(&RelayError::Argument(
+                    "migrate needs --config (or --inbox --database-url URL)".into(),
+                ));
+            };
             let result =
                 load(&config).and_then(|c| runtime.block_on(ops::migrate::migrate(&c, outbox)));
             match result {
+                Ok(r) => {
+                    println!("{r}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Prune {
+            inbox: true,
+            database_url: Some(database_url),
+            consumer: Some(consumer),
+            group,
+            bootstrap_servers: Some(bootstrap_servers),
+            older_than,
+            batch_size,
+            pause_ms,
+            dry_run,
+            ..
+        } => {
+            let opts = ops::inbox::InboxPruneOptions {
+                database_url,
+                bootstrap_servers,
+                group: group.unwrap_or_else(|| consumer.clone()),
+                consumer,
+                older_than,
+                batch_size,
+                pause: Duration::from_millis(pause_ms),
+                dry_run,
+            };
+            match runtime.block_on(ops::inbox::prune_inbox(&opts)) {
                 Ok(r) => {
                     println!("{r}");
                     ExitCode::SUCCESS
@@ -194,7 +281,15 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             pause_ms,
             dry_run,
             max_wait_ms,
+            ..
         } => {
+            let Some(config) = config else {
+                return fail(&RelayError::Argument(
+                    "prune needs --config (or --inbox with --database-url, --consumer and \
+                     --bootstrap-servers)"
+                        .into(),
+                ));
+            };
             let opts = PruneOptions {
                 older_than,
                 batch_size,

@@ -1,10 +1,11 @@
 //! Operator commands of the `outbox-relay` binary besides `run` and `replay`: [`check`] (every
 //! prerequisite, one line each), [`status`] (checkpoint, lag, lease), [`reset`] (move the
-//! checkpoint), [`migrate`] (create or upgrade the tables) and [`prune`] (delete relayed outbox
-//! rows). Each returns a report the command line prints; exit codes are in the README
+//! checkpoint), [`migrate`] (create or upgrade the tables), [`prune`] (delete relayed outbox
+//! rows) and [`inbox`] (the consumers' inbox tables: `migrate --inbox`, `prune --inbox`). Each returns a report the command line prints; exit codes are in the README
 //! ("Operations").
 
 pub mod check;
+pub mod inbox;
 pub mod migrate;
 pub mod preflight;
 pub mod prune;

@@ -1,0 +1,142 @@
+//! Settings of an inbox (`inbox/CONTRACT.md`, "Settings").
+
+use std::time::Duration;
+
+/// What to do with an event whose version is ahead of the next expected one (an earlier version
+/// has not been applied yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GapPolicy {
+    /// Dead-letter it at once with reason `version gap: expected N, got M` (outcome
+    /// [`crate::Outcome::Parked`]); the partition moves on.
+    #[default]
+    Park,
+    /// Count it as a failed attempt and retry with backoff (the missing version may be on its
+    /// way through another path); dead-letter after `max_attempts`.
+    Retry,
+}
+
+/// Settings of one inbox. Build with [`InboxConfig::new`] and change fields as needed.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    /// The consumer's name: part of the inbox key (two services sharing a database never
+    /// suppress each other's events) and the default Kafka group id.
+    pub consumer: String,
+    /// Inbox table (`outbox_inbox`); `db.table` or `table`.
+    pub inbox_table: String,
+    /// Version table (`outbox_inbox_version`).
+    pub version_table: String,
+    /// Header carrying the idempotency key (`event_key`).
+    pub event_key_header: String,
+    /// Header carrying the event's version (decimal integer); `None` (default): no version check.
+    pub version_header: Option<String>,
+    /// What to do on a version gap.
+    pub gap_policy: GapPolicy,
+    /// Attempts before a failing record is dead-lettered (5); at least 1.
+    pub max_attempts: u32,
+    /// Wait before the second attempt (100 ms); doubled each attempt.
+    pub backoff_initial: Duration,
+    /// Longest wait between attempts (10 s).
+    pub backoff_max: Duration,
+    /// Dead-letter topic (required).
+    pub dead_letter_topic: String,
+}
+
+impl InboxConfig {
+    /// The defaults of `inbox/CONTRACT.md` for `consumer`, dead-lettering to `dead_letter_topic`.
+    pub fn new(consumer: impl Into<String>, dead_letter_topic: impl Into<String>) -> Self {
+        InboxConfig {
+            consumer: consumer.into(),
+            inbox_table: "outbox_inbox".into(),
+            version_table: "outbox_inbox_version".into(),
+            event_key_header: "event_key".into(),
+            version_header: None,
+            gap_policy: GapPolicy::Park,
+            max_attempts: 5,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            dead_letter_topic: dead_letter_topic.into(),
+        }
+    }
+
+    /// The waits between attempts: `backoff_initial`, doubled after each failed attempt, at
+    /// most `backoff_max`, one per retry (`max_attempts - 1` of them); backon's exponential
+    /// backoff without jitter, so the contract's schedule holds in every language.
+    pub fn backoff(&self) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_factor(2.0)
+            .with_min_delay(self.backoff_initial)
+            .with_max_delay(self.backoff_max)
+            .with_max_times(self.max_attempts.saturating_sub(1) as usize)
+            .build()
+    }
+
+    /// Checks the names the SQL is built from (letters, digits, `_`, `$`, one optional `.`).
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.consumer.is_empty() {
+            return Err("inbox consumer name is empty: set InboxConfig::consumer".into());
+        }
+        if self.dead_letter_topic.is_empty() {
+            return Err(
+                "inbox dead_letter_topic is empty: name the topic failed records go to".into(),
+            );
+        }
+        if self.max_attempts == 0 {
+            return Err("inbox max_attempts is 0: it must be at least 1".into());
+        }
+        for (what, name) in [
+            ("inbox_table", &self.inbox_table),
+            ("version_table", &self.version_table),
+        ] {
+            let plain = |s: &str| {
+                !s.is_empty()
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+            };
+            let ok = match name.split_once('.') {
+                Some((db, t)) => plain(db) && plain(t),
+                None => plain(name),
+            };
+            if !ok {
+                return Err(format!(
+                    "inbox {what} {name:?} is not a plain table name (letters, digits, _, $, \
+                     optionally db.table)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let mut c = InboxConfig::new("c", "dlq");
+        c.backoff_initial = Duration::from_millis(100);
+        c.backoff_max = Duration::from_millis(750);
+        c.max_attempts = 7;
+        let waits: Vec<u128> = c.backoff().map(|d| d.as_millis()).collect();
+        assert_eq!(waits, vec![100, 200, 400, 750, 750, 750]);
+        c.max_attempts = 1;
+        assert_eq!(c.backoff().count(), 0);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let mut c = InboxConfig::new("c", "dlq");
+        assert!(c.validate().is_ok());
+        c.inbox_table = "shop.inbox".into();
+        assert!(c.validate().is_ok());
+        c.inbox_table = "inbox; DROP TABLE x".into();
+        assert!(c.validate().unwrap_err().contains("inbox_table"));
+        let mut c = InboxConfig::new("c", "");
+        assert!(c.validate().unwrap_err().contains("dead_letter_topic"));
+        c = InboxConfig::new("c", "d");
+        c.max_attempts = 0;
+        assert!(c.validate().unwrap_err().contains("max_attempts"));
+    }
+}

@@ -1,0 +1,176 @@
+//! The runner: a Kafka consumer loop around [`Inbox::process`]. Records are settled one at a
+//! time in the order received (so in offset order per partition, retries blocking the
+//! partition); the offsets of settled records are committed synchronously when the fetched batch
+//! is used up and when partitions are revoked.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
+
+use crate::error::InboxError;
+use crate::process::{Handler, Hooks, Inbox, Settled};
+use crate::record::InboxRecord;
+
+/// Commits the settled records' offsets before partitions are taken away.
+pub struct CommitOnRevoke;
+
+impl ClientContext for CommitOnRevoke {}
+
+impl ConsumerContext for CommitOnRevoke {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(_) = rebalance {
+            if let Err(e) = commit_stored(consumer) {
+                // The next owner gets those records again: duplicates, which the inbox absorbs.
+                tracing::warn!(error = %e, "inbox: offset commit before revocation failed");
+            }
+        }
+    }
+}
+
+/// Commits the offsets stored for settled records; "nothing stored" is not an error.
+fn commit_stored<C: Consumer<CommitOnRevoke>>(consumer: &C) -> Result<(), KafkaError> {
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => Ok(()),
+        other => other,
+    }
+}
+
+/// A consumer group member that settles every record through an [`Inbox`].
+pub struct InboxConsumer<F: Handler, H: Hooks> {
+    consumer: StreamConsumer<CommitOnRevoke>,
+    inbox: Inbox<H>,
+    handler: F,
+}
+
+impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
+    /// Subscribes to `topics` on `bootstrap_servers` with group id = the inbox's consumer name
+    /// and `auto.offset.reset = earliest`.
+    ///
+    /// # Errors
+    /// [`InboxError::Kafka`] when the consumer cannot be created or subscribe.
+    pub fn new(
+        bootstrap_servers: &str,
+        topics: &[&str],
+        inbox: Inbox<H>,
+        handler: F,
+    ) -> Result<Self, InboxError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("group.id", &inbox.config().consumer)
+            .set("auto.offset.reset", "earliest");
+        Self::with_config(config, topics, inbox, handler)
+    }
+
+    /// Like [`InboxConsumer::new`] with the client settings of `config` (security, group id,
+    /// timeouts…). `enable.auto.commit` and `enable.auto.offset.store` are set to `false`: the
+    /// runner commits only settled records.
+    ///
+    /// # Errors
+    /// As [`InboxConsumer::new`].
+    pub fn with_config(
+        mut config: ClientConfig,
+        topics: &[&str],
+        inbox: Inbox<H>,
+        handler: F,
+    ) -> Result<Self, InboxError> {
+        if config.get("group.id").is_none() {
+            config.set("group.id", &inbox.config().consumer);
+        }
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        let consumer: StreamConsumer<CommitOnRevoke> =
+            config
+                .create_with_context(CommitOnRevoke)
+                .map_err(|e| InboxError::kafka("creating the consumer", e))?;
+        consumer
+            .subscribe(topics)
+            .map_err(|e| InboxError::kafka(format!("subscribing to {topics:?}"), e))?;
+        Ok(InboxConsumer {
+            consumer,
+            inbox,
+            handler,
+        })
+    }
+
+    /// The Kafka consumer (assignment, positions, lag).
+    pub fn consumer(&self) -> &StreamConsumer<CommitOnRevoke> {
+        &self.consumer
+    }
+
+    /// Runs until `shutdown` completes, then commits the settled offsets and leaves the group.
+    ///
+    /// # Errors
+    /// [`InboxError::Kafka`] for a dead letter that could not be produced or an offset commit
+    /// that failed (the unsettled record is redelivered to the next owner).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), InboxError> {
+        self.run_with(shutdown, |_, _, _| ControlFlow::Continue(()))
+            .await
+    }
+
+    /// [`InboxConsumer::run`], calling `on_settled(record, settled, time since it was
+    /// received)` after each record; `ControlFlow::Break` stops like `shutdown`.
+    ///
+    /// # Errors
+    /// As [`InboxConsumer::run`].
+    pub async fn run_with(
+        self,
+        shutdown: impl Future<Output = ()>,
+        mut on_settled: impl FnMut(&InboxRecord, &Settled, Duration) -> ControlFlow<()>,
+    ) -> Result<(), InboxError> {
+        tokio::pin!(shutdown);
+        let mut uncommitted = false;
+        loop {
+            // Take what is already fetched without waiting; when nothing is, the batch is
+            // used up: commit before waiting for more.
+            let next = match self.consumer.recv().now_or_never() {
+                Some(m) => m,
+                None => {
+                    if uncommitted {
+                        commit_stored(&self.consumer)
+                            .map_err(|e| InboxError::kafka("committing offsets", e))?;
+                        uncommitted = false;
+                    }
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        m = self.consumer.recv() => m,
+                    }
+                }
+            };
+            let message = match next {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "inbox: consumer error");
+                    continue;
+                }
+            };
+            let received = Instant::now();
+            let record = InboxRecord::from_message(&message);
+            drop(message);
+            let settled = self.inbox.process(&record, &self.handler).await?;
+            self.consumer
+                .store_offset(&record.topic, record.partition, record.offset)
+                .map_err(|e| InboxError::kafka("storing the offset", e))?;
+            uncommitted = true;
+            if on_settled(&record, &settled, received.elapsed()).is_break() {
+                break;
+            }
+        }
+        if uncommitted {
+            commit_stored(&self.consumer)
+                .map_err(|e| InboxError::kafka("committing offsets", e))?;
+        }
+        self.consumer.unsubscribe();
+        Ok(())
+    }
+}
