@@ -25,7 +25,8 @@ type RunnerConfig struct {
 	Logger *slog.Logger
 	// Opts are extra franz-go options (TLS, SASL, client id, hooks, ...), applied last.
 	// The runner sets: SeedBrokers, ConsumerGroup, ConsumeTopics, DisableAutoCommit,
-	// BlockRebalanceOnPoll, ConsumeResetOffset (earliest), OnPartitionsRevoked/Lost.
+	// BlockRebalanceOnPoll, ConsumeResetOffset (earliest), OnPartitionsRevoked/Lost,
+	// UnknownTopicRetries(-1).
 	Opts []kgo.Opt
 }
 
@@ -79,6 +80,9 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
+		// A dead letter waits (up to Settings.DeadLetterTimeout) for a topic the broker does
+		// not serve yet, instead of failing after kgo's default 4 metadata refreshes.
+		kgo.UnknownTopicRetries(-1),
 	}
 	cl, err := kgo.NewClient(append(opts, cfg.Opts...)...)
 	if err != nil {

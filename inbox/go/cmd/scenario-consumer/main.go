@@ -337,13 +337,19 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		Brokers: brokers,
 		Topics:  []string{c.topic},
 		Group:   c.group,
-		Opts:    []kgo.Opt{kgo.WithHooks(bm)},
+		Opts:    append(scenarioOpts(), kgo.WithHooks(bm)),
 	})
 	if err != nil {
 		return err
 	}
 	say("READY")
 	return r.Run(ctx)
+}
+
+// scenarioOpts shorten the group session (default 45 s) so that a consumer restarted after a
+// scenario crash gets its partitions back within seconds: the crashed member never left.
+func scenarioOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.SessionTimeout(10 * time.Second), kgo.HeartbeatInterval(time.Second)}
 }
 
 // runPlain is the bench baseline: the same handler in autocommit, no inbox, and the runner's
@@ -362,7 +368,7 @@ func runPlain(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 			done = done[:0]
 		}
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(scenarioOpts(),
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumerGroup(c.group),
 		kgo.ConsumeTopics(c.topic),
@@ -371,7 +377,7 @@ func runPlain(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, _ map[string][]int32) { commit(ctx, cl) }),
 		kgo.WithHooks(bm),
-	)
+	)...)
 	if err != nil {
 		return err
 	}
