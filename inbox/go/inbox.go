@@ -93,7 +93,8 @@ type Settings struct {
 	EventKeyHeader string
 	// VersionHeader turns the version check on: the header holding the version as decimal
 	// text. Empty: no version check (unless VersionFunc is set). A record without the header
-	// (or with an empty one) is processed without version check.
+	// is processed without version check (the relay leaves the header out for a NULL
+	// version); a value that is not an integer (empty included) dead-letters the record at once.
 	VersionHeader string
 	// VersionFunc, when set, gives the version instead of VersionHeader.
 	VersionFunc VersionFunc
@@ -240,10 +241,10 @@ func (in *Inbox) version(rec *kgo.Record) (int64, bool, error) {
 		return 0, false, nil
 	}
 	v, ok := header(rec, in.s.VersionHeader)
-	if !ok || v == "" {
+	if !ok {
 		return 0, false, nil
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
 		return 0, false, fmt.Errorf("invalid version header: %s", v)
 	}

@@ -465,14 +465,18 @@ func TestVersionGapRetryAndInvalidVersion(t *testing.T) {
 	if err != nil || res.Outcome != inbox.DeadLettered || res.Attempts != 0 || res.Reason != "invalid version header: two" {
 		t.Fatalf("A-vx: %+v, %v", res, err)
 	}
+	res, err = in.Process(ctx, versioned(e, 3, "A", "A-vempty", ""), h)
+	if err != nil || res.Outcome != inbox.DeadLettered || res.Reason != "invalid version header: " {
+		t.Fatalf("A-vempty: %+v, %v", res, err)
+	}
 	// No version header: no version check.
-	if res, err := in.Process(ctx, e.record(3, "A", "event_key", "A-none"), h); err != nil || res.Outcome != inbox.Processed {
+	if res, err := in.Process(ctx, e.record(4, "A", "event_key", "A-none"), h); err != nil || res.Outcome != inbox.Processed {
 		t.Fatalf("A-none: %+v, %v", res, err)
 	}
 	if calls.Load() != 2 {
 		t.Errorf("handler calls: %d, want 2", calls.Load())
 	}
-	dls := e.readDLQ(t, 2)
+	dls := e.readDLQ(t, 3)
 	if hdr(dls[0], "dlq_reason") != "version gap: expected 2, got 3" || hdr(dls[0], "dlq_attempts") != "3" ||
 		hdr(dls[1], "dlq_reason") != "invalid version header: two" || hdr(dls[1], "dlq_attempts") != "0" {
 		t.Errorf("dead letters: %v / %v", dls[0].Headers, dls[1].Headers)
