@@ -1,0 +1,383 @@
+// Package inbox is the consumer side of the outbox pattern: it makes the duplicates of an
+// at-least-once Kafka delivery harmless.
+//
+// For each record it records "consumer C processed event_key K" in the consumer's own
+// MySQL/MariaDB database, in the same transaction as the business change and before it, so a
+// second delivery of K finds the row and is acknowledged without running the handler again.
+// Optionally it checks a per-aggregate version (stale and gap detection), retries failed
+// attempts with exponential backoff and sends records that keep failing to a dead-letter topic.
+// The contract every helper of the project follows is inbox/CONTRACT.md; the tables are in
+// migrations/0004_inbox.sql.
+//
+// Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
+// consumer loop (poll, process in partition order, commit processed offsets synchronously).
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/go-sql-driver/mysql"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Outcome is how a record was settled. Its string form is the one of the scenario protocol.
+type Outcome string
+
+// The outcomes of [Inbox.Process].
+const (
+	// Processed: the handler ran and its transaction (with the inbox row) committed.
+	Processed Outcome = "processed"
+	// Duplicate: the inbox already had (consumer, event_key); the handler did not run.
+	Duplicate Outcome = "duplicate"
+	// Stale: the record's version is <= the stored version; the inbox row was committed, the
+	// handler did not run.
+	Stale Outcome = "stale"
+	// Parked: a version gap under [GapPark]; the record went to the dead-letter topic.
+	Parked Outcome = "parked"
+	// DeadLettered: the record went to the dead-letter topic (handler failed max_attempts
+	// times, missing event_key header, invalid version, gap under [GapRetry]).
+	DeadLettered Outcome = "dead_lettered"
+)
+
+// GapPolicy says what to do with a record whose version is more than one past the stored one.
+type GapPolicy string
+
+const (
+	// GapPark dead-letters the record at once (outcome [Parked]). The default.
+	GapPark GapPolicy = "park"
+	// GapRetry counts the gap as a failed attempt and retries with backoff (an earlier version
+	// may be applied meanwhile by another partition's consumer), then dead-letters.
+	GapRetry GapPolicy = "retry"
+)
+
+// Handler does the business change of one record with tx, the inbox transaction. It must not
+// commit or roll back tx. A non-nil error rolls the whole attempt back (inbox row included) and
+// counts as a failed attempt; its text becomes the dlq_reason header if the record is
+// dead-lettered.
+type Handler func(ctx context.Context, tx *sql.Tx, rec *kgo.Record) error
+
+// Hooks are called at fixed points of [Inbox.Process] (for metrics, tracing, and the scenario
+// tests' crash points). Nil hooks are skipped.
+type Hooks struct {
+	// BeforeCommit runs after the handler succeeded, right before the database commit.
+	BeforeCommit func(rec *kgo.Record)
+	// AfterCommit runs once the record is settled (database transaction ended and, for
+	// Parked/DeadLettered, the dead letter acknowledged), for every outcome, before the Kafka
+	// offset may be committed.
+	AfterCommit func(rec *kgo.Record, res Result)
+}
+
+// VersionFunc extracts the version of a record. ok=false means the record has no version (no
+// version check); a non-nil error makes the record a poison record (dead-lettered at once with
+// the error text as reason).
+type VersionFunc func(rec *kgo.Record) (version int64, ok bool, err error)
+
+// Settings configure an [Inbox]. Zero values take the documented defaults.
+type Settings struct {
+	// Consumer is this consumer's name: part of the inbox key, and the default Kafka group id
+	// of a [Runner]. Required.
+	Consumer string
+	// InboxTable is the inbox table, "name" or "schema.name". Default "outbox_inbox".
+	InboxTable string
+	// VersionTable is the version table. Default "outbox_inbox_version".
+	VersionTable string
+	// EventKeyHeader is the header holding the event key. Default "event_key".
+	EventKeyHeader string
+	// VersionHeader turns the version check on: the header holding the version as decimal
+	// text. Empty: no version check (unless VersionFunc is set). A record without the header
+	// is processed without version check (the relay leaves the header out for a NULL
+	// version); a value that is not an integer (empty included) dead-letters the record at once.
+	VersionHeader string
+	// VersionFunc, when set, gives the version instead of VersionHeader.
+	VersionFunc VersionFunc
+	// AggregateTypeHeader is the header holding the aggregate type for the version check.
+	// Default "aggregate_type". The aggregate id is the record key.
+	AggregateTypeHeader string
+	// GapPolicy is GapPark (default) or GapRetry.
+	GapPolicy GapPolicy
+	// MaxAttempts is the number of attempts before a record is dead-lettered. Default 5.
+	MaxAttempts int
+	// BackoffInitial is the wait after the first failed attempt; it doubles after each further
+	// failure. Default 100 ms.
+	BackoffInitial time.Duration
+	// BackoffMax caps the wait between attempts. Default 10 s.
+	BackoffMax time.Duration
+	// DeadLetterTopic receives records that are dead-lettered or parked. Required.
+	DeadLetterTopic string
+	// DeadLetterTimeout bounds producing one dead letter (acks=all); past it Process returns
+	// an error. Default 30 s.
+	DeadLetterTimeout time.Duration
+	// Hooks are called at fixed points of the processing of each record.
+	Hooks Hooks
+}
+
+// Result says how a record was settled.
+type Result struct {
+	// Outcome is how the record was settled.
+	Outcome Outcome
+	// Attempts is the number of attempts made (database transactions begun); 0 for a record
+	// dead-lettered before any attempt (missing event_key, invalid version).
+	Attempts int
+	// Reason is the dlq_reason of a Parked or DeadLettered record, else empty.
+	Reason string
+}
+
+// Producer produces records synchronously; *kgo.Client implements it. The dead letters are
+// produced with it, so the client must use acks=all (kgo's default).
+type Producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+// Inbox processes records exactly once per (consumer, event_key) against one database.
+// It is safe for concurrent use, as long as the records of one partition are processed one at
+// a time in offset order.
+type Inbox struct {
+	db       *sql.DB
+	producer Producer
+	s        Settings
+	insert   string
+	selVer   string
+	upsert   string
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?$`)
+
+func quoteTable(name string) (string, error) {
+	if !identRE.MatchString(name) {
+		return "", fmt.Errorf("inbox: invalid table name %q", name)
+	}
+	return "`" + strings.ReplaceAll(name, ".", "`.`") + "`", nil
+}
+
+// New checks the settings, fills in the defaults and returns an Inbox that uses db (the
+// consumer's database, holding the inbox tables) and produces dead letters with producer.
+// It returns an error if Consumer or DeadLetterTopic is empty, a table name is not a plain
+// identifier, or a setting is out of range.
+func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
+	if s.Consumer == "" {
+		return nil, errors.New("inbox: Settings.Consumer is required")
+	}
+	if s.DeadLetterTopic == "" {
+		return nil, errors.New("inbox: Settings.DeadLetterTopic is required")
+	}
+	if db == nil || producer == nil {
+		return nil, errors.New("inbox: db and producer are required")
+	}
+	def := func(v *string, d string) {
+		if *v == "" {
+			*v = d
+		}
+	}
+	def(&s.InboxTable, "outbox_inbox")
+	def(&s.VersionTable, "outbox_inbox_version")
+	def(&s.EventKeyHeader, "event_key")
+	def(&s.AggregateTypeHeader, "aggregate_type")
+	if s.GapPolicy == "" {
+		s.GapPolicy = GapPark
+	}
+	if s.GapPolicy != GapPark && s.GapPolicy != GapRetry {
+		return nil, fmt.Errorf("inbox: invalid GapPolicy %q (park or retry)", s.GapPolicy)
+	}
+	if s.MaxAttempts == 0 {
+		s.MaxAttempts = 5
+	}
+	if s.BackoffInitial == 0 {
+		s.BackoffInitial = 100 * time.Millisecond
+	}
+	if s.BackoffMax == 0 {
+		s.BackoffMax = 10 * time.Second
+	}
+	if s.DeadLetterTimeout == 0 {
+		s.DeadLetterTimeout = 30 * time.Second
+	}
+	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 {
+		return nil, errors.New("inbox: MaxAttempts must be >= 1 and 0 <= BackoffInitial <= BackoffMax")
+	}
+	it, err := quoteTable(s.InboxTable)
+	if err != nil {
+		return nil, err
+	}
+	vt, err := quoteTable(s.VersionTable)
+	if err != nil {
+		return nil, err
+	}
+	return &Inbox{
+		db:       db,
+		producer: producer,
+		s:        s,
+		insert:   "INSERT INTO " + it + " (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?)",
+		selVer:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
+		upsert: "INSERT INTO " + vt + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)" +
+			" ON DUPLICATE KEY UPDATE version = VALUES(version)",
+	}, nil
+}
+
+// Settings returns the settings in use, defaults filled in.
+func (in *Inbox) Settings() Settings { return in.s }
+
+// header returns the value of the last header named name.
+func header(rec *kgo.Record, name string) (string, bool) {
+	for i := len(rec.Headers) - 1; i >= 0; i-- {
+		if rec.Headers[i].Key == name {
+			return string(rec.Headers[i].Value), true
+		}
+	}
+	return "", false
+}
+
+func (in *Inbox) version(rec *kgo.Record) (int64, bool, error) {
+	if in.s.VersionFunc != nil {
+		return in.s.VersionFunc(rec)
+	}
+	if in.s.VersionHeader == "" {
+		return 0, false, nil
+	}
+	v, ok := header(rec, in.s.VersionHeader)
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("invalid version header: %s", v)
+	}
+	return n, true, nil
+}
+
+// gapError is a version gap (kept apart from other failures for the park policy).
+type gapError struct{ expected, got int64 }
+
+func (e *gapError) Error() string {
+	return fmt.Sprintf("version gap: expected %d, got %d", e.expected, e.got)
+}
+
+// Process settles one record: it runs h in a transaction together with the inbox row (and the
+// version check when configured), retries failed attempts with backoff, and dead-letters the
+// record when it cannot be processed. It returns how the record was settled; the caller may then
+// commit the record's offset + 1 to Kafka.
+//
+// A non-nil error means the record is NOT settled and its offset must not be committed: the
+// dead letter could not be produced (the consumer should stop), or ctx ended first.
+func (in *Inbox) Process(ctx context.Context, rec *kgo.Record, h Handler) (Result, error) {
+	key, _ := header(rec, in.s.EventKeyHeader)
+	if key == "" {
+		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"})
+	}
+	version, hasVersion, err := in.version(rec)
+	if err != nil {
+		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: err.Error()})
+	}
+
+	attempts := 0
+	op := func() (Outcome, error) {
+		attempts++
+		out, err := in.attempt(ctx, rec, key, version, hasVersion, h)
+		var gap *gapError
+		if errors.As(err, &gap) && in.s.GapPolicy == GapPark {
+			return Parked, backoff.Permanent(err)
+		}
+		return out, err
+	}
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval: in.s.BackoffInitial,
+		Multiplier:      2,
+		MaxInterval:     in.s.BackoffMax,
+	}
+	out, err := backoff.Retry(ctx, op,
+		backoff.WithBackOff(bo),
+		backoff.WithMaxTries(uint(in.s.MaxAttempts)),
+		backoff.WithMaxElapsedTime(0))
+	if cerr := ctx.Err(); cerr != nil && err != nil {
+		return Result{}, fmt.Errorf("inbox: record %s/%d@%d not settled: %w", rec.Topic, rec.Partition, rec.Offset, cerr)
+	}
+	if err != nil {
+		if out != Parked {
+			out = DeadLettered
+		}
+		return in.deadLetter(ctx, rec, Result{Outcome: out, Attempts: attempts, Reason: err.Error()})
+	}
+	res := Result{Outcome: out, Attempts: attempts}
+	if f := in.s.Hooks.AfterCommit; f != nil {
+		f(rec, res)
+	}
+	return res, nil
+}
+
+// attempt is one database transaction (contract step 2.1-2.6).
+func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, version int64, hasVersion bool, h Handler) (Outcome, error) {
+	tx, err := in.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after a commit
+
+	if _, err := tx.ExecContext(ctx, in.insert, in.s.Consumer, key, rec.Topic, rec.Partition, rec.Offset); err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1062 {
+			return Duplicate, nil
+		}
+		return "", err
+	}
+	if hasVersion {
+		aggType, _ := header(rec, in.s.AggregateTypeHeader)
+		aggID := string(rec.Key)
+		var stored int64
+		err := tx.QueryRowContext(ctx, in.selVer, in.s.Consumer, aggType, aggID).Scan(&stored)
+		switch {
+		case errors.Is(err, sql.ErrNoRows) || (err == nil && version == stored+1):
+			if _, err := tx.ExecContext(ctx, in.upsert, in.s.Consumer, aggType, aggID, version); err != nil {
+				return "", err
+			}
+		case err != nil:
+			return "", err
+		case version <= stored:
+			if err := tx.Commit(); err != nil {
+				return "", err
+			}
+			return Stale, nil
+		default:
+			return "", &gapError{expected: stored + 1, got: version}
+		}
+	}
+	if err := h(ctx, tx, rec); err != nil {
+		return "", err
+	}
+	if f := in.s.Hooks.BeforeCommit; f != nil {
+		f(rec)
+	}
+	if err := tx.Commit(); err != nil {
+		return "", err
+	}
+	return Processed, nil
+}
+
+// deadLetter produces rec to the dead-letter topic with the dlq_* headers and waits for the
+// acknowledgement, then runs the AfterCommit hook.
+func (in *Inbox) deadLetter(ctx context.Context, rec *kgo.Record, res Result) (Result, error) {
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+6)
+	hs = append(hs, rec.Headers...)
+	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add("dlq_reason", res.Reason)
+	add("dlq_topic", rec.Topic)
+	add("dlq_partition", strconv.FormatInt(int64(rec.Partition), 10))
+	add("dlq_offset", strconv.FormatInt(rec.Offset, 10))
+	add("dlq_consumer", in.s.Consumer)
+	add("dlq_attempts", strconv.Itoa(res.Attempts))
+	dl := &kgo.Record{Topic: in.s.DeadLetterTopic, Key: rec.Key, Value: rec.Value, Headers: hs}
+	pctx, cancel := context.WithTimeout(ctx, in.s.DeadLetterTimeout)
+	defer cancel()
+	if err := in.producer.ProduceSync(pctx, dl).FirstErr(); err != nil {
+		return Result{}, fmt.Errorf("inbox: dead letter of %s/%d@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, in.s.DeadLetterTopic, err)
+	}
+	if f := in.s.Hooks.AfterCommit; f != nil {
+		f(rec, res)
+	}
+	return res, nil
+}

@@ -1,0 +1,171 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// RunnerConfig configures the Kafka side of a [Runner].
+type RunnerConfig struct {
+	// Brokers are the bootstrap servers, "host:port". Required.
+	Brokers []string
+	// Topics are the topics to subscribe to. Required.
+	Topics []string
+	// Group is the consumer group id. Default: Settings.Consumer.
+	Group string
+	// MaxPollRecords bounds the records processed between two offset commits (and while a
+	// rebalance waits). Default 500.
+	MaxPollRecords int
+	// Logger receives poll and offset-commit errors the runner survives. Default slog.Default().
+	Logger *slog.Logger
+	// Opts are extra franz-go options (TLS, SASL, client id, hooks, ...), applied last.
+	// The runner sets: SeedBrokers, ConsumerGroup, ConsumeTopics, DisableAutoCommit,
+	// BlockRebalanceOnPoll, ConsumeResetOffset (earliest), OnPartitionsRevoked/Lost,
+	// UnknownTopicRetries(-1).
+	Opts []kgo.Opt
+}
+
+// Runner owns a franz-go consumer loop around an [Inbox]: it polls, processes each record in
+// partition order with [Inbox.Process], commits the processed offsets synchronously after each
+// poll batch and when partitions are revoked, and produces dead letters with the same client.
+// Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
+// finish within the group's rebalance timeout (60 s by default): bound it with MaxPollRecords.
+type Runner struct {
+	cl      *kgo.Client
+	in      *Inbox
+	h       Handler
+	maxPoll int
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	pending map[topicPartition]*kgo.Record // last settled record per partition, not yet committed
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// NewRunner creates the Kafka client (subscribing to cfg.Topics with auto.offset.reset
+// earliest) and the [Inbox] for db and s, and returns a Runner that calls h for each record.
+// It returns an error for invalid settings or client options.
+func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, error) {
+	if len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
+		return nil, errors.New("inbox: RunnerConfig.Brokers and Topics are required")
+	}
+	if h == nil {
+		return nil, errors.New("inbox: handler is required")
+	}
+	if cfg.Group == "" {
+		cfg.Group = s.Consumer
+	}
+	if cfg.MaxPollRecords <= 0 {
+		cfg.MaxPollRecords = 500
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &Runner{h: h, maxPoll: cfg.MaxPollRecords, log: cfg.Logger, pending: map[topicPartition]*kgo.Record{}}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.OnPartitionsRevoked(r.onRevoked),
+		kgo.OnPartitionsLost(r.onLost),
+		// A dead letter waits (up to Settings.DeadLetterTimeout) for a topic the broker does
+		// not serve yet, instead of failing after kgo's default 4 metadata refreshes.
+		kgo.UnknownTopicRetries(-1),
+	}
+	cl, err := kgo.NewClient(append(opts, cfg.Opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	in, err := New(db, cl, s)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	r.cl, r.in = cl, in
+	return r, nil
+}
+
+// Client returns the runner's Kafka client (for metrics or admin requests).
+func (r *Runner) Client() *kgo.Client { return r.cl }
+
+// Inbox returns the runner's Inbox.
+func (r *Runner) Inbox() *Inbox { return r.in }
+
+// Run consumes until ctx is done, then finishes the record in hand (retries included), commits
+// the processed offsets, leaves the group and closes the client; it returns nil then. It returns
+// an error (after committing what was settled and closing) when a record cannot be settled (a
+// dead letter that cannot be produced). Run must be called once.
+func (r *Runner) Run(ctx context.Context) error {
+	defer r.cl.CloseAllowingRebalance()
+	// Records are finished even when ctx ends meanwhile: a stop never interrupts a record.
+	work := context.WithoutCancel(ctx)
+	for ctx.Err() == nil {
+		fetches := r.cl.PollRecords(ctx, r.maxPoll)
+		if fetches.IsClientClosed() {
+			return nil
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				r.log.Warn("inbox: fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		var procErr error
+		iter := fetches.RecordIter()
+		for !iter.Done() && ctx.Err() == nil {
+			rec := iter.Next()
+			if _, err := r.in.Process(work, rec, r.h); err != nil {
+				procErr = err
+				break
+			}
+			r.mu.Lock()
+			r.pending[topicPartition{rec.Topic, rec.Partition}] = rec
+			r.mu.Unlock()
+		}
+		r.commit(work)
+		r.cl.AllowRebalance()
+		if procErr != nil {
+			return procErr
+		}
+	}
+	return nil
+}
+
+// commit commits the offsets of the settled records synchronously.
+func (r *Runner) commit(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.pending) == 0 {
+		return
+	}
+	recs := make([]*kgo.Record, 0, len(r.pending))
+	for _, rec := range r.pending {
+		recs = append(recs, rec)
+	}
+	if err := r.cl.CommitRecords(ctx, recs...); err != nil {
+		// The records are settled: a redelivery is a duplicate, acknowledged without effect.
+		r.log.Warn("inbox: offset commit failed", "err", err)
+	}
+	clear(r.pending)
+}
+
+func (r *Runner) onRevoked(ctx context.Context, _ *kgo.Client, _ map[string][]int32) {
+	r.commit(ctx)
+}
+
+func (r *Runner) onLost(context.Context, *kgo.Client, map[string][]int32) {
+	r.mu.Lock()
+	clear(r.pending)
+	r.mu.Unlock()
+}
