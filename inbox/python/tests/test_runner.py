@@ -59,7 +59,7 @@ def test_runner_commits_only_settled_offsets(db, topics) -> None:
     topics.produce([record(f"e-{i}", key=f"order-{i}") for i in range(10)])
     group = f"inbox-python-g-{uuid.uuid4().hex[:8]}"
 
-    # Stopped after 4 records (the poll batch held more): only those 4 are committed.
+    # Stopped after 4 records (more were fetched): only those 4 are committed.
     assert run_until(db, topics, group, 4) == [0, 1, 2, 3]
     assert committed(group, topics.topic) == 4
 

@@ -27,6 +27,7 @@ __all__ = [
 log = logging.getLogger("outbox_inbox")
 
 ER_DUP_ENTRY = 1062
+IDLE_PING_SECONDS = 30.0  # ping a connection idle this long before using it (server timeouts)
 
 Handler = Callable[[pymysql.connections.Connection, Message], None]
 """``handler(tx, record)``: does the business change on ``tx``, the PyMySQL connection whose
@@ -137,6 +138,7 @@ class Inbox:
         self._connect = connect
         self._producer = producer
         self._conn: pymysql.connections.Connection | None = None
+        self._last_used = 0.0
         inbox, versions = _quote_table(settings.inbox_table), _quote_table(settings.version_table)
         self._sql_insert = (
             f"INSERT INTO {inbox} (consumer, event_key, topic, kafka_partition, kafka_offset)"
@@ -229,6 +231,9 @@ class Inbox:
         if self._conn is None:
             self._conn = self._connect()
             self._conn.autocommit(False)
+        elif time.monotonic() - self._last_used > IDLE_PING_SECONDS:
+            self._conn.ping(reconnect=True)
+        self._last_used = time.monotonic()
         conn = self._conn
         conn.begin()
         with conn.cursor() as cur:

@@ -32,8 +32,9 @@ class InboxRunner:
 
     ``consumer_config`` holds librdkafka properties (``bootstrap.servers`` at least);
     ``group.id`` defaults to the inbox's consumer name, ``enable.auto.commit`` is forced off.
-    A poll batch is what one poll returns (up to ``max_batch`` records, waiting at most
-    ``poll_timeout`` seconds for the first). ``on_settled(record, result, polled_at)`` is called
+    A poll batch is the records ready without waiting, up to ``max_batch`` (the first one is
+    waited for at most ``poll_timeout`` seconds per poll); each record is settled as soon as it is
+    polled. ``on_settled(record, result, polled_at)`` is called
     after each record is settled, ``polled_at`` being the ``time.monotonic()`` of the poll that
     returned it. Single use: :meth:`run` closes the consumer when it returns.
     """
@@ -88,40 +89,42 @@ class InboxRunner:
         the offsets of the records settled before and closing the consumer."""
         self.subscribe()
         try:
+            in_batch = 0
             while not self._stop.is_set():
-                batch = self._poll()
+                # One record per poll: a rebalance happens inside poll(), so no record in hand
+                # ever belongs to a partition revoked meanwhile.
+                record = self._consumer.poll(0 if in_batch else self._poll_timeout)
                 polled_at = time.monotonic()
-                for record in batch:
-                    result = self._processor.process(record, self._handler)
-                    self._pending[(record.topic(), record.partition())] = record.offset() + 1
-                    if self._on_settled is not None:
-                        self._on_settled(record, result, polled_at)
-                    if self._stop.is_set():
-                        break
-                self._commit()
+                if record is None:  # nothing more ready: the batch is complete
+                    self._commit()
+                    in_batch = 0
+                    continue
+                if not self._usable(record):
+                    continue
+                result = self._processor.process(record, self._handler)
+                self._pending[(record.topic(), record.partition())] = record.offset() + 1
+                if self._on_settled is not None:
+                    self._on_settled(record, result, polled_at)
+                in_batch += 1
+                if in_batch >= self._max_batch:
+                    self._commit()
+                    in_batch = 0
         finally:
             try:
                 self._commit()
             finally:
                 self._consumer.close()
 
-    def _poll(self) -> list[Message]:
-        first = self._consumer.poll(self._poll_timeout)
-        if first is None:
-            return []
-        batch = [first]
-        if self._max_batch > 1:
-            batch += self._consumer.consume(num_messages=self._max_batch - 1, timeout=0)
-        records = []
-        for message in batch:
-            error = message.error()
-            if error is None:
-                records.append(message)
-            elif error.fatal():
-                raise KafkaException(error)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer: %s", error)
-        return records
+    @staticmethod
+    def _usable(message: Message) -> bool:
+        error = message.error()
+        if error is None:
+            return True
+        if error.fatal():
+            raise KafkaException(error)
+        if error.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer: %s", error)
+        return False
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
         offsets = [
