@@ -6,6 +6,7 @@ import pytest
 from support import BOOTSTRAP, Database, Topics, headers_of, record
 
 from outbox_inbox import (
+    DeadLetterError,
     GapPolicy,
     Hooks,
     Inbox,
@@ -238,4 +239,35 @@ def test_custom_table_names(db, topics) -> None:
     assert inbox.process(again, CouponHandler()).outcome is Outcome.DUPLICATE
     assert db.query("SELECT COUNT(*) FROM my_inbox") == [(1,)]
     assert db.query("SELECT COUNT(*) FROM outbox_inbox") == [(0,)]
+    inbox.close()
+
+
+def test_dead_letter_that_cannot_be_produced_raises(db, topics) -> None:
+    topics.produce([record(None)])
+    (rec,) = topics.read(1)
+    settings = InboxSettings(consumer="c1", dead_letter_topic="inbox-python-invalid/topic")
+    producer = dead_letter_producer({"bootstrap.servers": BOOTSTRAP, "message.timeout.ms": 5000})
+    inbox = Inbox(settings, db.connect, producer)
+    with pytest.raises(DeadLetterError, match="Invalid topic"):
+        inbox.process(rec, CouponHandler())
+    inbox.close()
+
+
+def test_lost_connection_is_a_failed_attempt_then_reconnects(db, topics) -> None:
+    topics.produce([record("e-1")])
+    (rec,) = topics.read(1)
+    inbox = make_inbox(db, topics, max_attempts=3)
+    handler = CouponHandler()
+    killed = []
+
+    def kill_my_connection_once(tx, r) -> None:
+        if not killed:
+            killed.append(tx.thread_id())
+            db.query(f"KILL {tx.thread_id()}")
+        handler(tx, r)
+
+    result = inbox.process(rec, kill_my_connection_once)
+
+    assert (result.outcome, result.attempts) == (Outcome.PROCESSED, 2)
+    assert coupons(db) == ["e-1"]
     inbox.close()
