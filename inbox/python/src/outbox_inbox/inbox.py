@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ __all__ = [
 log = logging.getLogger("outbox_inbox")
 
 ER_DUP_ENTRY = 1062
+_DECIMAL = re.compile(r"-?[0-9]+")
 IDLE_PING_SECONDS = 30.0  # ping a connection idle this long before using it (server timeouts)
 
 Handler = Callable[[pymysql.connections.Connection, Message], None]
@@ -221,10 +223,9 @@ class Inbox:
         if raw is None:
             return None  # an unversioned record: no check
         text = _text(raw)
-        try:
-            return int(text.strip())
-        except ValueError:
-            raise _Poison(f"invalid version header: {text}") from None
+        if not _DECIMAL.fullmatch(text):
+            raise _Poison(f"invalid version header: {text}")
+        return int(text)
 
     def _attempt(self, record: Message, key: str, version: int | None, handler: Handler) -> Outcome:
         s = self.settings

@@ -36,6 +36,13 @@ def _env(name: str, default: str = "") -> str:
     return os.environ.get(name) or default
 
 
+def _required(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ValueError(f"{name} is required")
+    return value
+
+
 def _header_text(record: Message, name: str) -> str | None:
     value = None
     for key, raw in record.headers() or ():
@@ -124,7 +131,8 @@ def _percentile(sorted_ms: list[float], p: float) -> float:
 def main() -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
     bootstrap = _env("INBOX_BOOTSTRAP", "127.0.0.1:9092")
-    consumer_name = _env("INBOX_CONSUMER")
+    consumer_name = _required("INBOX_CONSUMER")
+    topic = _required("INBOX_TOPIC")
     mode = _env("INBOX_MODE", "inbox")
     exit_after = int(_env("INBOX_EXIT_AFTER", "0"))
     connect = functools.partial(
@@ -133,7 +141,7 @@ def main() -> int:
         port=int(_env("INBOX_DB_PORT", "3306")),
         user=_env("INBOX_DB_USER", "root"),
         password=os.environ.get("INBOX_DB_PASSWORD", ""),
-        database=_env("INBOX_DB_NAME"),
+        database=_required("INBOX_DB_NAME"),
         charset="utf8mb4",
     )
     handler = BusinessHandler(consumer_name)
@@ -170,7 +178,7 @@ def main() -> int:
         )
         settings = InboxSettings(
             consumer=consumer_name,
-            dead_letter_topic=_env("INBOX_DLQ_TOPIC"),
+            dead_letter_topic=_required("INBOX_DLQ_TOPIC"),
             version_header=_env("INBOX_VERSION_HEADER") or None,
             gap_policy=_env("INBOX_GAP_POLICY", "park"),
             max_attempts=int(_env("INBOX_MAX_ATTEMPTS", "3")),
@@ -186,9 +194,7 @@ def main() -> int:
     else:
         raise ValueError(f"INBOX_MODE must be inbox or plain, not {mode!r}")
 
-    runner = InboxRunner(
-        processor, handler, consumer_config, [_env("INBOX_TOPIC")], on_settled=on_settled
-    )
+    runner = InboxRunner(processor, handler, consumer_config, [topic], on_settled=on_settled)
     runner.install_signal_handlers()
     runner.subscribe()
     _say("READY")
