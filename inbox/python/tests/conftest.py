@@ -16,23 +16,17 @@ from support import BOOTSTRAP, COUPONS, DB, MIGRATION, TIMEOUT, Database, Topics
 @pytest.fixture
 def db() -> Iterator[Database]:
     name = f"inbox_python_{uuid.uuid4().hex[:12]}"
-    admin = pymysql.connect(**DB, autocommit=True)
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
     database = Database(name, functools.partial(pymysql.connect, **DB, database=name))
-    conn = database.connect(autocommit=True)
-    with conn.cursor() as cur:
+    server = Database("", functools.partial(pymysql.connect, **DB))
+    server.query(f"CREATE DATABASE {name}")
+    try:
         for statement in MIGRATION.read_text().split(";"):
             if "CREATE TABLE" in statement:
-                cur.execute(statement)
-        cur.execute(COUPONS)
-    conn.close()
-    try:
+                database.query(statement)
+        database.query(COUPONS)
         yield database
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.close()
+        server.query(f"DROP DATABASE IF EXISTS {name}")
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ class Database:
         conn = self.connect(autocommit=True)
         try:
             with conn.cursor() as cur:
-                cur.execute(sql, args)
+                cur.execute(sql, args or None)
                 return list(cur.fetchall())
         finally:
             conn.close()
