@@ -1,0 +1,35 @@
+"""outbox_inbox: the consumer side of outbox-relay (inbox/CONTRACT.md).
+
+Records every processed ``(consumer, event_key)`` in the same MySQL/MariaDB transaction as the
+business change, so a redelivered record is acknowledged without running its handler again.
+
+- :class:`Inbox` settles one record (:meth:`Inbox.process`) for users with their own poll loop;
+- :class:`InboxRunner` owns a confluent-kafka consumer loop around an :class:`Inbox`.
+"""
+
+from .inbox import (
+    DeadLetterError,
+    Handler,
+    Hooks,
+    Inbox,
+    Outcome,
+    ProcessResult,
+    dead_letter_producer,
+)
+from .runner import InboxRunner, Processor
+from .settings import GapPolicy, InboxSettings, backoff_delay
+
+__all__ = [
+    "DeadLetterError",
+    "GapPolicy",
+    "Handler",
+    "Hooks",
+    "Inbox",
+    "InboxRunner",
+    "InboxSettings",
+    "Outcome",
+    "ProcessResult",
+    "Processor",
+    "backoff_delay",
+    "dead_letter_producer",
+]

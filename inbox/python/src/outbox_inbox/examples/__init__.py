@@ -1,0 +1,1 @@
+"""Example programs (the scenario consumer of inbox/CONTRACT.md)."""

@@ -1,0 +1,314 @@
+"""Processing one record through the inbox (inbox/CONTRACT.md, "process(record, handler)")."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pymysql
+from confluent_kafka import KafkaError, Message, Producer
+
+from .settings import GapPolicy, InboxSettings, backoff_delay
+
+__all__ = [
+    "DeadLetterError",
+    "Handler",
+    "Hooks",
+    "Inbox",
+    "Outcome",
+    "ProcessResult",
+    "dead_letter_producer",
+]
+
+log = logging.getLogger("outbox_inbox")
+
+ER_DUP_ENTRY = 1062
+_DECIMAL = re.compile(r"-?[0-9]+")
+IDLE_PING_SECONDS = 30.0  # ping a connection idle this long before using it (server timeouts)
+
+Handler = Callable[[pymysql.connections.Connection, Message], None]
+"""``handler(tx, record)``: does the business change on ``tx``, the PyMySQL connection whose
+transaction is open (never commit or roll it back). Raise any exception to fail the attempt."""
+
+
+class Outcome(str, enum.Enum):
+    """How a record was settled. Every outcome lets its offset be committed."""
+
+    PROCESSED = "processed"
+    """The handler's change was committed with the inbox row."""
+    DUPLICATE = "duplicate"
+    """The inbox already had ``(consumer, event_key)``: acknowledged, handler not run."""
+    STALE = "stale"
+    """Its version is not newer than the stored one: inbox row committed, handler not run."""
+    PARKED = "parked"
+    """Version gap under :attr:`GapPolicy.PARK`: sent to the dead-letter topic."""
+    DEAD_LETTERED = "dead_lettered"
+    """Failed ``max_attempts`` times, or a poison record: sent to the dead-letter topic."""
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """The result of :meth:`Inbox.process`."""
+
+    outcome: Outcome
+    event_key: str | None
+    """The record's event key (``None`` when the header was missing or empty)."""
+    attempts: int
+    """Database transactions begun for the record (0 when dead-lettered before any)."""
+    reason: str | None = None
+    """Why it was dead-lettered or parked (the ``dlq_reason`` header), else ``None``."""
+
+
+@dataclass
+class Hooks:
+    """Callbacks around the database commit, for metrics, tracing (and the scenarios' crashes).
+
+    ``before_commit(record)`` runs after the handler succeeded, right before the database commit;
+    ``after_commit(record, result)`` after the transaction ended, for every outcome, before the
+    Kafka offset may be committed. An exception from ``before_commit`` fails the attempt; one
+    from ``after_commit`` propagates out of :meth:`Inbox.process`.
+    """
+
+    before_commit: Callable[[Message], None] = field(default=lambda record: None)
+    after_commit: Callable[[Message, ProcessResult], None] = field(
+        default=lambda record, result: None
+    )
+
+
+class DeadLetterError(Exception):
+    """A dead letter could not be produced: the consumer must stop (the record is unsettled)."""
+
+
+class _Poison(Exception):
+    """A record that cannot be processed at all: dead-lettered at once."""
+
+
+class _Park(Exception):
+    """A version gap under the gap policy ``park``: dead-lettered at once (outcome parked)."""
+
+
+class _Gap(Exception):
+    """A version gap counted as a failed attempt (gap policy ``retry``)."""
+
+
+def dead_letter_producer(config: dict) -> Producer:
+    """A confluent-kafka ``Producer`` for dead letters: ``config`` (librdkafka properties, e.g.
+    ``{"bootstrap.servers": "host:9092"}``) with ``acks=all`` and idempotence forced on."""
+    return Producer({"linger.ms": 0, **config, "acks": "all", "enable.idempotence": True})
+
+
+def _quote_table(name: str) -> str:
+    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split("."))
+
+
+def _header(record: Message, name: str) -> bytes | None:
+    """The value of the last header called ``name`` (``None`` when absent)."""
+    value = None
+    for key, raw in record.headers() or ():
+        if key == name:
+            value = raw
+    return value
+
+
+def _text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.decode("utf-8", errors="replace")
+
+
+class Inbox:
+    """Processes records at most once per ``(consumer, event_key)``.
+
+    ``connect`` opens a new PyMySQL connection to the consumer's database (e.g.
+    ``functools.partial(pymysql.connect, host=..., database=...)``); the inbox keeps one open and
+    reconnects after a connection error. ``producer`` sends dead letters (see
+    :func:`dead_letter_producer`). Not thread-safe: one inbox per poll loop.
+    """
+
+    def __init__(
+        self,
+        settings: InboxSettings,
+        connect: Callable[[], pymysql.connections.Connection],
+        producer: Producer,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.settings = settings
+        self.hooks = hooks or Hooks()
+        self._connect = connect
+        self._producer = producer
+        self._conn: pymysql.connections.Connection | None = None
+        self._last_used = 0.0
+        inbox, versions = _quote_table(settings.inbox_table), _quote_table(settings.version_table)
+        self._sql_insert = (
+            f"INSERT INTO {inbox} (consumer, event_key, topic, kafka_partition, kafka_offset)"
+            " VALUES (%s, %s, %s, %s, %s)"
+        )
+        self._sql_version = (
+            f"SELECT version FROM {versions}"
+            " WHERE consumer = %s AND aggregate_type = %s AND aggregate_id = %s FOR UPDATE"
+        )
+        self._sql_upsert = (
+            f"INSERT INTO {versions} (consumer, aggregate_type, aggregate_id, version)"
+            " VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE version = VALUES(version)"
+        )
+
+    def process(self, record: Message, handler: Handler) -> ProcessResult:
+        """Settle one record: run ``handler`` in a transaction with its inbox row, retrying with
+        exponential backoff, or dead-letter it. Blocks until settled (retries included).
+
+        Returns the :class:`ProcessResult`; afterwards ``record.offset() + 1`` may be committed.
+        Raises :class:`DeadLetterError` when a dead letter cannot be produced, and whatever
+        ``hooks.after_commit`` raises.
+        """
+        result = self._settle(record, handler)
+        self.hooks.after_commit(record, result)
+        return result
+
+    def close(self) -> None:
+        """Close the database connection and flush the dead-letter producer."""
+        if self._conn is not None:
+            self._drop_connection()
+        self._producer.flush(10)
+
+    def _settle(self, record: Message, handler: Handler) -> ProcessResult:
+        s = self.settings
+        key = _text(_header(record, s.event_key_header))
+        if not key:
+            return self._dead_letter(
+                record, None, Outcome.DEAD_LETTERED, "missing event_key header", 0
+            )
+        try:
+            version = self._version(record)
+        except _Poison as poison:
+            return self._dead_letter(record, key, Outcome.DEAD_LETTERED, str(poison), 0)
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                outcome = self._attempt(record, key, version, handler)
+            except _Park as gap:
+                return self._dead_letter(record, key, Outcome.PARKED, str(gap), attempt)
+            except Exception as error:
+                self._rollback()
+                reason = str(error) or type(error).__name__
+                if attempt >= s.max_attempts:
+                    return self._dead_letter(record, key, Outcome.DEAD_LETTERED, reason, attempt)
+                delay = backoff_delay(attempt, s.backoff_initial, s.backoff_max)
+                log.warning(
+                    "event_key %s: attempt %d of %d failed (%s); retrying in %.3fs",
+                    key,
+                    attempt,
+                    s.max_attempts,
+                    reason,
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            return ProcessResult(outcome, key, attempt)
+
+    def _version(self, record: Message) -> int | None:
+        s = self.settings
+        if s.version_fn is not None:
+            try:
+                return s.version_fn(record)
+            except Exception as error:
+                raise _Poison(f"invalid version: {error}") from error
+        if not s.version_header:
+            return None
+        raw = _header(record, s.version_header)
+        if raw is None:
+            return None  # an unversioned record: no check
+        text = _text(raw)
+        if not _DECIMAL.fullmatch(text):
+            raise _Poison(f"invalid version header: {text}")
+        return int(text)
+
+    def _attempt(self, record: Message, key: str, version: int | None, handler: Handler) -> Outcome:
+        s = self.settings
+        if self._conn is None:
+            self._conn = self._connect()
+            self._conn.autocommit(False)
+        elif time.monotonic() - self._last_used > IDLE_PING_SECONDS:
+            self._conn.ping(reconnect=True)
+        self._last_used = time.monotonic()
+        conn = self._conn
+        conn.begin()
+        with conn.cursor() as cur:
+            try:
+                cur.execute(
+                    self._sql_insert,
+                    (s.consumer, key, record.topic(), record.partition(), record.offset()),
+                )
+            except pymysql.err.IntegrityError as error:
+                if error.args and error.args[0] == ER_DUP_ENTRY:
+                    conn.rollback()
+                    return Outcome.DUPLICATE
+                raise
+            if version is not None:
+                agg_type = _text(_header(record, s.aggregate_type_header))
+                agg_id = _text(record.key())
+                cur.execute(self._sql_version, (s.consumer, agg_type, agg_id))
+                row = cur.fetchone()
+                stored = None if row is None else int(row[0])
+                if stored is not None and version <= stored:
+                    conn.commit()
+                    return Outcome.STALE
+                if stored is not None and version > stored + 1:
+                    conn.rollback()
+                    reason = f"version gap: expected {stored + 1}, got {version}"
+                    raise (_Park if s.gap_policy is GapPolicy.PARK else _Gap)(reason)
+                cur.execute(self._sql_upsert, (s.consumer, agg_type, agg_id, version))
+        handler(conn, record)
+        self.hooks.before_commit(record)
+        conn.commit()
+        return Outcome.PROCESSED
+
+    def _rollback(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.rollback()
+        except Exception:  # the connection is broken: open a new one next attempt
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def _dead_letter(
+        self, record: Message, key: str | None, outcome: Outcome, reason: str, attempts: int
+    ) -> ProcessResult:
+        """Produce the record to the dead-letter topic with acks=all and wait for the broker."""
+        headers = list(record.headers() or [])
+        headers += [
+            ("dlq_reason", reason.encode()),
+            ("dlq_topic", record.topic().encode()),
+            ("dlq_partition", str(record.partition()).encode()),
+            ("dlq_offset", str(record.offset()).encode()),
+            ("dlq_consumer", self.settings.consumer.encode()),
+            ("dlq_attempts", str(attempts).encode()),
+        ]
+        report: list[KafkaError | None] = []
+        try:
+            self._producer.produce(
+                self.settings.dead_letter_topic,
+                value=record.value(),
+                key=record.key(),
+                headers=headers,
+                on_delivery=lambda err, _msg: report.append(err),
+            )
+            while not report:  # librdkafka reports failure after message.timeout.ms at the latest
+                self._producer.flush(1.0)
+        except Exception as error:
+            raise DeadLetterError(f"dead letter for event_key {key}: {error}") from error
+        if report[0] is not None:
+            raise DeadLetterError(f"dead letter for event_key {key}: {report[0]}")
+        log.warning(
+            "event_key %s %s to %s: %s", key, outcome.value, self.settings.dead_letter_topic, reason
+        )
+        return ProcessResult(outcome, key, attempts, reason)

@@ -1,0 +1,159 @@
+"""A Kafka consumer loop that settles every record through an inbox and commits its offsets."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from .inbox import Handler, Inbox, ProcessResult
+
+__all__ = ["InboxRunner", "Processor"]
+
+log = logging.getLogger("outbox_inbox")
+
+
+class Processor(Protocol):
+    """Anything that settles one record like :meth:`Inbox.process` (an :class:`Inbox`)."""
+
+    def process(self, record: Message, handler: Handler) -> ProcessResult: ...
+
+
+class InboxRunner:
+    """Owns a confluent-kafka ``Consumer``: subscribes, polls, settles each record in partition
+    order through ``processor.process(record, handler)``, and commits the processed offsets
+    synchronously after each poll batch and when partitions are revoked. Offsets never pass a
+    record that is not settled.
+
+    ``consumer_config`` holds librdkafka properties (``bootstrap.servers`` at least);
+    ``group.id`` defaults to the inbox's consumer name, ``enable.auto.commit`` is forced off.
+    A poll batch is the records ready without waiting, up to ``max_batch`` (the first one is
+    waited for at most ``poll_timeout`` seconds per poll); each record is settled as soon as it is
+    polled. ``on_settled(record, result, polled_at)`` is called
+    after each record is settled, ``polled_at`` being the ``time.monotonic()`` of the poll that
+    returned it. Single use: :meth:`run` closes the consumer when it returns.
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        handler: Handler,
+        consumer_config: dict,
+        topics: Sequence[str],
+        *,
+        max_batch: int = 500,
+        poll_timeout: float = 0.5,
+        on_settled: Callable[[Message, ProcessResult, float], None] | None = None,
+    ) -> None:
+        config = dict(consumer_config)
+        if isinstance(processor, Inbox):
+            config.setdefault("group.id", processor.settings.consumer)
+        config["enable.auto.commit"] = False
+        config["enable.auto.offset.store"] = False
+        self._processor = processor
+        self._handler = handler
+        self._topics = list(topics)
+        self._max_batch = max_batch
+        self._poll_timeout = poll_timeout
+        self._on_settled = on_settled
+        self._consumer = Consumer(config)
+        self._stop = threading.Event()
+        self._subscribed = False
+        self._pending: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
+
+    def subscribe(self) -> None:
+        """Subscribe to the topics (done by :meth:`run` when not done before). Non-blocking."""
+        if not self._subscribed:
+            self._consumer.subscribe(self._topics, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._subscribed = True
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the record in hand. Safe from signal handlers and other
+        threads."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT call :meth:`stop` (main thread only)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _signum, _frame: self.stop())
+
+    def run(self) -> None:
+        """Poll and settle records until :meth:`stop`; then commit the processed offsets and
+        close the consumer. Raises what the processor raises (e.g.
+        :class:`~outbox_inbox.DeadLetterError`) or a fatal ``KafkaException``, after committing
+        the offsets of the records settled before and closing the consumer."""
+        self.subscribe()
+        try:
+            in_batch = 0
+            while not self._stop.is_set():
+                # One record per poll: a rebalance happens inside poll(), so no record in hand
+                # ever belongs to a partition revoked meanwhile.
+                record = self._consumer.poll(0 if in_batch else self._poll_timeout)
+                polled_at = time.monotonic()
+                if record is None:  # nothing more ready: the batch is complete
+                    self._commit()
+                    in_batch = 0
+                    continue
+                if not self._usable(record):
+                    continue
+                result = self._processor.process(record, self._handler)
+                self._pending[(record.topic(), record.partition())] = record.offset() + 1
+                if self._on_settled is not None:
+                    self._on_settled(record, result, polled_at)
+                in_batch += 1
+                if in_batch >= self._max_batch:
+                    self._commit()
+                    in_batch = 0
+        finally:
+            try:
+                self._commit()
+            finally:
+                self._consumer.close()
+
+    @staticmethod
+    def _usable(message: Message) -> bool:
+        error = message.error()
+        if error is None:
+            return True
+        if error.fatal():
+            raise KafkaException(error)
+        if error.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer: %s", error)
+        return False
+
+    def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+        offsets = [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in self._pending.items()
+            if only is None or (topic, partition) in only
+        ]
+        if not offsets:
+            return
+        try:
+            committed = self._consumer.commit(offsets=offsets, asynchronous=False) or []
+        except KafkaException as error:  # e.g. a rebalance in progress: retried next batch
+            log.warning("offset commit failed: %s", error)
+            return
+        for tp in committed:
+            key = (tp.topic, tp.partition)
+            if tp.error is not None:
+                log.warning("offset commit of %s[%d] failed: %s", tp.topic, tp.partition, tp.error)
+            elif self._pending.get(key) == tp.offset:
+                del self._pending[key]
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        try:
+            self._commit(revoked)
+        except Exception as error:  # never raise into librdkafka's callback
+            log.warning("offset commit on revocation failed: %s", error)
+        self._on_lost(_consumer, partitions)
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._pending.pop((tp.topic, tp.partition), None)

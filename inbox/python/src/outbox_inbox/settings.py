@@ -1,0 +1,84 @@
+"""Settings of an inbox consumer (inbox/CONTRACT.md, "Settings")."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Message
+
+__all__ = ["GapPolicy", "InboxSettings", "backoff_delay"]
+
+
+class GapPolicy(str, enum.Enum):
+    """What to do with a record whose version is more than one past the stored version."""
+
+    PARK = "park"
+    """Dead-letter the record at once (outcome ``parked``)."""
+    RETRY = "retry"
+    """Count it as a failed attempt; dead-letter it after ``max_attempts``."""
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    """How an :class:`~outbox_inbox.Inbox` processes records.
+
+    ``consumer`` and ``dead_letter_topic`` are required; everything else has the contract's
+    default. Durations are in seconds (floats). Raises :class:`ValueError` on construction when
+    a value is out of range.
+    """
+
+    consumer: str
+    """The consumer's name: part of the inbox key, and the default Kafka group id."""
+    dead_letter_topic: str
+    """Topic that receives dead letters (required: there is no default)."""
+    inbox_table: str = "outbox_inbox"
+    """Table of processed ``(consumer, event_key)`` rows (``migrations/0004_inbox.sql``)."""
+    version_table: str = "outbox_inbox_version"
+    """Table of the last applied version per ``(consumer, aggregate_type, aggregate_id)``."""
+    event_key_header: str = "event_key"
+    """Header holding the event's unique key (UTF-8 text)."""
+    version_header: str | None = None
+    """Header holding the aggregate version (decimal integer text); ``None``: no version check."""
+    version_fn: Callable[[Message], int | None] | None = None
+    """Alternative to ``version_header``: gives the record's version (``None``: no check for this
+    record). A raised exception makes the record a poison record (dead-lettered at once)."""
+    aggregate_type_header: str = "aggregate_type"
+    """Header holding the aggregate type for the version check (the key is the aggregate id)."""
+    gap_policy: GapPolicy = GapPolicy.PARK
+    """Policy for version gaps (see :class:`GapPolicy`)."""
+    max_attempts: int = 5
+    """Attempts per record before it is dead-lettered (at least 1)."""
+    backoff_initial: float = 0.1
+    """Wait before the 2nd attempt, in seconds; doubles per attempt."""
+    backoff_max: float = 10.0
+    """Upper bound of the wait between attempts, in seconds."""
+
+    def __post_init__(self) -> None:
+        if not self.consumer:
+            raise ValueError("consumer is required")
+        if not self.dead_letter_topic:
+            raise ValueError("dead_letter_topic is required")
+        if not self.event_key_header:
+            raise ValueError("event_key_header must not be empty")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.backoff_initial < 0 or self.backoff_max < 0:
+            raise ValueError("backoff durations must not be negative")
+        # Accept the plain strings "park"/"retry" too.
+        object.__setattr__(self, "gap_policy", GapPolicy(self.gap_policy))
+
+    @property
+    def checks_versions(self) -> bool:
+        """Whether records are checked against the version table."""
+        return self.version_fn is not None or bool(self.version_header)
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based): ``initial * 2**(attempt-1)``,
+    capped at ``maximum``."""
+    if attempt < 1:
+        return 0.0
+    # Cap the exponent so the float never overflows on absurd attempt counts.
+    return min(initial * (2.0 ** min(attempt - 1, 62)), maximum)

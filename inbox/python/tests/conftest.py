@@ -1,0 +1,49 @@
+"""Fixtures: a fresh database and fresh topics per test (see support.py for the settings)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import uuid
+from collections.abc import Iterator
+
+import pymysql
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from support import BOOTSTRAP, COUPONS, DB, MIGRATION, TIMEOUT, Database, Topics, wait_until
+
+
+@pytest.fixture
+def db() -> Iterator[Database]:
+    name = f"inbox_python_{uuid.uuid4().hex[:12]}"
+    database = Database(name, functools.partial(pymysql.connect, **DB, database=name))
+    server = Database("", functools.partial(pymysql.connect, **DB))
+    server.query(f"CREATE DATABASE {name}")
+    try:
+        for statement in MIGRATION.read_text().split(";"):
+            if "CREATE TABLE" in statement:
+                database.query(statement)
+        database.query(COUPONS)
+        yield database
+    finally:
+        server.query(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def topics() -> Iterator[Topics]:
+    base = f"inbox-python-{uuid.uuid4().hex[:12]}"
+    t = Topics(base, base + "-dlq")
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    futures = admin.create_topics([NewTopic(t.topic, 2, 1), NewTopic(t.dlq, 1, 1)])
+    for future in futures.values():
+        future.result(TIMEOUT)
+    wait_until(
+        lambda: all(name in admin.list_topics(timeout=10).topics for name in (t.topic, t.dlq)),
+        "topics in metadata",
+    )
+    try:
+        yield t
+    finally:
+        for future in admin.delete_topics([t.topic, t.dlq]).values():
+            with contextlib.suppress(Exception):
+                future.result(TIMEOUT)
