@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo test lint fmt services-up services-down clean bench fuzz
+.PHONY: all build release demo test lint fmt services-up services-down clean bench fuzz inbox
 
 all: build
 
@@ -21,14 +21,29 @@ demo:
 ## Every test: the unit tests, then every end-to-end suite against each server in
 ## OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8) and the real Kafka (tests/run.sh;
 ## cargo --no-fail-fast, a summary at the end). One server: OUTBOX_TEST_SERVERS=mysql8 make test.
-test: services-up
+test: services-up inbox
 	$(CARGO) build --workspace --all-targets
 	tests/run.sh
 
-## Formatting and lints, as CI runs them.
-lint:
+## Formatting and lints, as CI runs them: Rust (rustfmt, clippy) and the consumer helpers in
+## inbox/ (Go: gofmt, go vet, staticcheck; Python: ruff format, ruff check; Java: Spotless
+## with google-java-format, javac -Xlint -Werror).
+lint: inbox
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	cd inbox/go && test -z "$$(gofmt -l .)" && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd inbox/python && .venv/bin/ruff format --check . && .venv/bin/ruff check .
+	cd inbox/java && mvn -q -B spotless:check
+
+## The consumer helpers (inbox/CONTRACT.md) and their scenario consumers, as the tests run them:
+## Python in a venv (inbox/python/.venv), Go (inbox/go/bin/scenario-consumer), Java (mvn package
+## and the classpath inbox/java/run-scenario-consumer reads), Rust (crates/inbox's example).
+inbox:
+	[ -x inbox/python/.venv/bin/python ] || python3 -m venv inbox/python/.venv
+	inbox/python/.venv/bin/pip install -q -e 'inbox/python[dev]'
+	cd inbox/go && go build -o bin/scenario-consumer ./cmd/scenario-consumer
+	cd inbox/java && mvn -q -B package -DskipTests
+	$(CARGO) build -p outbox-inbox --examples
 
 fmt:
 	$(CARGO) fmt --all

@@ -34,6 +34,18 @@ for server in "${servers[@]}"; do
     "$CARGO" test --workspace --test '*' --no-fail-fast -- "${test_args[@]}"
 done
 
+# The consumer helpers' own suites (inbox/, built by `make inbox`), once, against the first
+# server of OUTBOX_TEST_SERVERS and the shared Kafka; the shared inbox scenarios
+# (tests/inbox_e2e.rs) ran above against every server.
+first="${servers[0]// /}"
+inbox_port="$(tests/services/server.sh "${first:-mariadb10}" port)"
+run "inbox helper suites: Go (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/go && go test -count=1 ./...'
+run "inbox helper suites: Python (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/python && .venv/bin/pytest -q'
+run "inbox helper suites: Java (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/java && mvn -q -B test'
+
 printf '\n[test] summary:\n' >&2
 failed=0
 for line in "${summary[@]}"; do
