@@ -167,7 +167,7 @@ public final class InboxRunner implements AutoCloseable {
   /**
    * Subscribes to {@code topics} and processes records until {@link #stop()} or {@link #close()};
    * then commits the settled offsets and closes the consumer (and the dead-letter producer it
-   * made). Call it once.
+   * made). Call it once; after {@link #close()} it returns at once.
    *
    * @param topics the topics to subscribe to
    * @throws InboxException processing or a Kafka call failed (offsets of records settled before are
@@ -175,7 +175,10 @@ public final class InboxRunner implements AutoCloseable {
    * @throws IllegalStateException run was already called
    */
   public void run(Collection<String> topics) {
-    if (!started.compareAndSet(false, true) || closed.get()) {
+    if (!started.compareAndSet(false, true)) {
+      if (stopping) {
+        return; // closed before it ran (e.g. a signal during startup), or already ran
+      }
       throw new IllegalStateException("an InboxRunner runs once");
     }
     loopThread = Thread.currentThread();
@@ -242,13 +245,11 @@ public final class InboxRunner implements AutoCloseable {
    */
   @Override
   public void close() {
-    stop();
-    if (!started.get()) {
-      if (started.compareAndSet(false, true)) {
-        closeClients();
-        finished.countDown();
-        return;
-      }
+    stop(); // before the check below: a run() that finds it started also finds it stopping
+    if (started.compareAndSet(false, true)) {
+      closeClients();
+      finished.countDown();
+      return;
     }
     if (Thread.currentThread() == loopThread) {
       return;

@@ -137,6 +137,9 @@ public final class ScenarioConsumer {
     kafka.put("bootstrap.servers", required("INBOX_BOOTSTRAP"));
     kafka.put(ConsumerConfig.GROUP_ID_CONFIG, required("INBOX_GROUP"));
     kafka.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+    // A crashed (exit 137) member holds its partitions until its session times out: keep a
+    // restart's wait short (broker minimum 6 s; the client default is 45 s).
+    kafka.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "10000");
     InboxRunner.Builder builder = InboxRunner.builder(kafka).listener(new Report());
     String mode = orDefault("INBOX_MODE", "inbox");
     if (mode.equals("plain")) {
@@ -276,7 +279,7 @@ public final class ScenarioConsumer {
           "OUTCOME "
               + result.outcome().label()
               + " "
-              + header(record, "event_key")
+              + printable(header(record, "event_key"))
               + " "
               + record.partition()
               + " "
@@ -328,6 +331,11 @@ public final class ScenarioConsumer {
   private static String header(ConsumerRecord<byte[], byte[]> record, String name) {
     Header h = record.headers().lastHeader(name);
     return h == null || h.value() == null ? null : new String(h.value(), StandardCharsets.UTF_8);
+  }
+
+  /** The event key as one word of an OUTCOME line: {@code -} when missing or empty. */
+  private static String printable(String eventKey) {
+    return eventKey == null || eventKey.isBlank() ? "-" : eventKey.replaceAll("\\s", "_");
   }
 
   private static Long parseLong(String text) {
