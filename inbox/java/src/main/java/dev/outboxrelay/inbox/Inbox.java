@@ -156,7 +156,7 @@ public final class Inbox {
           tx.commit();
         }
         return outcome;
-      } catch (Exception e) {
+      } catch (Throwable e) {
         try {
           tx.rollback();
         } catch (SQLException rollbackError) {

@@ -88,7 +88,7 @@ class InboxRunnerTest {
     for (int i = 1; i <= 10; i++) {
       servers.produce(topic, i % 2, "order-" + i, "order-" + i + "-1", "{}");
     }
-    String group = "inbox-java-runner-" + System.nanoTime();
+    String group = servers.group("runner");
     InboxSettings settings =
         InboxSettings.builder(group, dlq).backoffInitial(Duration.ofMillis(5)).build();
     List<String> handled = Collections.synchronizedList(new ArrayList<>());
@@ -147,7 +147,7 @@ class InboxRunnerTest {
   void stopFromAnotherThreadFinishesAndCommits() throws Exception {
     String topic = servers.topic("runner-stop", 1);
     String dlq = servers.topic("runner-stop-dlq", 1);
-    String group = "inbox-java-stop-" + System.nanoTime();
+    String group = servers.group("stop");
     InboxSettings settings = InboxSettings.builder(group, dlq).build();
     List<String> handled = Collections.synchronizedList(new ArrayList<>());
     StopAfter listener = new StopAfter(Integer.MAX_VALUE);

@@ -50,6 +50,7 @@ final class TestServers {
   private final Admin admin;
   private final KafkaProducer<byte[], byte[]> producer;
   private final List<String> topics = new ArrayList<>();
+  private final List<String> groups = new ArrayList<>();
 
   TestServers() throws Exception {
     try (Connection c = DriverManager.getConnection(url(""));
@@ -106,6 +107,13 @@ final class TestServers {
     admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1))).all().get();
     topics.add(topic);
     return topic;
+  }
+
+  /** A consumer group id {@code inbox-java-<name>-<random>}, deleted on close. */
+  String group(String name) {
+    String group = "inbox-java-" + name + "-" + UUID.randomUUID().toString().substring(0, 8);
+    groups.add(group);
+    return group;
   }
 
   /** Produces a record like the relay's (headers event_key, aggregate_type=order, version). */
@@ -216,6 +224,9 @@ final class TestServers {
   void close() throws Exception {
     producer.close();
     try {
+      if (!groups.isEmpty()) {
+        admin.deleteConsumerGroups(groups).all().get();
+      }
       if (!topics.isEmpty()) {
         admin.deleteTopics(topics).all().get();
       }
