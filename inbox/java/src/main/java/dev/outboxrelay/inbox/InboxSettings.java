@@ -1,0 +1,339 @@
+package dev.outboxrelay.inbox;
+
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.Objects;
+import java.util.function.Function;
+import java.util.regex.Pattern;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.common.header.Header;
+
+/**
+ * Settings of an {@link Inbox}: immutable, made with {@link #builder(String, String)}.
+ *
+ * <pre>{@code
+ * InboxSettings settings = InboxSettings.builder("billing", "billing.dlq")
+ *     .versionHeader("version")
+ *     .maxAttempts(3)
+ *     .build();
+ * }</pre>
+ */
+public final class InboxSettings {
+  private static final Pattern TABLE = Pattern.compile("[A-Za-z0-9_$]+(\\.[A-Za-z0-9_$]+)?");
+
+  private final String consumer;
+  private final String deadLetterTopic;
+  private final String inboxTable;
+  private final String versionTable;
+  private final String eventKeyHeader;
+  private final String versionHeader;
+  private final Function<ConsumerRecord<byte[], byte[]>, Long> versionFunction;
+  private final GapPolicy gapPolicy;
+  private final int maxAttempts;
+  private final Duration backoffInitial;
+  private final Duration backoffMax;
+
+  private InboxSettings(Builder b) {
+    this.consumer = b.consumer;
+    this.deadLetterTopic = b.deadLetterTopic;
+    this.inboxTable = b.inboxTable;
+    this.versionTable = b.versionTable;
+    this.eventKeyHeader = b.eventKeyHeader;
+    this.versionHeader = b.versionHeader;
+    this.versionFunction = b.versionFunction;
+    this.gapPolicy = b.gapPolicy;
+    this.maxAttempts = b.maxAttempts;
+    this.backoffInitial = b.backoffInitial;
+    this.backoffMax = b.backoffMax;
+  }
+
+  /**
+   * Starts settings with the two required values.
+   *
+   * @param consumer the consumer's name: part of the inbox key (at most 191 characters) and the
+   *     default Kafka group id of {@link InboxRunner}
+   * @param deadLetterTopic the topic poison, parked and key-less records go to (no default)
+   * @return a builder with every other setting at its default
+   */
+  public static Builder builder(String consumer, String deadLetterTopic) {
+    return new Builder(consumer, deadLetterTopic);
+  }
+
+  /**
+   * @return the consumer name (inbox key part, default group id)
+   */
+  public String consumer() {
+    return consumer;
+  }
+
+  /**
+   * @return the dead-letter topic
+   */
+  public String deadLetterTopic() {
+    return deadLetterTopic;
+  }
+
+  /**
+   * @return the inbox table (default {@code outbox_inbox})
+   */
+  public String inboxTable() {
+    return inboxTable;
+  }
+
+  /**
+   * @return the version table (default {@code outbox_inbox_version})
+   */
+  public String versionTable() {
+    return versionTable;
+  }
+
+  /**
+   * @return the header carrying the event key (default {@code event_key})
+   */
+  public String eventKeyHeader() {
+    return eventKeyHeader;
+  }
+
+  /**
+   * @return the header carrying the version, or {@code null} (no version check, or a function)
+   */
+  public String versionHeader() {
+    return versionHeader;
+  }
+
+  /**
+   * @return whether records are version-checked (a version header or function is set)
+   */
+  public boolean checksVersions() {
+    return versionFunction != null;
+  }
+
+  /**
+   * @return the gap policy (default {@link GapPolicy#PARK})
+   */
+  public GapPolicy gapPolicy() {
+    return gapPolicy;
+  }
+
+  /**
+   * @return the attempts per record before it is dead-lettered (default 5)
+   */
+  public int maxAttempts() {
+    return maxAttempts;
+  }
+
+  /**
+   * @return the wait after the first failed attempt (default 100 ms)
+   */
+  public Duration backoffInitial() {
+    return backoffInitial;
+  }
+
+  /**
+   * @return the longest wait between attempts (default 10 s)
+   */
+  public Duration backoffMax() {
+    return backoffMax;
+  }
+
+  /**
+   * The wait after failed attempt {@code attempt}: {@code backoffInitial × 2^(attempt-1)}, capped
+   * at {@code backoffMax}.
+   *
+   * @param attempt the failed attempt's number, from 1
+   * @return the wait before the next attempt
+   */
+  public Duration backoff(int attempt) {
+    int shift = Math.min(Math.max(attempt - 1, 0), 30);
+    long millis = backoffInitial.toMillis();
+    long capped = backoffMax.toMillis();
+    long wait = millis > (capped >> shift) ? capped : millis << shift;
+    return Duration.ofMillis(Math.min(wait, capped));
+  }
+
+  /**
+   * The record's version, or {@code null} when records are not version-checked or this one has no
+   * version (its header is missing or empty).
+   *
+   * @param record the record
+   * @return the version
+   * @throws IllegalArgumentException the version is unusable (the message is the dead-letter
+   *     reason, e.g. {@code invalid version header: abc})
+   */
+  Long versionOf(ConsumerRecord<byte[], byte[]> record) {
+    return versionFunction == null ? null : versionFunction.apply(record);
+  }
+
+  /**
+   * The UTF-8 text of a record's last header of that name.
+   *
+   * @param record the record
+   * @param name the header name
+   * @return its text, or {@code null} when absent or valueless
+   */
+  static String header(ConsumerRecord<?, ?> record, String name) {
+    Header h = record.headers().lastHeader(name);
+    return h == null || h.value() == null ? null : new String(h.value(), StandardCharsets.UTF_8);
+  }
+
+  /** Builds {@link InboxSettings}. Not thread-safe. */
+  public static final class Builder {
+    private final String consumer;
+    private final String deadLetterTopic;
+    private String inboxTable = "outbox_inbox";
+    private String versionTable = "outbox_inbox_version";
+    private String eventKeyHeader = "event_key";
+    private String versionHeader;
+    private Function<ConsumerRecord<byte[], byte[]>, Long> versionFunction;
+    private GapPolicy gapPolicy = GapPolicy.PARK;
+    private int maxAttempts = 5;
+    private Duration backoffInitial = Duration.ofMillis(100);
+    private Duration backoffMax = Duration.ofSeconds(10);
+
+    private Builder(String consumer, String deadLetterTopic) {
+      this.consumer = consumer;
+      this.deadLetterTopic = deadLetterTopic;
+    }
+
+    /**
+     * @param table the inbox table, {@code name} or {@code schema.name}
+     * @return this builder
+     */
+    public Builder inboxTable(String table) {
+      this.inboxTable = table;
+      return this;
+    }
+
+    /**
+     * @param table the version table, {@code name} or {@code schema.name}
+     * @return this builder
+     */
+    public Builder versionTable(String table) {
+      this.versionTable = table;
+      return this;
+    }
+
+    /**
+     * @param header the header carrying the event key
+     * @return this builder
+     */
+    public Builder eventKeyHeader(String header) {
+      this.eventKeyHeader = header;
+      return this;
+    }
+
+    /**
+     * Turns on the version check with the version in a header (the decimal text of an integer). A
+     * record without that header (or with an empty one) is not version-checked; one whose header is
+     * not an integer is dead-lettered at once. {@code null} or empty turns the check off.
+     *
+     * @param header the header name, e.g. {@code version}
+     * @return this builder
+     */
+    public Builder versionHeader(String header) {
+      if (header == null || header.isEmpty()) {
+        this.versionHeader = null;
+        this.versionFunction = null;
+        return this;
+      }
+      this.versionHeader = header;
+      this.versionFunction =
+          record -> {
+            String text = header(record, header);
+            if (text == null || text.isEmpty()) {
+              return null;
+            }
+            try {
+              return Long.parseLong(text.trim());
+            } catch (NumberFormatException e) {
+              throw new IllegalArgumentException("invalid version header: " + text, e);
+            }
+          };
+      return this;
+    }
+
+    /**
+     * Turns on the version check with a version computed from the record. The function returns
+     * {@code null} for a record not to check, or throws {@link IllegalArgumentException} (its
+     * message is the dead-letter reason) for an unusable one.
+     *
+     * @param function the record's version
+     * @return this builder
+     */
+    public Builder versionFunction(Function<ConsumerRecord<byte[], byte[]>, Long> function) {
+      this.versionHeader = null;
+      this.versionFunction = function;
+      return this;
+    }
+
+    /**
+     * @param policy what to do with a version gap
+     * @return this builder
+     */
+    public Builder gapPolicy(GapPolicy policy) {
+      this.gapPolicy = policy;
+      return this;
+    }
+
+    /**
+     * @param attempts attempts per record before it is dead-lettered, at least 1
+     * @return this builder
+     */
+    public Builder maxAttempts(int attempts) {
+      this.maxAttempts = attempts;
+      return this;
+    }
+
+    /**
+     * @param wait the wait after the first failed attempt (doubled after each further one)
+     * @return this builder
+     */
+    public Builder backoffInitial(Duration wait) {
+      this.backoffInitial = wait;
+      return this;
+    }
+
+    /**
+     * @param wait the longest wait between two attempts
+     * @return this builder
+     */
+    public Builder backoffMax(Duration wait) {
+      this.backoffMax = wait;
+      return this;
+    }
+
+    /**
+     * Checks and builds the settings.
+     *
+     * @return the settings
+     * @throws IllegalArgumentException a required value is missing or a value is out of range
+     */
+    public InboxSettings build() {
+      require(consumer, "consumer");
+      require(deadLetterTopic, "dead_letter_topic");
+      require(eventKeyHeader, "event_key_header");
+      for (String table : new String[] {inboxTable, versionTable}) {
+        if (table == null || !TABLE.matcher(table).matches()) {
+          throw new IllegalArgumentException("invalid table name: " + table);
+        }
+      }
+      Objects.requireNonNull(gapPolicy, "gap_policy");
+      if (maxAttempts < 1) {
+        throw new IllegalArgumentException("max_attempts must be at least 1");
+      }
+      if (backoffInitial == null
+          || backoffMax == null
+          || backoffInitial.isNegative()
+          || backoffMax.compareTo(backoffInitial) < 0) {
+        throw new IllegalArgumentException("backoff: need 0 <= backoff_initial <= backoff_max");
+      }
+      return new InboxSettings(this);
+    }
+
+    private static void require(String value, String name) {
+      if (value == null || value.isEmpty()) {
+        throw new IllegalArgumentException(name + " is required");
+      }
+    }
+  }
+}
