@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo test lint fmt services-up services-down clean bench fuzz inbox
+.PHONY: all build release demo demo-inbox test lint fmt services-up services-down clean bench fuzz inbox
 
 all: build
 
@@ -17,6 +17,12 @@ release:
 ## The main job end to end: services, schema, relay, an order flow, the Kafka records, clean stop.
 demo:
 	tests/demo/demo.sh
+
+## The consumer half end to end: the relay produces order events, a fulfilment consumer on the
+## Rust inbox helper grants coupons, crashes after a database commit, restarts, meets a duplicate
+## delivery; every order has one coupon (README, "Consumers: the inbox").
+demo-inbox:
+	tests/demo/inbox-demo.sh
 
 ## Every test: the unit tests, then every end-to-end suite against each server in
 ## OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8) and the real Kafka (tests/run.sh;
@@ -100,8 +106,16 @@ faults-full: services-up
 ## README's bench section. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
 ## BENCH_STEADY_SECS=15 make bench; one server: BENCH_SERVERS=mysql8 make bench. Takes ~25 min
 ## per server at the defaults; run it on a quiet machine.
-bench:
+bench: inbox
 	tests/bench/bench.sh
+	tests/bench/inbox-bench.sh
+
+## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
+## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
+## (tests/bench/inbox-bench.sh; README, "Benchmark").
+.PHONY: bench-inbox
+bench-inbox: inbox
+	tests/bench/inbox-bench.sh
 
 ## Fuzzing (not part of `make test`; needs a nightly toolchain, installs cargo-fuzz): every
 ## cargo-fuzz target of fuzz/ for FUZZ_SECONDS each (default 600), one after another on one
