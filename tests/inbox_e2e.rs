@@ -335,6 +335,16 @@ impl ScenarioConsumer {
             .collect()
     }
 
+    /// Waits until `n` records were settled (`OUTCOME` lines).
+    async fn wait_settled(&self, n: usize) -> Result<()> {
+        wait_until(&format!("{n} records settled"), WAIT, POLL, async || {
+            self.ensure_running()?;
+            Ok((self.outcomes().len() >= n).then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.describe()))
+    }
+
     fn stderr_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
         let start = text.len().saturating_sub(4000);
@@ -790,12 +800,7 @@ async fn out_of_order_versions_are_stale_or_parked() -> Result<()> {
             ("INBOX_GAP_POLICY", s["gap_policy"].as_str().unwrap_or("park").to_owned()),
         ];
         let mut c = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
-        wait_until("every record settled", WAIT, POLL, async || {
-            c.ensure_running()?;
-            Ok((c.outcomes().len() >= evs.len()).then_some(()))
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", c.describe()))?;
+        c.wait_settled(evs.len()).await?;
         c.stop().await?;
         check_expectations(&w, &c, s, &lang.name).await?;
         let stored: Vec<(String, i64)> = w
@@ -829,12 +834,7 @@ async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<(
             s["max_attempts"].as_u64().unwrap_or(3).to_string(),
         )];
         let mut c = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
-        wait_until("every record settled", WAIT, POLL, async || {
-            c.ensure_running()?;
-            Ok((c.outcomes().len() >= evs.len()).then_some(()))
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", c.describe()))?;
+        c.wait_settled(evs.len()).await?;
         c.stop().await?;
         let dls = check_expectations(&w, &c, s, &lang.name).await?;
         let zero: Vec<&str> = s["expect"]["coupons"]

@@ -5,20 +5,9 @@
 # started.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-source "$ROOT/tests/services/common.sh"
-DEMO_DIR="$SERVICES_DIR/demo"
-mkdir -p "$DEMO_DIR"
-sql() { mariadb --protocol=TCP -h127.0.0.1 -P"$MARIADB_PORT" -uroot "$@"; }
-step() { printf '\n== %s\n' "$*"; }
-
-started_services=()
-"$ROOT/tests/services/mariadb.sh" status >/dev/null 2>&1 || started_services+=(mariadb)
-"$ROOT/tests/services/kafka.sh" status >/dev/null 2>&1 || started_services+=(kafka)
-
-step "services (MariaDB with binlog ROW, Apache Kafka KRaft)"
-"$ROOT/tests/services/mariadb.sh" up
-"$ROOT/tests/services/kafka.sh" up
+source "$HERE/lib.sh"
+demo_dir demo
+demo_services_up
 
 step "building outbox-relay"
 (cd "$ROOT" && cargo build --quiet --bin outbox-relay)
@@ -70,5 +59,5 @@ trap - EXIT
 sql -t outbox_demo -e "SELECT connector_name, binlog_file, binlog_pos, gtid_set, updated_at FROM outbox_relay_checkpoint"
 sql -t -e "SHOW BINARY LOGS"
 
-for s in "${started_services[@]}"; do "$ROOT/tests/services/$s.sh" down; done
+demo_services_down
 step "done"

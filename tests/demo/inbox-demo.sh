@@ -6,20 +6,9 @@
 # it, then delivers one record a second time by hand: every order still has exactly one coupon.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-source "$ROOT/tests/services/common.sh"
-DEMO_DIR="$SERVICES_DIR/demo-inbox"
-mkdir -p "$DEMO_DIR"
-sql() { mariadb --protocol=TCP -h127.0.0.1 -P"$MARIADB_PORT" -uroot "$@"; }
-step() { printf '\n== %s\n' "$*"; }
-
-started_services=()
-"$ROOT/tests/services/mariadb.sh" status >/dev/null 2>&1 || started_services+=(mariadb)
-"$ROOT/tests/services/kafka.sh" status >/dev/null 2>&1 || started_services+=(kafka)
-
-step "services (MariaDB with binlog ROW, Apache Kafka KRaft)"
-"$ROOT/tests/services/mariadb.sh" up
-"$ROOT/tests/services/kafka.sh" up
+source "$HERE/lib.sh"
+demo_dir demo-inbox
+demo_services_up
 
 step "building outbox-relay and the Rust inbox helper's consumer"
 (cd "$ROOT" && cargo build --quiet --bin outbox-relay -p outbox-inbox --example scenario_consumer)
@@ -116,5 +105,5 @@ kill -TERM "$consumer_pid"; wait "$consumer_pid" && echo "consumer exited with c
 consumer_pid=
 kill -TERM "$relay_pid"; wait "$relay_pid" && echo "relay exited with code 0"
 trap - EXIT
-for s in "${started_services[@]}"; do "$ROOT/tests/services/$s.sh" down; done
+demo_services_down
 step "done"
