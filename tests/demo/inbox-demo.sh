@@ -11,7 +11,7 @@ demo_dir demo-inbox
 demo_services_up
 
 step "building outbox-relay and the Rust inbox helper's consumer"
-(cd "$ROOT" && cargo build --quiet --bin outbox-relay -p outbox-inbox --example scenario_consumer)
+(cd "$ROOT" && cargo build --quiet -p outbox-relay --bin outbox-relay && cargo build --quiet -p outbox-inbox --example scenario_consumer)
 RELAY="$ROOT/target/debug/outbox-relay"
 CONSUMER="$ROOT/target/debug/examples/scenario_consumer"
 
