@@ -35,7 +35,7 @@ sql "$DB" < migrations/0002_checkpoint.sql
 sql "$DB" < migrations/0003_checkpoint_layouts.sql
 sql "$DB" < migrations/0004_inbox.sql
 sql "$DB" -e "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(191), order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL)"
-kafka_topics() { java -cp "$SERVICES_DIR/kafka-libs-$KAFKA_VERSION/*" org.apache.kafka.tools.TopicCommand "$@"; }
+kafka_topics() { java -cp "${KAFKA_LIBS_DIR:-$SERVICES_DIR/kafka-libs-$KAFKA_VERSION}/*" org.apache.kafka.tools.TopicCommand "$@"; }
 kafka_topics --bootstrap-server "127.0.0.1:$KAFKA_PORT" --create --topic "$TOPIC" --partitions 1 --replication-factor 1 >/dev/null
 
 cat > "$work/relay.toml" <<EOF

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Pool, Transaction, TxOpts};
+use mysql_async::{Conn, Pool, Transaction, TxOpts};
 
 use crate::config::{GapPolicy, InboxConfig};
 use crate::dead_letter::DeadLetters;
@@ -89,6 +89,8 @@ enum Attempt {
 /// An inbox: the consumer's database, its settings, the dead-letter producer and hooks.
 pub struct Inbox<H: Hooks = NoHooks> {
     pool: Pool,
+    /// The connection records are settled on, between records.
+    conn: tokio::sync::Mutex<Option<Conn>>,
     config: InboxConfig,
     dead_letters: DeadLetters,
     hooks: H,
@@ -127,6 +129,7 @@ impl Inbox<NoHooks> {
                  (?, ?, ?, ?) ON DUPLICATE KEY UPDATE version = VALUES(version)"
             ),
             pool,
+            conn: tokio::sync::Mutex::new(None),
             config,
             dead_letters,
             hooks: NoHooks,
@@ -139,6 +142,7 @@ impl<H: Hooks> Inbox<H> {
     pub fn with_hooks<H2: Hooks>(self, hooks: H2) -> Inbox<H2> {
         Inbox {
             pool: self.pool,
+            conn: self.conn,
             config: self.config,
             dead_letters: self.dead_letters,
             hooks,
@@ -248,11 +252,35 @@ impl<H: Hooks> Inbox<H> {
         version: Option<i64>,
         handler: &F,
     ) -> Result<Attempt, String> {
-        let mut conn = self
-            .pool
-            .get_conn()
-            .await
-            .map_err(|e| format!("database: {e}"))?;
+        // One connection kept across records: the pool's reset on return (COM_RESET_CONNECTION)
+        // would drop the prepared statements every time (measured: a third of the rate).
+        // A connection that saw an error is not kept.
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => self
+                .pool
+                .get_conn()
+                .await
+                .map_err(|e| format!("database: {e}"))?,
+        };
+        let result = self
+            .attempt_on(&mut conn, record, event_key, version, handler)
+            .await;
+        if result.is_ok() {
+            *slot = Some(conn);
+        }
+        result
+    }
+
+    async fn attempt_on<F: Handler>(
+        &self,
+        conn: &mut Conn,
+        record: &InboxRecord,
+        event_key: &str,
+        version: Option<i64>,
+        handler: &F,
+    ) -> Result<Attempt, String> {
         let mut tx = conn
             .start_transaction(TxOpts::default())
             .await
@@ -275,10 +303,17 @@ impl<H: Hooks> Inbox<H> {
                     .map_err(|e| format!("database commit: {e}"))?;
                 Ok(Attempt::Stale)
             }
-            other => {
-                // A failed rollback leaves the connection to the pool, which rolls it back.
+            Ok(other) => {
+                tx.rollback()
+                    .await
+                    .map_err(|e| format!("database rollback: {e}"))?;
+                Ok(other)
+            }
+            Err(e) => {
+                // Rolled back here, or by the server when the connection is dropped (the
+                // caller does not keep a connection that saw an error).
                 let _ = tx.rollback().await;
-                other
+                Err(e)
             }
         }
     }
