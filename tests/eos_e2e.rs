@@ -277,6 +277,81 @@ async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result
     Ok(())
 }
 
+/// The transaction timeout against a large source transaction: with
+/// `transaction_timeout_ms = 2000` and the record and byte bounds out of reach, a source
+/// transaction of 40,000 rows relayed with at most 50 records in flight takes longer than the
+/// timeout; the Kafka transaction is committed in parts once open for a quarter of it (resume
+/// points inside the source transaction, ~500 ms apart), never aborted by the broker (which
+/// would repeat the same abort on every retry), and every row is visible once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_in_parts(
+) -> Result<()> {
+    let port = free_local_port()?;
+    let world = eos_world_with("eos_timeout", 10_000_000, |w| {
+        w.spec
+            .kafka_extra
+            .push_str("transaction_timeout_ms = 2000\n");
+        w.spec.max_in_flight = 50;
+        w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "t", 20);
+    let mut conn = world.db.conn().await?;
+    let rows = gen.rows(40_000);
+    let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    // One source transaction, inserted in statements of 5,000 rows (a statement's placeholder
+    // limit).
+    let mut tx = conn
+        .start_transaction(outbox_relay_testkit::mysql_async::TxOpts::default())
+        .await?;
+    for chunk in rows.chunks(5_000) {
+        outbox_relay_testkit::insert_outbox_rows(
+            &mut tx,
+            "outbox",
+            chunk,
+            outbox_relay_testkit::InsertStyle::MultiRow,
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    let relay = world.spawn()?;
+    let wanted: HashSet<String> = keys.iter().cloned().collect();
+    world
+        .wait_for_keys(&topics, &wanted, Some(&relay), RELAY_WAIT)
+        .await?;
+    let (_, page) = http_get(port, "/metrics").await?;
+    let aborted = metric(&page, "outbox_relay_transactions_aborted_total").unwrap_or(-1.0);
+    let committed = metric(&page, "outbox_relay_transactions_committed_total").unwrap_or(0.0);
+    let inside: Vec<(u64, i64)> = progress_records(&world)
+        .await?
+        .iter()
+        .filter_map(|p| Some((p["rows_acked"].as_u64()?, p["committed_at_ms"].as_i64()?)))
+        .filter(|(n, _)| *n > 0)
+        .collect();
+    let span_ms = match (inside.first(), inside.last()) {
+        (Some(a), Some(b)) => b.1 - a.1,
+        _ => 0,
+    };
+    eprintln!(
+        "{} commits inside the source transaction over {span_ms} ms; {committed} committed, \
+         {aborted} aborted",
+        inside.len()
+    );
+    ensure!(
+        aborted == 0.0,
+        "{aborted} transactions aborted\n{}",
+        relay.stderr_tail()
+    );
+    // Split by time alone: 40,000 records are far from the record and byte bounds.
+    ensure!(
+        inside.len() >= 2 && inside.windows(2).all(|w| w[0].0 < w[1].0),
+        "expected resume points inside the source transaction, got {inside:?}"
+    );
+    finish(&world, &topics, &keys, &relay).await?;
+    Ok(())
+}
+
 /// Another producer takes the relay's `transactional.id` while the relay holds its lease (two
 /// connectors configured with one id): the relay is fenced and stops with an error naming the
 /// id, and does not fence the other producer back (it commits after the relay's exit).

@@ -57,8 +57,8 @@ pub trait RecordSink: Sync {
     fn transactional(&self) -> bool {
         false
     }
-    /// `true` when the open transaction holds as many records or bytes as it may: the pipeline
-    /// commits before sending more.
+    /// `true` when the open transaction holds as many records or bytes as it may, or has been
+    /// open as long as it may: the pipeline commits before sending more.
     fn transaction_full(&self) -> bool {
         false
     }

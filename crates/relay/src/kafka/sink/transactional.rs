@@ -79,6 +79,11 @@ pub struct TransactionalSink {
     progress_topic: String,
     max_records: u64,
     max_bytes: u64,
+    /// Longest a transaction stays open before it counts as full: a quarter of
+    /// `kafka.transaction_timeout_ms`, so a source transaction that takes longer to relay than
+    /// the timeout is committed in parts instead of aborted by the coordinator (and retried,
+    /// aborted again, forever).
+    max_open: Duration,
     /// Longest wait for `init_transactions`, `commit_transaction`, `abort_transaction`.
     op_timeout: Duration,
     open: Mutex<Open>,
@@ -137,6 +142,7 @@ impl TransactionalSink {
             progress_topic: k.progress_topic.clone(),
             max_records: k.transaction_max_records,
             max_bytes: k.transaction_max_bytes,
+            max_open: Duration::from_millis(k.transaction_timeout_ms / 4),
             op_timeout: Duration::from_millis(k.transaction_timeout_ms.max(10_000)),
             open: Mutex::new(Open::default()),
         };
@@ -379,7 +385,9 @@ impl RecordSink for TransactionalSink {
     }
     fn transaction_full(&self) -> bool {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.records >= self.max_records || open.bytes >= self.max_bytes
+        open.records >= self.max_records
+            || open.bytes >= self.max_bytes
+            || open.since.is_some_and(|t| t.elapsed() >= self.max_open)
     }
     fn transaction_open(&self) -> bool {
         self.open.lock().map(|o| o.since.is_some()).unwrap_or(true)
