@@ -127,6 +127,19 @@ async fn wait_visible(
     .map_err(|e| anyhow::anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
 }
 
+/// Commits `n` more rows of `gen` in one transaction and adds their event keys to `keys`.
+async fn commit_more(
+    conn: &mut outbox_relay_testkit::mysql_async::Conn,
+    gen: &mut RowGen,
+    n: usize,
+    keys: &mut Vec<String>,
+) -> Result<()> {
+    let rows = gen.rows(n);
+    keys.extend(rows.iter().map(|r| r.event_key.clone()));
+    commit_rows(conn, &rows).await?;
+    Ok(())
+}
+
 /// Commit order of each event key, for [`ensure_per_key_order`].
 fn commit_order(keys: &[String]) -> HashMap<String, usize> {
     keys.iter()
@@ -179,26 +192,20 @@ async fn every_row_is_visible_once_across_kill_9() -> Result<()> {
     let mut conn = world.db.conn().await?;
     // A backlog of 30,000 rows in transactions of 100.
     for _ in 0..300 {
-        let rows = gen.rows(100);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 100, &mut keys).await?;
     }
     for (round, at) in [3_000u64, 12_000].into_iter().enumerate() {
         let relay = world.spawn()?;
         wait_visible(&world, &topics, at, &relay).await?;
         relay.kill9()?;
         // More rows while no relay runs.
-        let rows = gen.rows(50);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 50, &mut keys).await?;
         eprintln!("round {round}: killed after {at} visible records");
     }
     let relay = world.spawn()?;
     // Rows committed while the last instance streams.
     for _ in 0..20 {
-        let rows = gen.rows(25);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 25, &mut keys).await?;
     }
     let records = finish(&world, &topics, &keys, &relay).await?;
     ensure!(
@@ -265,9 +272,7 @@ async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result
         "expected resume points at most 500 rows apart inside the source transaction, got \
          {inside:?}"
     );
-    let second = gen.rows(5_000);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5_000, &mut keys).await?;
     // Inside the second source transaction: committed parts visible, the rest not yet.
     let seen = wait_visible(&world, &topics, 6_000, &relay).await?;
     relay.kill9()?;
@@ -519,9 +524,7 @@ async fn a_hanging_transaction_on_the_relays_topic_is_seen() -> Result<()> {
         Ok(p)
     })
     .await??;
-    let second = gen.rows(5);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
     let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
     ensure!(
         reason.contains(&format!("the last stable offset of {}", topics[0]))
@@ -574,9 +577,7 @@ async fn an_open_transaction_kafka_cannot_take_is_seen_and_aborted() -> Result<(
     })
     .await?;
     kafka.stop()?;
-    let second = gen.rows(5);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
     let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
     ensure!(
         reason.contains("a Kafka transaction has been open for"),
