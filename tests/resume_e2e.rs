@@ -271,32 +271,19 @@ async fn covered_then_stop(w: &World, relay: &RelayProcess, end: &BinlogPosition
     stop_cleanly(relay).await
 }
 
-/// The start of the streaming tests: a world whose relay checkpoints every 200 ms, its `Order`
-/// topic, a connection, a row generator and the commit order of the rows written.
-struct Streaming {
-    w: World,
-    topics: Vec<String>,
-    conn: Conn,
-    gen: RowGen,
-    order: HashMap<String, usize>,
-}
+/// The start of the streaming tests ([`streaming`]): the world, its `Order` topic, a
+/// connection, a row generator and the commit order of the rows written.
+type Streaming = (World, Vec<String>, Conn, RowGen, HashMap<String, usize>);
 
-impl Streaming {
-    /// World `name`; rows labelled `label` over `keys` aggregates.
-    async fn new(name: &str, label: &str, keys: usize) -> Result<Self> {
-        let mut w = World::new(BIN, name).await?;
-        w.spec.checkpoint_interval_ms = 200;
-        let topics = vec![w.topic("Order")];
-        let conn = w.db.conn().await?;
-        let gen = RowGen::new(&w.uid, label, keys);
-        Ok(Self {
-            w,
-            topics,
-            conn,
-            gen,
-            order: HashMap::new(),
-        })
-    }
+/// World `name` whose relay checkpoints every 200 ms; rows labelled `label` over `keys`
+/// aggregates.
+async fn streaming(name: &str, label: &str, keys: usize) -> Result<Streaming> {
+    let mut w = World::new(BIN, name).await?;
+    w.spec.checkpoint_interval_ms = 200;
+    let topics = vec![w.topic("Order")];
+    let conn = w.db.conn().await?;
+    let gen = RowGen::new(&w.uid, label, keys);
+    Ok((w, topics, conn, gen, HashMap::new()))
 }
 
 /// Every record on `topics` of `w`'s broker ([`read_all_records`]).
@@ -542,13 +529,7 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
 /// transaction boundary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binlog_rotation_mid_stream() -> Result<()> {
-    let Streaming {
-        w,
-        topics,
-        mut conn,
-        mut gen,
-        mut order,
-    } = Streaming::new("rotate", "rot", 5).await?;
+    let (w, topics, mut conn, mut gen, mut order) = streaming("rotate", "rot", 5).await?;
     let mut all = HashSet::new();
 
     let (relay1, _) = w.start(STARTUP).await?;
@@ -673,13 +654,7 @@ async fn ensure_no_regression(conn: &mut Conn, samples: &[Checkpoint]) -> Result
 /// checkpoint. Every row arrives; the checkpoint never goes backwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
-    let Streaming {
-        w,
-        topics,
-        mut conn,
-        mut gen,
-        mut order,
-    } = Streaming::new("lease", "ls", 4).await?;
+    let (w, topics, mut conn, mut gen, mut order) = streaming("lease", "ls", 4).await?;
     let spec_b = RelayConfigSpec {
         server_id: next_server_id(),
         ..w.spec.clone()
@@ -786,13 +761,7 @@ async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
 /// resumes from the stored position and relays the rows committed meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_instance_cannot_overwrite_a_newer_checkpoint() -> Result<()> {
-    let Streaming {
-        w,
-        topics,
-        mut conn,
-        mut gen,
-        mut order,
-    } = Streaming::new("fence", "fn", 4).await?;
+    let (w, topics, mut conn, mut gen, mut order) = streaming("fence", "fn", 4).await?;
 
     let (relay, _) = w.start(STARTUP).await?;
     let (warmup, warm_tx) = write_batches(&mut conn, &mut gen, 2, 3, &mut order).await?;
