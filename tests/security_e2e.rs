@@ -48,9 +48,10 @@ fn tls_port() -> u16 {
     port("TLS_SERVER_PORT", default)
 }
 
-/// The private server with TLS (same flavor as the server under test), its certificates and
-/// its root URL (plain, root has no password and no REQUIRE clause).
-fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
+/// The private server with TLS (same flavor as the server under test), its certificates and a
+/// test database `db_name` created on it as root (plain, root has no password and no REQUIRE
+/// clause).
+async fn tls_server(db_name: &str) -> Result<(Arc<PrivateService>, TestPki, TestDb)> {
     let server = test_server();
     let port = tls_port();
     let pki_dir = outbox_relay_testkit::private::private_services_dir("tls-pki");
@@ -65,7 +66,9 @@ fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
         ],
     };
     let service = PrivateService::acquire(spec, |_| Ok(()))?;
-    Ok((service, pki, format!("mysql://root@127.0.0.1:{port}")))
+    let root_url = format!("mysql://root@127.0.0.1:{port}");
+    let db = TestDb::create_on(&root_url, db_name).await?;
+    Ok((service, pki, db))
 }
 
 /// The private Kafka with SCRAM: (service, SASL bootstrap, PLAINTEXT bootstrap).
@@ -239,8 +242,7 @@ fn toml_path(p: &std::path::Path) -> String {
 /// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_ca").await?;
+    let (_server, pki, db) = tls_server("sec_tls_ca").await?;
     let uid = unique_suffix();
     let user = user_name("tls", &uid);
     let password = "Tls:pass@word/#1";
@@ -321,8 +323,7 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
 /// tls_cert/tls_key relays the rows; the password comes from `${env:…}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_x509").await?;
+    let (_server, pki, db) = tls_server("sec_tls_x509").await?;
     let uid = unique_suffix();
     let user = user_name("x509", &uid);
     let password = "x509-secret";
@@ -357,8 +358,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
 /// code 3 and says it is TLS, what failed, and which settings fix it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_wrong_ca").await?;
+    let (_server, pki, db) = tls_server("sec_tls_wrong_ca").await?;
     let uid = unique_suffix();
     let spec = spec_for(&db, "sec-wrongca", &uid);
     let toml = with_mysql_lines(
@@ -385,8 +385,7 @@ async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> 
 /// login; the relay stops with exit code 3 and points at tls_cert/tls_key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_nocert").await?;
+    let (_server, pki, db) = tls_server("sec_tls_nocert").await?;
     let uid = unique_suffix();
     let user = user_name("nocert", &uid);
     create_relay_user(&db, &user, "pw", "X509").await?;
