@@ -310,6 +310,24 @@ enum Delivery {
 /// Where a record of a key was read: (partition, offset, commit order, event_key).
 type Occurrence<'a> = (i32, i64, usize, &'a str);
 
+/// As many records as committed rows, and [`verify_records`] with [`Delivery::ExactlyOnce`].
+async fn verify_exactly_once(
+    conn: &mut Conn,
+    records: &[Record],
+    committed: &Committed,
+    ids: &HashMap<String, u64>,
+    spec: &RelayConfigSpec,
+) -> Result<()> {
+    ensure!(
+        records.len() == committed.len(),
+        "{} records in the topics for {} committed rows, expected exactly one each",
+        records.len(),
+        committed.len()
+    );
+    verify_records(conn, records, committed, ids, spec, Delivery::ExactlyOnce).await?;
+    Ok(())
+}
+
 /// Compares the records with what the writer committed: content of every record, each
 /// committed row present (exactly once or at least once), nothing else, and per key (topic +
 /// aggregate id) the first occurrences in commit order. Returns the number of duplicates.
@@ -662,21 +680,7 @@ async fn relays_exactly_the_committed_inserts() -> Result<()> {
             r.event_key
         );
     }
-    ensure!(
-        records.len() == committed.len(),
-        "{} records in the topics, expected exactly {}",
-        records.len(),
-        committed.len()
-    );
-    verify_records(
-        &mut conn,
-        &records,
-        &committed,
-        &ids,
-        &f.spec,
-        Delivery::ExactlyOnce,
-    )
-    .await?;
+    verify_exactly_once(&mut conn, &records, &committed, &ids, &f.spec).await?;
     verify_checkpoint(&f, &cp0, &before_last).await?;
 
     other.drop_database().await?;
@@ -906,21 +910,7 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
         dup.len(),
         &dup[..dup.len().min(10)]
     );
-    ensure!(
-        records.len() == committed.len(),
-        "{} records for {} committed rows",
-        records.len(),
-        committed.len()
-    );
-    verify_records(
-        &mut conn,
-        &records,
-        &committed,
-        &ids,
-        &f.spec,
-        Delivery::ExactlyOnce,
-    )
-    .await?;
+    verify_exactly_once(&mut conn, &records, &committed, &ids, &f.spec).await?;
     let cp2 = verify_checkpoint(&f, &cp0, &before_last2).await?;
     let mut conn2 = f.db.conn().await?;
     ensure!(
