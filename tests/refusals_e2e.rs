@@ -54,6 +54,18 @@ impl Fixture {
         ]
     }
 
+    /// Reads `topic` until every event key of `wanted` is there ([`until_keys`], up to
+    /// [`RELAY_WAIT`]).
+    async fn collect(&self, topic: &str, wanted: Vec<String>) -> Result<Vec<Record>> {
+        collect_until(
+            &self.spec.bootstrap_servers,
+            &[topic.to_owned()],
+            RELAY_WAIT,
+            until_keys(wanted),
+        )
+        .await
+    }
+
     async fn start_relay(&self) -> Result<RelayProcess> {
         Ok(self.start(STARTUP).await?.0)
     }
@@ -148,13 +160,7 @@ async fn records_are_stamped_with_the_commit_time_by_default() -> Result<()> {
     let window = f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
     let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(wanted),
-    )
-    .await?;
+    let seen = f.collect(&topic, wanted).await?;
     ensure!(seen.len() == 3, "records: {:?}", keys(&seen));
     for r in &seen {
         ensure_commit_time(r, window)?;
@@ -179,13 +185,7 @@ async fn a_refused_created_at_falls_back_to_the_commit_time() -> Result<()> {
     let window = f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
     let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(wanted),
-    )
-    .await?;
+    let seen = f.collect(&topic, wanted).await?;
     ensure!(
         keys(&seen)
             == rows
@@ -236,13 +236,12 @@ async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
     let rows = f.rows_around_a_utc_plus_8_row();
     f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
-    )
-    .await?;
+    let seen = f
+        .collect(
+            &topic,
+            vec![rows[0].event_key.clone(), rows[2].event_key.clone()],
+        )
+        .await?;
     ensure!(
         keys(&seen)
             == [
@@ -252,13 +251,7 @@ async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
         "records: {:?}",
         keys(&seen)
     );
-    let dead = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&dlq),
-        RELAY_WAIT,
-        until_keys(vec![rows[1].event_key.clone()]),
-    )
-    .await?;
+    let dead = f.collect(&dlq, vec![rows[1].event_key.clone()]).await?;
     let reason = dead[0].header("dlq_reason").unwrap_or_default();
     ensure!(
         reason.contains("8 h") && reason.contains("message.timestamp.after.max.ms"),
@@ -328,13 +321,12 @@ async fn too_large_in_a_transaction(
     f.commit(&rows).await?;
     let table = format!("{}.outbox", f.db.name());
     if dead_letters {
-        let seen = collect_until(
-            &f.spec.bootstrap_servers,
-            std::slice::from_ref(&topic),
-            RELAY_WAIT,
-            until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
-        )
-        .await?;
+        let seen = f
+            .collect(
+                &topic,
+                vec![rows[0].event_key.clone(), rows[2].event_key.clone()],
+            )
+            .await?;
         // Exactly-once: as read_committed sees it, each once; at-least-once: first occurrences.
         let first: Vec<Option<&str>> = {
             let mut k = keys(&seen);
@@ -353,13 +345,7 @@ async fn too_large_in_a_transaction(
             keys(&seen),
             relay.stderr_tail()
         );
-        let dead = collect_until(
-            &f.spec.bootstrap_servers,
-            std::slice::from_ref(&dlq),
-            RELAY_WAIT,
-            until_keys(vec![rows[1].event_key.clone()]),
-        )
-        .await?;
+        let dead = f.collect(&dlq, vec![rows[1].event_key.clone()]).await?;
         let d = &dead[0];
         ensure!(
             d.header("dlq_broker_error")
