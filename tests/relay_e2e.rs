@@ -310,6 +310,27 @@ enum Delivery {
 /// Where a record of a key was read: (partition, offset, commit order, event_key).
 type Occurrence<'a> = (i32, i64, usize, &'a str);
 
+/// Commits 40 transactions of 5 rows from `gen` (shapes `t % 4`, see [`write_tx`]), recorded in
+/// `committed`; returns their event keys and the binlog position before the last of them.
+async fn write_40_transactions(
+    conn: &mut Conn,
+    gen: &mut EventGen,
+    committed: &mut Committed,
+) -> Result<(HashSet<String>, BinlogPosition)> {
+    let mut batch = HashSet::new();
+    let mut before_last = None;
+    for t in 0..40 {
+        if t == 39 {
+            before_last = Some(current_binlog_position(conn).await?);
+        }
+        let rows = gen.rows(5);
+        write_tx(conn, t % 4, &rows, false).await?;
+        batch.extend(rows.iter().map(|r| r.event_key.clone()));
+        committed.add(&rows);
+    }
+    Ok((batch, before_last.context("no last transaction")?))
+}
+
 /// As many records as committed rows, and [`verify_records`] with [`Delivery::ExactlyOnce`].
 async fn verify_exactly_once(
     conn: &mut Conn,
@@ -838,18 +859,7 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
 
     // Batch 1 while the relay runs.
     let (relay1, cp0) = f.start_relay().await?;
-    let mut batch1 = HashSet::new();
-    let mut before_last1 = None;
-    for t in 0..40 {
-        if t == 39 {
-            before_last1 = Some(current_binlog_position(&mut conn).await?);
-        }
-        let rows = gen.rows(5);
-        write_tx(&mut conn, t % 4, &rows, false).await?;
-        batch1.extend(rows.iter().map(|r| r.event_key.clone()));
-        committed.add(&rows);
-    }
-    let before_last1 = before_last1.context("no last transaction")?;
+    let (batch1, before_last1) = write_40_transactions(&mut conn, &mut gen, &mut committed).await?;
     let seen = seen_while_running(&f, &topics, batch1.clone(), &relay1).await?;
     ensure!(
         batch1.is_subset(&event_keys(&seen)),
@@ -867,18 +877,7 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
     let cp1 = verify_checkpoint(&f, &cp0, &before_last1).await?;
 
     // Batch 2 while no relay runs.
-    let mut batch2 = HashSet::new();
-    let mut before_last2 = None;
-    for t in 0..40 {
-        if t == 39 {
-            before_last2 = Some(current_binlog_position(&mut conn).await?);
-        }
-        let rows = gen.rows(5);
-        write_tx(&mut conn, t % 4, &rows, false).await?;
-        batch2.extend(rows.iter().map(|r| r.event_key.clone()));
-        committed.add(&rows);
-    }
-    let before_last2 = before_last2.context("no last transaction")?;
+    let (batch2, before_last2) = write_40_transactions(&mut conn, &mut gen, &mut committed).await?;
 
     let relay2 = f.spawn_relay()?;
     let seen = seen_while_running(&f, &topics, batch2.clone(), &relay2).await?;
