@@ -232,6 +232,17 @@ fn with_mysql_lines(spec: &RelayConfigSpec, lines: &str) -> String {
     toml.replacen(&anchor, &format!("{anchor}{lines}\n"), 1)
 }
 
+/// The spec's TOML with `tls_mode = "verify_ca"` and `tls_ca` = the test PKI's file `ca_file`.
+fn with_verify_ca(spec: &RelayConfigSpec, pki: &TestPki, ca_file: &str) -> String {
+    with_mysql_lines(
+        spec,
+        &format!(
+            "tls_mode = \"verify_ca\"\ntls_ca = {}",
+            toml_path(&pki.file(ca_file))
+        ),
+    )
+}
+
 fn toml_path(p: &std::path::Path) -> String {
     format!("{:?}", p.display().to_string())
 }
@@ -361,13 +372,7 @@ async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> 
     let (_server, pki, db) = tls_server("sec_tls_wrong_ca").await?;
     let uid = unique_suffix();
     let spec = spec_for(&db, "sec-wrongca", &uid);
-    let toml = with_mysql_lines(
-        &spec,
-        &format!(
-            "tls_mode = \"verify_ca\"\ntls_ca = {}",
-            toml_path(&pki.file("other-ca.pem"))
-        ),
-    );
+    let toml = with_verify_ca(&spec, &pki, "other-ca.pem");
     expect_prerequisite_failure(
         &toml,
         &[
@@ -391,13 +396,7 @@ async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Resul
     create_relay_user(&db, &user, "pw", "X509").await?;
     let mut spec = spec_for(&db, "sec-nocert", &uid);
     spec.mysql_url = format!("mysql://{user}:pw@127.0.0.1:{}/{}", tls_port(), db.name());
-    let toml = with_mysql_lines(
-        &spec,
-        &format!(
-            "tls_mode = \"verify_ca\"\ntls_ca = {}",
-            toml_path(&pki.file("ca.pem"))
-        ),
-    );
+    let toml = with_verify_ca(&spec, &pki, "ca.pem");
     expect_prerequisite_failure(
         &toml,
         &[
