@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use outbox_relay_testkit::mysql_async::Conn;
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use outbox_relay_testkit::{
@@ -127,6 +128,34 @@ async fn wait_visible(
     .map_err(|e| anyhow::anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
 }
 
+/// [`eos_world`], its `Order` topic, rows labelled `label` over `keys` aggregates, and a
+/// connection.
+async fn eos_start(
+    name: &str,
+    max_records: u64,
+    label: &str,
+    keys: usize,
+) -> Result<(World, Vec<String>, RowGen, Conn)> {
+    let world = eos_world(name, max_records).await?;
+    let topics = vec![world.topic("Order")];
+    let gen = RowGen::new(&world.uid, label, keys);
+    let conn = world.db.conn().await?;
+    Ok((world, topics, gen, conn))
+}
+
+/// Commits `n` more rows of `gen` in one transaction and adds their event keys to `keys`.
+async fn commit_more(
+    conn: &mut Conn,
+    gen: &mut RowGen,
+    n: usize,
+    keys: &mut Vec<String>,
+) -> Result<()> {
+    let rows = gen.rows(n);
+    keys.extend(rows.iter().map(|r| r.event_key.clone()));
+    commit_rows(conn, &rows).await?;
+    Ok(())
+}
+
 /// Commit order of each event key, for [`ensure_per_key_order`].
 fn commit_order(keys: &[String]) -> HashMap<String, usize> {
     keys.iter()
@@ -172,33 +201,24 @@ async fn ensure_each_once(
 /// topic is where each new instance resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_is_visible_once_across_kill_9() -> Result<()> {
-    let world = eos_world("eos_kill", 300).await?;
-    let topics = vec![world.topic("Order")];
-    let mut gen = RowGen::new(&world.uid, "k", 40);
+    let (world, topics, mut gen, mut conn) = eos_start("eos_kill", 300, "k", 40).await?;
     let mut keys = Vec::new();
-    let mut conn = world.db.conn().await?;
     // A backlog of 30,000 rows in transactions of 100.
     for _ in 0..300 {
-        let rows = gen.rows(100);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 100, &mut keys).await?;
     }
     for (round, at) in [3_000u64, 12_000].into_iter().enumerate() {
         let relay = world.spawn()?;
         wait_visible(&world, &topics, at, &relay).await?;
         relay.kill9()?;
         // More rows while no relay runs.
-        let rows = gen.rows(50);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 50, &mut keys).await?;
         eprintln!("round {round}: killed after {at} visible records");
     }
     let relay = world.spawn()?;
     // Rows committed while the last instance streams.
     for _ in 0..20 {
-        let rows = gen.rows(25);
-        keys.extend(rows.iter().map(|r| r.event_key.clone()));
-        commit_rows(&mut conn, &rows).await?;
+        commit_more(&mut conn, &mut gen, 25, &mut keys).await?;
     }
     let records = finish(&world, &topics, &keys, &relay).await?;
     ensure!(
@@ -240,13 +260,9 @@ async fn every_row_is_visible_once_across_kill_9() -> Result<()> {
 /// duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result<()> {
-    let world = eos_world("eos_large", 500).await?;
-    let topics = vec![world.topic("Order")];
-    let mut gen = RowGen::new(&world.uid, "l", 20);
-    let mut conn = world.db.conn().await?;
-    let first = gen.rows(5_000);
-    let mut keys: Vec<String> = first.iter().map(|r| r.event_key.clone()).collect();
-    commit_rows(&mut conn, &first).await?;
+    let (world, topics, mut gen, mut conn) = eos_start("eos_large", 500, "l", 20).await?;
+    let mut keys = Vec::new();
+    commit_more(&mut conn, &mut gen, 5_000, &mut keys).await?;
     let relay = world.spawn()?;
     let wanted: HashSet<String> = keys.iter().cloned().collect();
     world
@@ -265,9 +281,7 @@ async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result
         "expected resume points at most 500 rows apart inside the source transaction, got \
          {inside:?}"
     );
-    let second = gen.rows(5_000);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5_000, &mut keys).await?;
     // Inside the second source transaction: committed parts visible, the rest not yet.
     let seen = wait_visible(&world, &topics, 6_000, &relay).await?;
     relay.kill9()?;
@@ -357,10 +371,7 @@ async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_i
 /// id, and does not fence the other producer back (it commits after the relay's exit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_relay_stops_and_does_not_fence_back() -> Result<()> {
-    let world = eos_world("eos_fenced", 1000).await?;
-    let topics = vec![world.topic("Order")];
-    let mut gen = RowGen::new(&world.uid, "f", 5);
-    let mut conn = world.db.conn().await?;
+    let (world, topics, mut gen, mut conn) = eos_start("eos_fenced", 1000, "f", 5).await?;
     commit_rows(&mut conn, &gen.rows(10)).await?;
     let relay = world.spawn()?;
     wait_visible(&world, &topics, 10, &relay).await?;
@@ -408,14 +419,10 @@ async fn a_fenced_relay_stops_and_does_not_fence_back() -> Result<()> {
 /// only the state table: after a reset to where the relay started, its rows are sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_moves_the_progress_topics_point() -> Result<()> {
-    let world = eos_world("eos_reset", 1000).await?;
+    let (world, topics, mut gen, mut conn) = eos_start("eos_reset", 1000, "r", 5).await?;
     let start = world.checkpoint().await?;
-    let topics = vec![world.topic("Order")];
-    let mut gen = RowGen::new(&world.uid, "r", 5);
-    let mut conn = world.db.conn().await?;
-    let rows = gen.rows(30);
-    let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    commit_rows(&mut conn, &rows).await?;
+    let mut keys = Vec::new();
+    commit_more(&mut conn, &mut gen, 30, &mut keys).await?;
     let relay = world.spawn()?;
     finish(&world, &topics, &keys, &relay).await?;
     let to = format!("{}:{}", start.binlog_file, start.binlog_pos);
@@ -514,7 +521,7 @@ struct Watched {
     world: World,
     topics: Vec<String>,
     gen: RowGen,
-    conn: outbox_relay_testkit::mysql_async::Conn,
+    conn: Conn,
     keys: Vec<String>,
     first: Vec<outbox_relay_testkit::OutboxRow>,
     relay: RelayProcess,
@@ -594,9 +601,7 @@ async fn a_hanging_transaction_on_the_relays_topic_is_seen() -> Result<()> {
         Ok(p)
     })
     .await??;
-    let second = gen.rows(5);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
     let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
     ensure!(
         reason.contains(&format!("the last stable offset of {}", topics[0]))
@@ -649,9 +654,7 @@ async fn an_open_transaction_kafka_cannot_take_is_seen_and_aborted() -> Result<(
     })
     .await?;
     kafka.stop()?;
-    let second = gen.rows(5);
-    keys.extend(second.iter().map(|r| r.event_key.clone()));
-    commit_rows(&mut conn, &second).await?;
+    commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
     let reason = wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
     ensure!(
         reason.contains("a Kafka transaction has been open for"),

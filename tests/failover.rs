@@ -185,21 +185,28 @@ fn log_lines(relay: &RelayProcess, needle: &str) -> Vec<String> {
 // Half-open connections
 // ---------------------------------------------------------------------------------------------
 
-/// Rows flow through a proxy; the proxy freezes (every socket stays open, no byte moves, new
-/// connections hang) for twice the read timeout while rows are written; then it thaws and more
-/// rows are written. The relay must notice the silent binlog stream within the read timeout
-/// (log "no binlog event or heartbeat", or the lease connection "did not answer within") and every row must arrive, in order per key.
-///
-/// Note: the relay's lease connection and its checkpoint pool go through the proxy too, so
-/// they are frozen as well; that is the realistic case (one network path to the server).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn half_open_connection_is_detected_within_read_timeout_and_nothing_is_lost() -> Result<()> {
-    let db = TestDb::create("halfopen").await?;
+/// What [`through_proxy`] sets up: the database, its unique suffix, the proxy, the relay's
+/// spec, its topics, the relay and a writer.
+type ThroughProxy = (
+    TestDb,
+    String,
+    TcpProxy,
+    RelayConfigSpec,
+    Vec<String>,
+    RelayProcess,
+    SeqWriter,
+);
+
+/// A relay whose MySQL connections all go through a [`TcpProxy`], started and holding its
+/// checkpoint row, and a writer of 4 keys on its database; database, connector and topics
+/// named after `name`.
+async fn through_proxy(name: &str) -> Result<ThroughProxy> {
+    let db = TestDb::create(name).await?;
     let uid = unique_suffix();
     let proxy = TcpProxy::start(format!("127.0.0.1:{}", mysql_port())).await?;
     let mut spec = RelayConfigSpec::new(
         &db,
-        &format!("halfopen-{uid}"),
+        &format!("{name}-{uid}"),
         next_server_id(),
         &format!("t_{uid}"),
     );
@@ -215,7 +222,20 @@ async fn half_open_connection_is_detected_within_read_timeout_and_nothing_is_los
     relay
         .wait_for_checkpoint_row(db.pool(), &spec.connector_name, Duration::from_secs(60))
         .await?;
-    let mut writer = SeqWriter::new(&uid, &db.url(), 4)?;
+    let writer = SeqWriter::new(&uid, &db.url(), 4)?;
+    Ok((db, uid, proxy, spec, topics, relay, writer))
+}
+
+/// Rows flow through a proxy; the proxy freezes (every socket stays open, no byte moves, new
+/// connections hang) for twice the read timeout while rows are written; then it thaws and more
+/// rows are written. The relay must notice the silent binlog stream within the read timeout
+/// (log "no binlog event or heartbeat", or the lease connection "did not answer within") and every row must arrive, in order per key.
+///
+/// Note: the relay's lease connection and its checkpoint pool go through the proxy too, so
+/// they are frozen as well; that is the realistic case (one network path to the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_connection_is_detected_within_read_timeout_and_nothing_is_lost() -> Result<()> {
+    let (db, uid, proxy, spec, topics, relay, mut writer) = through_proxy("halfopen").await?;
 
     // A: before the freeze.
     writer.write(30).await?;
@@ -326,26 +346,7 @@ async fn half_open_connection_is_detected_within_read_timeout_and_nothing_is_los
 /// written meanwhile, without the frozen connection ever coming back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_binlog_connection_alone_is_replaced_within_read_timeout() -> Result<()> {
-    let db = TestDb::create("halfopen1").await?;
-    let uid = unique_suffix();
-    let proxy = TcpProxy::start(format!("127.0.0.1:{}", mysql_port())).await?;
-    let mut spec = RelayConfigSpec::new(
-        &db,
-        &format!("halfopen1-{uid}"),
-        next_server_id(),
-        &format!("t_{uid}"),
-    );
-    spec.mysql_url = format!(
-        "mysql://root@127.0.0.1:{}/{}?prefer_socket=false",
-        proxy.port(),
-        db.name()
-    );
-    let topics = topics(&spec);
-    let relay = spawn_relay(&spec, None)?;
-    relay
-        .wait_for_checkpoint_row(db.pool(), &spec.connector_name, Duration::from_secs(60))
-        .await?;
-    let mut writer = SeqWriter::new(&uid, &db.url(), 4)?;
+    let (db, uid, proxy, spec, topics, relay, mut writer) = through_proxy("halfopen1").await?;
     writer.write(150).await?;
     let wanted = outbox_event_keys(db.pool()).await?;
     read_until_all(&spec.bootstrap_servers, &topics, &wanted, RELAY_WAIT).await?;

@@ -22,9 +22,8 @@ use mysql_async::TxOpts;
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
     collect_until, create_topic, describe_exit, free_local_port, insert_outbox_rows,
-    next_server_id, read_all_records, read_committed_records, recent_created_at_base,
-    unique_suffix, InsertStyle, OutboxRow, PrivateService, Record, RelayConfigSpec, RelayProcess,
-    ServiceSpec, TestDb,
+    read_all_records, read_committed_records, recent_created_at_base, InsertStyle, OutboxRow,
+    PrivateService, Record, RelayProcess, ServiceSpec,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -37,31 +36,38 @@ const STOP: Duration = Duration::from_secs(30);
 const EXIT_BOUND: Duration = Duration::from_secs(120);
 const HOUR_MS: i64 = 3_600_000;
 
-struct Fixture {
-    uid: String,
-    db: TestDb,
-    spec: RelayConfigSpec,
-}
+outbox_relay_testkit::world_fixture!(
+    /// One test's isolated world ([`World`], its database `e2e_<name>…`).
+    Fixture,
+    BIN,
+    "e2e"
+);
 
 impl Fixture {
-    async fn new(name: &str) -> Result<Self> {
-        let db = TestDb::create(&format!("e2e_{name}")).await?;
-        let uid = unique_suffix();
-        let spec = RelayConfigSpec::new(
-            &db,
-            &format!("{name}-{uid}"),
-            next_server_id(),
-            &format!("t_{uid}"),
-        );
-        Ok(Self { uid, db, spec })
+    /// Three rows: created now, in UTC+8 (see [`utc_plus_8_micros`]), and 1 ms after now.
+    fn rows_around_a_utc_plus_8_row(&self) -> Vec<OutboxRow> {
+        let now = recent_created_at_base();
+        vec![
+            self.row(0, now, "{\"n\":0}".into()),
+            self.row(1, utc_plus_8_micros(), "{\"n\":1}".into()),
+            self.row(2, now + 1000, "{\"n\":2}".into()),
+        ]
+    }
+
+    /// Reads `topic` until every event key of `wanted` is there ([`until_keys`], up to
+    /// [`RELAY_WAIT`]).
+    async fn collect(&self, topic: &str, wanted: Vec<String>) -> Result<Vec<Record>> {
+        collect_until(
+            &self.spec.bootstrap_servers,
+            &[topic.to_owned()],
+            RELAY_WAIT,
+            until_keys(wanted),
+        )
+        .await
     }
 
     async fn start_relay(&self) -> Result<RelayProcess> {
-        let relay = RelayProcess::spawn(BIN, &self.spec.to_toml(), &[])?;
-        relay
-            .wait_for_checkpoint_row(self.db.pool(), &self.spec.connector_name, STARTUP)
-            .await?;
-        Ok(relay)
+        Ok(self.start(STARTUP).await?.0)
     }
 
     fn row(&self, n: usize, created_at_micros: i64, payload: String) -> OutboxRow {
@@ -85,6 +91,13 @@ impl Fixture {
         tx.commit().await?;
         Ok((before, now_ms()))
     }
+}
+
+/// A graceful stop that must exit 0.
+async fn stop_with_exit_0(relay: &RelayProcess) -> Result<()> {
+    let status = relay.stop(STOP).await?;
+    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    Ok(())
 }
 
 fn now_ms() -> i64 {
@@ -147,22 +160,15 @@ async fn records_are_stamped_with_the_commit_time_by_default() -> Result<()> {
     let window = f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
     let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(wanted),
-    )
-    .await?;
+    let seen = f.collect(&topic, wanted).await?;
     ensure!(seen.len() == 3, "records: {:?}", keys(&seen));
     for r in &seen {
         ensure_commit_time(r, window)?;
         ensure!(r.header("timestamp_fallback").is_none(), "{r:?}");
     }
     relay.ensure_running()?;
-    let status = relay.stop(STOP).await?;
-    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
-    f.db.drop_database().await
+    stop_with_exit_0(&relay).await?;
+    f.drop_database().await
 }
 
 /// (a) `timestamp = "column"`: the topic (Kafka 4 defaults: at most 1 h ahead) would refuse the
@@ -175,22 +181,11 @@ async fn a_refused_created_at_falls_back_to_the_commit_time() -> Result<()> {
     let port = free_local_port()?;
     f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     let relay = f.start_relay().await?;
-    let now = recent_created_at_base();
-    let rows = vec![
-        f.row(0, now, "{\"n\":0}".into()),
-        f.row(1, utc_plus_8_micros(), "{\"n\":1}".into()),
-        f.row(2, now + 1000, "{\"n\":2}".into()),
-    ];
+    let rows = f.rows_around_a_utc_plus_8_row();
     let window = f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
     let wanted: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(wanted),
-    )
-    .await?;
+    let seen = f.collect(&topic, wanted).await?;
     ensure!(
         keys(&seen)
             == rows
@@ -224,9 +219,8 @@ async fn a_refused_created_at_falls_back_to_the_commit_time() -> Result<()> {
         "no warning naming the topic's limit\n{}",
         relay.stderr_tail()
     );
-    let status = relay.stop(STOP).await?;
-    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
-    f.db.drop_database().await
+    stop_with_exit_0(&relay).await?;
+    f.drop_database().await
 }
 
 /// (a) `timestamp_refused = "row_error"`: the UTC+8 row is dead-lettered, the valid rows of the
@@ -239,21 +233,15 @@ async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
     let dlq = format!("t_{}.dlq", f.uid);
     f.spec.dead_letter_topic = Some(dlq.clone());
     let relay = f.start_relay().await?;
-    let now = recent_created_at_base();
-    let rows = vec![
-        f.row(0, now, "{\"n\":0}".into()),
-        f.row(1, utc_plus_8_micros(), "{\"n\":1}".into()),
-        f.row(2, now + 1000, "{\"n\":2}".into()),
-    ];
+    let rows = f.rows_around_a_utc_plus_8_row();
     f.commit(&rows).await?;
     let topic = f.spec.topic_for("Ticket");
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
-    )
-    .await?;
+    let seen = f
+        .collect(
+            &topic,
+            vec![rows[0].event_key.clone(), rows[2].event_key.clone()],
+        )
+        .await?;
     ensure!(
         keys(&seen)
             == [
@@ -263,13 +251,7 @@ async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
         "records: {:?}",
         keys(&seen)
     );
-    let dead = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&dlq),
-        RELAY_WAIT,
-        until_keys(vec![rows[1].event_key.clone()]),
-    )
-    .await?;
+    let dead = f.collect(&dlq, vec![rows[1].event_key.clone()]).await?;
     let reason = dead[0].header("dlq_reason").unwrap_or_default();
     ensure!(
         reason.contains("8 h") && reason.contains("message.timestamp.after.max.ms"),
@@ -286,9 +268,8 @@ async fn a_refused_created_at_is_a_row_error_when_configured() -> Result<()> {
         dead[0].value_str()
     );
     relay.ensure_running()?;
-    let status = relay.stop(STOP).await?;
-    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
-    f.db.drop_database().await
+    stop_with_exit_0(&relay).await?;
+    f.drop_database().await
 }
 
 /// A payload of `bytes` bytes that compresses badly.
@@ -340,13 +321,12 @@ async fn too_large_in_a_transaction(
     f.commit(&rows).await?;
     let table = format!("{}.outbox", f.db.name());
     if dead_letters {
-        let seen = collect_until(
-            &f.spec.bootstrap_servers,
-            std::slice::from_ref(&topic),
-            RELAY_WAIT,
-            until_keys(vec![rows[0].event_key.clone(), rows[2].event_key.clone()]),
-        )
-        .await?;
+        let seen = f
+            .collect(
+                &topic,
+                vec![rows[0].event_key.clone(), rows[2].event_key.clone()],
+            )
+            .await?;
         // Exactly-once: as read_committed sees it, each once; at-least-once: first occurrences.
         let first: Vec<Option<&str>> = {
             let mut k = keys(&seen);
@@ -365,13 +345,7 @@ async fn too_large_in_a_transaction(
             keys(&seen),
             relay.stderr_tail()
         );
-        let dead = collect_until(
-            &f.spec.bootstrap_servers,
-            std::slice::from_ref(&dlq),
-            RELAY_WAIT,
-            until_keys(vec![rows[1].event_key.clone()]),
-        )
-        .await?;
+        let dead = f.collect(&dlq, vec![rows[1].event_key.clone()]).await?;
         let d = &dead[0];
         ensure!(
             d.header("dlq_broker_error")
@@ -386,8 +360,7 @@ async fn too_large_in_a_transaction(
         );
         ensure!(d.value.is_none(), "the too-large value is dropped");
         relay.ensure_running()?;
-        let status = relay.stop(STOP).await?;
-        ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+        stop_with_exit_0(&relay).await?;
     } else {
         let status = relay.wait_exit(EXIT_BOUND).await?;
         let err = relay.stderr_text();
@@ -444,7 +417,7 @@ async fn too_large_in_a_transaction(
             keys(&seen)
         );
     }
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// (b) dead letters on: the too-large row is dead-lettered with the broker's error, its
@@ -605,8 +578,7 @@ async fn missing_and_unauthorized_topics_are_row_errors() -> Result<()> {
         "dlq_reason of the denied topic: {reason:?}"
     );
     relay.ensure_running()?;
-    let status = relay.stop(STOP).await?;
-    ensure!(status.code() == Some(0), "{}", describe_exit(&status));
+    stop_with_exit_0(&relay).await?;
 
     // Without dead letters: the next denied row stops the relay, naming the topic.
     f.spec.dead_letter_topic = None;
@@ -632,5 +604,5 @@ async fn missing_and_unauthorized_topics_are_row_errors() -> Result<()> {
             relay.stderr_tail()
         );
     }
-    f.db.drop_database().await
+    f.drop_database().await
 }

@@ -17,10 +17,10 @@ use mysql_async::{Conn, TxOpts};
 use outbox_relay_testkit::{
     binary_logs, collect_records, collect_until, compare_positions, create_topic,
     current_binlog_position, deleted_record_count, describe_exit, high_watermark_total,
-    insert_outbox_rows, is_transaction_boundary, list_topics, next_server_id, read_all_records,
-    read_checkpoint, recent_created_at_base, server_json_text, stored_payload, unique_suffix,
-    wait_until, BinlogPosition, Checkpoint, InsertStyle, OutboxRow, Record, RelayConfigSpec,
-    RelayProcess, TestDb, DEFAULT_CHECKPOINT_TABLE,
+    insert_outbox_rows, is_transaction_boundary, list_topics, read_all_records, read_checkpoint,
+    recent_created_at_base, server_json_text, stored_payload, unique_suffix, wait_until,
+    BinlogPosition, Checkpoint, InsertStyle, OutboxRow, Record, RelayConfigSpec, RelayProcess,
+    TestDb, DEFAULT_CHECKPOINT_TABLE,
 };
 use tokio::sync::watch;
 
@@ -61,35 +61,41 @@ const IDS_PER_TYPE: usize = 10;
 // Test fixture and writer-side data
 // ---------------------------------------------------------------------------------------------
 
-/// One test's isolated world: database, topic prefix, connector name, server id.
-struct Fixture {
-    uid: String,
-    db: TestDb,
-    spec: RelayConfigSpec,
+outbox_relay_testkit::world_fixture!(
+    /// One test's isolated world ([`World`]: database `e2e_<name>…`, topic prefix, connector name,
+    /// server id).
+    Fixture,
+    BIN,
+    "e2e"
+);
+
+/// Reads `topics` until every event key of `wanted` is there ([`collect_until`] with
+/// [`all_seen`], up to [`RELAY_WAIT`]), then checks that `relay` still runs.
+async fn seen_while_running(
+    f: &Fixture,
+    topics: &[String],
+    wanted: HashSet<String>,
+    relay: &RelayProcess,
+) -> Result<Vec<Record>> {
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        topics,
+        RELAY_WAIT,
+        all_seen(wanted),
+    )
+    .await?;
+    relay.ensure_running()?;
+    Ok(seen)
+}
+
+/// Every record on the dead-letter topic `dlq`, which must hold exactly one: that one.
+async fn the_one_dead_letter(f: &Fixture, dlq: &str) -> Result<Record> {
+    let dead = read_all_records(&f.spec.bootstrap_servers, &[dlq.to_owned()], READ_ALL).await?;
+    ensure!(dead.len() == 1, "{} dead letters: {dead:?}", dead.len());
+    dead.into_iter().next().context("no dead letter")
 }
 
 impl Fixture {
-    async fn new(name: &str) -> Result<Self> {
-        let db = TestDb::create(&format!("e2e_{name}")).await?;
-        let uid = unique_suffix();
-        let spec = RelayConfigSpec::new(
-            &db,
-            &format!("{name}-{uid}"),
-            next_server_id(),
-            &format!("t_{uid}"),
-        );
-        Ok(Self { uid, db, spec })
-    }
-
-    fn connector(&self) -> &str {
-        &self.spec.connector_name
-    }
-
-    /// Every topic of this test starts with this.
-    fn topic_prefix(&self) -> String {
-        format!("t_{}.", self.uid)
-    }
-
     fn topics(&self) -> Vec<String> {
         AGGREGATE_TYPES
             .iter()
@@ -98,22 +104,12 @@ impl Fixture {
     }
 
     fn spawn_relay(&self) -> Result<RelayProcess> {
-        RelayProcess::spawn(BIN, &self.spec.to_toml(), &[])
+        self.spawn()
     }
 
     /// Starts a relay and waits for its checkpoint row: from then on, commits are relayed.
     async fn start_relay(&self) -> Result<(RelayProcess, Checkpoint)> {
-        let relay = self.spawn_relay()?;
-        let cp = relay
-            .wait_for_checkpoint_row(self.db.pool(), self.connector(), STARTUP)
-            .await?;
-        Ok((relay, cp))
-    }
-
-    async fn checkpoint(&self) -> Result<Checkpoint> {
-        read_checkpoint(self.db.pool(), DEFAULT_CHECKPOINT_TABLE, self.connector())
-            .await?
-            .context("the checkpoint row is gone")
+        self.start(STARTUP).await
     }
 
     /// Everything in this test's topics, including topics of unexpected aggregate types.
@@ -313,6 +309,45 @@ enum Delivery {
 
 /// Where a record of a key was read: (partition, offset, commit order, event_key).
 type Occurrence<'a> = (i32, i64, usize, &'a str);
+
+/// Commits 40 transactions of 5 rows from `gen` (shapes `t % 4`, see [`write_tx`]), recorded in
+/// `committed`; returns their event keys and the binlog position before the last of them.
+async fn write_40_transactions(
+    conn: &mut Conn,
+    gen: &mut EventGen,
+    committed: &mut Committed,
+) -> Result<(HashSet<String>, BinlogPosition)> {
+    let mut batch = HashSet::new();
+    let mut before_last = None;
+    for t in 0..40 {
+        if t == 39 {
+            before_last = Some(current_binlog_position(conn).await?);
+        }
+        let rows = gen.rows(5);
+        write_tx(conn, t % 4, &rows, false).await?;
+        batch.extend(rows.iter().map(|r| r.event_key.clone()));
+        committed.add(&rows);
+    }
+    Ok((batch, before_last.context("no last transaction")?))
+}
+
+/// As many records as committed rows, and [`verify_records`] with [`Delivery::ExactlyOnce`].
+async fn verify_exactly_once(
+    conn: &mut Conn,
+    records: &[Record],
+    committed: &Committed,
+    ids: &HashMap<String, u64>,
+    spec: &RelayConfigSpec,
+) -> Result<()> {
+    ensure!(
+        records.len() == committed.len(),
+        "{} records in the topics for {} committed rows, expected exactly one each",
+        records.len(),
+        committed.len()
+    );
+    verify_records(conn, records, committed, ids, spec, Delivery::ExactlyOnce).await?;
+    Ok(())
+}
 
 /// Compares the records with what the writer committed: content of every record, each
 /// committed row present (exactly once or at least once), nothing else, and per key (topic +
@@ -666,26 +701,12 @@ async fn relays_exactly_the_committed_inserts() -> Result<()> {
             r.event_key
         );
     }
-    ensure!(
-        records.len() == committed.len(),
-        "{} records in the topics, expected exactly {}",
-        records.len(),
-        committed.len()
-    );
-    verify_records(
-        &mut conn,
-        &records,
-        &committed,
-        &ids,
-        &f.spec,
-        Delivery::ExactlyOnce,
-    )
-    .await?;
+    verify_exactly_once(&mut conn, &records, &committed, &ids, &f.spec).await?;
     verify_checkpoint(&f, &cp0, &before_last).await?;
 
     other.drop_database().await?;
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// Which stage of the crash test the writer may go on to.
@@ -784,14 +805,7 @@ async fn resumes_after_kill_9_without_loss() -> Result<()> {
         .context("the writer did not finish")???;
 
     let wanted: HashSet<String> = committed.rows.keys().cloned().collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        &topics,
-        RELAY_WAIT,
-        all_seen(wanted.clone()),
-    )
-    .await?;
-    relay2.ensure_running()?;
+    let seen = seen_while_running(&f, &topics, wanted.clone(), &relay2).await?;
     let seen_keys = event_keys(&seen);
     let missing: Vec<&String> = wanted.iter().filter(|k| !seen_keys.contains(*k)).collect();
     ensure!(
@@ -830,7 +844,7 @@ async fn resumes_after_kill_9_without_loss() -> Result<()> {
     verify_checkpoint(&f, &cp0, &before_last).await?;
 
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// A graceful stop (SIGTERM), rows written while the relay is down, and a restart: every row
@@ -845,26 +859,8 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
 
     // Batch 1 while the relay runs.
     let (relay1, cp0) = f.start_relay().await?;
-    let mut batch1 = HashSet::new();
-    let mut before_last1 = None;
-    for t in 0..40 {
-        if t == 39 {
-            before_last1 = Some(current_binlog_position(&mut conn).await?);
-        }
-        let rows = gen.rows(5);
-        write_tx(&mut conn, t % 4, &rows, false).await?;
-        batch1.extend(rows.iter().map(|r| r.event_key.clone()));
-        committed.add(&rows);
-    }
-    let before_last1 = before_last1.context("no last transaction")?;
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        &topics,
-        RELAY_WAIT,
-        all_seen(batch1.clone()),
-    )
-    .await?;
-    relay1.ensure_running()?;
+    let (batch1, before_last1) = write_40_transactions(&mut conn, &mut gen, &mut committed).await?;
+    let seen = seen_while_running(&f, &topics, batch1.clone(), &relay1).await?;
     ensure!(
         batch1.is_subset(&event_keys(&seen)),
         "batch 1 did not fully reach Kafka within {RELAY_WAIT:?}"
@@ -881,28 +877,10 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
     let cp1 = verify_checkpoint(&f, &cp0, &before_last1).await?;
 
     // Batch 2 while no relay runs.
-    let mut batch2 = HashSet::new();
-    let mut before_last2 = None;
-    for t in 0..40 {
-        if t == 39 {
-            before_last2 = Some(current_binlog_position(&mut conn).await?);
-        }
-        let rows = gen.rows(5);
-        write_tx(&mut conn, t % 4, &rows, false).await?;
-        batch2.extend(rows.iter().map(|r| r.event_key.clone()));
-        committed.add(&rows);
-    }
-    let before_last2 = before_last2.context("no last transaction")?;
+    let (batch2, before_last2) = write_40_transactions(&mut conn, &mut gen, &mut committed).await?;
 
     let relay2 = f.spawn_relay()?;
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        &topics,
-        RELAY_WAIT,
-        all_seen(batch2.clone()),
-    )
-    .await?;
-    relay2.ensure_running()?;
+    let seen = seen_while_running(&f, &topics, batch2.clone(), &relay2).await?;
     ensure!(
         batch2.is_subset(&event_keys(&seen)),
         "batch 2 did not fully reach Kafka within {RELAY_WAIT:?} after the restart"
@@ -931,21 +909,7 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
         dup.len(),
         &dup[..dup.len().min(10)]
     );
-    ensure!(
-        records.len() == committed.len(),
-        "{} records for {} committed rows",
-        records.len(),
-        committed.len()
-    );
-    verify_records(
-        &mut conn,
-        &records,
-        &committed,
-        &ids,
-        &f.spec,
-        Delivery::ExactlyOnce,
-    )
-    .await?;
+    verify_exactly_once(&mut conn, &records, &committed, &ids, &f.spec).await?;
     let cp2 = verify_checkpoint(&f, &cp0, &before_last2).await?;
     let mut conn2 = f.db.conn().await?;
     ensure!(
@@ -958,7 +922,7 @@ async fn graceful_stop_then_restart_has_no_duplicates_or_losses() -> Result<()> 
     );
 
     drop((conn, conn2));
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// A typo in the config file is a config error: exit code 2, and stderr names the key.
@@ -978,7 +942,7 @@ async fn rejects_unknown_config_key() -> Result<()> {
         stderr.contains("max_inflight"),
         "stderr does not name the unknown key max_inflight:\n{stderr}"
     );
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// `OUTBOX_RELAY__…` variables override the file: a file with an invalid server_id and another
@@ -1028,7 +992,7 @@ async fn environment_overrides_the_config_file() -> Result<()> {
         stderr.to_ascii_lowercase().contains("server_id"),
         "stderr does not name server_id:\n{stderr}"
     );
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1101,14 +1065,7 @@ async fn relays_a_row_larger_than_one_protocol_packet() -> Result<()> {
     commit_each(&mut conn, &rows).await?;
     let ids = ids_by_event_key(&mut conn).await?;
     let wanted: HashSet<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        all_seen(wanted),
-    )
-    .await?;
-    relay.ensure_running()?;
+    let seen = seen_while_running(&f, std::slice::from_ref(&topic), wanted, &relay).await?;
     ensure!(
         seen.len() == rows.len(),
         "{} records on {topic}, expected {}\n{}",
@@ -1157,7 +1114,7 @@ async fn relays_a_row_larger_than_one_protocol_packet() -> Result<()> {
     let status = relay.stop(STOP).await?;
     ensure_exit_code(status, 0, &relay)?;
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// A row over the producer's `message.max.bytes` (and over 16 MiB) goes to the dead-letter
@@ -1182,14 +1139,13 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
     ];
     commit_each(&mut conn, &rows).await?;
     let ids = ids_by_event_key(&mut conn).await?;
-    let next = collect_until(
-        &f.spec.bootstrap_servers,
+    let next = seen_while_running(
+        &f,
         std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        all_seen(HashSet::from([rows[1].event_key.clone()])),
+        HashSet::from([rows[1].event_key.clone()]),
+        &relay,
     )
     .await?;
-    relay.ensure_running()?;
     let status = relay.stop(STOP).await?;
     ensure_exit_code(status, 0, &relay)?;
     let keys: Vec<Option<&str>> = next.iter().map(|r| r.header("event_key")).collect();
@@ -1201,14 +1157,7 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
     let stored = stored_payload(&mut conn, "outbox", &rows[1].event_key).await?;
     ensure!(next[0].value.as_deref() == stored.as_deref().map(str::as_bytes));
 
-    let dead = read_all_records(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&dlq),
-        READ_ALL,
-    )
-    .await?;
-    ensure!(dead.len() == 1, "{} dead letters: {dead:?}", dead.len());
-    let d = &dead[0];
+    let d = &the_one_dead_letter(&f, &dlq).await?;
     let reason = d.header("dlq_reason").unwrap_or_default();
     ensure!(
         reason.contains("too large for Kafka"),
@@ -1242,7 +1191,7 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
         d.header("dlq_binlog_file")
     );
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1341,14 +1290,13 @@ async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_g
     ];
     commit_each(&mut conn, &rows).await?;
     let wanted = [&rows[0], &rows[2]];
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
+    let seen = seen_while_running(
+        &f,
         std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        all_seen(wanted.iter().map(|r| r.event_key.clone()).collect()),
+        wanted.iter().map(|r| r.event_key.clone()).collect(),
+        &relay,
     )
     .await?;
-    relay.ensure_running()?;
     let keys: Vec<Option<&str>> = seen.iter().map(|r| r.header("event_key")).collect();
     ensure!(
         keys == wanted
@@ -1358,14 +1306,7 @@ async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_g
         "records on {topic}: {keys:?}, expected the rows before and after the big one\n{}",
         relay.stderr_tail()
     );
-    let dead = read_all_records(
-        &f.spec.bootstrap_servers,
-        std::slice::from_ref(&dlq),
-        READ_ALL,
-    )
-    .await?;
-    ensure!(dead.len() == 1, "{} dead letters: {dead:?}", dead.len());
-    let d = &dead[0];
+    let d = &the_one_dead_letter(&f, &dlq).await?;
     let reason = d.header("dlq_reason").unwrap_or_default();
     ensure!(
         reason.contains(&format!("max.message.bytes = {TOPIC_LIMIT}")) && reason.contains(&topic),
@@ -1390,7 +1331,7 @@ async fn row_over_the_topics_max_message_bytes_is_dead_lettered_and_the_stream_g
     let status = relay.stop(STOP).await?;
     ensure_exit_code(status, 0, &relay)?;
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }
 
 /// Raising a topic's `max.message.bytes` while the relay runs takes effect without a restart:
@@ -1440,14 +1381,13 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
 
     let big = single_row(&f.uid, 1, big_payload(50_000, 0x4a15e));
     commit_each(&mut conn, std::slice::from_ref(&big)).await?;
-    let seen = collect_until(
-        &f.spec.bootstrap_servers,
+    let seen = seen_while_running(
+        &f,
         std::slice::from_ref(&topic),
-        RELAY_WAIT,
-        all_seen(HashSet::from([big.event_key.clone()])),
+        HashSet::from([big.event_key.clone()]),
+        &relay,
     )
     .await?;
-    relay.ensure_running()?;
     let copies: Vec<&Record> = seen
         .iter()
         .filter(|r| r.header("event_key") == Some(big.event_key.as_str()))
@@ -1480,5 +1420,5 @@ async fn a_raised_topic_limit_is_read_again_before_a_row_is_refused() -> Result<
     };
     ensure!(dead.is_empty(), "dead letters: {dead:?}");
     drop(conn);
-    f.db.drop_database().await
+    f.drop_database().await
 }

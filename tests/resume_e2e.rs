@@ -149,6 +149,38 @@ fn big_order(uid: &str, label: &str, rows: u64) -> HashMap<String, usize> {
         .collect()
 }
 
+/// The first half of [`insert_big_transaction`]'s callers: the binlog position before it, then
+/// the transaction of `rows` rows labelled `big`; returns (that position, its GTID).
+async fn insert_big(
+    conn: &mut Conn,
+    uid: &str,
+    rows: u64,
+    keys: u64,
+) -> Result<(BinlogPosition, String)> {
+    let before = current_binlog_position(conn).await?;
+    let gtid = insert_big_transaction(conn, uid, "big", rows, keys).await?;
+    Ok((before, gtid))
+}
+
+/// The event keys of [`insert_big`]'s transaction of `rows` rows.
+fn big_keys(uid: &str, rows: u64) -> HashSet<String> {
+    (1..=rows).map(|s| big_event_key(uid, "big", s)).collect()
+}
+
+/// [`check_big_records`] against the payloads the server stores, and the per-key commit order
+/// of [`insert_big`]'s transaction of `rows` rows.
+async fn check_big_transaction_records(
+    conn: &mut Conn,
+    records: &[Record],
+    uid: &str,
+    rows: u64,
+    keys: u64,
+) -> Result<()> {
+    let stored = stored_payloads(conn, "outbox").await?;
+    check_big_records(records, &stored, uid, "big", keys)?;
+    ensure_per_key_order(records, &big_order(uid, "big", rows))
+}
+
 /// Inserts one outbox row with explicit (possibly NULL) aggregate columns as its own
 /// transaction; returns its GTID.
 async fn insert_one(
@@ -226,6 +258,39 @@ async fn wait_for_keys(
     w.wait_for_keys(topics, wanted, relay, RELAY_WAIT).await
 }
 
+/// A graceful stop that must exit 0.
+async fn stop_cleanly(relay: &RelayProcess) -> Result<()> {
+    let status = relay.stop(STOP).await?;
+    expect_exit_code(status, 0, relay)
+}
+
+/// Waits until `relay`'s checkpoint covers `end` ([`World::wait_checkpoint_covers`]), then
+/// [`stop_cleanly`].
+async fn covered_then_stop(w: &World, relay: &RelayProcess, end: &BinlogPosition) -> Result<()> {
+    w.wait_checkpoint_covers(relay, end, RELAY_WAIT).await?;
+    stop_cleanly(relay).await
+}
+
+/// The start of the streaming tests ([`streaming`]): the world, its `Order` topic, a
+/// connection, a row generator and the commit order of the rows written.
+type Streaming = (World, Vec<String>, Conn, RowGen, HashMap<String, usize>);
+
+/// World `name` whose relay checkpoints every 200 ms; rows labelled `label` over `keys`
+/// aggregates.
+async fn streaming(name: &str, label: &str, keys: usize) -> Result<Streaming> {
+    let mut w = World::new(BIN, name).await?;
+    w.spec.checkpoint_interval_ms = 200;
+    let topics = vec![w.topic("Order")];
+    let conn = w.db.conn().await?;
+    let gen = RowGen::new(&w.uid, label, keys);
+    Ok((w, topics, conn, gen, HashMap::new()))
+}
+
+/// Every record on `topics` of `w`'s broker ([`read_all_records`]).
+async fn read_all(w: &World, topics: &[String]) -> Result<Vec<Record>> {
+    read_all_records(&w.spec.bootstrap_servers, topics, READ_ALL).await
+}
+
 /// `(a.position, a.rows_acked) <= (b.position, b.rows_acked)`.
 async fn checkpoint_le(conn: &mut Conn, a: &Checkpoint, b: &Checkpoint) -> Result<bool> {
     let order = compare_positions(conn, &a.position(), &b.position()).await?;
@@ -259,9 +324,8 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
     let (relay1, _) = w.start(STARTUP).await?;
     let mut conn = w.db.conn().await?;
 
-    let before = current_binlog_position(&mut conn).await?;
     let inserting = Instant::now();
-    let gtid = insert_big_transaction(&mut conn, &w.uid, "big", ROWS, KEYS).await?;
+    let (before, gtid) = insert_big(&mut conn, &w.uid, ROWS, KEYS).await?;
     eprintln!(
         "{ROWS} rows committed in {:.1} s as {gtid}",
         inserting.elapsed().as_secs_f64()
@@ -323,15 +387,10 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
     w.ensure_boundary(&stored).await?;
 
     let relay2 = w.spawn()?;
-    let wanted: HashSet<String> = (1..=ROWS)
-        .map(|s| big_event_key(&w.uid, "big", s))
-        .collect();
+    let wanted = big_keys(&w.uid, ROWS);
     wait_for_keys(&w, &topics, &wanted, Some(&relay2)).await?;
     relay2.ensure_running()?;
-    w.wait_checkpoint_covers(&relay2, &tx.end, RELAY_WAIT)
-        .await?;
-    let status = relay2.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay2)?;
+    covered_then_stop(&w, &relay2, &tx.end).await?;
     let last = w.checkpoint().await?;
     w.ensure_boundary(&last).await?;
     ensure!(
@@ -364,9 +423,7 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
          = {bound} may be sent again",
         stored.rows_acked
     );
-    let stored = stored_payloads(&mut conn, "outbox").await?;
-    check_big_records(&records, &stored, &w.uid, "big", KEYS)?;
-    ensure_per_key_order(&records, &big_order(&w.uid, "big", ROWS))?;
+    check_big_transaction_records(&mut conn, &records, &w.uid, ROWS, KEYS).await?;
 
     drop(conn);
     w.db.drop_database().await
@@ -387,8 +444,7 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
     let (relay1, _) = w.start(STARTUP).await?;
     let mut conn = w.db.conn().await?;
 
-    let before = current_binlog_position(&mut conn).await?;
-    let gtid = insert_big_transaction(&mut conn, &w.uid, "big", ROWS, KEYS).await?;
+    let (before, gtid) = insert_big(&mut conn, &w.uid, ROWS, KEYS).await?;
     let reached = wait_until(
         "10 % of the transaction's records on Kafka",
         RELAY_WAIT,
@@ -401,8 +457,7 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
     )
     .await?;
     let stopping = Instant::now();
-    let status = relay1.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay1)?;
+    stop_cleanly(&relay1).await?;
     eprintln!(
         "SIGTERM at {reached} records on Kafka; stopped in {:.2} s",
         stopping.elapsed().as_secs_f64()
@@ -444,20 +499,13 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
         resume: Some("position".into()),
         ..w.spec.clone()
     })?;
-    let wanted: HashSet<String> = (1..=ROWS)
-        .map(|s| big_event_key(&w.uid, "big", s))
-        .collect();
+    let wanted = big_keys(&w.uid, ROWS);
     wait_for_keys(&w, &topics, &wanted, Some(&relay2)).await?;
-    w.wait_checkpoint_covers(&relay2, &tx.end, RELAY_WAIT)
-        .await?;
-    let status = relay2.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay2)?;
+    covered_then_stop(&w, &relay2, &tx.end).await?;
 
     let records = read_all_records(&bs, &topics, READ_ALL).await?;
     ensure_exactly_once(&records, &wanted)?;
-    let stored = stored_payloads(&mut conn, "outbox").await?;
-    check_big_records(&records, &stored, &w.uid, "big", KEYS)?;
-    ensure_per_key_order(&records, &big_order(&w.uid, "big", ROWS))?;
+    check_big_transaction_records(&mut conn, &records, &w.uid, ROWS, KEYS).await?;
     let last = w.checkpoint().await?;
     ensure!(
         last.rows_acked == 0,
@@ -481,12 +529,7 @@ async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<
 /// transaction boundary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binlog_rotation_mid_stream() -> Result<()> {
-    let mut w = World::new(BIN, "rotate").await?;
-    w.spec.checkpoint_interval_ms = 200;
-    let topics = vec![w.topic("Order")];
-    let mut conn = w.db.conn().await?;
-    let mut gen = RowGen::new(&w.uid, "rot", 5);
-    let mut order = HashMap::new();
+    let (w, topics, mut conn, mut gen, mut order) = streaming("rotate", "rot", 5).await?;
     let mut all = HashSet::new();
 
     let (relay1, _) = w.start(STARTUP).await?;
@@ -517,8 +560,7 @@ async fn binlog_rotation_mid_stream() -> Result<()> {
     w.ensure_boundary(&cp).await?;
 
     // Stopped across rotations: the relay resumes in an older file and reads through them.
-    let status = relay1.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay1)?;
+    stop_cleanly(&relay1).await?;
     conn.query_drop("FLUSH BINARY LOGS").await?;
     let (keys, _) = write_batches(&mut conn, &mut gen, 2, 5, &mut order).await?;
     all.extend(keys);
@@ -551,10 +593,9 @@ async fn binlog_rotation_mid_stream() -> Result<()> {
         last_tx.end
     );
     w.ensure_boundary(&cp).await?;
-    let status = relay2.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay2)?;
+    stop_cleanly(&relay2).await?;
 
-    let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    let records = read_all(&w, &topics).await?;
     ensure_exactly_once(&records, &all)?;
     ensure_per_key_order(&records, &order)?;
     let last = w.checkpoint().await?;
@@ -613,16 +654,11 @@ async fn ensure_no_regression(conn: &mut Conn, samples: &[Checkpoint]) -> Result
 /// checkpoint. Every row arrives; the checkpoint never goes backwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
-    let mut w = World::new(BIN, "lease").await?;
-    w.spec.checkpoint_interval_ms = 200;
+    let (w, topics, mut conn, mut gen, mut order) = streaming("lease", "ls", 4).await?;
     let spec_b = RelayConfigSpec {
         server_id: next_server_id(),
         ..w.spec.clone()
     };
-    let topics = vec![w.topic("Order")];
-    let mut conn = w.db.conn().await?;
-    let mut gen = RowGen::new(&w.uid, "ls", 4);
-    let mut order = HashMap::new();
 
     let (relay_a, _) = w.start(STARTUP).await?;
     let st_a = w.state().await?;
@@ -655,7 +691,7 @@ async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
     wait_for_keys(&w, &topics, &batch1, Some(&relay_a)).await?;
     w.wait_checkpoint_covers(&relay_a, &last1.end, RELAY_WAIT)
         .await?;
-    let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    let records = read_all(&w, &topics).await?;
     ensure_exactly_once(&records, &batch1).context("while only A streams")?;
     relay_b.ensure_running()?;
     ensure!(
@@ -697,15 +733,12 @@ async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
     let (batch2, last2) = write_batches(&mut conn, &mut gen, 5, 4, &mut order).await?;
     let all: HashSet<String> = batch1.union(&batch2).cloned().collect();
     wait_for_keys(&w, &topics, &all, Some(&relay_b)).await?;
-    w.wait_checkpoint_covers(&relay_b, &last2.end, RELAY_WAIT)
-        .await?;
-    let status = relay_b.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay_b)?;
+    covered_then_stop(&w, &relay_b, &last2.end).await?;
     stop_tx.send_replace(true);
     let samples = sampler.await??;
     ensure_no_regression(&mut conn, &samples).await?;
 
-    let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    let records = read_all(&w, &topics).await?;
     let dups = ensure_at_least_once(&records, &all)?;
     ensure_per_key_order(&records, &order)?;
     eprintln!(
@@ -728,12 +761,7 @@ async fn second_instance_waits_and_takes_over_after_kill_9() -> Result<()> {
 /// resumes from the stored position and relays the rows committed meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_instance_cannot_overwrite_a_newer_checkpoint() -> Result<()> {
-    let mut w = World::new(BIN, "fence").await?;
-    w.spec.checkpoint_interval_ms = 200;
-    let topics = vec![w.topic("Order")];
-    let mut conn = w.db.conn().await?;
-    let mut gen = RowGen::new(&w.uid, "fn", 4);
-    let mut order = HashMap::new();
+    let (w, topics, mut conn, mut gen, mut order) = streaming("fence", "fn", 4).await?;
 
     let (relay, _) = w.start(STARTUP).await?;
     let (warmup, warm_tx) = write_batches(&mut conn, &mut gen, 2, 3, &mut order).await?;
@@ -837,13 +865,10 @@ async fn stale_instance_cannot_overwrite_a_newer_checkpoint() -> Result<()> {
     )
     .await?;
     wait_for_keys(&w, &topics, &batch, Some(&relay)).await?;
-    w.wait_checkpoint_covers(&relay, &batch_tx.end, RELAY_WAIT)
-        .await?;
-    let status = relay.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay)?;
+    covered_then_stop(&w, &relay, &batch_tx.end).await?;
 
     let all: HashSet<String> = warmup.union(&batch).cloned().collect();
-    let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    let records = read_all(&w, &topics).await?;
     ensure_at_least_once(&records, &all)?;
     ensure_per_key_order(&records, &order)?;
 
@@ -940,17 +965,9 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
     )
     .await?;
     relay.ensure_running()?;
-    w.wait_checkpoint_covers(&relay, &last_tx.end, RELAY_WAIT)
-        .await?;
-    let status = relay.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay)?;
+    covered_then_stop(&w, &relay, &last_tx.end).await?;
 
-    let records = read_all_records(
-        &w.spec.bootstrap_servers,
-        std::slice::from_ref(&order_topic),
-        READ_ALL,
-    )
-    .await?;
+    let records = read_all(&w, std::slice::from_ref(&order_topic)).await?;
     ensure_exactly_once(&records, &good)?;
     let topics = list_topics(&w.spec.bootstrap_servers, &w.topic_prefix()).await?;
     let expected_topics: std::collections::BTreeSet<String> =
@@ -959,13 +976,9 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
         topics == expected_topics,
         "topics of this test: {topics:?}, expected {expected_topics:?}"
     );
-    let dead = read_all_records(
-        &w.spec.bootstrap_servers,
-        std::slice::from_ref(&dlq),
-        READ_ALL,
-    )
-    .await
-    .unwrap_or(dead);
+    let dead = read_all(&w, std::slice::from_ref(&dlq))
+        .await
+        .unwrap_or(dead);
 
     let stored = stored_payloads(&mut conn, "outbox").await?;
     let mut problems = Vec::new();
@@ -1229,12 +1242,7 @@ async fn unrelayable_row_stops_the_relay_with_its_position() -> Result<()> {
     }
     check_checkpoint(&mut conn, "after the restart").await?;
 
-    let records = read_all_records(
-        &w.spec.bootstrap_servers,
-        std::slice::from_ref(&order_topic),
-        READ_ALL,
-    )
-    .await?;
+    let records = read_all(&w, std::slice::from_ref(&order_topic)).await?;
     let keys: HashSet<&str> = records
         .iter()
         .filter_map(|r| r.header("event_key"))
@@ -1341,8 +1349,7 @@ async fn purged_or_unknown_position_is_a_definite_error() -> Result<()> {
     let mut order = HashMap::new();
 
     let (relay, _) = w.start(STARTUP).await?;
-    let status = relay.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay)?;
+    stop_cleanly(&relay).await?;
     let real = w.checkpoint().await?;
     let (pending, _) = write_batches(&mut conn, &mut gen, 2, 3, &mut order).await?;
 
@@ -1429,14 +1436,8 @@ async fn purged_or_unknown_position_is_a_definite_error() -> Result<()> {
         Some(&relay),
     )
     .await?;
-    let status = relay.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay)?;
-    let records = read_all_records(
-        &w.spec.bootstrap_servers,
-        std::slice::from_ref(&order_topic),
-        READ_ALL,
-    )
-    .await?;
+    stop_cleanly(&relay).await?;
+    let records = read_all(&w, std::slice::from_ref(&order_topic)).await?;
     ensure_exactly_once(&records, &pending)?;
 
     drop(conn);
@@ -1485,9 +1486,8 @@ async fn server_id_collision_is_reported() -> Result<()> {
         "A was interrupted while B tried its server_id:\n{}",
         relay_a.stderr_tail()
     );
-    let status = relay_a.stop(STOP).await?;
-    expect_exit_code(status, 0, &relay_a)?;
-    let records = read_all_records(&a.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    stop_cleanly(&relay_a).await?;
+    let records = read_all(&a, &topics).await?;
     ensure_exactly_once(&records, &all)?;
 
     drop(conn);

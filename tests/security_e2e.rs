@@ -48,9 +48,10 @@ fn tls_port() -> u16 {
     port("TLS_SERVER_PORT", default)
 }
 
-/// The private server with TLS (same flavor as the server under test), its certificates and
-/// its root URL (plain, root has no password and no REQUIRE clause).
-fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
+/// The private server with TLS (same flavor as the server under test), its certificates and a
+/// test database `db_name` created on it as root (plain, root has no password and no REQUIRE
+/// clause).
+async fn tls_server(db_name: &str) -> Result<(Arc<PrivateService>, TestPki, TestDb)> {
     let server = test_server();
     let port = tls_port();
     let pki_dir = outbox_relay_testkit::private::private_services_dir("tls-pki");
@@ -65,7 +66,9 @@ fn tls_server() -> Result<(Arc<PrivateService>, TestPki, String)> {
         ],
     };
     let service = PrivateService::acquire(spec, |_| Ok(()))?;
-    Ok((service, pki, format!("mysql://root@127.0.0.1:{port}")))
+    let root_url = format!("mysql://root@127.0.0.1:{port}");
+    let db = TestDb::create_on(&root_url, db_name).await?;
+    Ok((service, pki, db))
 }
 
 /// The private Kafka with SCRAM: (service, SASL bootstrap, PLAINTEXT bootstrap).
@@ -136,13 +139,12 @@ fn rows(uid: &str, n: usize) -> Vec<OutboxRow> {
 async fn relay_and_check(
     relay: &RelayProcess,
     db: &TestDb,
-    connector: &str,
     spec: &RelayConfigSpec,
     bootstrap_for_reading: &str,
     rows: &[OutboxRow],
 ) -> Result<()> {
     relay
-        .wait_for_checkpoint_row(db.pool(), connector, RECORD_TIMEOUT)
+        .wait_for_checkpoint_row(db.pool(), &spec.connector_name, RECORD_TIMEOUT)
         .await?;
     let mut conn = db.conn().await?;
     let mut tx = conn
@@ -188,11 +190,57 @@ async fn relay_and_check(
     Ok(())
 }
 
+/// [`relay_and_check`], then a graceful stop that must exit 0.
+async fn relay_check_and_stop(
+    relay: &RelayProcess,
+    db: &TestDb,
+    spec: &RelayConfigSpec,
+    bootstrap_for_reading: &str,
+    rows: &[OutboxRow],
+) -> Result<()> {
+    relay_and_check(relay, db, spec, bootstrap_for_reading, rows).await?;
+    let status = relay.stop(EXIT_TIMEOUT).await?;
+    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    Ok(())
+}
+
+/// The config of connector `<name>-<uid>` on `db`, topics prefixed `t_<uid>`.
+fn spec_for(db: &TestDb, name: &str, uid: &str) -> RelayConfigSpec {
+    let connector = format!("{name}-{uid}");
+    RelayConfigSpec::new(db, &connector, next_server_id(), &format!("t_{uid}"))
+}
+
+/// A MySQL user name `<prefix>_<the last 12 characters of uid>`.
+fn user_name(prefix: &str, uid: &str) -> String {
+    format!("{prefix}_{}", &uid[uid.len().saturating_sub(12)..])
+}
+
+/// The `[kafka.properties]` of SASL/SCRAM-SHA-512 as user [`SASL_USER`] with `password`.
+fn sasl_scram_properties(password: &str) -> [(String, String); 4] {
+    [
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        ("sasl.password".into(), password.into()),
+    ]
+}
+
 /// Lines added to the `[mysql]` section of a spec's TOML.
 fn with_mysql_lines(spec: &RelayConfigSpec, lines: &str) -> String {
     let toml = spec.to_toml();
     let anchor = format!("server_id = {}\n", spec.server_id);
     toml.replacen(&anchor, &format!("{anchor}{lines}\n"), 1)
+}
+
+/// The spec's TOML with `tls_mode = "verify_ca"` and `tls_ca` = the test PKI's file `ca_file`.
+fn with_verify_ca(spec: &RelayConfigSpec, pki: &TestPki, ca_file: &str) -> String {
+    with_mysql_lines(
+        spec,
+        &format!(
+            "tls_mode = \"verify_ca\"\ntls_ca = {}",
+            toml_path(&pki.file(ca_file))
+        ),
+    )
 }
 
 fn toml_path(p: &std::path::Path) -> String {
@@ -205,17 +253,15 @@ fn toml_path(p: &std::path::Path) -> String {
 /// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_ca").await?;
+    let (_server, pki, db) = tls_server("sec_tls_ca").await?;
     let uid = unique_suffix();
-    let user = format!("tls_{}", &uid[uid.len().saturating_sub(12)..]);
+    let user = user_name("tls", &uid);
     let password = "Tls:pass@word/#1";
     create_relay_user(&db, &user, password, "SSL").await?;
     let pw_file = std::env::temp_dir().join(format!("outbox-relay-pw-{uid}"));
     std::fs::write(&pw_file, format!("{password}\n"))?;
 
-    let connector = format!("sec-tls-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-tls", &uid);
     spec.mysql_url = format!("mysql://{user}@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_mysql_lines(
         &spec,
@@ -226,17 +272,7 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
         ),
     );
     let relay = RelayProcess::spawn(BIN, &toml, &[])?;
-    relay_and_check(
-        &relay,
-        &db,
-        &connector,
-        &spec,
-        &spec.bootstrap_servers,
-        &rows(&uid, 3),
-    )
-    .await?;
-    let status = relay.stop(EXIT_TIMEOUT).await?;
-    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 3)).await?;
     let stderr = relay.stderr_text();
     ensure!(
         !stderr.contains(password),
@@ -254,7 +290,7 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
 async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> {
     let db = TestDb::create("sec_plain").await?;
     let uid = unique_suffix();
-    let user = format!("plain_{}", &uid[uid.len().saturating_sub(12)..]);
+    let user = user_name("plain", &uid);
     let password = "Plain:pass@word/#2";
     create_relay_user(&db, &user, password, "NONE").await?;
     let mut conn = db.conn().await?;
@@ -275,8 +311,7 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
         test_server()
     );
     drop(conn);
-    let connector = format!("sec-plain-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-plain", &uid);
     spec.mysql_url = format!(
         "mysql://{user}@127.0.0.1:{}/{}",
         outbox_relay_testkit::mysql_port(),
@@ -287,17 +322,7 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
         "password = \"${env:TEST_RELAY_MYSQL_PASSWORD}\"\ntls_mode = \"disabled\"",
     );
     let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
-    relay_and_check(
-        &relay,
-        &db,
-        &connector,
-        &spec,
-        &spec.bootstrap_servers,
-        &rows(&uid, 3),
-    )
-    .await?;
-    let status = relay.stop(EXIT_TIMEOUT).await?;
-    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 3)).await?;
     let mut admin = db.conn().await?;
     admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
     drop(admin);
@@ -309,10 +334,9 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
 /// tls_cert/tls_key relays the rows; the password comes from `${env:…}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_x509").await?;
+    let (_server, pki, db) = tls_server("sec_tls_x509").await?;
     let uid = unique_suffix();
-    let user = format!("x509_{}", &uid[uid.len().saturating_sub(12)..]);
+    let user = user_name("x509", &uid);
     let password = "x509-secret";
     create_relay_user(
         &db,
@@ -324,8 +348,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
         ),
     )
     .await?;
-    let connector = format!("sec-x509-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-x509", &uid);
     spec.mysql_url = format!("mysql://{user}@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_mysql_lines(
         &spec,
@@ -338,17 +361,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
         ),
     );
     let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
-    relay_and_check(
-        &relay,
-        &db,
-        &connector,
-        &spec,
-        &spec.bootstrap_servers,
-        &rows(&uid, 2),
-    )
-    .await?;
-    let status = relay.stop(EXIT_TIMEOUT).await?;
-    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 2)).await?;
     db.drop_database().await
 }
 
@@ -356,18 +369,10 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
 /// code 3 and says it is TLS, what failed, and which settings fix it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_wrong_ca").await?;
+    let (_server, pki, db) = tls_server("sec_tls_wrong_ca").await?;
     let uid = unique_suffix();
-    let connector = format!("sec-wrongca-{uid}");
-    let spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
-    let toml = with_mysql_lines(
-        &spec,
-        &format!(
-            "tls_mode = \"verify_ca\"\ntls_ca = {}",
-            toml_path(&pki.file("other-ca.pem"))
-        ),
-    );
+    let spec = spec_for(&db, "sec-wrongca", &uid);
+    let toml = with_verify_ca(&spec, &pki, "other-ca.pem");
     expect_prerequisite_failure(
         &toml,
         &[
@@ -385,21 +390,13 @@ async fn wrong_ca_stops_with_exit_code_3_naming_tls_and_the_fix() -> Result<()> 
 /// login; the relay stops with exit code 3 and points at tls_cert/tls_key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Result<()> {
-    let (_server, pki, root_url) = tls_server()?;
-    let db = TestDb::create_on(&root_url, "sec_tls_nocert").await?;
+    let (_server, pki, db) = tls_server("sec_tls_nocert").await?;
     let uid = unique_suffix();
-    let user = format!("nocert_{}", &uid[uid.len().saturating_sub(12)..]);
+    let user = user_name("nocert", &uid);
     create_relay_user(&db, &user, "pw", "X509").await?;
-    let connector = format!("sec-nocert-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-nocert", &uid);
     spec.mysql_url = format!("mysql://{user}:pw@127.0.0.1:{}/{}", tls_port(), db.name());
-    let toml = with_mysql_lines(
-        &spec,
-        &format!(
-            "tls_mode = \"verify_ca\"\ntls_ca = {}",
-            toml_path(&pki.file("ca.pem"))
-        ),
-    );
+    let toml = with_verify_ca(&spec, &pki, "ca.pem");
     expect_prerequisite_failure(
         &toml,
         &[
@@ -419,34 +416,16 @@ async fn produces_to_kafka_with_sasl_scram() -> Result<()> {
     let (_kafka, sasl_bootstrap, plain_bootstrap) = sasl_kafka()?;
     let db = TestDb::create("sec_sasl").await?;
     let uid = unique_suffix();
-    let connector = format!("sec-sasl-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-sasl", &uid);
     spec.bootstrap_servers = sasl_bootstrap;
-    spec.kafka_properties.extend([
-        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
-        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
-        ("sasl.username".into(), SASL_USER.into()),
-        (
-            "sasl.password".into(),
-            "${env:TEST_RELAY_KAFKA_PASSWORD}".into(),
-        ),
-    ]);
+    spec.kafka_properties
+        .extend(sasl_scram_properties("${env:TEST_RELAY_KAFKA_PASSWORD}"));
     let relay = RelayProcess::spawn(
         BIN,
         &spec.to_toml(),
         &[("TEST_RELAY_KAFKA_PASSWORD", SASL_PASSWORD)],
     )?;
-    relay_and_check(
-        &relay,
-        &db,
-        &connector,
-        &spec,
-        &plain_bootstrap,
-        &rows(&uid, 3),
-    )
-    .await?;
-    let status = relay.stop(EXIT_TIMEOUT).await?;
-    ensure!(status.success(), "relay exit: {}", describe_exit(&status));
+    relay_check_and_stop(&relay, &db, &spec, &plain_bootstrap, &rows(&uid, 3)).await?;
     let stderr = relay.stderr_text();
     ensure!(
         !stderr.contains(SASL_PASSWORD),
@@ -462,16 +441,10 @@ async fn wrong_sasl_password_is_a_clear_error() -> Result<()> {
     let (_kafka, sasl_bootstrap, _) = sasl_kafka()?;
     let db = TestDb::create("sec_sasl_bad").await?;
     let uid = unique_suffix();
-    let connector = format!("sec-saslbad-{uid}");
-    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("t_{uid}"));
+    let mut spec = spec_for(&db, "sec-saslbad", &uid);
     spec.bootstrap_servers = sasl_bootstrap;
     let wrong = "not-the-scram-password";
-    spec.kafka_properties.extend([
-        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
-        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
-        ("sasl.username".into(), SASL_USER.into()),
-        ("sasl.password".into(), wrong.into()),
-    ]);
+    spec.kafka_properties.extend(sasl_scram_properties(wrong));
     let stderr = expect_prerequisite_failure(
         &spec.to_toml(),
         &[

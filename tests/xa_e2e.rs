@@ -346,6 +346,91 @@ async fn wait_rows_acked(
     .await
 }
 
+/// What [`around_a_prepared_xa`] wrote, saw and read.
+struct AroundXa {
+    conn: Conn,
+    a: Vec<OutboxRow>,
+    b: Vec<OutboxRow>,
+    c: Vec<OutboxRow>,
+    /// The XA transaction's rows.
+    x: Vec<OutboxRow>,
+    /// The XA START … XA PREPARE group.
+    prepared: Group,
+    /// The XA COMMIT or XA ROLLBACK group.
+    decided: Group,
+    /// The checkpoint held before the XA PREPARE with B's rows acknowledged.
+    held: Checkpoint,
+    /// Every record on the `Order` topic after the stop.
+    records: Vec<Record>,
+}
+
+/// Rows labelled `label` over `keys` aggregates: A (2 rows), [XA `gtrid` of 3 rows prepared],
+/// B (`b_rows` rows); once A and B are on Kafka and the checkpoint, held before the XA PREPARE,
+/// has B's `b_rows` rows acknowledged, the XA transaction is committed (`commit`) or rolled
+/// back, then C (2 rows). Waits for C's rows (and the XA's if committed) and a checkpoint at a
+/// boundary covering C, stops the relay (exit 0) and reads the topic.
+async fn around_a_prepared_xa(
+    w: &World,
+    gtrid: &str,
+    label: &str,
+    keys_n: usize,
+    b_rows: usize,
+    commit_xa: bool,
+) -> Result<AroundXa> {
+    let topics = vec![w.topic("Order")];
+    let mut gen = RowGen::new(&w.uid, label, keys_n);
+    let (relay, start) = w.start(STARTUP).await?;
+    let mut conn = w.db.conn().await?;
+    let from = start.position();
+
+    let a = gen.rows(2);
+    let tx_a = commit(&mut conn, &from, &a).await?;
+    let x = gen.rows(3);
+    let prepared = xa_prepare(w, gtrid, &x).await?;
+    let prepared = group(&mut conn, &from, &prepared).await?;
+    let b = gen.rows(b_rows);
+    commit(&mut conn, &from, &b).await?;
+    wait_for_keys(w, &topics, &keys(&[&a, &b]), &relay).await?;
+    let held = wait_rows_acked(
+        w,
+        &relay,
+        u64::try_from(b_rows)?,
+        &tx_a.end,
+        &prepared.start,
+    )
+    .await?;
+
+    let decided = xa_decide(w, gtrid, commit_xa).await?;
+    let decided = group(&mut conn, &from, &decided).await?;
+    let c = gen.rows(2);
+    let tx_c = commit(&mut conn, &from, &c).await?;
+    let arriving = if commit_xa {
+        keys(&[&x, &c])
+    } else {
+        keys(&[&c])
+    };
+    wait_for_keys(w, &topics, &arriving, &relay).await?;
+    let cp = w
+        .wait_checkpoint_covers(&relay, &tx_c.end, RELAY_WAIT)
+        .await?;
+    w.ensure_boundary(&cp).await?;
+    let status = relay.stop(STOP).await?;
+    expect_exit_code(status, 0, &relay)?;
+
+    let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+    Ok(AroundXa {
+        conn,
+        a,
+        b,
+        c,
+        x,
+        prepared,
+        decided,
+        held,
+        records,
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------------
@@ -358,35 +443,17 @@ async fn prepared_then_rolled_back_xa_produces_nothing() -> Result<()> {
     let w = xa_world("xarb").await?;
     let gtrid = format!("xa-{}-rb", w.uid);
     let result = async {
-        let topics = vec![w.topic("Order")];
-        let mut gen = RowGen::new(&w.uid, "rb", 2);
-        let (relay, start) = w.start(STARTUP).await?;
-        let mut conn = w.db.conn().await?;
-        let from = start.position();
-
-        let a = gen.rows(2);
-        let tx_a = commit(&mut conn, &from, &a).await?;
-        let x = gen.rows(3);
-        let prepared = xa_prepare(&w, &gtrid, &x).await?;
-        let prepared = group(&mut conn, &from, &prepared).await?;
-        let b = gen.rows(2);
-        commit(&mut conn, &from, &b).await?;
-        wait_for_keys(&w, &topics, &keys(&[&a, &b]), &relay).await?;
-        wait_rows_acked(&w, &relay, 2, &tx_a.end, &prepared.start).await?;
-
-        let rolled_back = xa_decide(&w, &gtrid, false).await?;
-        let rolled_back = group(&mut conn, &from, &rolled_back).await?;
-        let c = gen.rows(2);
-        let tx_c = commit(&mut conn, &from, &c).await?;
-        wait_for_keys(&w, &topics, &keys(&[&c]), &relay).await?;
-        let cp = w
-            .wait_checkpoint_covers(&relay, &tx_c.end, RELAY_WAIT)
-            .await?;
-        w.ensure_boundary(&cp).await?;
-        let status = relay.stop(STOP).await?;
-        expect_exit_code(status, 0, &relay)?;
-
-        let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+        let AroundXa {
+            mut conn,
+            a,
+            b,
+            c,
+            x,
+            prepared,
+            decided: rolled_back,
+            held: _,
+            records,
+        } = around_a_prepared_xa(&w, &gtrid, "rb", 2, 2, false).await?;
         ensure_exactly_once(&records, &keys(&[&a, &b, &c]))?;
         let ids = stored_rows(&mut conn).await?;
         ensure!(
@@ -420,35 +487,17 @@ async fn prepared_then_committed_xa_follows_its_commit() -> Result<()> {
     let w = xa_world("xacm").await?;
     let gtrid = format!("xa-{}-cm", w.uid);
     let result = async {
-        let topics = vec![w.topic("Order")];
-        let mut gen = RowGen::new(&w.uid, "cm", 1);
-        let (relay, start) = w.start(STARTUP).await?;
-        let mut conn = w.db.conn().await?;
-        let from = start.position();
-
-        let a = gen.rows(2);
-        let tx_a = commit(&mut conn, &from, &a).await?;
-        let x = gen.rows(3);
-        let prepared = xa_prepare(&w, &gtrid, &x).await?;
-        let prepared = group(&mut conn, &from, &prepared).await?;
-        let b = gen.rows(1);
-        commit(&mut conn, &from, &b).await?;
-        wait_for_keys(&w, &topics, &keys(&[&a, &b]), &relay).await?;
-        let held = wait_rows_acked(&w, &relay, 1, &tx_a.end, &prepared.start).await?;
-
-        let committed = xa_decide(&w, &gtrid, true).await?;
-        let committed = group(&mut conn, &from, &committed).await?;
-        let c = gen.rows(2);
-        let tx_c = commit(&mut conn, &from, &c).await?;
-        wait_for_keys(&w, &topics, &keys(&[&x, &c]), &relay).await?;
-        let cp = w
-            .wait_checkpoint_covers(&relay, &tx_c.end, RELAY_WAIT)
-            .await?;
-        w.ensure_boundary(&cp).await?;
-        let status = relay.stop(STOP).await?;
-        expect_exit_code(status, 0, &relay)?;
-
-        let records = read_all_records(&w.spec.bootstrap_servers, &topics, READ_ALL).await?;
+        let AroundXa {
+            mut conn,
+            a,
+            b,
+            c,
+            x,
+            prepared,
+            decided: committed,
+            held,
+            records,
+        } = around_a_prepared_xa(&w, &gtrid, "cm", 1, 1, true).await?;
         ensure_exactly_once(&records, &keys(&[&a, &b, &x, &c]))?;
         let ids = stored_rows(&mut conn).await?;
         let expected: Vec<OutboxRow> = [a, b, x, c].concat();

@@ -21,6 +21,43 @@ use crate::state::{read_state_row, StateRow};
 use crate::unique::{next_server_id, unique_suffix};
 use crate::wait::wait_until;
 
+/// Declares `struct $name(World)` for a test file's own fixture methods: it dereferences to the
+/// [`World`] (so `f.uid`, `f.db`, `f.spec`, `f.start(…)` work) and `$name::new(name)` creates
+/// the world of the binary `$binary` with its database named `<$db_prefix>_<name>…`
+/// ([`World::with_db_prefix`]); `f.drop_database()` drops that database (`f.db` cannot be moved
+/// out through the dereference).
+#[macro_export]
+macro_rules! world_fixture {
+    ($(#[$meta:meta])* $name:ident, $binary:expr, $db_prefix:literal) => {
+        $(#[$meta])*
+        struct $name($crate::World);
+
+        impl ::std::ops::Deref for $name {
+            type Target = $crate::World;
+            fn deref(&self) -> &$crate::World {
+                &self.0
+            }
+        }
+
+        impl ::std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut $crate::World {
+                &mut self.0
+            }
+        }
+
+        impl $name {
+            async fn new(name: &str) -> ::anyhow::Result<Self> {
+                Ok(Self($crate::World::with_db_prefix($binary, $db_prefix, name).await?))
+            }
+
+            /// Drops the world's database and closes its pool.
+            async fn drop_database(self) -> ::anyhow::Result<()> {
+                self.0.db.drop_database().await
+            }
+        }
+    };
+}
+
 /// A test's own database, topic prefix `t_<uid>`, connector name `<name>-<uid>` and replica
 /// server id, and the relay binary to run against them.
 pub struct World {
@@ -40,7 +77,16 @@ impl World {
     /// # Errors
     /// The database cannot be created.
     pub async fn new(binary: &str, name: &str) -> Result<Self> {
-        let db = TestDb::create(&format!("rs_{name}")).await?;
+        Self::with_db_prefix(binary, "rs", name).await
+    }
+
+    /// Like [`World::new`], with the database named after `<db_prefix>_<name>` (the suites that
+    /// name their databases `e2e_…`).
+    ///
+    /// # Errors
+    /// The database cannot be created.
+    pub async fn with_db_prefix(binary: &str, db_prefix: &str, name: &str) -> Result<Self> {
+        let db = TestDb::create(&format!("{db_prefix}_{name}")).await?;
         let uid = unique_suffix();
         let spec = RelayConfigSpec::new(
             &db,

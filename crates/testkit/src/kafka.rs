@@ -348,13 +348,7 @@ pub async fn read_all_records(
     let (records, total) = run_blocking(move || {
         let consumer = new_consumer(&bootstrap)?;
         let parts = await_topics(&consumer, &topics, false, Instant::now())?;
-        let mut total = 0u64;
-        for (t, ps) in &parts {
-            for p in ps {
-                let (low, high) = watermarks(&consumer, t, *p, Instant::now() + WATERMARK_RETRY)?;
-                total += u64::try_from(high - low).unwrap_or(0);
-            }
-        }
+        let total = sum_watermarks(&consumer, &parts, |low, high| high - low)?;
         drop(consumer);
         let existing: Vec<String> = parts.into_keys().collect();
         let records = read_blocking(&bootstrap, &existing, false, None, timeout)?;
@@ -392,20 +386,7 @@ pub async fn read_committed_records(
 /// # Errors
 /// The consumer cannot be created or a watermark query fails.
 pub async fn high_watermark_total(bootstrap: &str, topics: &[String]) -> Result<u64> {
-    let (bootstrap, topics) = (bootstrap.to_owned(), topics.to_vec());
-    run_blocking(move || {
-        let consumer = new_consumer(&bootstrap)?;
-        let parts = await_topics(&consumer, &topics, false, Instant::now())?;
-        let mut total = 0u64;
-        for (t, ps) in &parts {
-            for p in ps {
-                let (low, high) = watermarks(&consumer, t, *p, Instant::now() + WATERMARK_RETRY)?;
-                total += u64::try_from(high - low).unwrap_or(0);
-            }
-        }
-        Ok(total)
-    })
-    .await
+    sum_over_partitions(bootstrap, topics, |low, high| high - low).await
 }
 
 /// Sum over the partitions of `topics` of the low watermark: how many records the broker has
@@ -415,20 +396,39 @@ pub async fn high_watermark_total(bootstrap: &str, topics: &[String]) -> Result<
 /// # Errors
 /// The consumer cannot be created or a watermark query fails.
 pub async fn deleted_record_count(bootstrap: &str, topics: &[String]) -> Result<u64> {
+    sum_over_partitions(bootstrap, topics, |low, _| low).await
+}
+
+/// [`sum_watermarks`] over the partitions of `topics` (missing topics have none).
+async fn sum_over_partitions(
+    bootstrap: &str,
+    topics: &[String],
+    per_partition: fn(i64, i64) -> i64,
+) -> Result<u64> {
     let (bootstrap, topics) = (bootstrap.to_owned(), topics.to_vec());
     run_blocking(move || {
         let consumer = new_consumer(&bootstrap)?;
         let parts = await_topics(&consumer, &topics, false, Instant::now())?;
-        let mut total = 0u64;
-        for (t, ps) in &parts {
-            for p in ps {
-                let (low, _) = watermarks(&consumer, t, *p, Instant::now() + WATERMARK_RETRY)?;
-                total += u64::try_from(low).unwrap_or(0);
-            }
-        }
-        Ok(total)
+        sum_watermarks(&consumer, &parts, per_partition)
     })
     .await
+}
+
+/// Sum over `parts` (topic → partitions) of `per_partition(low, high)` of their watermarks,
+/// negative terms counting 0.
+fn sum_watermarks(
+    consumer: &BaseConsumer,
+    parts: &BTreeMap<String, Vec<i32>>,
+    per_partition: fn(i64, i64) -> i64,
+) -> Result<u64> {
+    let mut total = 0u64;
+    for (t, ps) in parts {
+        for p in ps {
+            let (low, high) = watermarks(consumer, t, *p, Instant::now() + WATERMARK_RETRY)?;
+            total += u64::try_from(per_partition(low, high)).unwrap_or(0);
+        }
+    }
+    Ok(total)
 }
 
 /// Names of all topics on the broker that start with `prefix`, sorted.
