@@ -941,7 +941,21 @@ fn opaque(seq: u64) -> usize {
 fn delivery_outcome(report: &DeliveryResult<'_>) -> Result<Delivered, RelayError> {
     use rdkafka::message::Headers;
     match report {
-        Ok(msg) => Ok(Delivered::Acked(msg.partition(), msg.offset())),
+        Ok(msg) => {
+            if msg.offset() < 0 {
+                // librdkafka reports success without an offset when the broker answered
+                // DUPLICATE_SEQUENCE_NUMBER (it takes the record for one already persisted).
+                // Logged to diagnose a record once seen acknowledged but missing from its
+                // topic (README, "Not yet supported").
+                tracing::warn!(
+                    topic = msg.topic(),
+                    partition = msg.partition(),
+                    offset = msg.offset(),
+                    "Kafka acknowledged a record without an offset"
+                );
+            }
+            Ok(Delivered::Acked(msg.partition(), msg.offset()))
+        }
         Err((KafkaError::MessageProduction(code), msg)) if is_permanent(*code) => {
             let code = *code;
             let headers: Vec<(String, Vec<u8>)> = msg
