@@ -292,11 +292,12 @@ async fn a_large_source_transaction_spans_several_kafka_transactions() -> Result
 }
 
 /// The transaction timeout against a large source transaction: with
-/// `transaction_timeout_ms = 2000` and the record and byte bounds out of reach, a source
-/// transaction of 40,000 rows relayed with at most 50 records in flight takes longer than the
-/// timeout; the Kafka transaction is committed in parts once open for a quarter of it (resume
-/// points inside the source transaction, ~500 ms apart), never aborted by the broker (which
-/// would repeat the same abort on every retry), and every row is visible once.
+/// `transaction_timeout_ms = 6000` and the record and byte bounds out of reach, a source
+/// transaction of 2,500 rows relayed with at most 50 records in flight and `linger.ms = 200`
+/// (at most ~250 rows/s on any machine, so at least ~10 s) takes longer than the timeout; the
+/// Kafka transaction is committed in parts once open for a quarter of it (resume points inside
+/// the source transaction, ~1.5 s apart), never aborted by the broker (which would repeat the
+/// same abort on every retry), and every row is visible once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_in_parts(
 ) -> Result<()> {
@@ -304,18 +305,24 @@ async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_i
     let world = eos_world_with("eos_timeout", 10_000_000, |w| {
         w.spec
             .kafka_extra
-            .push_str("transaction_timeout_ms = 2000\n");
+            .push_str("transaction_timeout_ms = 6000\n");
         w.spec.max_in_flight = 50;
+        w.spec
+            .kafka_properties
+            .retain(|(k, _)| k.as_str() != "linger.ms");
+        w.spec
+            .kafka_properties
+            .push(("linger.ms".into(), "200".into()));
         w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     })
     .await?;
     let topics = vec![world.topic("Order")];
     let mut gen = RowGen::new(&world.uid, "t", 20);
     let mut conn = world.db.conn().await?;
-    let rows = gen.rows(40_000);
+    let rows = gen.rows(2_500);
     let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    // One source transaction, inserted in statements of 5,000 rows (a statement's placeholder
-    // limit).
+    // One source transaction, inserted in statements of at most 5,000 rows (a statement's
+    // placeholder limit).
     let mut tx = conn
         .start_transaction(outbox_relay_testkit::mysql_async::TxOpts::default())
         .await?;
@@ -357,7 +364,7 @@ async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_i
         "{aborted} transactions aborted\n{}",
         relay.stderr_tail()
     );
-    // Split by time alone: 40,000 records are far from the record and byte bounds.
+    // Split by time alone: 2,500 records are far from the record and byte bounds.
     ensure!(
         inside.len() >= 2 && inside.windows(2).all(|w| w[0].0 < w[1].0),
         "expected resume points inside the source transaction, got {inside:?}"

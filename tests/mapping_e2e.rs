@@ -507,3 +507,113 @@ timestamp = "commit"
     world.db.drop_database().await.context("drop")?;
     Ok(())
 }
+
+/// `[outbox.cloudevents]`: every record carries the CloudEvents 1.0 attributes as `ce_*`
+/// headers (Kafka protocol binding, binary content mode) beside the standard headers, with the
+/// payload untouched; a row without an event type is a row error (here: dead-lettered) rather
+/// than an invalid CloudEvent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_headers_are_added_in_binary_mode() -> Result<()> {
+    let mut world = World::new(BIN, "mapping_ce").await?;
+    let dlq = format!("{}dead", world.topic_prefix());
+    world.spec.dead_letter_topic = Some(dlq.clone());
+    world.spec.outbox_extra =
+        "[outbox.cloudevents]\nenabled = true\nsource = \"/shop/orders\"\n".into();
+    let mut conn = world.db.conn().await?;
+    // Outbox tables with an optional event type exist; such a row cannot be a CloudEvent.
+    conn.query_drop("ALTER TABLE outbox MODIFY event_type VARCHAR(255) NULL")
+        .await?;
+    let (relay, _) = world.start(WAIT).await?;
+    let k = |n: u32| format!("{}-ce{n}", world.uid);
+    conn.exec_drop(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, \
+         created_at) VALUES ('Order', 'order-1', 'OrderPaid', ?, '{\"paid\": true}', \
+         UTC_TIMESTAMP(6)), ('Order', 'order-2', NULL, ?, '{}', UTC_TIMESTAMP(6)), \
+         ('Order', 'order-3', 'OrderCreated', ?, '{\"n\": 3}', UTC_TIMESTAMP(6))",
+        (k(1), k(2), k(3)),
+    )
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let records = collect_records(&kafka_bootstrap(), &topics, 2, WAIT).await?;
+    let dead = collect_records(&kafka_bootstrap(), std::slice::from_ref(&dlq), 1, WAIT).await?;
+    relay.stop(WAIT).await?;
+    ensure!(records.len() == 2, "{} records", records.len());
+    for (r, key, ty, payload) in [
+        (&records[0], k(1), "OrderPaid", "{\"paid\": true}"),
+        (&records[1], k(3), "OrderCreated", "{\"n\": 3}"),
+    ] {
+        let (r, key): (&Record, String) = if r.header("event_key") == Some(key.as_str()) {
+            (r, key)
+        } else {
+            let other = records
+                .iter()
+                .find(|x| x.header("event_key") == Some(key.as_str()))
+                .with_context(|| format!("no record for {key}"))?;
+            (other, key)
+        };
+        let time = chrono_time(r.timestamp_ms.context("no timestamp")?);
+        let want = [
+            ("ce_specversion", "1.0".to_owned()),
+            ("ce_id", key.clone()),
+            ("ce_source", "/shop/orders".to_owned()),
+            ("ce_type", ty.to_owned()),
+            ("ce_subject", r.key_str().unwrap_or_default().to_owned()),
+            ("ce_time", time),
+            ("content-type", "application/json".to_owned()),
+        ];
+        for (name, value) in want {
+            ensure!(
+                r.header(name) == Some(value.as_str()),
+                "{name}: {:?}, want {value:?} in {}",
+                r.header(name),
+                describe_record(r)
+            );
+        }
+        ensure!(
+            r.header("event_key") == Some(key.as_str()),
+            "standard headers kept"
+        );
+        ensure!(
+            r.value_str() == Some(payload),
+            "payload changed: {}",
+            describe_record(r)
+        );
+    }
+    ensure!(
+        dead.len() == 1
+            && dead[0].header("event_key") == Some(k(2).as_str())
+            && dead[0]
+                .header("dlq_reason")
+                .is_some_and(|r| r.contains("needs a type")),
+        "the row without an event type: {:?}",
+        dead.iter().map(describe_record).collect::<Vec<_>>()
+    );
+    // The pool's disconnect waits for every connection taken from it.
+    drop(conn);
+    world.db.drop_database().await?;
+    Ok(())
+}
+
+/// RFC 3339, UTC, milliseconds: `ce_time` of a record timestamp (ms since the epoch).
+fn chrono_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

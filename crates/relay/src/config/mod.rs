@@ -288,6 +288,40 @@ pub struct OutboxConfig {
     /// started reading from (its rows are unknown). Default `stop`.
     #[serde(default)]
     pub unknown_xa_commit: UnknownXaCommit,
+    /// `[outbox.cloudevents]`: CloudEvents headers on every record (binary content mode).
+    #[serde(default)]
+    pub cloudevents: CloudEventsConfig,
+}
+
+/// `[outbox.cloudevents]`: with `enabled`, every record also carries the CloudEvents 1.0
+/// attributes as headers, per the CloudEvents Kafka protocol binding's binary content mode
+/// (`ce_specversion` = `1.0`, `ce_id` = the `event_key` column (the `id` column when it has no
+/// value), `ce_source` = `source`, `ce_type` = the `event_type` column, `ce_subject` = the
+/// aggregate id, `ce_time` = the record timestamp in RFC 3339 (UTC, milliseconds), and
+/// `content-type` = `content_type`); the value (the payload) is untouched. A row without
+/// `event_type`, or without both `event_key` and `id`, cannot be a CloudEvent: a row error
+/// (dead letter or stop).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CloudEventsConfig {
+    /// Add the headers. Default `false`.
+    pub enabled: bool,
+    /// `ce_source`: a URI-reference naming the context that produced the events (for example
+    /// `/shop/orders` or `urn:shop:orders`). Required when enabled.
+    pub source: String,
+    /// `content-type` (CloudEvents `datacontenttype`) of the payload. Default
+    /// `application/json`; `""` leaves the header out.
+    pub content_type: String,
+}
+
+impl Default for CloudEventsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            source: String::new(),
+            content_type: "application/json".into(),
+        }
+    }
 }
 
 /// `outbox.unknown_xa_commit`: an `XA COMMIT` whose `XA PREPARE` (which carries the
@@ -909,6 +943,14 @@ impl RelayConfig {
         self.validate_tls()?;
         // URL, password and TLS files, as every connection will use them.
         crate::config::mysql_tls::opts(&self.mysql)?;
+        let ce = &self.outbox.cloudevents;
+        if ce.enabled && ce.source.trim().is_empty() {
+            return bad(
+                "outbox.cloudevents.source is required with outbox.cloudevents.enabled: a \
+                 URI-reference naming the producer of the events, e.g. \"/shop/orders\""
+                    .into(),
+            );
+        }
         if self.connector_name.trim().is_empty() || self.connector_name.len() > 191 {
             return bad("connector_name must be 1 to 191 characters".into());
         }

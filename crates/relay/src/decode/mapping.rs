@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use crate::config::topic::TopicTemplate;
 use crate::config::{
-    AdditionalColumn, BinaryFormat, ColumnMapping, HeaderNames, KeyFormat, NullPayload, OnUpdate,
-    OutboxConfig, Placement, RelayConfig, TableName, TimestampRefused, TimestampSource,
+    AdditionalColumn, BinaryFormat, CloudEventsConfig, ColumnMapping, HeaderNames, KeyFormat,
+    NullPayload, OnUpdate, OutboxConfig, Placement, RelayConfig, TableName, TimestampRefused,
+    TimestampSource,
 };
 use crate::error::RelayError;
 
@@ -44,6 +45,8 @@ pub struct TableMapping {
     pub binary_format: BinaryFormat,
     /// What the key holds.
     pub key_format: KeyFormat,
+    /// CloudEvents headers (`[outbox.cloudevents]`), when enabled.
+    pub cloudevents: Option<Arc<CloudEventsConfig>>,
 }
 
 impl TableMapping {
@@ -163,6 +166,10 @@ impl RelayConfig {
         let default_zone = parse_zone(&o.datetime_time_zone, "outbox.datetime_time_zone")?;
         check_columns(&o.columns, "outbox.columns")?;
         check_headers(&o.headers, &o.additional, "outbox")?;
+        let cloudevents = o
+            .cloudevents
+            .enabled
+            .then(|| Arc::new(o.cloudevents.clone()));
         let mut out: Vec<TableMapping> = Vec::new();
         let mut seen = HashSet::new();
         for name in &o.tables {
@@ -185,6 +192,7 @@ impl RelayConfig {
                 datetime_time_zone: default_zone,
                 binary_format: o.binary_format,
                 key_format: o.key_format,
+                cloudevents: cloudevents.clone(),
             });
         }
         for t in &o.table {
@@ -216,6 +224,7 @@ impl RelayConfig {
                 },
                 binary_format: t.binary_format.unwrap_or(o.binary_format),
                 key_format: t.key_format.unwrap_or(o.key_format),
+                cloudevents: cloudevents.clone(),
             });
         }
         if let Some(m) = out

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::topic::TopicFields;
 pub use crate::config::topic::TopicTemplate;
-use crate::config::TimestampRefused;
+use crate::config::{CloudEventsConfig, TimestampRefused};
 use crate::decode::OutboxEvent;
 use crate::error::RelayError;
 
@@ -106,6 +106,11 @@ impl Router {
                 return Err((reason, Box::new(event)));
             }
         }
+        if event.mapping.cloudevents.is_some() {
+            if let Err(reason) = cloudevent_check(&event) {
+                return Err((reason, Box::new(event)));
+            }
+        }
         Ok(Self::record(event, topic))
     }
 
@@ -121,6 +126,11 @@ impl Router {
             (Some(_), true) => envelope_payload(&event).ok(),
             _ => None,
         };
+        let cloudevent = event
+            .mapping
+            .cloudevents
+            .as_deref()
+            .map(|c| cloudevent_headers(c, &event));
         let mut headers = Vec::with_capacity(4 + event.extra_headers.len());
         for (name, value) in [
             (&names.id, event.id),
@@ -141,6 +151,7 @@ impl Router {
                 .into_iter()
                 .map(|(name, value)| (Arc::from(name), value)),
         );
+        headers.extend(cloudevent.into_iter().flatten());
         KafkaRecord {
             topic,
             key: event.aggregate_id,
@@ -154,6 +165,48 @@ impl Router {
                 .then_some(event.commit_ms),
         }
     }
+}
+
+/// Why `event` cannot be a CloudEvent (`[outbox.cloudevents]`): it needs a type and an id.
+fn cloudevent_check(event: &OutboxEvent) -> Result<(), String> {
+    if event.event_type.is_none() {
+        return Err(format!(
+            "CloudEvents (outbox.cloudevents.enabled) needs a type, and this row's {} column is \
+             NULL: give every row an event type, or turn CloudEvents off",
+            event.mapping.columns.event_type
+        ));
+    }
+    if event.event_key.is_none() && event.id.is_none() {
+        return Err(format!(
+            "CloudEvents (outbox.cloudevents.enabled) needs an id, and this row's {} and {} \
+             columns are NULL",
+            event.mapping.columns.event_key, event.mapping.columns.id
+        ));
+    }
+    Ok(())
+}
+
+/// The CloudEvents 1.0 attributes of `event` as Kafka headers, binary content mode (CloudEvents
+/// Kafka protocol binding, section 3.2: `ce_` + attribute name; `datacontenttype` as
+/// `content-type`).
+fn cloudevent_headers(c: &CloudEventsConfig, event: &OutboxEvent) -> Vec<(Arc<str>, Vec<u8>)> {
+    let mut out: Vec<(Arc<str>, Vec<u8>)> = vec![("ce_specversion".into(), b"1.0".to_vec())];
+    if let Some(id) = event.event_key.as_ref().or(event.id.as_ref()) {
+        out.push(("ce_id".into(), id.clone()));
+    }
+    out.push(("ce_source".into(), c.source.as_bytes().to_vec()));
+    if let Some(t) = &event.event_type {
+        out.push(("ce_type".into(), t.clone()));
+    }
+    out.push(("ce_subject".into(), event.aggregate_id.clone()));
+    if let Some(t) = chrono::DateTime::from_timestamp_millis(event.timestamp_ms) {
+        let time = t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        out.push(("ce_time".into(), time.into_bytes()));
+    }
+    if !c.content_type.is_empty() {
+        out.push(("content-type".into(), c.content_type.as_bytes().to_vec()));
+    }
+    out
 }
 
 /// The JSON envelope `{"payload": <payload>, "<field>": <value>, …}` of an event with envelope
@@ -228,6 +281,69 @@ mod tests {
 
     fn event(aggregate_type: &str) -> OutboxEvent {
         event_with(aggregate_type, mapping(""))
+    }
+
+    #[test]
+    fn cloudevents_headers_follow_the_kafka_binding() {
+        let m = mapping("[outbox.cloudevents]\nenabled = true\nsource = \"/shop/orders\"\n");
+        let record = Router::new().route(event_with("Order", m)).expect("routes");
+        let h: Vec<(&str, &str)> = record
+            .headers
+            .iter()
+            .map(|(n, v)| (&**n, std::str::from_utf8(v).expect("utf-8")))
+            .collect();
+        // The standard headers stay; the CloudEvents attributes follow them.
+        assert_eq!(
+            h,
+            vec![
+                ("id", "7"),
+                ("event_key", "k-7"),
+                ("event_type", "OrderCreated"),
+                ("aggregate_type", "Order"),
+                ("ce_specversion", "1.0"),
+                ("ce_id", "k-7"),
+                ("ce_source", "/shop/orders"),
+                ("ce_type", "OrderCreated"),
+                ("ce_subject", "order-1"),
+                ("ce_time", "2023-11-14T22:13:20.000Z"),
+                ("content-type", "application/json"),
+            ]
+        );
+        assert_eq!(record.value.as_deref(), Some(&br#"{"a":1}"#[..]));
+    }
+
+    #[test]
+    fn cloudevents_need_a_type_an_id_and_a_source() {
+        let m = mapping(
+            "[outbox.cloudevents]\nenabled = true\nsource = \"urn:shop\"\ncontent_type = \"\"\n",
+        );
+        let mut e = event_with("Order", Arc::clone(&m));
+        e.event_key = None;
+        let record = Router::new().route(e).expect("the id column stands in");
+        assert!(record
+            .headers
+            .iter()
+            .any(|(n, v)| &**n == "ce_id" && v == b"7"));
+        assert!(!record.headers.iter().any(|(n, _)| &**n == "content-type"));
+        let mut e = event_with("Order", Arc::clone(&m));
+        e.event_type = None;
+        let (reason, _) = Router::new().try_route(e).expect_err("no type");
+        assert!(reason.contains("needs a type"), "{reason}");
+        let mut e = event_with("Order", m);
+        e.event_key = None;
+        e.id = None;
+        let (reason, _) = Router::new().try_route(e).expect_err("no id");
+        assert!(reason.contains("needs an id"), "{reason}");
+        let err = RelayConfig::from_toml_str(
+            "[mysql]\nurl = \"mysql://root@127.0.0.1:3306/shop\"\nserver_id = 9\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[outbox]\ntables = [\"shop.outbox\"]\n\
+             [outbox.cloudevents]\nenabled = true\n",
+        )
+        .expect_err("no source");
+        assert!(
+            err.to_string().contains("outbox.cloudevents.source"),
+            "{err}"
+        );
     }
 
     #[test]
