@@ -916,7 +916,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
             relays.current()?.stderr_tail()
         );
     }
-    let watcher = ProbeWatcher::start(&bootstrap, &probe_topic)?;
+    let mut watcher = ProbeWatcher::start(&bootstrap, &probe_topic)?;
     watcher.wait_for(&warm, Duration::from_secs(30)).await?;
     log.say("workload running, first probe delivered; injecting faults");
 
@@ -1054,6 +1054,15 @@ pub async fn run(opts: &Options) -> Result<Report> {
             }
         };
         let fault_end = Instant::now();
+        if matches!(kind, FaultKind::BrokerRestart) {
+            // A probe reader kept across the broker's restart was seen stuck after it on a
+            // loaded machine (every later probe "did not arrive" while a fresh reader found all
+            // rows): read the probe topic anew, from its beginning.
+            match ProbeWatcher::start(&bootstrap, &probe_topic) {
+                Ok(w) => watcher = w,
+                Err(e) => log.say(format!("the probe reader was not renewed: {e:#}")),
+            }
+        }
         let probe = prober.write().await?;
         let recovery = match watcher.wait_for(&probe, p.recovery_timeout).await {
             Ok(t) => Some(t.saturating_duration_since(fault_end)),
