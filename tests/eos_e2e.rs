@@ -254,6 +254,89 @@ async fn every_row_is_visible_once_across_kill_9() -> Result<()> {
     Ok(())
 }
 
+/// A current relay commits as soon as it has read everything the server sent (group commit),
+/// not only after `transaction_interval_ms`: with the interval at 5 minutes, rows committed
+/// one by one are visible to a read_committed reader long before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_current_relay_commits_without_waiting_for_the_interval() -> Result<()> {
+    let world = eos_world_with("eos_group_commit", 1000, |w| {
+        w.spec.kafka_extra = w.spec.kafka_extra.replace(
+            "transaction_interval_ms = 50\n",
+            "transaction_interval_ms = 300000\ntransaction_timeout_ms = 900000\n",
+        );
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "g", 3);
+    let mut conn = world.db.conn().await?;
+    let relay = world.spawn()?;
+    let mut keys = Vec::new();
+    for _ in 0..5 {
+        commit_more(&mut conn, &mut gen, 2, &mut keys).await?;
+        // Each pair becomes visible on its own (RELAY_WAIT is shorter than the interval).
+        finish_keys(&world, &topics, &keys, &relay).await?;
+    }
+    stop_cleanly(&relay).await?;
+    ensure_each_once(&world, &topics, &keys).await?;
+    Ok(())
+}
+
+/// A start reads the progress topic's last offsets first; when more than that many records of
+/// other connectors follow the connector's last point, it reads the topic from the beginning
+/// and still resumes from that point (not from the state table, not from the binlog's end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_point_behind_other_connectors_records_is_found() -> Result<()> {
+    let (world, topics, mut gen, mut conn) = eos_start("eos_progress_tail", 1000, "p", 5).await?;
+    let mut keys = Vec::new();
+    commit_more(&mut conn, &mut gen, 10, &mut keys).await?;
+    let relay = world.spawn()?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    stop_cleanly(&relay).await?;
+    // 1,500 resume points of another connector after this one's (more than the 1,000 offsets
+    // a start reads first).
+    let topic = progress_topic(&world);
+    let bootstrap = world.spec.bootstrap_servers.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let p: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .create()?;
+        for i in 0..1500 {
+            let value = format!("{{\"other\": {i}}}");
+            loop {
+                match p.send(
+                    BaseRecord::<str, str>::to(&topic)
+                        .key("another-connector")
+                        .payload(&value),
+                ) {
+                    Ok(()) => break,
+                    Err((_, _)) => {
+                        p.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        p.flush(Duration::from_secs(30))?;
+        Ok(())
+    })
+    .await??;
+    // (A relay that missed the progress topic's point would resume from the state table's
+    // mirror and say so: the log line below tells them apart.)
+    commit_more(&mut conn, &mut gen, 10, &mut keys).await?;
+    let relay = world.spawn()?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    stop_cleanly(&relay).await?;
+    ensure!(
+        relay
+            .stderr_text()
+            .contains("exactly-once: resuming from the last committed point"),
+        "the relay did not resume from the progress topic:\n{}",
+        relay.stderr_tail()
+    );
+    let records = ensure_each_once(&world, &topics, &keys).await?;
+    ensure!(records.len() == 20, "{} records for 20 rows", records.len());
+    Ok(())
+}
+
 /// A source transaction of 5,000 rows with at most 500 records per Kafka transaction: it is
 /// committed in parts, each resume point inside it saying how many of its rows are committed;
 /// a kill -9 in the middle of the second such transaction resumes inside it without a

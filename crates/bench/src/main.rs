@@ -298,7 +298,10 @@ impl Bench {
                         self.prefix
                     ));
                 }
-                let r = RelayProcess::spawn(&self.s.relay_bin, &toml, &[("RUST_LOG", "warn")])?;
+                // BENCH_RELAY_LOG (default `warn`): the relays' RUST_LOG, for profiling (their
+                // logs are in the temp folder's outbox-relay-tests/relay_*.stderr.log).
+                let log = std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into());
+                let r = RelayProcess::spawn(&self.s.relay_bin, &toml, &[("RUST_LOG", &log)])?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
                 Running::Relay(r)

@@ -655,7 +655,7 @@ pub struct KafkaConfig {
     pub transaction_interval_ms: u64,
     /// Exactly-once: the most records (dead letters included) in one Kafka transaction; a source
     /// transaction with more spans several, the resume point saying how many of its rows are
-    /// committed. Default 100000.
+    /// committed. Default 500000.
     #[serde(default = "default_transaction_max_records")]
     pub transaction_max_records: u64,
     /// Exactly-once: the most record bytes (key, value, headers) in one Kafka transaction.
@@ -691,7 +691,7 @@ fn default_transaction_interval_ms() -> u64 {
 }
 
 fn default_transaction_max_records() -> u64 {
-    100_000
+    500_000
 }
 
 fn default_transaction_max_bytes() -> u64 {

@@ -12,7 +12,6 @@
 //! The transaction is begun by the first record after a commit and committed by
 //! [`RecordSink::commit`], which the pipeline calls with nothing in flight.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -413,12 +412,15 @@ impl RecordSink for TransactionalSink {
             }
             self.inner.serve();
         }
+        let flushed = started.elapsed();
         let timeout = self.op_timeout;
         match self.blocking(move |p| p.commit_transaction(timeout)).await {
             Ok(()) => {
                 let (age, records) = self.close();
                 metrics::global().transaction_committed(age, records, started.elapsed());
-                tracing::debug!(records, age_ms = age.as_millis() as u64, position = %point.position,
+                tracing::debug!(records, age_ms = age.as_millis() as u64,
+                    flush_ms = flushed.as_millis() as u64,
+                    end_ms = (started.elapsed() - flushed).as_millis() as u64, position = %point.position,
                     rows_acked = point.rows_acked, "transaction committed");
                 Ok(())
             }
@@ -473,8 +475,12 @@ async fn ensure_progress_topic(config: &RelayConfig) -> Result<(), RelayError> {
             .await
             .map_err(|e| RelayError::Kafka(format!("admin client task failed: {e}")))?
             .map_err(|e| RelayError::Kafka(format!("creating an admin client: {e}")))?;
-    let new =
-        NewTopic::new(&topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    // Compaction only reaches rolled segments: 16 MiB segments (or an hour) keep the records
+    // a start-up may have to read few, even at one commit every few milliseconds.
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact")
+        .set("segment.bytes", "16777216")
+        .set("segment.ms", "3600000");
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = crate::error::with_timeout(
         PROGRESS_READ_TIMEOUT,
@@ -485,7 +491,10 @@ async fn ensure_progress_topic(config: &RelayConfig) -> Result<(), RelayError> {
     .map_err(|e| RelayError::Kafka(format!("creating the progress topic {topic}: {e}")))?;
     for result in results {
         match result {
-            Ok(_) => tracing::info!(topic, "created the progress topic (compacted, 1 partition)"),
+            Ok(_) => tracing::info!(
+                topic,
+                "created the progress topic (compacted, 1 partition, 16 MiB segments)"
+            ),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((
                 _,
@@ -583,6 +592,12 @@ pub(super) fn consumer_config(kafka: &crate::config::KafkaConfig) -> ClientConfi
 /// Reads `topic` to its end with `read_committed` and returns `connector`'s last resume point.
 /// "Its end" is the high watermark when reading starts: the read waits for transactions still
 /// open below it (another connector's) to end, so a committed point after them is not missed.
+///
+/// The last [`PROGRESS_TAIL`] offsets of each partition are read first: the connector's last
+/// point is almost always there (one per commit), and the compacted topic's active segment is
+/// only compacted once it rolls, so reading from the beginning could read every commit of the
+/// last segment. Only when the tail has no record of the connector is the partition read from
+/// its beginning.
 fn read_progress(
     config: &RelayConfig,
     topic: &str,
@@ -597,6 +612,8 @@ fn read_progress(
             )
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
+            // The broker answers a fetch at the end at once instead of after 500 ms.
+            .set("fetch.wait.max.ms", "10")
             .set("isolation.level", isolation);
         client
             .create()
@@ -612,39 +629,61 @@ fn read_progress(
         .iter()
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    let mut ends = HashMap::new();
-    let mut assignment = TopicPartitionList::new();
+    // (partition, low, high) of each partition that holds records.
+    let mut ranges = Vec::new();
     for p in partitions {
         let (low, high) = watermarks
             .fetch_watermarks(topic, p, PROGRESS_READ_TIMEOUT)
             .map_err(|e| RelayError::Kafka(format!("reading the progress topic's offsets: {e}")))?;
         if high > low {
-            ends.insert(p, high);
-            assignment
-                .add_partition_offset(topic, p, Offset::Beginning)
-                .map_err(|e| RelayError::Kafka(format!("assigning the progress topic: {e}")))?;
+            ranges.push((p, low, high));
         }
     }
-    if ends.is_empty() {
-        return Ok(None);
+    let deadline = Instant::now() + PROGRESS_READ_TIMEOUT;
+    let mut last = None;
+    for (p, low, high) in ranges {
+        let tail = (high - PROGRESS_TAIL).max(low);
+        let mut found = read_partition(&reader, topic, p, tail, high, connector, deadline)?;
+        if found.is_none() && tail > low {
+            found = read_partition(&reader, topic, p, low, tail, connector, deadline)?;
+        }
+        last = found.or(last);
     }
+    last.map(|v| decode_progress(&v)).transpose()
+}
+
+/// How many offsets at the end of a progress partition are read first (see [`read_progress`]).
+const PROGRESS_TAIL: i64 = 1000;
+
+/// Reads partition `p` of `topic` from offset `from` until the reader's position reaches `end`
+/// and returns the value of `connector`'s last record in that range.
+fn read_partition(
+    reader: &BaseConsumer,
+    topic: &str,
+    p: i32,
+    from: i64,
+    end: i64,
+    connector: &str,
+    deadline: Instant,
+) -> Result<Option<Vec<u8>>, RelayError> {
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, p, Offset::Offset(from))
+        .map_err(|e| RelayError::Kafka(format!("assigning the progress topic: {e}")))?;
     reader
         .assign(&assignment)
         .map_err(|e| RelayError::Kafka(format!("assigning the progress topic: {e}")))?;
-    let deadline = Instant::now() + PROGRESS_READ_TIMEOUT;
     let mut last = None;
     loop {
         let positions = reader
             .position()
             .map_err(|e| RelayError::Kafka(format!("reading the progress topic: {e}")))?;
-        let done = ends.iter().all(|(p, end)| {
-            positions
-                .find_partition(topic, *p)
-                .and_then(|tp| tp.offset().to_raw())
-                .is_some_and(|at| at >= *end)
-        });
+        let done = positions
+            .find_partition(topic, p)
+            .and_then(|tp| tp.offset().to_raw())
+            .is_some_and(|at| at >= end);
         if done {
-            break;
+            return Ok(last);
         }
         if Instant::now() > deadline {
             return Err(RelayError::Kafka(format!(
@@ -654,6 +693,8 @@ fn read_progress(
             )));
         }
         match reader.poll(Duration::from_millis(200)) {
+            // Past `end` (a later commit of another connector): not part of this range.
+            Some(Ok(m)) if m.offset() >= end => {}
             Some(Ok(m)) if m.key() == Some(connector.as_bytes()) => {
                 last = m.payload().map(<[u8]>::to_vec);
             }
@@ -665,7 +706,6 @@ fn read_progress(
             }
         }
     }
-    last.map(|v| decode_progress(&v)).transpose()
 }
 
 #[cfg(test)]
