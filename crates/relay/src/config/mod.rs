@@ -1181,7 +1181,7 @@ bootstrap_servers = "127.0.0.1:9092"
                 c.kafka.transaction_max_records,
                 c.kafka.transaction_timeout_ms
             ),
-            (100, 100_000, 60_000)
+            (100, 500_000, 60_000)
         );
         for (line, named) in [
             (
