@@ -1,5 +1,5 @@
-//! The operator commands `check`, `status`, `reset`, `migrate` and `prune` against the shared
-//! MariaDB (3306) and Kafka (9092). Nothing here changes a global server variable: the
+//! The operator commands `check`, `status`, `reset`, `migrate`, `prune` and `republish` against
+//! the shared MariaDB (3306) and Kafka (9092). Nothing here changes a global server variable: the
 //! evaluation of server settings is unit-tested on values (`ops::check` tests).
 //!
 //! Expected values come from SQL the tests run themselves (SHOW BINARY LOGS, BINLOG_GTID_POS
@@ -839,4 +839,162 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
     has(&err, "has no created_at column mapped")?;
     drop(conn);
     w.db.drop_database().await
+}
+
+/// `republish` (issue 17): rows selected by event_key, by a created_at range and by a WHERE
+/// clause go to Kafka again as the records `run` sent (same topic, key, value, headers) plus
+/// `republished_at`, in id order per key; without --yes only the plan is printed and nothing
+/// is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republish_sends_selected_rows_again_as_run_sent_them() -> Result<()> {
+    let w = World::new(BIN, "opsrepub").await?;
+    let mut conn = w.db.conn().await?;
+    let base = recent_created_at_base() - 3_600_000_000;
+    let mut gen = RowGen::new(&w.uid, "r", 2);
+    let mut rows = gen.rows(6);
+    for (i, r) in rows.iter_mut().enumerate() {
+        // A minute apart, so whole-second bounds select exactly.
+        r.created_at_micros = base + i64::try_from(i)? * 60_000_000;
+    }
+    let (relay, _) = w.start(START).await?;
+    insert_outbox_rows(&mut conn, "outbox", &rows, InsertStyle::SingleRow).await?;
+    let topics = vec![w.topic("Order")];
+    let keys: std::collections::HashSet<String> =
+        rows.iter().map(|r| r.event_key.clone()).collect();
+    let originals = w
+        .wait_for_keys(&topics, &keys, Some(&relay), Duration::from_secs(120))
+        .await?;
+    relay.stop(EXIT).await?;
+    let bootstrap = w.spec.bootstrap_servers.clone();
+    let count = async || -> Result<usize> {
+        Ok(
+            outbox_relay_testkit::read_all_records(&bootstrap, &topics, Duration::from_secs(60))
+                .await?
+                .len(),
+        )
+    };
+    ensure!(count().await? == 6, "the relay sent other than 6 records");
+
+    // The plan: nothing sent.
+    let by_key = [
+        "--event-key",
+        &rows[1].event_key,
+        "--event-key",
+        &rows[3].event_key,
+    ];
+    let mut args = vec!["republish"];
+    args.extend(by_key);
+    let (status, out, err) = run(&w.spec, &args).await?;
+    eprintln!("--- republish (plan) ---\n{out}");
+    expect(&status, 4, &out, &err)?;
+    has(&out, "2 rows would be republished")?;
+    has(
+        &out,
+        &format!("event_key={} -> {}", rows[1].event_key, topics[0]),
+    )?;
+    ensure!(count().await? == 6, "the plan sent records");
+
+    // By event_key.
+    args.push("--yes");
+    let (status, out, err) = run(&w.spec, &args).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "republished 2 of 2 selected rows")?;
+    // By created_at: rows 3 and 4 (since is inclusive, until exclusive).
+    let at = |i: usize| -> Result<String> {
+        let t = chrono::DateTime::from_timestamp_micros(rows[i].created_at_micros)
+            .context("created_at")?;
+        Ok(t.format("%Y-%m-%d %H:%M:%S").to_string())
+    };
+    let (since, until) = (at(3)?, at(5)?);
+    let (status, out, err) = run(
+        &w.spec,
+        &["republish", "--since", &since, "--until", &until, "--yes"],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "republished 2 of 2 selected rows")?;
+    // By a WHERE clause: the rows of aggregate o-00 (0, 2, 4).
+    let (status, out, err) = run(
+        &w.spec,
+        &[
+            "republish",
+            "--where",
+            "aggregate_id = 'o-00'",
+            "--rate",
+            "50",
+            "--yes",
+        ],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "republished 3 of 3 selected rows")?;
+
+    let all = outbox_relay_testkit::read_all_records(
+        &w.spec.bootstrap_servers,
+        &topics,
+        Duration::from_secs(60),
+    )
+    .await?;
+    ensure!(
+        all.len() == 13,
+        "{} records, expected 6 + 2 + 2 + 3",
+        all.len()
+    );
+    let republished: Vec<_> = all
+        .iter()
+        .filter(|r| r.header("republished_at").is_some())
+        .collect();
+    let mut sent: Vec<&str> = republished
+        .iter()
+        .filter_map(|r| r.header("event_key"))
+        .collect();
+    sent.sort_unstable();
+    let mut expected: Vec<&str> = [1, 3, 3, 4, 0, 2, 4]
+        .iter()
+        .map(|i| rows[*i].event_key.as_str())
+        .collect();
+    expected.sort_unstable();
+    ensure!(
+        sent == expected,
+        "republished {sent:?}, expected {expected:?}"
+    );
+    for r in &republished {
+        let k = r.header("event_key").unwrap_or_default();
+        let original = originals
+            .iter()
+            .find(|o| o.header("event_key") == Some(k))
+            .context("no original record")?;
+        let same_headers = original
+            .headers
+            .iter()
+            .all(|(name, v)| r.headers.iter().any(|(n2, v2)| n2 == name && v2 == v));
+        ensure!(
+            r.key == original.key
+                && r.value == original.value
+                && r.partition == original.partition
+                && same_headers
+                && r.headers.len() == original.headers.len() + 1,
+            "republished {k}: {:?} / {:?}\noriginal: {:?} / {:?}",
+            r.key_str(),
+            r.headers,
+            original.key_str(),
+            original.headers
+        );
+    }
+    // Per key, each run's records follow the rows' order (o-00: rows 0, 2, 4 of the WHERE run).
+    let o00: Vec<&str> = republished
+        .iter()
+        .filter(|r| r.key_str() == Some("o-00"))
+        .filter_map(|r| r.header("event_key"))
+        .collect();
+    let tail: Vec<&str> = o00.iter().rev().take(3).rev().copied().collect();
+    ensure!(
+        tail == [
+            rows[0].event_key.as_str(),
+            rows[2].event_key.as_str(),
+            rows[4].event_key.as_str()
+        ],
+        "o-00 records in offset order: {o00:?}"
+    );
+    Ok(())
 }

@@ -9,7 +9,9 @@
 //!   never a restart loop; the other rows of the transaction arrive;
 //! - a topic that does not exist on a broker that creates none, and a topic the relay's SASL
 //!   user is denied by an ACL (a private broker: `tests/services/kafka.sh` with
-//!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`).
+//!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`);
+//! - `dlq replay` (issue 17): the dead letters of the missing topic replayed once, in order,
+//!   after the topic was created.
 //!
 //! Every test waits on observable state (records, dead letters, the relay's exit).
 
@@ -21,9 +23,9 @@ use anyhow::{anyhow, ensure, Context, Result};
 use mysql_async::TxOpts;
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
-    collect_until, create_topic, describe_exit, free_local_port, insert_outbox_rows,
-    read_all_records, read_committed_records, recent_created_at_base, InsertStyle, OutboxRow,
-    PrivateService, Record, RelayProcess, ServiceSpec,
+    collect_until, create_topic, describe_exit, free_local_port, high_watermark_total,
+    insert_outbox_rows, read_all_records, read_committed_records, recent_created_at_base,
+    InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
@@ -605,4 +607,161 @@ async fn missing_and_unauthorized_topics_are_row_errors() -> Result<()> {
         );
     }
     f.drop_database().await
+}
+
+/// Runs `outbox-relay dlq replay --config <spec> args…`: (exit code, stdout, stderr).
+async fn dlq_replay(
+    spec: &outbox_relay_testkit::RelayConfigSpec,
+    args: &[&str],
+) -> Result<(Option<i32>, String, String)> {
+    let mut all = vec!["dlq", "replay"];
+    all.extend_from_slice(args);
+    all.push("--config");
+    let p = RelayProcess::spawn_args(BIN, &all, &spec.to_toml(), &[])?;
+    let status = p.wait_exit(RELAY_WAIT).await?;
+    Ok((status.code(), p.stdout_text(), p.stderr_text()))
+}
+
+/// `dlq replay` after the fix (issue 17). Rows for a topic that did not exist were
+/// dead-lettered; once the topic exists: a dry run lists them and sends nothing; a run stopped
+/// by --max-records and a second run replay each once, in the rows' order per key, with the
+/// row's key, value and headers (no `dlq_*`) plus `dlq_replayed_from`; a third run finds
+/// nothing new. A dead letter whose row had no valid topic is listed as SKIP (exit 3) and not
+/// sent. A filter (--event-key) makes its own group: it sees the dead letters again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_replayed_once_in_order_after_the_fix() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let mut f = Fixture::new("dlq_replay").await?;
+    f.spec.topic = "{aggregate_type}".into();
+    f.spec.bootstrap_servers = plain.clone();
+    let ok_topic = format!("t_{}.Ticket", f.uid);
+    let ghost = format!("t_{}.Ghost", f.uid);
+    let dlq = format!("t_{}.dlq", f.uid);
+    for t in [&ok_topic, &dlq] {
+        create_topic(&plain, t, 1_048_588).await?;
+    }
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let relay = f.start_relay().await?;
+    let now = recent_created_at_base();
+    let uid = f.uid.clone();
+    let row = |n: usize, topic: &str, id: &str| OutboxRow {
+        aggregate_type: topic.to_owned(),
+        aggregate_id: id.to_owned(),
+        event_type: "TicketSold".into(),
+        event_key: format!("{uid}-{n}"),
+        payload: format!("{{\"n\":{n}}}"),
+        created_at_micros: now,
+    };
+    // Rows 1-6 go to the missing topic, over two aggregates; row 8 has no valid topic.
+    let mut rows = vec![row(0, &ok_topic, "t-1")];
+    for n in 1..=6 {
+        rows.push(row(n, &ghost, if n % 2 == 0 { "g-a" } else { "g-b" }));
+    }
+    rows.push(row(7, &ok_topic, "t-1"));
+    rows.push(row(8, "bad topic!", "x-1"));
+    f.commit(&rows).await?;
+    let ghost_keys: Vec<String> = rows[1..=6].iter().map(|r| r.event_key.clone()).collect();
+    let mut dead_keys = ghost_keys.clone();
+    dead_keys.push(rows[8].event_key.clone());
+    let dead = f.collect(&dlq, dead_keys).await?;
+    ensure!(
+        dead.len() == 7,
+        "dead letters: {:?}\n{}",
+        keys(&dead),
+        relay.stderr_tail()
+    );
+    stop_with_exit_0(&relay).await?;
+
+    // The fix: the topic exists now.
+    create_topic(&plain, &ghost, 1_048_588).await?;
+    let (code, out, err) = dlq_replay(&f.spec, &["--dry-run"]).await?;
+    eprintln!("--- dlq replay --dry-run ---\n{out}");
+    ensure!(code == Some(3), "dry run: exit {code:?}\n{out}\n{err}");
+    for k in &ghost_keys {
+        ensure!(
+            out.contains(&format!("-> {ghost} event_key={k}")),
+            "the dry run does not list {k}:\n{out}"
+        );
+    }
+    ensure!(
+        out.contains(&format!("SKIP   {dlq}/0/"))
+            && out.contains(&rows[8].event_key)
+            && out.contains("would replay 6 of 7 dead letters")
+            && out.contains("1 cannot be replayed"),
+        "dry run output:\n{out}"
+    );
+    ensure!(
+        high_watermark_total(&plain, std::slice::from_ref(&ghost)).await? == 0,
+        "the dry run sent records"
+    );
+
+    // Two runs: 2 records, then the rest; a third run: nothing new.
+    let (code, out, err) = dlq_replay(&f.spec, &["--max-records", "2", "--batch", "1"]).await?;
+    ensure!(code == Some(0), "first run: exit {code:?}\n{out}\n{err}");
+    ensure!(
+        out.contains("replayed 2 of 2 dead letters") && out.contains("run again"),
+        "first run output:\n{out}"
+    );
+    let (code, out, err) = dlq_replay(&f.spec, &[]).await?;
+    eprintln!("--- dlq replay ---\n{out}");
+    ensure!(code == Some(3), "second run: exit {code:?}\n{out}\n{err}");
+    ensure!(
+        out.contains("replayed 4 of 5 dead letters"),
+        "second run output:\n{out}"
+    );
+    let (code, out, err) = dlq_replay(&f.spec, &[]).await?;
+    ensure!(code == Some(0), "third run: exit {code:?}\n{out}\n{err}");
+    ensure!(
+        out.contains("replayed 0 of 0 dead letters"),
+        "third run output:\n{out}"
+    );
+
+    let replayed = read_committed_records(&plain, std::slice::from_ref(&ghost), READ_ALL).await?;
+    let expected: std::collections::HashSet<String> = ghost_keys.iter().cloned().collect();
+    outbox_relay_testkit::ensure_exactly_once(&replayed, &expected)?;
+    let order: std::collections::HashMap<String, usize> = ghost_keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), i))
+        .collect();
+    outbox_relay_testkit::ensure_per_key_order(&replayed, &order)?;
+    for r in &replayed {
+        let k = r.header("event_key").unwrap_or_default();
+        let original = rows
+            .iter()
+            .find(|row| row.event_key == k)
+            .context("a replayed record of no row")?;
+        ensure!(
+            r.key_str() == Some(original.aggregate_id.as_str())
+                && r.header("aggregate_type") == Some(ghost.as_str())
+                && r.headers
+                    .iter()
+                    .all(|(h, _)| !h.starts_with("dlq_") || h == "dlq_replayed_from")
+                && r.header("dlq_replayed_from")
+                    .is_some_and(|v| v.starts_with(&format!("{dlq}/0/"))),
+            "replayed record {k}: key {:?}, headers {:?}",
+            r.key_str(),
+            r.headers
+        );
+        let value: serde_json::Value =
+            serde_json::from_slice(r.value.as_deref().unwrap_or_default())?;
+        let payload: serde_json::Value = serde_json::from_str(&original.payload)?;
+        ensure!(
+            value == payload,
+            "replayed value {value} for payload {payload}"
+        );
+    }
+
+    // Another selection has its own group: it reads the dead letters again (dry run).
+    let (code, out, err) =
+        dlq_replay(&f.spec, &["--dry-run", "--event-key", &ghost_keys[2]]).await?;
+    ensure!(
+        code == Some(0),
+        "filtered dry run: exit {code:?}\n{out}\n{err}"
+    );
+    ensure!(
+        out.contains("would replay 1 of 7 dead letters") && out.contains("6 left out"),
+        "filtered dry run output:\n{out}"
+    );
+    Ok(())
 }

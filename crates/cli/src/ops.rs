@@ -1,14 +1,17 @@
-//! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`): argument parsing
-//! and printing; the work is in `outbox_relay_core::ops`. Reports go to stdout, logs to stderr.
+//! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`, `republish`,
+//! `dlq replay`): argument parsing and printing; the work is in `outbox_relay_core::ops`.
+//! Reports go to stdout, logs to stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
+use outbox_relay_core::binlog::replay::parse_datetime;
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::ops::{self, prune::PruneOptions, reset::Target};
+use outbox_relay_core::ops::republish::{RepublishOptions, Selection};
+use outbox_relay_core::ops::{self, dlq::ReplayOptions, prune::PruneOptions, reset::Target};
 
 #[derive(Subcommand)]
 pub enum OpsCommand {
@@ -154,6 +157,116 @@ pub enum OpsCommand {
         #[arg(long, default_value_t = 30_000)]
         max_wait_ms: u64,
     },
+    /// Send rows still in the outbox table to Kafka again (incident recovery).
+    ///
+    /// Select rows by --event-key (repeatable), by --since/--until (created_at, UTC; DATETIME
+    /// read in outbox.datetime_time_zone), or by --where (an SQL condition on the outbox
+    /// table). Each row becomes the record `run` would send (same topic, key, headers,
+    /// envelope) plus the header republished_at (RFC 3339, UTC), produced in id order with the
+    /// relay's producer settings (each key on its partition, in order), at most --rate rows
+    /// per second. The record timestamp is the republish time (or created_at with
+    /// outbox.timestamp = "column"). Consumers with an inbox see the same event_key again:
+    /// they skip it unless their inbox row is gone.
+    ///
+    /// Without --yes it prints how many rows each table would send and the first ones, and
+    /// sends nothing (exit 4).
+    ///
+    /// Exit codes: 0 every selected row sent and acknowledged; 1 runtime error (the rows
+    /// before the failing one were sent: the message says how many); 2 configuration or
+    /// argument error; 3 sent, but some rows cannot become records (listed, as the relay
+    /// would dead-letter them); 4 not confirmed (no --yes): the plan was printed.
+    #[command(verbatim_doc_comment)]
+    Republish {
+        /// TOML config file (the relay's); `OUTBOX_RELAY__SECTION__KEY` environment variables
+        /// override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Rows with this event_key (repeat for more).
+        #[arg(long = "event-key", value_name = "KEY")]
+        event_keys: Vec<String>,
+        /// Rows created at or after this time ("YYYY-MM-DD HH:MM:SS", UTC).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        since: Option<i64>,
+        /// Rows created before this time ("YYYY-MM-DD HH:MM:SS", UTC).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        until: Option<i64>,
+        /// Rows matching this SQL condition on the outbox table, e.g. "aggregate_id = 'o-1'".
+        #[arg(long = "where", value_name = "SQL")]
+        where_sql: Option<String>,
+        /// Only this outbox table (database.table); default: every configured one.
+        #[arg(long)]
+        table: Option<String>,
+        /// Most rows sent per second.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        rate: u32,
+        /// Send (without it: print the plan, exit 4).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Dead-letter tools (`dlq replay`).
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// Re-produce dead letters to the topics they were meant for, after the fix.
+    ///
+    /// Reads dead_letter.topic (read_committed) from the replay's consumer group's committed
+    /// offsets to the end it has when the run starts. Each selected dead letter goes to its
+    /// dlq_topic with its key, value and headers, the dlq_* headers removed and
+    /// dlq_replayed_from = <topic>/<partition>/<offset> added, in dead-letter order (per key:
+    /// the rows' order). Records and the group's offsets are committed together in Kafka
+    /// transactions: a run stopped anywhere goes on where it stopped, and nothing is replayed
+    /// twice for read_committed consumers. Filters combine with AND; the default group is
+    /// derived from them, so the same selection resumes and another one starts afresh.
+    /// Dead letters whose value was dropped (too large) or that have no topic are listed
+    /// (SKIP) and left: republish their rows from the outbox.
+    ///
+    /// Exit codes: 0 done (every selected dead letter replayed); 1 runtime error (what was
+    /// committed stays; run again); 2 configuration or argument error (also: the dead-letter
+    /// topic does not exist); 3 done, but some selected dead letters cannot be replayed
+    /// (listed).
+    #[command(verbatim_doc_comment)]
+    Replay {
+        /// TOML config file (the relay's: [kafka] and [dead_letter]);
+        /// `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Only dead letters written at or after this time ("YYYY-MM-DD HH:MM:SS", UTC).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        since: Option<i64>,
+        /// Only dead letters written before this time ("YYYY-MM-DD HH:MM:SS", UTC).
+        #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
+        until: Option<i64>,
+        /// Only dead letters of this outbox table (database.table, as in dlq_table).
+        #[arg(long)]
+        table: Option<String>,
+        /// Only dead letters whose dlq_reason contains this text.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only dead letters meant for this topic (dlq_topic).
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only dead letters with this event_key (repeat for more).
+        #[arg(long = "event-key", value_name = "KEY")]
+        event_keys: Vec<String>,
+        /// The replay's consumer group and transactional.id (default:
+        /// outbox-relay.dlq-replay.<connector_name>.<hash of the filters>).
+        #[arg(long)]
+        group: Option<String>,
+        /// List what would be replayed; send nothing, commit no offset.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after this many replayed records (the next run goes on).
+        #[arg(long, value_name = "N")]
+        max_records: Option<u64>,
+        /// Records per Kafka transaction.
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+    },
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
@@ -212,6 +325,107 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                         ExitCode::SUCCESS
                     } else {
                         ExitCode::from(ops::EXIT_NOT_CONFIRMED)
+                    }
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Republish {
+            config,
+            event_keys,
+            since,
+            until,
+            where_sql,
+            table,
+            rate,
+            yes,
+        } => {
+            let selection = match (
+                event_keys.is_empty(),
+                since.is_some() || until.is_some(),
+                where_sql,
+            ) {
+                (false, false, None) => Selection::EventKeys(event_keys),
+                (true, true, None) => Selection::Created {
+                    since_ms: since.map(|s| s * 1000),
+                    until_ms: until.map(|s| s * 1000),
+                },
+                (true, false, Some(sql)) => Selection::Where(sql),
+                _ => {
+                    return fail(&RelayError::Argument(
+                        "select the rows with one of --event-key, --since/--until or --where"
+                            .into(),
+                    ))
+                }
+            };
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let opts = RepublishOptions {
+                selection,
+                table,
+                rate,
+                yes,
+            };
+            match runtime.block_on(ops::republish::republish(&config, &opts)) {
+                Ok(report) => {
+                    print!("{report}");
+                    if !yes {
+                        ExitCode::from(4)
+                    } else if report.refused() > 0 {
+                        ExitCode::from(3)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Dlq {
+            command:
+                DlqCommand::Replay {
+                    config,
+                    since,
+                    until,
+                    table,
+                    reason,
+                    topic,
+                    event_keys,
+                    group,
+                    dry_run,
+                    max_records,
+                    batch,
+                },
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let opts = ReplayOptions {
+                since_ms: since.map(|s| s * 1000),
+                until_ms: until.map(|s| s * 1000),
+                table,
+                reason,
+                topic,
+                event_keys,
+                group,
+                dry_run,
+                max_records,
+                batch,
+            };
+            let result = runtime.block_on(async move {
+                tokio::task::spawn_blocking(move || ops::dlq::replay(&config, &opts))
+                    .await
+                    .map_err(|e| RelayError::Kafka(format!("the replay task failed: {e}")))?
+            });
+            match result {
+                Ok(report) => {
+                    println!("{report}");
+                    if report.not_replayable > 0 {
+                        ExitCode::from(3)
+                    } else {
+                        ExitCode::SUCCESS
                     }
                 }
                 Err(e) => fail(&e),

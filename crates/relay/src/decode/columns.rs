@@ -10,7 +10,7 @@ use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::Value;
 use mysql_common::collations::{Collation, CollationId};
 
-use crate::config::BinaryFormat;
+use crate::config::{AdditionalColumn, BinaryFormat, Placement};
 
 /// Collation id of the `binary` character set (binary strings and BLOBs).
 const BINARY_COLLATION: u16 = 63;
@@ -132,6 +132,45 @@ pub fn text_form(
         },
         Value::Bytes(b) => to_utf8(b, info.collation)?,
     }))
+}
+
+/// A row's additional columns (`outbox.additional`) placed per their mapping: header values
+/// (text forms, NULLs left out) and envelope fields (JSON text), in configured order.
+#[derive(Debug, Default)]
+pub struct AdditionalFields {
+    /// (header name, text form).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// (field name, JSON text).
+    pub envelope: Vec<(String, Vec<u8>)>,
+}
+
+impl AdditionalFields {
+    /// Places `value` of the additional column `a` (its column `info`).
+    ///
+    /// # Errors
+    /// The value cannot be converted (see [`text_form`], [`json_field`]); the message names
+    /// the column.
+    pub fn place(
+        &mut self,
+        a: &AdditionalColumn,
+        value: BinlogValue<'_>,
+        info: &ColumnInfo,
+        binary: BinaryFormat,
+    ) -> Result<(), String> {
+        let name = a.alias.clone().unwrap_or_else(|| a.column.clone());
+        let named = |e: String| format!("column {:?}: {e}", info.name);
+        match a.placement {
+            Placement::Header => {
+                if let Some(text) = text_form(value, info, binary).map_err(named)? {
+                    self.headers.push((name, text));
+                }
+            }
+            Placement::Envelope => self
+                .envelope
+                .push((name, json_field(value, info, binary).map_err(named)?)),
+        }
+        Ok(())
+    }
 }
 
 /// The bytes of a value as stored (the payload, or a raw key): strings and binary untouched,

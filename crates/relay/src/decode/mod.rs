@@ -25,9 +25,9 @@ use mysql_common::binlog::consts::OptionalMetadataFieldType;
 use mysql_common::io::ParseBuf;
 
 use crate::config::{
-    KeyFormat, NullPayload, OnUpdate, Placement, TableName, TimestampSource, UnknownXaCommit,
+    KeyFormat, NullPayload, OnUpdate, TableName, TimestampSource, UnknownXaCommit,
 };
-use crate::decode::columns::{json_field, raw_bytes, string_column_length, text_form, ColumnInfo};
+use crate::decode::columns::{raw_bytes, string_column_length, text_form, ColumnInfo};
 use crate::decode::mapping::TableMapping;
 use crate::decode::schema::{Labels, LayoutTracker};
 use crate::error::RelayError;
@@ -1585,24 +1585,17 @@ impl ColumnLayout {
         let payload_is_json = matches!(payload_value, BinlogValue::Jsonb(_));
         let payload = raw_bytes(payload_value, payload_info)
             .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?;
-        let mut extra_headers = Vec::new();
-        let mut envelope = Vec::new();
+        let mut fields = crate::decode::columns::AdditionalFields::default();
         for (a, idx) in mapping.additional.iter().zip(&self.additional) {
-            let name = a.alias.clone().unwrap_or_else(|| a.column.clone());
             let (v, info) = take(*idx)?;
-            match a.placement {
-                Placement::Header => {
-                    if let Some(value) = text((v, info))? {
-                        extra_headers.push((name, value));
-                    }
-                }
-                Placement::Envelope => envelope.push((
-                    name,
-                    json_field(v, info, mapping.binary_format)
-                        .map_err(|e| fail(format!("column {:?}: {e}", info.name)))?,
-                )),
-            }
+            fields
+                .place(a, v, info, mapping.binary_format)
+                .map_err(fail)?;
         }
+        let crate::decode::columns::AdditionalFields {
+            headers: extra_headers,
+            envelope,
+        } = fields;
         let problem = match (&aggregate_type, &aggregate_id, &payload) {
             (None, _, _) => Some("aggregate_type is NULL: cannot route the row to a topic".into()),
             (Some(t), _, _) if std::str::from_utf8(t).is_err() => {

@@ -5,10 +5,12 @@
 //! ("Operations").
 
 pub mod check;
+pub mod dlq;
 pub mod inbox;
 pub mod migrate;
 pub mod preflight;
 pub mod prune;
+pub mod republish;
 pub mod reset;
 pub mod scan;
 pub mod status;
@@ -262,6 +264,24 @@ pub fn human_duration(seconds: f64) -> String {
 }
 
 /// `ident` quoted as a MySQL identifier: `` `name` `` with backticks doubled.
+/// `DATA_TYPE` (lower case) of `m`'s `created_at` column from information_schema; `None` when
+/// the table or the column does not exist.
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the query fails.
+pub(crate) async fn created_at_type(
+    conn: &mut Conn,
+    m: &crate::decode::mapping::TableMapping,
+) -> Result<Option<String>, RelayError> {
+    Ok(conn
+        .exec_first(
+            "SELECT LOWER(DATA_TYPE) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            (&m.table.database, &m.table.table, &m.columns.created_at),
+        )
+        .await?)
+}
+
 pub(crate) fn quote_ident(ident: &str) -> String {
     format!("`{}`", ident.replace('`', "``"))
 }

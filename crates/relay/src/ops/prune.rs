@@ -146,13 +146,7 @@ async fn prune_table(
     m: &TableMapping,
     opts: &PruneOptions,
 ) -> Result<(String, u64), RelayError> {
-    let data_type: Option<String> = conn
-        .exec_first(
-            "SELECT LOWER(DATA_TYPE) FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
-            (&m.table.database, &m.table.table, &m.columns.created_at),
-        )
-        .await?;
+    let data_type = super::created_at_type(conn, m).await?;
     let Some(data_type) = data_type else {
         return Err(RelayError::Prerequisite {
             setting: format!("outbox table {}", m.table),

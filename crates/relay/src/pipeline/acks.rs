@@ -282,16 +282,18 @@ impl AckQueue {
                         key,
                         value,
                         headers,
+                        value_dropped,
                     }) if self.has_dead_letter => {
                         let dl = DeadLetter {
                             reason,
                             position: info.position.clone(),
                             table: info.table.to_string(),
-                            topic: None,
+                            topic: Some(info.topic.to_string()),
                             key,
                             value,
                             headers,
                             broker_error: Some(broker_error),
+                            value_dropped,
                         };
                         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
                         metrics::global().dead_lettered(DeadLetterKind::Broker);

@@ -858,6 +858,7 @@ impl Reader<'_> {
                     value: f.value,
                     headers: f.headers,
                     broker_error: None,
+                    value_dropped: false,
                 };
                 Err((f.error, dl, DeadLetterKind::Decode))
             }
@@ -1084,6 +1085,7 @@ fn dead_letter_of(
         table,
         topic: (!record.topic.is_empty()).then(|| record.topic.to_string()),
         key: Some(record.key),
+        value_dropped: !keep_value && record.value.is_some(),
         value: if keep_value { record.value } else { None },
         headers: record
             .headers

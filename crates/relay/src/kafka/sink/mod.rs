@@ -51,6 +51,7 @@ pub use lso::LsoMonitor;
 pub use probe::KafkaProbe;
 pub use record_sink::RecordSink;
 use served::ServedProducer;
+pub(crate) use transactional::consumer_config;
 pub use transactional::{decode_progress, encode_progress, fenced, TransactionalSink};
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
@@ -254,6 +255,9 @@ pub struct DeadLetter {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The broker's error when the broker refused the record (`dlq_broker_error`).
     pub broker_error: Option<String>,
+    /// The record had a value and it was dropped (its size was the problem): the dead letter
+    /// says so in `dlq_value_dropped: true`, and `dlq replay` leaves it for `republish`.
+    pub value_dropped: bool,
 }
 
 /// The header a record sent with its commit time instead of a refused `created_at` value
@@ -668,7 +672,7 @@ impl KafkaSink {
 
     /// Produces `dl` to the dead-letter topic: the record's key, value (unless it is what
     /// failed) and headers, plus `dlq_reason`, `dlq_topic`, `dlq_binlog_file`, `dlq_binlog_pos`
-    /// and `dlq_table`.
+    /// and `dlq_table`, and `dlq_broker_error` / `dlq_value_dropped` when they apply.
     ///
     /// # Errors
     /// [`SendError::Failed`] when no dead-letter topic is configured or the record cannot be
@@ -694,6 +698,9 @@ impl KafkaSink {
         ]);
         if let Some(error) = &dl.broker_error {
             all.push(("dlq_broker_error", error.as_bytes()));
+        }
+        if dl.value_dropped {
+            all.push(("dlq_value_dropped", b"true"));
         }
         if let Some(reason) = self.topic_limits.refusal(
             topic,
@@ -924,6 +931,8 @@ pub enum Delivered {
         value: Option<Vec<u8>>,
         /// The refused record's headers.
         headers: Vec<(String, Vec<u8>)>,
+        /// `value` is `None` because the record's size was refused, not because it had none.
+        value_dropped: bool,
     },
 }
 
@@ -978,6 +987,7 @@ fn delivery_outcome(report: &DeliveryResult<'_>) -> Result<Delivered, RelayError
                     msg.payload().map(<[u8]>::to_vec)
                 },
                 headers,
+                value_dropped: size_problem && msg.payload().is_some(),
             })
         }
         Err((e, _)) => Err(RelayError::Kafka(format!("delivery failed: {e}"))),

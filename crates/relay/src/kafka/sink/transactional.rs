@@ -578,7 +578,7 @@ pub fn decode_progress(value: &[u8]) -> Result<Checkpoint, RelayError> {
 
 /// A consumer configuration on the relay's brokers: the user's properties minus the producer's
 /// own (librdkafka warns about each), and `bootstrap.servers`.
-pub(super) fn consumer_config(kafka: &crate::config::KafkaConfig) -> ClientConfig {
+pub(crate) fn consumer_config(kafka: &crate::config::KafkaConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
     for (key, value) in &kafka.properties {
         if !PRODUCER_ONLY.contains(&key.as_str()) {
