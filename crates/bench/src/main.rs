@@ -19,7 +19,8 @@
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty: leave it),
 //! `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (5: relay drains,
-//! each after its own bare-produce measurement; the median is reported), `OUTBOX_TEST_SERVER`
+//! each after its own bare-produce measurement, the median reported; with `relay_eos`, each is
+//! followed by an exactly-once drain and the ratio is the median pair's), `OUTBOX_TEST_SERVER`
 //! and the server's port variable, `KAFKA_PORT`. tests/bench/bench.sh adds `BENCH_SERVERS`
 //! (`mariadb10,mysql8`).
 
@@ -264,7 +265,7 @@ impl Bench {
     /// `sys`'s name in topic and log names: the relay's carries the repetition's tag.
     fn system_tag(&self, sys: System) -> String {
         match sys {
-            System::Relay => format!("{}{}", sys.name(), self.run_tag),
+            System::Relay | System::RelayEos => format!("{}{}", sys.name(), self.run_tag),
             _ => sys.name().to_owned(),
         }
     }
@@ -276,7 +277,7 @@ impl Bench {
 
     /// The exactly-once relay's connector name on `db` (its own checkpoint and progress).
     fn connector_eos(&self, db: &TestDb) -> String {
-        format!("{}_{}_eos", self.prefix, db.name())
+        format!("{}_{}_eos{}", self.prefix, db.name(), self.run_tag)
     }
 
     /// Starts `sys` on `db`. The relay starts where its checkpoint says (or at the binlog end);
@@ -430,10 +431,14 @@ impl Bench {
                 }
             }
         }
-        if started.contains(&System::Relay) {
-            // The repeated relay drains start where the first one does: a copy of its
-            // checkpoint row (taken before the backlog) per repetition.
-            let first = self.connector(&db);
+        // The repeated relay drains start where the first one does: a copy of its checkpoint
+        // row (taken before the backlog) per repetition. (An exactly-once copy has no point in
+        // the progress topic yet, so it starts from that row too.)
+        let firsts = [
+            (System::Relay, self.connector(&db)),
+            (System::RelayEos, self.connector_eos(&db)),
+        ];
+        for (_, first) in firsts.iter().filter(|(s, _)| started.contains(s)) {
             for rep in 1..self.s.drain_repeat {
                 db.pool()
                     .get_conn()
@@ -441,7 +446,7 @@ impl Bench {
                     .exec_drop(
                         "INSERT INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, rows_acked, gtid_set, source_server_id, source_server_uuid, table_layouts) \
                          SELECT ?, binlog_file, binlog_pos, rows_acked, gtid_set, source_server_id, source_server_uuid, table_layouts FROM outbox_relay_checkpoint WHERE connector_name = ?",
-                        (format!("{first}_r{rep}"), first.clone()),
+                        (format!("{first}_r{rep}"), first),
                     )
                     .await?;
             }
@@ -509,9 +514,13 @@ impl Bench {
         // measurement of its own (this machine's produce rate drifts by tens of percent between
         // minutes); the median run by fraction of its limit is reported, all runs are kept.
         let relay = started.contains(&System::Relay);
+        let eos = started.contains(&System::RelayEos);
         let reps = if relay { self.s.drain_repeat.max(1) } else { 1 };
         let mut limits = Vec::new();
         let mut relay_runs: Vec<Map<String, Value>> = Vec::new();
+        // Exactly-once drains, each right after the at-least-once one of its repetition (the
+        // same minute's machine): the reported ratio is the median of the paired ratios.
+        let mut eos_runs: Vec<Map<String, Value>> = Vec::new();
         for rep in 0..reps {
             let (produce, produce_rate) = self.bare_produce(rep).await?;
             let limit_rate = read_rate.min(produce_rate);
@@ -529,6 +538,12 @@ impl Bench {
                     .drain_one(System::Relay, &db, &written, limit_rate)
                     .await?;
                 relay_runs.push(r);
+                if eos {
+                    let r = self
+                        .drain_one(System::RelayEos, &db, &written, limit_rate)
+                        .await?;
+                    eos_runs.push(r);
+                }
             }
             limits.push((limit, limit_rate));
         }
@@ -556,8 +571,34 @@ impl Bench {
                 ),
             );
             out.insert("relay".into(), Value::Object(relay_runs[median].clone()));
+            if eos_runs.len() == relay_runs.len() && !eos_runs.is_empty() {
+                let rate = |r: &Map<String, Value>| r["rows_per_s"].as_f64().unwrap_or(0.0);
+                let ratios: Vec<f64> = eos_runs
+                    .iter()
+                    .zip(&relay_runs)
+                    .map(|(e, r)| rate(e) / rate(r).max(1.0))
+                    .collect();
+                let mut by_ratio: Vec<usize> = (0..ratios.len()).collect();
+                by_ratio.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+                let mid = by_ratio[by_ratio.len() / 2];
+                out.insert(
+                    "relay_eos_runs".into(),
+                    Value::Array(
+                        eos_runs
+                            .iter()
+                            .zip(&ratios)
+                            .map(|(e, q)| json!({"rows_per_s": e["rows_per_s"], "ratio_to_relay": q}))
+                            .collect(),
+                    ),
+                );
+                out.insert("eos_paired_ratio".into(), json!(ratios[mid]));
+                out.insert("relay_eos".into(), Value::Object(eos_runs[mid].clone()));
+            }
         }
-        for sys in started.into_iter().filter(|s| *s != System::Relay) {
+        for sys in started
+            .into_iter()
+            .filter(|s| *s != System::Relay && !(relay && *s == System::RelayEos))
+        {
             let r = self.drain_one(sys, &db, &written, limit_rate).await?;
             out.insert(sys.name().into(), Value::Object(r));
         }
@@ -1056,7 +1097,9 @@ async fn measure(s: Settings) -> Result<Value> {
         "drain_ratio_to_debezium": relay_rate.zip(f(&drain["debezium"]["rows_per_s"])).map(|(a, b)| a / b),
         "drain_ratio_to_polling": relay_rate.zip(f(&drain["polling"]["rows_per_s"])).map(|(a, b)| a / b),
         "p99_ms_at_5k": steady_p99(&steady, "relay", 5000),
-        "eos_drain_ratio": f(&drain["relay_eos"]["rows_per_s"]).zip(relay_rate).map(|(a, b)| a / b),
+        // Paired with the at-least-once drain of the same repetition when both ran.
+        "eos_drain_ratio": f(&drain["eos_paired_ratio"])
+            .or_else(|| f(&drain["relay_eos"]["rows_per_s"]).zip(relay_rate).map(|(a, b)| a / b)),
         "eos_visible_p99_ms_at_5k": steady_p99(&steady, "relay_eos", 5000),
         "visible_p99_ms_at_5k": steady
             .iter()

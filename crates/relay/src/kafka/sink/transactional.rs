@@ -619,6 +619,7 @@ fn read_progress(
             .create()
             .map_err(|e| RelayError::Kafka(format!("creating the progress reader: {e}")))
     };
+    let t0 = Instant::now();
     let reader = consumer("read_committed")?;
     let watermarks = consumer("read_uncommitted")?;
     let metadata = reader
@@ -649,6 +650,9 @@ fn read_progress(
         }
         last = found.or(last);
     }
+    tracing::debug!(ms = t0.elapsed().as_millis() as u64, "progress topic read");
+    // Closing consumers takes librdkafka ~100 ms: not on the start-up path.
+    std::thread::spawn(move || drop((reader, watermarks)));
     last.map(|v| decode_progress(&v)).transpose()
 }
 
@@ -692,7 +696,9 @@ fn read_partition(
                 PROGRESS_READ_TIMEOUT.as_secs()
             )));
         }
-        match reader.poll(Duration::from_millis(200)) {
+        // Short polls: the position passes a transaction marker (never delivered) only on a
+        // fetch, and a long poll would wait for a record that is not coming.
+        match reader.poll(Duration::from_millis(10)) {
             // Past `end` (a later commit of another connector): not part of this range.
             Some(Ok(m)) if m.offset() >= end => {}
             Some(Ok(m)) if m.key() == Some(connector.as_bytes()) => {
