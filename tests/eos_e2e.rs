@@ -156,6 +156,40 @@ async fn commit_more(
     Ok(())
 }
 
+/// Commits `rows` in one source transaction, in statements of at most 5,000 rows (a
+/// statement's placeholder limit).
+async fn commit_in_one_transaction(
+    conn: &mut Conn,
+    rows: &[outbox_relay_testkit::OutboxRow],
+) -> Result<()> {
+    let mut tx = conn
+        .start_transaction(outbox_relay_testkit::mysql_async::TxOpts::default())
+        .await?;
+    for chunk in rows.chunks(5_000) {
+        outbox_relay_testkit::insert_outbox_rows(
+            &mut tx,
+            "outbox",
+            chunk,
+            outbox_relay_testkit::InsertStyle::MultiRow,
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// At most `in_flight` records unacknowledged, each batch held `linger_ms`: a large source
+/// transaction then takes seconds to relay.
+fn slow_batches(w: &mut World, in_flight: usize, linger_ms: u32) {
+    w.spec.max_in_flight = in_flight;
+    w.spec
+        .kafka_properties
+        .retain(|(k, _)| k.as_str() != "linger.ms");
+    w.spec
+        .kafka_properties
+        .push(("linger.ms".into(), linger_ms.to_string()));
+}
+
 /// Commit order of each event key, for [`ensure_per_key_order`].
 fn commit_order(keys: &[String]) -> HashMap<String, usize> {
     keys.iter()
@@ -389,13 +423,7 @@ async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_i
         w.spec
             .kafka_extra
             .push_str("transaction_timeout_ms = 6000\n");
-        w.spec.max_in_flight = 50;
-        w.spec
-            .kafka_properties
-            .retain(|(k, _)| k.as_str() != "linger.ms");
-        w.spec
-            .kafka_properties
-            .push(("linger.ms".into(), "200".into()));
+        slow_batches(w, 50, 200);
         w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     })
     .await?;
@@ -404,21 +432,7 @@ async fn a_source_transaction_longer_than_the_transaction_timeout_is_committed_i
     let mut conn = world.db.conn().await?;
     let rows = gen.rows(2_500);
     let keys: Vec<String> = rows.iter().map(|r| r.event_key.clone()).collect();
-    // One source transaction, inserted in statements of at most 5,000 rows (a statement's
-    // placeholder limit).
-    let mut tx = conn
-        .start_transaction(outbox_relay_testkit::mysql_async::TxOpts::default())
-        .await?;
-    for chunk in rows.chunks(5_000) {
-        outbox_relay_testkit::insert_outbox_rows(
-            &mut tx,
-            "outbox",
-            chunk,
-            outbox_relay_testkit::InsertStyle::MultiRow,
-        )
-        .await?;
-    }
-    tx.commit().await?;
+    commit_in_one_transaction(&mut conn, &rows).await?;
     let relay = world.spawn()?;
     let wanted: HashSet<String> = keys.iter().cloned().collect();
     world
@@ -773,5 +787,131 @@ async fn an_open_transaction_kafka_cannot_take_is_seen_and_aborted() -> Result<(
     .await?;
     kafka.start()?;
     finish(&world, &topics, &keys, &relay).await?;
+    Ok(())
+}
+
+/// `prune` never passes the committed point: killed (-9) while a Kafka transaction holds
+/// acknowledged but uncommitted records of a large source transaction, the relay has mirrored
+/// only the last committed point to the state table, and `prune` deletes nothing (the rows
+/// after that point are not visible to read_committed consumers). After a restart that commits
+/// everything and a graceful stop, `prune` deletes every old row, each of them visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_never_deletes_past_the_committed_point() -> Result<()> {
+    // Small batches, so the 30,000-row transaction below takes seconds to relay and the kill
+    // lands while its Kafka transaction is open.
+    let port = free_local_port()?;
+    let world = eos_world_with("eos_prune", 100_000, |w| {
+        w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+        slow_batches(w, 200, 20);
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "q", 20);
+    let mut conn = world.db.conn().await?;
+    let old = |rows: &mut Vec<outbox_relay_testkit::OutboxRow>| {
+        for r in rows.iter_mut() {
+            r.created_at_micros -= 10 * 86_400_000_000;
+        }
+    };
+    let mut first = gen.rows(200);
+    old(&mut first);
+    commit_rows(&mut conn, &first).await?;
+    let relay = world.spawn()?;
+    let first_keys: Vec<String> = first.iter().map(|r| r.event_key.clone()).collect();
+    finish_keys(&world, &topics, &first_keys, &relay).await?;
+    // One source transaction of 30,000 rows: one Kafka transaction, committed at its end.
+    let mut big = gen.rows(30_000);
+    old(&mut big);
+    commit_in_one_transaction(&mut conn, &big).await?;
+    // Kafka has acknowledged 3,000 of its records (inside the open Kafka transaction).
+    let series = format!(
+        "outbox_relay_records_produced_total{{topic=\"{}\"}}",
+        topics[0]
+    );
+    wait_until(
+        "3,200 records acknowledged",
+        RELAY_WAIT,
+        Duration::from_millis(20),
+        async || {
+            relay.ensure_running()?;
+            let (_, page) = http_get(port, "/metrics").await?;
+            Ok(metric(&page, &series).filter(|n| *n >= 3_200.0))
+        },
+    )
+    .await?;
+    relay.kill9()?;
+    let committed = read_committed_records(&world.spec.bootstrap_servers, &topics, READ_ALL)
+        .await?
+        .len();
+    ensure!(
+        committed == 200,
+        "{committed} records committed at the kill: expected only the first 200 (the large \
+         transaction's Kafka transaction open)"
+    );
+    // The state table mirrors a committed point only: at or before the last one.
+    let progress = progress_records(&world).await?;
+    let last = progress.last().context("no progress record")?;
+    let mirrored = world.checkpoint().await?;
+    let committed_point = (
+        last["binlog_file"].as_str().unwrap_or_default().to_owned(),
+        last["binlog_pos"].as_u64().unwrap_or_default(),
+        last["rows_acked"].as_u64().unwrap_or_default(),
+    );
+    ensure!(
+        (
+            mirrored.binlog_file.clone(),
+            mirrored.binlog_pos,
+            mirrored.rows_acked
+        ) <= committed_point,
+        "the state table holds {}:{} (+{}), ahead of the last committed point {last}",
+        mirrored.binlog_file,
+        mirrored.binlog_pos,
+        mirrored.rows_acked
+    );
+    let count = async |conn: &mut Conn| -> Result<u64> {
+        use outbox_relay_testkit::mysql_async::prelude::Queryable;
+        Ok(conn
+            .query_first("SELECT COUNT(*) FROM outbox")
+            .await?
+            .unwrap_or(0))
+    };
+    let prune = async || -> Result<(Option<i32>, String)> {
+        let p = RelayProcess::spawn_args(
+            BIN,
+            &[
+                "prune",
+                "--older-than",
+                "7d",
+                "--max-wait-ms",
+                "1500",
+                "--config",
+            ],
+            &world.spec.to_toml(),
+            &[],
+        )?;
+        let status = p.wait_exit(STOP).await?;
+        Ok((
+            status.code(),
+            format!("{}{}", p.stdout_text(), p.stderr_text()),
+        ))
+    };
+    let (code, out) = prune().await?;
+    ensure!(
+        code == Some(1) && count(&mut conn).await? == 30_200,
+        "prune with uncommitted rows: exit {code:?}, {} rows left\n{out}",
+        count(&mut conn).await?
+    );
+    let relay = world.spawn()?;
+    let keys: Vec<String> = first_keys
+        .into_iter()
+        .chain(big.iter().map(|r| r.event_key.clone()))
+        .collect();
+    finish(&world, &topics, &keys, &relay).await?;
+    let (code, out) = prune().await?;
+    ensure!(
+        code == Some(0) && count(&mut conn).await? == 0,
+        "prune after the commit: exit {code:?}, {} rows left\n{out}",
+        count(&mut conn).await?
+    );
     Ok(())
 }

@@ -617,3 +617,73 @@ fn chrono_time(ms: i64) -> String {
         rem % 60
     )
 }
+
+/// W3C trace context (issue 17): an outbox table with `traceparent` and `tracestate` columns
+/// sends their values as headers of those names with no mapping at all, NULLs left out; with
+/// `outbox.trace_context = false` it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_columns_become_headers() -> Result<()> {
+    let mut world = World::new(BIN, "mapping_trace").await?;
+    let mut conn = world.db.conn().await?;
+    conn.query_drop(
+        "ALTER TABLE outbox ADD COLUMN traceparent VARCHAR(55) NULL, \
+         ADD COLUMN TraceState VARCHAR(512) NULL",
+    )
+    .await?;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let ts = "congo=t61rcWkgMzE";
+    let k = |n: u32| format!("{}-tc{n}", world.uid);
+    let insert = "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, \
+                  payload, created_at, traceparent, TraceState) VALUES (?, ?, 'OrderPaid', ?, \
+                  '{}', UTC_TIMESTAMP(6), ?, ?)";
+    let (relay, _) = world.start(WAIT).await?;
+    for (n, parent, state) in [
+        (1, Some(tp), Some(ts)),
+        (2, Some(tp), None),
+        (3, None, None),
+    ] {
+        conn.exec_drop(insert, ("Order", format!("order-{n}"), k(n), parent, state))
+            .await?;
+    }
+    let topics = vec![world.topic("Order")];
+    let records = collect_records(&kafka_bootstrap(), &topics, 3, WAIT).await?;
+    relay.stop(WAIT).await?;
+    let by_key = |n: u32| -> Result<&Record> {
+        records
+            .iter()
+            .find(|r| r.header("event_key") == Some(k(n).as_str()))
+            .with_context(|| format!("no record for row {n}"))
+    };
+    for (n, parent, state) in [
+        (1, Some(tp), Some(ts)),
+        (2, Some(tp), None),
+        (3, None, None),
+    ] {
+        let r = by_key(n)?;
+        ensure!(
+            r.header("traceparent") == parent
+                && r.header("tracestate") == state
+                && r.header("TraceState").is_none(),
+            "row {n}: {}",
+            describe_record(r)
+        );
+    }
+
+    // Turned off: the columns stay in the table, no header.
+    world.spec.outbox_extra = "trace_context = false\n".into();
+    let (relay, _) = world.start(WAIT).await?;
+    conn.exec_drop(insert, ("Order", "order-4", k(4), Some(tp), Some(ts)))
+        .await?;
+    let records = collect_records(&kafka_bootstrap(), &topics, 4, WAIT).await?;
+    relay.stop(WAIT).await?;
+    let r = records
+        .iter()
+        .find(|r| r.header("event_key") == Some(k(4).as_str()))
+        .context("no record for row 4")?;
+    ensure!(
+        r.header("traceparent").is_none() && r.header("tracestate").is_none(),
+        "trace_context = false: {}",
+        describe_record(r)
+    );
+    Ok(())
+}

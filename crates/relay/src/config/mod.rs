@@ -291,6 +291,17 @@ pub struct OutboxConfig {
     /// `[outbox.cloudevents]`: CloudEvents headers on every record (binary content mode).
     #[serde(default)]
     pub cloudevents: CloudEventsConfig,
+    /// W3C trace context: when an outbox table has columns named `traceparent` and/or
+    /// `tracestate` (any case) that `additional` does not already map, `run` sends their values
+    /// as headers of those names (NULLs left out, like any header column). Found at start-up
+    /// from information_schema (W3C Trace Context, "traceparent Header" / "tracestate Header").
+    /// Default `true`.
+    #[serde(default = "default_trace_context")]
+    pub trace_context: bool,
+}
+
+fn default_trace_context() -> bool {
+    true
 }
 
 /// `[outbox.cloudevents]`: with `enabled`, every record also carries the CloudEvents 1.0

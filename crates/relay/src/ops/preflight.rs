@@ -388,6 +388,33 @@ pub async fn temporal_decimals(
     Ok(out)
 }
 
+/// The W3C trace-context columns (`traceparent`, `tracestate`, any case, in table order) of
+/// each outbox table that has some, for `outbox.trace_context`.
+///
+/// # Errors
+/// The query fails.
+pub async fn trace_context_columns(
+    conn: &mut Conn,
+    tables: &[TableName],
+) -> Result<std::collections::HashMap<TableName, Vec<String>>, RelayError> {
+    let mut out = std::collections::HashMap::new();
+    for table in tables {
+        let columns: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+                 AND LOWER(COLUMN_NAME) IN ('traceparent', 'tracestate') \
+                 ORDER BY ORDINAL_POSITION",
+                (&table.database, &table.table),
+            )
+            .await?;
+        if !columns.is_empty() {
+            out.insert(table.clone(), columns);
+        }
+    }
+    Ok(out)
+}
+
 /// The outbox tables' column layouts as `information_schema.COLUMNS` has them now (names in
 /// ordinal order, ENUM/SET labels), in the checkpoint's `table_layouts` form
 /// ([`crate::decode::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.

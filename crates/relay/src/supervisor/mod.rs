@@ -483,7 +483,24 @@ async fn stream<K: RecordSink>(
             Flavor::MySql => g.parse::<MysqlGtidSet>().ok().map(GtidState::MySql),
         }),
     };
-    let mut decoder = new_decoder(config, store.table().clone(), gtid_state);
+    let trace_columns = if config.outbox.trace_context {
+        let found = with_timeout(
+            io_timeout,
+            "reading the outbox tables' trace-context columns",
+            async {
+                let mut conn = pool.get_conn().await?;
+                preflight::trace_context_columns(&mut conn, &config.outbox_tables()).await
+            },
+        )
+        .await;
+        match found.and_then(|c| c) {
+            Ok(c) => c,
+            Err(e) => return Attempt::before_streaming(Some(start), Err(e)),
+        }
+    } else {
+        std::collections::HashMap::new()
+    };
+    let mut decoder = new_decoder(config, store.table().clone(), gtid_state, &trace_columns);
     let decimals = with_timeout(io_timeout, "reading temporal column precisions", async {
         let mut conn = pool.get_conn().await?;
         preflight::temporal_decimals(&mut conn, &config.outbox_tables()).await

@@ -25,18 +25,32 @@ pub(super) fn new_router(config: &RelayConfig) -> Result<Router, RelayError> {
 }
 
 /// The decoder of `config`'s outbox tables, ignoring writes to `checkpoint_table` (shared by
-/// [`run`] and [`replay()`]).
+/// [`run`] and [`replay()`]). `trace_columns`: per table, its trace-context columns
+/// (`outbox.trace_context`) that become header columns unless `additional` maps them already.
 pub(super) fn new_decoder(
     config: &RelayConfig,
     checkpoint_table: TableName,
     gtid: Option<GtidState>,
+    trace_columns: &std::collections::HashMap<TableName, Vec<String>>,
 ) -> Decoder {
-    Decoder::new(
-        config.table_mappings().unwrap_or_default(),
-        checkpoint_table,
-        gtid,
-    )
-    .with_unknown_xa_commit(config.outbox.unknown_xa_commit)
+    let mut mappings = config.table_mappings().unwrap_or_default();
+    for m in &mut mappings {
+        for column in trace_columns.get(&*m.table).into_iter().flatten() {
+            if !m
+                .additional
+                .iter()
+                .any(|a| a.column.eq_ignore_ascii_case(column))
+            {
+                m.additional.push(crate::config::AdditionalColumn {
+                    column: column.clone(),
+                    placement: crate::config::Placement::Header,
+                    alias: Some(column.to_ascii_lowercase()),
+                });
+            }
+        }
+    }
+    Decoder::new(mappings, checkpoint_table, gtid)
+        .with_unknown_xa_commit(config.outbox.unknown_xa_commit)
 }
 
 /// The Kafka producer of `config` (with its dead-letter topic when enabled), once a broker
@@ -73,7 +87,14 @@ pub async fn replay(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<ReplaySummary, RelayError> {
     let router = new_router(&config)?;
-    let mut decoder = new_decoder(&config, config.checkpoint_table()?, None);
+    // Binlog files come without a server to ask for the trace-context columns: only mapped
+    // ones (outbox.additional) are sent.
+    let mut decoder = new_decoder(
+        &config,
+        config.checkpoint_table()?,
+        None,
+        &std::collections::HashMap::new(),
+    );
     let file_count = files.len();
     let plan = tokio::task::spawn_blocking(move || crate::binlog::replay::plan(&files, &range))
         .await
