@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
@@ -228,21 +227,14 @@ fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, RelayError
 /// The transactional producer of the replay: the relay's producer settings (idempotent,
 /// `acks=all`, `murmur2_random`) with `transactional.id` = `group`.
 fn producer(kafka: &KafkaConfig, group: &str) -> Result<BaseProducer, RelayError> {
-    let mut client = ClientConfig::new();
-    client.set("linger.ms", "5");
-    for (key, value) in &kafka.properties {
-        client.set(key, value);
-    }
+    // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
     let message_timeout = kafka
         .properties
         .get("message.timeout.ms")
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(60_000, |t| t.min(60_000));
+    let mut client = crate::kafka::sink::producer_config(kafka);
     client
-        .set("bootstrap.servers", &kafka.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("partitioner", "murmur2_random")
         .set("transactional.id", group)
         .set("transaction.timeout.ms", "60000")
         .set("message.timeout.ms", message_timeout.to_string());

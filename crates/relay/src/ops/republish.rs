@@ -21,7 +21,6 @@ use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
-use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
@@ -529,18 +528,7 @@ fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxEvent>, Stri
 
 /// The producer of `republish`: the relay's producer settings.
 fn producer(kafka: &KafkaConfig) -> Result<FutureProducer, RelayError> {
-    let mut client = ClientConfig::new();
-    client.set("linger.ms", "5");
-    client.set("message.timeout.ms", "120000");
-    for (key, value) in &kafka.properties {
-        client.set(key, value);
-    }
-    client
-        .set("bootstrap.servers", &kafka.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("partitioner", "murmur2_random");
-    client
+    crate::kafka::sink::producer_config(kafka)
         .create()
         .map_err(|e| RelayError::Config(format!("kafka.properties (republish producer): {e}")))
 }

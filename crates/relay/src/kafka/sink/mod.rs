@@ -317,23 +317,10 @@ impl KafkaSink {
         dead_letter_topic: Option<String>,
         extra: &[(&str, String)],
     ) -> Result<Self, RelayError> {
-        let mut client = ClientConfig::new();
-        // Defaults the user may override: a 1 ms batching delay (librdkafka's 5 ms default put
-        // ~2.5 ms on every record's commit → ack latency at moderate rates for no measurable
-        // drain gain; `make bench`), bounded total delivery time.
-        client.set("linger.ms", "1");
-        client.set("message.timeout.ms", "120000");
-        for (key, value) in &config.properties {
-            client.set(key, value);
-        }
-        client
-            .set("bootstrap.servers", &config.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            // A failed batch that would leave a gap in a partition is a fatal producer error
-            // (the run ends and resumes from the checkpoint), never a silently missing record.
-            .set("enable.gapless.guarantee", "true")
-            .set("acks", "all")
-            .set("partitioner", "murmur2_random");
+        let mut client = producer_config(config);
+        // A failed batch that would leave a gap in a partition is a fatal producer error (the
+        // run ends and resumes from the checkpoint), never a silently missing record.
+        client.set("enable.gapless.guarantee", "true");
         for (key, value) in extra {
             client.set(*key, value);
         }
@@ -772,6 +759,27 @@ pub fn admin_client_config(config: &KafkaConfig) -> ClientConfig {
         client.set(key, value);
     }
     client.set("bootstrap.servers", &config.bootstrap_servers);
+    client
+}
+
+/// The relay's producer settings, shared by `run`, `republish` and `dlq replay`: defaults the
+/// user may override (a 1 ms batching delay: librdkafka's 5 ms default put ~2.5 ms on every
+/// record's commit → ack latency at moderate rates for no measurable drain gain, `make bench`;
+/// `message.timeout.ms` 120000, a bounded delivery time), then `kafka.properties`, then what
+/// the relay sets itself: the bootstrap servers, idempotence, `acks=all` and `murmur2_random`
+/// (so every producer of the relay puts a key on the same partition).
+pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client.set("linger.ms", "1");
+    client.set("message.timeout.ms", "120000");
+    for (key, value) in &config.properties {
+        client.set(key, value);
+    }
+    client
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("partitioner", "murmur2_random");
     client
 }
 
