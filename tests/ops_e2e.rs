@@ -998,3 +998,323 @@ async fn republish_sends_selected_rows_again_as_run_sent_them() -> Result<()> {
     );
     Ok(())
 }
+
+/// `trace` (issue 17): one event followed from its outbox row to its consumers. A relayed row:
+/// its binlog transaction (the positions and GTID the server logged for it), the checkpoint
+/// past it, the record the relay produced (topic, partition, offset as a consumer read them),
+/// the consumer group that committed past it and the consumer's inbox row. A dead-lettered
+/// row: its dead letter and reason (exit 3). A row committed while the relay was stopped: not
+/// yet relayed, the checkpoint behind it (exit 5). An unknown event_key: no row (exit 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
+    use outbox_relay_testkit::rdkafka::consumer::{BaseConsumer, Consumer};
+    use outbox_relay_testkit::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    use outbox_relay_testkit::{find_transaction, last_gtid, TestDb};
+
+    let mut w = World::new(BIN, "opstrace").await?;
+    let dlq = format!("t_{}.dlq", w.uid);
+    w.spec.dead_letter_topic = Some(dlq.clone());
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "t", 2);
+    let now = || chrono::Utc::now().timestamp_micros();
+    let mut relayed = gen.row();
+    let mut bad = gen.row();
+    bad.aggregate_type = "Bad Type!".into();
+    let mut later = gen.row();
+    // Rows of other aggregates, on a topic of 8 partitions: the partition trace computes from
+    // the key must be the one each record is on.
+    let mut spread = gen.rows(5);
+    for (i, r) in spread.iter_mut().enumerate() {
+        r.aggregate_id = format!("order-{}", 1001 + i);
+    }
+    let topic = w.topic("Order");
+    {
+        use outbox_relay_testkit::rdkafka::admin::{
+            AdminClient, AdminOptions, NewTopic, TopicReplication,
+        };
+        use outbox_relay_testkit::rdkafka::client::DefaultClientContext;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &w.spec.bootstrap_servers)
+            .create()?;
+        for r in admin
+            .create_topics(
+                &[NewTopic::new(&topic, 8, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await?
+        {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+        }
+    }
+    let (relay, _) = w.start(START).await?;
+
+    relayed.created_at_micros = now();
+    let before = current_binlog_position(&mut conn).await?;
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&relayed),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    let gtid = last_gtid(&mut conn).await?;
+    let tx = find_transaction(&mut conn, &before, &gtid)
+        .await?
+        .context("the relayed row's transaction is not in the binlog")?;
+    bad.created_at_micros = now();
+    for r in &mut spread {
+        r.created_at_micros = now();
+    }
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&bad),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    insert_outbox_rows(&mut conn, "outbox", &spread, InsertStyle::SingleRow).await?;
+    let mut keys: std::collections::HashSet<String> =
+        spread.iter().map(|r| r.event_key.clone()).collect();
+    keys.insert(relayed.event_key.clone());
+    let records = w
+        .wait_for_keys(
+            std::slice::from_ref(&topic),
+            &keys,
+            Some(&relay),
+            Duration::from_secs(120),
+        )
+        .await?;
+    let record = records
+        .iter()
+        .find(|r| r.header("event_key") == Some(relayed.event_key.as_str()))
+        .context("no record of the relayed row")?
+        .clone();
+    let dead = w
+        .wait_for_keys(
+            std::slice::from_ref(&dlq),
+            &std::collections::HashSet::from([bad.event_key.clone()]),
+            Some(&relay),
+            Duration::from_secs(120),
+        )
+        .await?;
+    let dead_letter = dead
+        .iter()
+        .find(|r| r.header("event_key") == Some(bad.event_key.as_str()))
+        .context("no dead letter of the bad row")?
+        .clone();
+    relay.stop(EXIT).await?;
+
+    // A consumer group that consumed the record, and one consumer's inbox row for it.
+    let group = format!("trace-g-{}", w.uid);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &w.spec.bootstrap_servers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, record.partition, Offset::Offset(record.offset + 1))?;
+    consumer.commit(
+        &tpl,
+        outbox_relay_testkit::rdkafka::consumer::CommitMode::Sync,
+    )?;
+    drop(consumer);
+    let inbox_db = TestDb::create("trinbox").await?;
+    let migrated = tokio::process::Command::new(BIN)
+        .args(["migrate", "--inbox", "--database-url", &inbox_db.url()])
+        .output()
+        .await?;
+    ensure!(
+        migrated.status.success(),
+        "migrate --inbox: {}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let mut inbox_conn = inbox_db.conn().await?;
+    inbox_conn
+        .exec_drop(
+            "INSERT INTO outbox_inbox (consumer, event_key, topic, kafka_partition, kafka_offset) \
+             VALUES ('fulfilment', ?, ?, ?, ?)",
+            (&relayed.event_key, &topic, record.partition, record.offset),
+        )
+        .await?;
+    // Committed while the relay is stopped.
+    later.created_at_micros = now();
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&later),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+
+    // The relayed row, as JSON.
+    let inbox_url = inbox_db.url();
+    let (status, out, err) = run(
+        &w.spec,
+        &[
+            "trace",
+            &relayed.event_key,
+            "--inbox-url",
+            &inbox_url,
+            "--json",
+        ],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    let report: serde_json::Value = serde_json::from_str(&out).context("trace --json")?;
+    let row = &report["rows"][0];
+    ensure!(
+        report["rows"].as_array().map(Vec::len) == Some(1),
+        "one row expected: {out}"
+    );
+    let id: u64 = conn
+        .exec_first(
+            "SELECT id FROM outbox WHERE event_key = ?",
+            (&relayed.event_key,),
+        )
+        .await?
+        .context("no id")?;
+    ensure!(
+        row["table"] == format!("{}.outbox", w.db.name()).as_str()
+            && row["id"] == id.to_string().as_str()
+            && row["topic"] == topic.as_str()
+            && row["key"] == relayed.aggregate_id.as_str()
+            && row["partition"] == record.partition,
+        "row: {row:#}"
+    );
+    let b = &row["binlog"];
+    ensure!(
+        b["end"] == tx.end.to_string().as_str() && b["gtid"] == gtid.as_str(),
+        "binlog {b:#}, expected end {} and GTID {gtid}",
+        tx.end
+    );
+    let after: BinlogPosition = b["after"]
+        .as_str()
+        .and_then(|s| s.rsplit_once(':'))
+        .map(|(f, p)| BinlogPosition {
+            file: f.to_owned(),
+            pos: p.parse().unwrap_or(0),
+        })
+        .context("binlog.after")?;
+    ensure!(
+        after.file == tx.start.file && after.pos <= tx.start.pos && after.pos >= before.pos
+            || after.file != before.file,
+        "binlog.after {after} is not the boundary before the transaction ({} .. {})",
+        tx.start,
+        tx.end
+    );
+    ensure!(row["checkpoint"]["relayed"] == true, "checkpoint: {row:#}");
+    let k = &row["records"];
+    ensure!(
+        k.as_array().map(Vec::len) == Some(1)
+            && k[0]["topic"] == topic.as_str()
+            && k[0]["partition"] == record.partition
+            && k[0]["offset"] == record.offset
+            && k[0]["timestamp_ms"] == record.timestamp_ms.context("timestamp")?,
+        "records {k:#}, consumed {}/{}@{}",
+        record.topic,
+        record.partition,
+        record.offset
+    );
+    let groups = row["groups"].as_array().context("groups")?;
+    ensure!(
+        groups.iter().any(|g| g["group"] == group.as_str()
+            && g["committed"] == record.offset + 1
+            && g["past"] == true),
+        "group {group} not listed as past the record: {groups:?}"
+    );
+    let inbox = &row["inbox"];
+    ensure!(
+        inbox.as_array().map(Vec::len) == Some(1)
+            && inbox[0]["consumer"] == "fulfilment"
+            && inbox[0]["offset"] == record.offset,
+        "inbox {inbox:#}"
+    );
+
+    // Each record where the key's partition says.
+    let mut partitions = std::collections::HashSet::new();
+    for r in &spread {
+        let consumed = records
+            .iter()
+            .find(|c| c.header("event_key") == Some(r.event_key.as_str()))
+            .context("no record")?;
+        partitions.insert(consumed.partition);
+        let (status, out, err) = run(&w.spec, &["trace", &r.event_key, "--json"]).await?;
+        expect(&status, 0, &out, &err)?;
+        let report: serde_json::Value = serde_json::from_str(&out).context("trace --json")?;
+        let row = &report["rows"][0];
+        ensure!(
+            row["partition"] == consumed.partition
+                && row["records"][0]["partition"] == consumed.partition
+                && row["records"][0]["offset"] == consumed.offset,
+            "{}: consumed at {}@{}, trace says {row:#}",
+            r.aggregate_id,
+            consumed.partition,
+            consumed.offset
+        );
+    }
+    ensure!(
+        partitions.len() > 1,
+        "the keys all went to one partition: the check proves little"
+    );
+
+    // The same, as text.
+    let (status, out, err) = run(
+        &w.spec,
+        &["trace", &relayed.event_key, "--inbox-url", &inbox_url],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    eprintln!("--- trace (relayed) ---\n{out}");
+    has(
+        &out,
+        &format!("kafka       {topic}/{}@{}", record.partition, record.offset),
+    )?;
+    has(&out, "past the transaction, relayed")?;
+    has(&out, &format!("group       {group}: committed"))?;
+    has(&out, "consumer fulfilment processed")?;
+
+    // The dead-lettered row.
+    let (status, out, err) = run(&w.spec, &["trace", &bad.event_key, "--json"]).await?;
+    expect(&status, 3, &out, &err)?;
+    let report: serde_json::Value = serde_json::from_str(&out).context("trace --json")?;
+    let row = &report["rows"][0];
+    let d = &row["dead_letters"];
+    ensure!(
+        d.as_array().map(Vec::len) == Some(1)
+            && d[0]["record"]["topic"] == dlq.as_str()
+            && d[0]["record"]["partition"] == dead_letter.partition
+            && d[0]["record"]["offset"] == dead_letter.offset
+            && d[0]["reason"] == dead_letter.header("dlq_reason").unwrap_or("?")
+            && row["route_error"].is_string()
+            && row["records"].as_array().map(Vec::len) == Some(0),
+        "dead-lettered row: {row:#}"
+    );
+    let (_, out, _) = run(&w.spec, &["trace", &bad.event_key]).await?;
+    eprintln!("--- trace (dead-lettered) ---\n{out}");
+    has(&out, &format!("dead letter {dlq}/"))?;
+
+    // Not yet relayed.
+    let (status, out, err) = run(&w.spec, &["trace", &later.event_key, "--json"]).await?;
+    expect(&status, 5, &out, &err)?;
+    let report: serde_json::Value = serde_json::from_str(&out).context("trace --json")?;
+    let row = &report["rows"][0];
+    ensure!(
+        row["checkpoint"]["relayed"] == false
+            && row["checkpoint"]["behind_bytes"].as_u64().unwrap_or(0) > 0
+            && row["binlog"]["end"].is_string()
+            && row["records"].as_array().map(Vec::len) == Some(0),
+        "not-yet-relayed row: {row:#}"
+    );
+    let (_, out, _) = run(&w.spec, &["trace", &later.event_key]).await?;
+    eprintln!("--- trace (not yet relayed) ---\n{out}");
+    has(&out, "NOT YET RELAYED")?;
+
+    // No such row.
+    let (status, out, err) = run(&w.spec, &["trace", "no-such-event-key"]).await?;
+    expect(&status, 6, &out, &err)?;
+    has(&out, "pruned, or never written")?;
+    drop(inbox_conn);
+    inbox_db.drop_database().await?;
+    drop(conn);
+    w.db.drop_database().await
+}

@@ -1,5 +1,5 @@
 //! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`, `republish`,
-//! `dlq replay`): argument parsing and printing; the work is in `outbox_relay_core::ops`.
+//! `dlq replay`, `trace`): argument parsing and printing; the work is in `outbox_relay_core::ops`.
 //! Reports go to stdout, logs to stderr.
 
 use std::path::PathBuf;
@@ -202,6 +202,52 @@ pub enum OpsCommand {
         /// Send (without it: print the plan, exit 4).
         #[arg(long)]
         yes: bool,
+    },
+    /// Follow one event from its outbox row to its consumers.
+    ///
+    /// Shows the outbox row (table, id, created_at) or that there is none (pruned or never
+    /// written); the binlog transaction that inserted it (positions, GTID, commit time) and
+    /// whether the connector's checkpoint is past it (if not: NOT YET RELAYED, and how many
+    /// binlog bytes behind); its record on Kafka (topic, partition, offset, timestamp; the
+    /// partition from the key as Kafka's partitioner computes it, the offset from the time:
+    /// never a full topic scan) or its dead letter with the reason; the consumer groups whose
+    /// committed offset is past it; and the inbox rows for it in each --inbox-url database.
+    /// Reads only: it changes nothing and can run beside the relay (its binlog dump uses
+    /// another server_id).
+    ///
+    /// Exit codes: 0 the record is on its topic; 1 runtime error; 2 configuration or argument
+    /// error; 3 dead-lettered (and not on its topic); 5 a row exists but no record was found
+    /// (not yet relayed, or outside --window); 6 no outbox row has that event_key.
+    #[command(verbatim_doc_comment)]
+    Trace {
+        /// TOML config file (the relay's); `OUTBOX_RELAY__SECTION__KEY` environment variables
+        /// override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// The event_key to follow (the event_key column's value).
+        event_key: String,
+        /// Only this outbox table (database.table); default: every configured one.
+        #[arg(long)]
+        table: Option<String>,
+        /// A consumer's database whose outbox_inbox table is read, e.g.
+        /// mysql://user:pass@host:3306/fulfilment (repeat for more).
+        #[arg(long = "inbox-url", value_name = "URL")]
+        inbox_urls: Vec<String>,
+        /// How long after created_at the transaction may have committed and the record been
+        /// stamped, in seconds.
+        #[arg(long, default_value_t = 600)]
+        window: u64,
+        /// Most records read per partition.
+        #[arg(long, default_value_t = 100_000)]
+        max_scan: u64,
+        /// The replica server_id of the binlog dump (default: 4000000000 + a hash of the
+        /// connector name and the process id; never mysql.server_id, which the running relay
+        /// uses).
+        #[arg(long)]
+        server_id: Option<u32>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Dead-letter tools (`dlq replay`).
     Dlq {
@@ -427,6 +473,47 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                     } else {
                         ExitCode::SUCCESS
                     }
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::Trace {
+            config,
+            event_key,
+            table,
+            inbox_urls,
+            window,
+            max_scan,
+            server_id,
+            json,
+        } => {
+            let config = match load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let opts = ops::trace::TraceOptions {
+                event_key,
+                table,
+                inbox_urls,
+                window_secs: window,
+                max_scan,
+                server_id,
+            };
+            match runtime.block_on(ops::trace::trace(&config, &opts)) {
+                Ok(report) => {
+                    if json {
+                        match serde_json::to_string_pretty(&report) {
+                            Ok(text) => println!("{text}"),
+                            Err(e) => {
+                                return fail(&RelayError::Argument(format!(
+                                    "the report cannot be written as JSON: {e}"
+                                )))
+                            }
+                        }
+                    } else {
+                        print!("{report}");
+                    }
+                    ExitCode::from(report.verdict().exit_code())
                 }
                 Err(e) => fail(&e),
             }

@@ -981,7 +981,7 @@ fn xa_error(ev: &SourceEvent, reason: &str) -> RelayError {
 }
 
 /// Parses a MariaDB GTID event body: seq_no u64, domain_id u32, flags2 u8 (all little-endian).
-fn parse_mariadb_gtid(ev: &SourceEvent) -> Result<(MariadbGtid, u8), RelayError> {
+pub(crate) fn parse_mariadb_gtid(ev: &SourceEvent) -> Result<(MariadbGtid, u8), RelayError> {
     let data = ev.event.data();
     let bad = || {
         RelayError::Binlog(format!(

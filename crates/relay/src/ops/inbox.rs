@@ -36,7 +36,7 @@ pub const INBOX_TABLE: &str = "outbox_inbox";
 /// # Errors
 /// [`RelayError::Argument`] for a URL without a database or that does not parse;
 /// [`RelayError::Mysql`] when the server cannot be reached.
-async fn connect(url: &str) -> Result<Conn, RelayError> {
+pub(crate) async fn connect(url: &str) -> Result<Conn, RelayError> {
     let opts = Opts::from_url(url)
         .map_err(|e| RelayError::Argument(format!("--database-url {url:?}: {e}")))?;
     if opts.db_name().is_none() {

@@ -14,6 +14,7 @@ pub mod republish;
 pub mod reset;
 pub mod scan;
 pub mod status;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -65,6 +66,29 @@ pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>, RelayErr
         .into_iter()
         .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
         .collect())
+}
+
+/// The table mappings of the outbox tables, or only of `table` (`database.table`, a
+/// command's `--table`).
+///
+/// # Errors
+/// [`RelayError::Argument`] when `table` is not one of `outbox.tables`; mapping errors as
+/// [`RelayConfig::table_mappings`].
+pub fn selected_mappings(
+    config: &RelayConfig,
+    table: Option<&str>,
+) -> Result<Vec<crate::decode::mapping::TableMapping>, RelayError> {
+    let mut mappings = config.table_mappings()?;
+    if let Some(only) = table {
+        let wanted = TableName::parse(only, None)?;
+        mappings.retain(|m| *m.table == wanted);
+        if mappings.is_empty() {
+            return Err(RelayError::Argument(format!(
+                "--table {only} is not one of the outbox tables in outbox.tables"
+            )));
+        }
+    }
+    Ok(mappings)
 }
 
 /// Bytes of binlog from `from` to `to` (`to` at or after `from`), from the file sizes of `logs`

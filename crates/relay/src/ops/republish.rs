@@ -25,7 +25,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::config::{KafkaConfig, KeyFormat, NullPayload, RelayConfig, TableName, TimestampSource};
+use crate::config::{KafkaConfig, KeyFormat, NullPayload, RelayConfig, TimestampSource};
 use crate::decode::columns::{raw_bytes, text_form, timestamp_ms, AdditionalFields, ColumnInfo};
 use crate::decode::mapping::TableMapping;
 use crate::decode::OutboxEvent;
@@ -148,16 +148,7 @@ pub async fn republish(
     config: &RelayConfig,
     opts: &RepublishOptions,
 ) -> Result<RepublishReport, RelayError> {
-    let mut mappings = config.table_mappings()?;
-    if let Some(only) = &opts.table {
-        let wanted = TableName::parse(only, None)?;
-        mappings.retain(|m| *m.table == wanted);
-        if mappings.is_empty() {
-            return Err(RelayError::Argument(format!(
-                "--table {only} is not one of the outbox tables in outbox.tables"
-            )));
-        }
-    }
+    let mappings = super::selected_mappings(config, opts.table.as_deref())?;
     let mut conn = super::connect(config).await?;
     let producer = if opts.yes {
         Some(producer(&config.kafka)?)
@@ -280,7 +271,7 @@ pub async fn republish(
 }
 
 /// The WHERE condition (with `?` placeholders) and its parameters for `selection` on `m`.
-async fn condition(
+pub(crate) async fn condition(
     conn: &mut Conn,
     m: &TableMapping,
     selection: &Selection,
@@ -348,7 +339,7 @@ async fn condition(
 /// The mapped columns, in the order [`event_of`] reads them: id, aggregate_type,
 /// aggregate_id, event_type, event_key, payload, created_at, partition, additional ones
 /// (unmapped ones as NULL).
-fn select_list(m: &TableMapping) -> String {
+pub(crate) fn select_list(m: &TableMapping) -> String {
     let c = &m.columns;
     let col = |name: &str| {
         if name.is_empty() {
@@ -372,7 +363,7 @@ fn select_list(m: &TableMapping) -> String {
 }
 
 /// `id=… event_key=…` of a row read with [`select_list`], for messages.
-fn row_label(row: &Row) -> String {
+pub(crate) fn row_label(row: &Row) -> String {
     let text = |i: usize| match row.as_ref(i) {
         Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
         Some(Value::NULL) | None => "NULL".into(),
@@ -407,7 +398,7 @@ fn plan_line(m: &Arc<TableMapping>, row: Row, stamp: &str) -> String {
 /// # Errors
 /// Why the row cannot become a record (a NULL aggregate type or id, a value that cannot be
 /// converted, a NULL payload with `null_payload = "dead_letter"`).
-fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxEvent>, String> {
+pub(crate) fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxEvent>, String> {
     let columns = row.columns();
     let infos: Vec<ColumnInfo> = columns
         .iter()

@@ -13,7 +13,8 @@ use mysql_async::binlog::EventType;
 
 use crate::binlog::source::{report_host, BinlogSource, Flavor, SourceEvent, StartFrom};
 use crate::config::RelayConfig;
-use crate::decode::{Decoder, GtidState, TxBoundary};
+use crate::decode::mapping::TableMapping;
+use crate::decode::{DecodedRow, Decoder, GtidState, TxBoundary};
 use crate::error::RelayError;
 use crate::position::gtid::MysqlGtidSet;
 use crate::position::BinlogPosition;
@@ -28,6 +29,11 @@ pub struct Scanner {
     source: BinlogSource,
     decoder: Option<Decoder>,
     checkpoint_table: crate::config::TableName,
+    /// Outbox tables whose rows are decoded (none for `reset`; `trace` reads them).
+    outbox_tables: Vec<TableMapping>,
+    /// Column layouts to start from when table maps carry no column names (JSON of
+    /// [`crate::decode::schema`]).
+    layouts: Option<std::sync::Arc<str>>,
 }
 
 /// One event of a [`Scanner`].
@@ -36,6 +42,8 @@ pub struct Scanned {
     pub event: SourceEvent,
     /// The transaction boundary this event ends, if any.
     pub boundary: Option<TxBoundary>,
+    /// Outbox rows of this event (only with [`Scanner::with_outbox_tables`]).
+    pub rows: Vec<DecodedRow>,
     /// `true` after this event while a transaction is open (or a GTID event was just read).
     pub inside: bool,
 }
@@ -65,14 +73,38 @@ impl Scanner {
             source,
             decoder: None,
             checkpoint_table: config.checkpoint_table()?,
+            outbox_tables: Vec::new(),
+            layouts: None,
         })
+    }
+
+    /// Decodes the rows of these outbox tables too ([`Scanned::rows`]), starting from
+    /// `layouts` (JSON of [`crate::decode::schema`]) when the server's table maps carry no
+    /// column names. Call before the first [`Scanner::next`].
+    #[must_use]
+    pub fn with_outbox_tables(
+        mut self,
+        tables: Vec<TableMapping>,
+        layouts: Option<std::sync::Arc<str>>,
+    ) -> Self {
+        self.outbox_tables = tables;
+        self.layouts = layouts;
+        self
     }
 
     fn decoder(&mut self, gtid: Option<GtidState>) -> &mut Decoder {
         let table = self.checkpoint_table.clone();
+        let tables = &self.outbox_tables;
+        let layouts = self.layouts.as_deref();
         self.decoder.get_or_insert_with(|| {
-            Decoder::new(Vec::new(), table, gtid)
-                .with_unknown_xa_commit(crate::config::UnknownXaCommit::Skip)
+            let mut d = Decoder::new(tables.iter().cloned(), table, gtid)
+                .with_unknown_xa_commit(crate::config::UnknownXaCommit::Skip);
+            if let Some(json) = layouts {
+                // Layouts that do not parse only cost column names: rows then fail to decode
+                // and the caller reports them as not found.
+                let _ = d.restore_layouts(json);
+            }
+            d
         })
     }
 
@@ -88,6 +120,7 @@ impl Scanner {
             return Ok(Scanned {
                 event,
                 boundary: None,
+                rows: Vec::new(),
                 inside: self.decoder.as_ref().is_some_and(Decoder::in_transaction),
             });
         }
@@ -104,17 +137,19 @@ impl Scanner {
             .as_mut()
             .ok_or_else(|| RelayError::Binlog("scanner without a decoder".into()))?;
         let decoded = decoder.decode(&event, |id| source.table_map(id))?;
-        let (_, boundary) = decoded.into_parts();
+        let (rows, boundary) = decoded.into_parts();
         let inside = decoder.in_transaction() || is_gtid;
         Ok(Scanned {
             event,
             boundary,
+            rows,
             inside,
         })
     }
 }
 
-fn is_gtid_event(raw: u8) -> bool {
+/// `true` for a MySQL or MariaDB GTID event type (a transaction's first event).
+pub(crate) fn is_gtid_event(raw: u8) -> bool {
     raw == MARIADB_GTID_EVENT
         || raw == EventType::GTID_EVENT as u8
         || raw == EventType::ANONYMOUS_GTID_EVENT as u8
