@@ -1309,6 +1309,40 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     eprintln!("--- trace (not yet relayed) ---\n{out}");
     has(&out, "NOT YET RELAYED")?;
 
+    // The options: one table, a chosen dump server_id, a narrower window and scan.
+    let table = format!("{}.outbox", w.db.name());
+    let (status, out, err) = run(
+        &w.spec,
+        &[
+            "trace",
+            &relayed.event_key,
+            "--table",
+            &table,
+            "--server-id",
+            "4000000123",
+            "--window",
+            "120",
+            "--max-scan",
+            "1000",
+            "--json",
+        ],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    let report: serde_json::Value = serde_json::from_str(&out).context("trace --json")?;
+    ensure!(
+        report["rows"][0]["records"][0]["offset"] == record.offset
+            && report["rows"][0]["binlog"]["end"] == tx.end.to_string().as_str(),
+        "with options: {report:#}"
+    );
+    let (status, out, err) = run(
+        &w.spec,
+        &["trace", &relayed.event_key, "--table", "nope.outbox"],
+    )
+    .await?;
+    expect(&status, 2, &out, &err)?;
+    has(&err, "is not one of the outbox tables")?;
+
     // No such row.
     let (status, out, err) = run(&w.spec, &["trace", "no-such-event-key"]).await?;
     expect(&status, 6, &out, &err)?;
