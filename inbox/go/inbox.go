@@ -303,12 +303,13 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 	op := func() (Outcome, error) {
 		attempts++
 		out, err := in.attempt(ctx, rec, key, version, hasVersion, h)
-		if err != nil {
-			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
-		}
 		var gap *gapError
 		if errors.As(err, &gap) && in.s.GapPolicy == GapPark {
 			return Parked, backoff.Permanent(err)
+		}
+		if err != nil {
+			// A failed attempt: an exception event on the consumer span.
+			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
 		}
 		return out, err
 	}

@@ -36,6 +36,7 @@ mod config;
 mod consumer;
 mod dead_letter;
 mod error;
+pub mod otel;
 mod process;
 mod record;
 
