@@ -26,6 +26,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/go-sql-driver/mysql"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Outcome is how a record was settled. Its string form is the one of the scenario protocol.
@@ -117,6 +119,13 @@ type Settings struct {
 	DeadLetterTimeout time.Duration
 	// Hooks are called at fixed points of the processing of each record.
 	Hooks Hooks
+	// TracerProvider gives the tracer of the consumer span of each record (inbox/CONTRACT.md,
+	// "Trace context"). Default: otel.GetTracerProvider() at the time of each record, so a
+	// provider installed with otel.SetTracerProvider is used; without one the span is a no-op.
+	TracerProvider trace.TracerProvider
+	// Propagator extracts the producer's trace context from the record's headers. Default:
+	// propagation.TraceContext{} (W3C "traceparent"/"tracestate", what the relay writes).
+	Propagator propagation.TextMapPropagator
 }
 
 // Result says how a record was settled.
@@ -143,6 +152,7 @@ type Inbox struct {
 	db       *sql.DB
 	producer Producer
 	s        Settings
+	group    string // messaging.consumer.group.name of the spans: Consumer, or the Runner's group
 	insert   string
 	selVer   string
 	upsert   string
@@ -213,6 +223,7 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 		db:       db,
 		producer: producer,
 		s:        s,
+		group:    s.Consumer,
 		insert:   "INSERT INTO " + it + " (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?)",
 		selVer:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
 		upsert: "INSERT INTO " + vt + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)" +
@@ -265,7 +276,20 @@ func (e *gapError) Error() string {
 //
 // A non-nil error means the record is NOT settled and its offset must not be committed: the
 // dead letter could not be produced (the consumer should stop), or ctx ended first.
+//
+// The record is processed inside a consumer span "<topic> process" whose parent is the trace
+// context of the record's headers (W3C traceparent/tracestate; a new trace without them): h
+// gets a ctx carrying that span, so the spans it starts join the producer's trace
+// (inbox/CONTRACT.md, "Trace context"; Settings.TracerProvider).
 func (in *Inbox) Process(ctx context.Context, rec *kgo.Record, h Handler) (Result, error) {
+	ctx, span := in.startSpan(ctx, rec)
+	res, err := in.process(ctx, rec, h)
+	endSpan(span, res, err)
+	return res, err
+}
+
+// process is Process inside the consumer span (carried by ctx).
+func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Result, error) {
 	key, _ := header(rec, in.s.EventKeyHeader)
 	if key == "" {
 		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"})
@@ -283,6 +307,10 @@ func (in *Inbox) Process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 		if errors.As(err, &gap) && in.s.GapPolicy == GapPark {
 			return Parked, backoff.Permanent(err)
 		}
+		if err != nil {
+			// A failed attempt: an exception event on the consumer span.
+			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
+		}
 		return out, err
 	}
 	bo := &backoff.ExponentialBackOff{
@@ -295,7 +323,7 @@ func (in *Inbox) Process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 		backoff.WithMaxTries(uint(in.s.MaxAttempts)),
 		backoff.WithMaxElapsedTime(0))
 	if cerr := ctx.Err(); cerr != nil && err != nil {
-		return Result{}, fmt.Errorf("inbox: record %s/%d@%d not settled: %w", rec.Topic, rec.Partition, rec.Offset, cerr)
+		return Result{Attempts: attempts}, fmt.Errorf("inbox: record %s/%d@%d not settled: %w", rec.Topic, rec.Partition, rec.Offset, cerr)
 	}
 	if err != nil {
 		if out != Parked {

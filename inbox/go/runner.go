@@ -93,6 +93,7 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		cl.Close()
 		return nil, err
 	}
+	in.group = cfg.Group
 	r.cl, r.in = cl, in
 	return r, nil
 }

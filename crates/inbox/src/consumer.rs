@@ -80,11 +80,14 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
     pub fn with_config(
         mut config: ClientConfig,
         topics: &[&str],
-        inbox: Inbox<H>,
+        mut inbox: Inbox<H>,
         handler: F,
     ) -> Result<Self, InboxError> {
         if config.get("group.id").is_none() {
             config.set("group.id", &inbox.config().consumer);
+        }
+        if let Some(group) = config.get("group.id") {
+            inbox.set_span_group(group);
         }
         config
             .set("enable.auto.commit", "false")

@@ -31,11 +31,41 @@
 //! consumer.run(async { tokio::signal::ctrl_c().await.ok(); }).await
 //! # }
 //! ```
+//!
+//! # Trace context
+//!
+//! [`Inbox::process`] continues the producer's trace (`inbox/CONTRACT.md`, "Trace context"): it
+//! reads the W3C `traceparent`/`tracestate` headers ([`otel::parse_traceparent`]) and runs the
+//! record in a CONSUMER span `"<topic> process"` (messaging attributes, `inbox.event_key`,
+//! `inbox.outcome`; status error when dead-lettered or parked) whose parent is the producer's
+//! span. The handler's future runs with that span's context current, so spans it starts with
+//! `opentelemetry::Context::current()` as parent (the default of `Tracer::start`) join the trace.
+//!
+//! Why the `opentelemetry` API (0.33) and not `tracing` + `tracing-opentelemetry`: the crate
+//! uses `tracing` only for log events; the API alone gives the remote parent, span kind and
+//! status the contract asks for, works with the application's SDK whatever its `tracing` setup,
+//! and costs nothing without one. The SDK is the application's: install a provider globally, or
+//! pass it with [`Inbox::with_tracer_provider`]. For example over OTLP (crates
+//! `opentelemetry_sdk` and `opentelemetry-otlp`, same 0.33 release; endpoint from
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`):
+//!
+//! ```ignore
+//! let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+//! let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+//!     .with_batch_exporter(exporter)
+//!     .build();
+//! opentelemetry::global::set_tracer_provider(provider.clone()); // the default
+//! let inbox = Inbox::new(pool, config, "127.0.0.1:9092")?.with_tracer_provider(&provider); // or explicitly
+//! ```
+//!
+//! A provider of another `opentelemetry` release is a different type (and a different global):
+//! keep the application's OpenTelemetry crates on the release this crate uses.
 
 mod config;
 mod consumer;
 mod dead_letter;
 mod error;
+pub mod otel;
 mod process;
 mod record;
 

@@ -1,6 +1,11 @@
 //! `process(record, handler)`: one record through the inbox (`inbox/CONTRACT.md`, steps 1-3).
 
 use std::future::Future;
+use std::sync::Arc;
+
+use opentelemetry::context::FutureExt;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{Tracer, TracerProvider};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Transaction, TxOpts};
@@ -8,6 +13,7 @@ use mysql_async::{Conn, Pool, Transaction, TxOpts};
 use crate::config::{GapPolicy, InboxConfig};
 use crate::dead_letter::DeadLetters;
 use crate::error::{HandlerError, InboxError};
+use crate::otel::{self, Tracing};
 use crate::record::InboxRecord;
 
 /// MySQL/MariaDB `ER_DUP_ENTRY`: the inbox row exists, the event was processed before.
@@ -94,6 +100,7 @@ pub struct Inbox<H: Hooks = NoHooks> {
     config: InboxConfig,
     dead_letters: DeadLetters,
     hooks: H,
+    tracing: Tracing,
     insert_sql: String,
     select_version_sql: String,
     upsert_version_sql: String,
@@ -133,6 +140,7 @@ impl Inbox<NoHooks> {
             config,
             dead_letters,
             hooks: NoHooks,
+            tracing: Tracing::default(),
         })
     }
 }
@@ -146,10 +154,44 @@ impl<H: Hooks> Inbox<H> {
             config: self.config,
             dead_letters: self.dead_letters,
             hooks,
+            tracing: self.tracing,
             insert_sql: self.insert_sql,
             select_version_sql: self.select_version_sql,
             upsert_version_sql: self.upsert_version_sql,
         }
+    }
+
+    /// The same inbox making its consumer spans (`inbox/CONTRACT.md`, "Trace context") with a
+    /// tracer of `provider` (e.g. the application's `opentelemetry_sdk::trace::SdkTracerProvider`)
+    /// instead of the global provider (`opentelemetry::global::set_tracer_provider`; without one
+    /// the spans are no-ops). The provider must be of the same `opentelemetry` version (0.33).
+    #[must_use]
+    pub fn with_tracer_provider<P>(mut self, provider: &P) -> Self
+    where
+        P: TracerProvider,
+        P::Tracer: Send + Sync + 'static,
+        <P::Tracer as Tracer>::Span: Send + Sync + 'static,
+    {
+        self.tracing.set_tracer_provider(provider);
+        self
+    }
+
+    /// The same inbox reading the producer's trace context from the record's headers with
+    /// `propagator` instead of the W3C `traceparent`/`tracestate` headers (the default, what the
+    /// relay writes; see [`otel::parse_traceparent`]).
+    #[must_use]
+    pub fn with_propagator(
+        mut self,
+        propagator: impl TextMapPropagator + Send + Sync + 'static,
+    ) -> Self {
+        self.tracing.set_propagator(Arc::new(propagator));
+        self
+    }
+
+    /// Sets the consumer group named by the spans' `messaging.consumer.group.name` (default: the
+    /// consumer name; [`crate::InboxConsumer`] sets its `group.id`).
+    pub(crate) fn set_span_group(&mut self, group: &str) {
+        self.tracing.group = Some(group.to_owned());
     }
 
     /// Its settings.
@@ -165,14 +207,33 @@ impl<H: Hooks> Inbox<H> {
     /// # Errors
     /// Only [`InboxError::Kafka`], when a dead letter could not be produced (the record is then
     /// not settled: stop and let it be redelivered).
+    ///
+    /// The record is processed inside its consumer span `"<topic> process"`, a child of the
+    /// trace context in its `traceparent`/`tracestate` headers (a new trace without them); the
+    /// handler and the hooks run with that span's context current
+    /// (`opentelemetry::Context::current()`), so their spans join the producer's trace. Its
+    /// status is an error for a parked or dead-lettered record and when this returns `Err`.
     pub async fn process<F: Handler>(
         &self,
         record: &InboxRecord,
         handler: &F,
     ) -> Result<Settled, InboxError> {
-        let settled = self.settle(record, handler).await?;
-        self.hooks.after_commit(record, &settled);
-        Ok(settled)
+        let cx = self
+            .tracing
+            .start(record, &self.config.consumer, &self.config.event_key_header);
+        let result = async {
+            let settled = self.settle(record, handler).await?;
+            otel::settled(&opentelemetry::Context::current(), &settled);
+            self.hooks.after_commit(record, &settled);
+            Ok(settled)
+        }
+        .with_context(cx.clone())
+        .await;
+        if let Err(e) = &result {
+            otel::unsettled(&cx, e);
+        }
+        opentelemetry::trace::TraceContextExt::span(&cx).end();
+        result
     }
 
     async fn settle<F: Handler>(
@@ -224,6 +285,7 @@ impl<H: Hooks> Inbox<H> {
                 }
                 Err(e) => e,
             };
+            otel::attempt_failed(&error, attempt);
             match delays.next() {
                 Some(wait) => {
                     tracing::warn!(

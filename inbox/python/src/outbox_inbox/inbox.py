@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 
 import pymysql
 from confluent_kafka import KafkaError, Message, Producer
+from opentelemetry import trace
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .settings import GapPolicy, InboxSettings, backoff_delay
+from .tracing import HEADERS_GETTER, INSTRUMENTATION_NAME, span_attributes
 
 __all__ = [
     "DeadLetterError",
@@ -126,6 +131,15 @@ class Inbox:
     ``functools.partial(pymysql.connect, host=..., database=...)``); the inbox keeps one open and
     reconnects after a connection error. ``producer`` sends dead letters (see
     :func:`dead_letter_producer`). Not thread-safe: one inbox per poll loop.
+
+    Each record is processed inside an OpenTelemetry consumer span ``"<topic> process"`` whose
+    parent is the trace context of the record's W3C ``traceparent``/``tracestate`` headers
+    (inbox/CONTRACT.md, "Trace context"); the handler runs with that span current, so its own
+    spans join the producer's trace. ``tracer_provider``: default the global one
+    (``opentelemetry.trace.set_tracer_provider``; none installed: no-op spans). ``propagator``:
+    default ``TraceContextTextMapPropagator()`` (W3C, what the relay writes).
+    ``consumer_group`` is the span's ``messaging.consumer.group.name`` (default: the consumer
+    name; :class:`InboxRunner` sets it to its ``group.id``).
     """
 
     def __init__(
@@ -134,9 +148,16 @@ class Inbox:
         connect: Callable[[], pymysql.connections.Connection],
         producer: Producer,
         hooks: Hooks | None = None,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+        consumer_group: str | None = None,
     ) -> None:
         self.settings = settings
         self.hooks = hooks or Hooks()
+        self.consumer_group = consumer_group or settings.consumer
+        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, tracer_provider=tracer_provider)
+        self._propagator = propagator or TraceContextTextMapPropagator()
         self._connect = connect
         self._producer = producer
         self._conn: pymysql.connections.Connection | None = None
@@ -162,10 +183,43 @@ class Inbox:
         Returns the :class:`ProcessResult`; afterwards ``record.offset() + 1`` may be committed.
         Raises :class:`DeadLetterError` when a dead letter cannot be produced, and whatever
         ``hooks.after_commit`` raises.
+
+        Runs inside the record's consumer span (see :class:`Inbox`): its status is ERROR for a
+        parked or dead-lettered record and when this raises.
         """
-        result = self._settle(record, handler)
-        self.hooks.after_commit(record, result)
-        return result
+        headers = record.headers() or []
+        context = self._propagator.extract(headers, getter=HEADERS_GETTER)
+        with self._tracer.start_as_current_span(
+            f"{record.topic()} process",
+            context=context,
+            kind=SpanKind.CONSUMER,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if span.is_recording():
+                key = _text(_header(record, self.settings.event_key_header)) or None
+                span.set_attributes(
+                    span_attributes(record, self.settings.consumer, self.consumer_group, key)
+                )
+            try:
+                result = self._settle(record, handler)
+            except Exception as error:
+                span.set_attribute("inbox.outcome", "unsettled")
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+                raise
+            span.set_attributes(
+                {"inbox.outcome": result.outcome.value, "inbox.attempts": result.attempts}
+            )
+            if result.outcome in (Outcome.PARKED, Outcome.DEAD_LETTERED):
+                span.set_status(Status(StatusCode.ERROR, result.reason))
+            try:
+                self.hooks.after_commit(record, result)
+            except Exception as error:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+                raise
+            return result
 
     def close(self) -> None:
         """Close the database connection and flush the dead-letter producer."""
@@ -195,6 +249,7 @@ class Inbox:
             except Exception as error:
                 self._rollback()
                 reason = str(error) or type(error).__name__
+                trace.get_current_span().record_exception(error, {"inbox.attempt": attempt})
                 if attempt >= s.max_attempts:
                     return self._dead_letter(record, key, Outcome.DEAD_LETTERED, reason, attempt)
                 delay = backoff_delay(attempt, s.backoff_initial, s.backoff_max)

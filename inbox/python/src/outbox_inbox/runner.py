@@ -53,6 +53,7 @@ class InboxRunner:
         config = dict(consumer_config)
         if isinstance(processor, Inbox):
             config.setdefault("group.id", processor.settings.consumer)
+            processor.consumer_group = str(config["group.id"])  # the spans' consumer group name
         config["enable.auto.commit"] = False
         config["enable.auto.offset.store"] = False
         self._processor = processor

@@ -1,5 +1,7 @@
 package dev.outboxrelay.inbox;
 
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.context.Scope;
 import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
@@ -27,6 +29,11 @@ import org.slf4j.LoggerFactory;
  * InboxRunner} does all that. An instance is thread-safe when its data source and producer are
  * (connection pools and {@code KafkaProducer} are), but records of one partition must be processed
  * one at a time.
+ *
+ * <p>Each record is processed inside an OpenTelemetry consumer span {@code "<topic> process"} whose
+ * parent is the W3C trace context of the record's {@code traceparent}/{@code tracestate} headers;
+ * the span is current while the handler and the hooks run, so their own spans join the producer's
+ * trace (inbox/CONTRACT.md, "Trace context"; {@link InboxSettings.Builder#openTelemetry}).
  */
 public final class Inbox {
   private static final Logger LOG = LoggerFactory.getLogger(Inbox.class);
@@ -39,6 +46,7 @@ public final class Inbox {
   private final DataSource dataSource;
   private final Producer<byte[], byte[]> deadLetters;
   private final Hooks hooks;
+  private final String consumerGroup;
   private final String insertInbox;
   private final String selectVersion;
   private final String upsertVersion;
@@ -56,10 +64,21 @@ public final class Inbox {
       DataSource dataSource,
       Producer<byte[], byte[]> deadLetters,
       Hooks hooks) {
+    this(settings, dataSource, deadLetters, hooks, settings.consumer());
+  }
+
+  /** As the public constructor; {@code consumerGroup} names the spans' consumer group. */
+  Inbox(
+      InboxSettings settings,
+      DataSource dataSource,
+      Producer<byte[], byte[]> deadLetters,
+      Hooks hooks,
+      String consumerGroup) {
     this.settings = settings;
     this.dataSource = dataSource;
     this.deadLetters = deadLetters;
     this.hooks = hooks == null ? Hooks.NONE : hooks;
+    this.consumerGroup = consumerGroup == null ? settings.consumer() : consumerGroup;
     this.insertInbox =
         "INSERT INTO "
             + settings.inboxTable()
@@ -96,9 +115,21 @@ public final class Inbox {
    *     during a backoff: the record is not settled
    */
   public Result process(ConsumerRecord<byte[], byte[]> record, Handler handler) {
-    Result result = settle(record, handler);
-    hooks.afterCommit(record, result);
-    return result;
+    Span span = InboxTracing.start(settings, consumerGroup, record);
+    Scope scope = span.makeCurrent();
+    Result result = null;
+    try {
+      result = settle(record, handler);
+      InboxTracing.settled(span, result);
+      hooks.afterCommit(record, result);
+      return result;
+    } catch (RuntimeException | Error e) {
+      InboxTracing.failed(span, e, result != null);
+      throw e;
+    } finally {
+      scope.close();
+      span.end();
+    }
   }
 
   private Result settle(ConsumerRecord<byte[], byte[]> record, Handler handler) {
@@ -125,8 +156,10 @@ public final class Inbox {
           Result parked = deadLetter(record, gap.getMessage(), attempt);
           return new Result(Outcome.PARKED, parked.attempts());
         }
+        InboxTracing.attemptFailed(gap, attempt);
         error = gap.getMessage();
       } catch (Exception e) {
+        InboxTracing.attemptFailed(e, attempt);
         error = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
         LOG.warn(
             "{} {}-{}@{}: attempt {} of {} failed: {}",
@@ -269,6 +302,7 @@ public final class Inbox {
               + cause,
           cause);
     }
+    InboxTracing.deadLettered(reason);
     return new Result(Outcome.DEAD_LETTERED, attempts);
   }
 

@@ -422,15 +422,21 @@ public final class InboxRunner implements AutoCloseable {
       String groupId = settings == null ? null : settings.consumer();
       Producer<byte[], byte[]> producer = null;
       RecordProcessor p = processor;
+      Properties consumerConfig = consumerConfig(kafka, groupId);
       if (settings != null) {
         producer = new KafkaProducer<>(deadLetterProducerConfig(kafka));
-        Inbox inbox = new Inbox(settings, dataSource, producer, hooks);
+        Inbox inbox =
+            new Inbox(
+                settings,
+                dataSource,
+                producer,
+                hooks,
+                consumerConfig.getProperty(ConsumerConfig.GROUP_ID_CONFIG));
         Handler h = handler;
         p = record -> inbox.process(record, h);
       }
       try {
-        return new InboxRunner(
-            this, p, new KafkaConsumer<>(consumerConfig(kafka, groupId)), producer);
+        return new InboxRunner(this, p, new KafkaConsumer<>(consumerConfig), producer);
       } catch (RuntimeException e) {
         if (producer != null) {
           producer.close();

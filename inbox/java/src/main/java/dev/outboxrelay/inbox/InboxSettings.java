@@ -1,5 +1,9 @@
 package dev.outboxrelay.inbox;
 
+import io.opentelemetry.api.GlobalOpenTelemetry;
+import io.opentelemetry.api.OpenTelemetry;
+import io.opentelemetry.api.trace.propagation.W3CTraceContextPropagator;
+import io.opentelemetry.context.propagation.TextMapPropagator;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Objects;
@@ -32,6 +36,8 @@ public final class InboxSettings {
   private final int maxAttempts;
   private final Duration backoffInitial;
   private final Duration backoffMax;
+  private final OpenTelemetry openTelemetry;
+  private final TextMapPropagator propagator;
 
   private InboxSettings(Builder b) {
     this.consumer = b.consumer;
@@ -45,6 +51,8 @@ public final class InboxSettings {
     this.maxAttempts = b.maxAttempts;
     this.backoffInitial = b.backoffInitial;
     this.backoffMax = b.backoffMax;
+    this.openTelemetry = b.openTelemetry;
+    this.propagator = b.propagator;
   }
 
   /**
@@ -171,6 +179,26 @@ public final class InboxSettings {
    * @param name the header name
    * @return its text, or {@code null} when absent or valueless
    */
+  /**
+   * The OpenTelemetry instance whose tracer makes the consumer span of each record: the one given
+   * to {@link Builder#openTelemetry}, else the global one ({@link GlobalOpenTelemetry#getOrNoop()}
+   * at the time of the call: the no-op instance until the application installs an SDK; the global
+   * is never set by this library).
+   *
+   * @return the OpenTelemetry instance to use now
+   */
+  public OpenTelemetry openTelemetry() {
+    return openTelemetry != null ? openTelemetry : GlobalOpenTelemetry.getOrNoop();
+  }
+
+  /**
+   * @return the propagator that extracts the producer's trace context from a record's headers
+   *     (default {@link W3CTraceContextPropagator}: {@code traceparent}, {@code tracestate})
+   */
+  public TextMapPropagator propagator() {
+    return propagator;
+  }
+
   static String header(ConsumerRecord<?, ?> record, String name) {
     Header h = record.headers().lastHeader(name);
     return h == null || h.value() == null ? null : new String(h.value(), StandardCharsets.UTF_8);
@@ -189,6 +217,8 @@ public final class InboxSettings {
     private int maxAttempts = 5;
     private Duration backoffInitial = Duration.ofMillis(100);
     private Duration backoffMax = Duration.ofSeconds(10);
+    private OpenTelemetry openTelemetry;
+    private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
 
     private Builder(String consumer, String deadLetterTopic) {
       this.consumer = consumer;
@@ -299,6 +329,30 @@ public final class InboxSettings {
      */
     public Builder backoffMax(Duration wait) {
       this.backoffMax = wait;
+      return this;
+    }
+
+    /**
+     * The OpenTelemetry instance for the consumer spans (inbox/CONTRACT.md, "Trace context").
+     *
+     * @param openTelemetry an instance (e.g. the application's {@code OpenTelemetrySdk}), or {@code
+     *     null} for the global one (the default)
+     * @return this builder
+     */
+    public Builder openTelemetry(OpenTelemetry openTelemetry) {
+      this.openTelemetry = openTelemetry;
+      return this;
+    }
+
+    /**
+     * The propagator that extracts the producer's trace context from a record's headers.
+     *
+     * @param propagator e.g. {@code openTelemetry.getPropagators().getTextMapPropagator()}; default
+     *     {@link W3CTraceContextPropagator#getInstance()} (what the relay writes)
+     * @return this builder
+     */
+    public Builder propagator(TextMapPropagator propagator) {
+      this.propagator = Objects.requireNonNull(propagator, "propagator");
       return this;
     }
 
