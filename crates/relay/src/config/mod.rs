@@ -98,15 +98,15 @@ impl CutoverConfig {
         let bad = |msg: &str| Err(RelayError::Config(msg.to_owned()));
         self.until_ms()?;
         match &self.skip_if {
-            None if self.skip_ids_through.is_none() => {
-                return bad(
-                    "[cutover] needs cutover.skip_if (a SQL condition such as \"status = 'SENT'\") \
+            None if self.skip_ids_through.is_none() => return bad(
+                "[cutover] needs cutover.skip_if (a SQL condition such as \"status = 'SENT'\") \
                      and/or cutover.skip_ids_through (an id watermark)",
-                )
-            }
+            ),
             Some(c) if c.trim().is_empty() => {
-                return bad("cutover.skip_if must not be empty (leave it out to use only \
-                            cutover.skip_ids_through)")
+                return bad(
+                    "cutover.skip_if must not be empty (leave it out to use only \
+                            cutover.skip_ids_through)",
+                )
             }
             Some(c) if c.contains(';') => {
                 return bad("cutover.skip_if is one SQL condition, not statements: remove the ';'")
@@ -1235,21 +1235,41 @@ bootstrap_servers = "127.0.0.1:9092"
         let ok = format!(
             "{MINIMAL}\n[cutover]\nskip_if = \"status = 'SENT'\"\nuntil = \"2026-12-02 08:00:00\"\n"
         );
-        let c = RelayConfig::from_toml_str(&ok).expect("valid").cutover.expect("set");
+        let c = RelayConfig::from_toml_str(&ok)
+            .expect("valid")
+            .cutover
+            .expect("set");
         assert_eq!(c.skip_if.as_deref(), Some("status = 'SENT'"));
         assert_eq!(c.skip_ids_through, None);
         // The whole second is inside the window.
         assert_eq!(c.until_ms().expect("parses"), 1_796_198_400_999);
-        let ids = format!("{MINIMAL}\n[cutover]\nskip_ids_through = 12345\nuntil = \"2026-12-02 08:00:00\"\n");
-        let c = RelayConfig::from_toml_str(&ids).expect("valid").cutover.expect("set");
+        let ids = format!(
+            "{MINIMAL}\n[cutover]\nskip_ids_through = 12345\nuntil = \"2026-12-02 08:00:00\"\n"
+        );
+        let c = RelayConfig::from_toml_str(&ids)
+            .expect("valid")
+            .cutover
+            .expect("set");
         assert_eq!((c.skip_if, c.skip_ids_through), (None, Some(12345)));
         for (toml, named) in [
             ("until = \"2026-12-02 08:00:00\"\n", "cutover.skip_if"),
-            ("skip_if = \" \"\nuntil = \"2026-12-02 08:00:00\"\n", "cutover.skip_if"),
-            ("skip_if = \"1; DROP TABLE x\"\nuntil = \"2026-12-02 08:00:00\"\n", "cutover.skip_if"),
+            (
+                "skip_if = \" \"\nuntil = \"2026-12-02 08:00:00\"\n",
+                "cutover.skip_if",
+            ),
+            (
+                "skip_if = \"1; DROP TABLE x\"\nuntil = \"2026-12-02 08:00:00\"\n",
+                "cutover.skip_if",
+            ),
             ("skip_if = \"status = 'SENT'\"\n", "until"),
-            ("skip_if = \"status = 'SENT'\"\nuntil = \"2026-12-02T08:00\"\n", "cutover.until"),
-            ("skip_if = \"a\"\nuntil = \"2026-12-02 08:00:00\"\nskip = 1\n", "skip"),
+            (
+                "skip_if = \"status = 'SENT'\"\nuntil = \"2026-12-02T08:00\"\n",
+                "cutover.until",
+            ),
+            (
+                "skip_if = \"a\"\nuntil = \"2026-12-02 08:00:00\"\nskip = 1\n",
+                "skip",
+            ),
         ] {
             let err = RelayConfig::from_toml_str(&format!("{MINIMAL}\n[cutover]\n{toml}"))
                 .expect_err(toml)

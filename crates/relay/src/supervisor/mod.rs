@@ -232,8 +232,12 @@ async fn supervise(
     }
     if let Some(c) = &cutover {
         let s = c.stats();
-        tracing::info!(rows_checked = s.checked, rows_skipped = s.skipped, queries = s.queries,
-            "cutover: rows checked and skipped by this process");
+        tracing::info!(
+            rows_checked = s.checked,
+            rows_skipped = s.skipped,
+            queries = s.queries,
+            "cutover: rows checked and skipped by this process"
+        );
     }
     pool.disconnect().await.ok();
     result
