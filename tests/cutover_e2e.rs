@@ -46,6 +46,85 @@ async fn cutover_from_a_polling_relay_exactly_once() -> Result<()> {
     cutover("cuteo", true).await
 }
 
+/// A `skip_if` that does not fit the table stops the relay at start-up with a configuration
+/// error naming the key (exit 2), before anything is sent; `skip_ids_through` alone skips the
+/// rows up to the watermark without any query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
+    let w = World::with_db_prefix(BIN, "e2e", "cutids").await?;
+    let topic = w.topic("Order");
+    create_topic(&w.spec.bootstrap_servers, &topic, 1_048_576).await?;
+    let mut conn = w.db.conn().await?;
+    let start = current_binlog_position(&mut conn).await?;
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        conn.exec_drop(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
+             VALUES ('Order', 'o1', 'Created', ?, '{}')",
+            (format!("{}-{n}", w.uid),),
+        )
+        .await?;
+        ids.push(conn.last_insert_id().context("insert id")?);
+    }
+    let until: String = conn
+        .query_first("SELECT DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%d %H:%i:%s')")
+        .await?
+        .context("UTC_TIMESTAMP")?;
+    let with = |section: &str| {
+        format!(
+            "{}\n[cutover]\n{section}until = \"{until}\"\n",
+            w.spec.to_toml()
+        )
+    };
+
+    let bad = RelayProcess::spawn(BIN, &with("skip_if = \"no_such_column = 'SENT'\"\n"), &[])?;
+    let status = bad.wait_exit(Duration::from_secs(60)).await?;
+    let err = bad.stderr_text();
+    ensure!(
+        status.code() == Some(2) && err.contains("cutover.skip_if") && err.contains("no_such_column"),
+        "a skip_if naming a missing column must stop the relay with exit 2 naming the key: {}\n{err}",
+        describe_exit(&status)
+    );
+
+    let toml = with(&format!("skip_ids_through = {}\n", ids[4]));
+    let pos = format!("{}:{}", start.file, start.pos);
+    let reset = RelayProcess::spawn_args(
+        BIN,
+        &["reset", "--to", &pos, "--yes", "--config"],
+        &toml,
+        &[],
+    )?;
+    let status = reset.wait_exit(Duration::from_secs(60)).await?;
+    ensure!(
+        status.success(),
+        "reset: {}\n{}",
+        describe_exit(&status),
+        reset.stderr_text()
+    );
+    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let end = current_binlog_position(&mut conn).await?;
+    w.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    let status = relay.stop(Duration::from_secs(60)).await?;
+    ensure!(status.success(), "relay stop: {}", describe_exit(&status));
+    let records = read_all_records(&w.spec.bootstrap_servers, &[topic], RELAY_WAIT).await?;
+    let mut keys: Vec<String> = records.iter().map(event_key).collect::<Result<_>>()?;
+    keys.sort_by_key(|k| k.rsplit('-').next().and_then(|n| n.parse::<u32>().ok()));
+    let expected: Vec<String> = (5..10).map(|n| format!("{}-{n}", w.uid)).collect();
+    ensure!(
+        keys == expected,
+        "skip_ids_through = id of row 4: got {keys:?}, expected {expected:?}"
+    );
+    ensure!(
+        logged_count(&relay.stderr_text(), "rows_skipped=") == Some(5)
+            && logged_count(&relay.stderr_text(), "queries=") == Some(0),
+        "the watermark alone skips 5 rows with no query:\n{}",
+        relay.stderr_tail()
+    );
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
+}
+
 async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
     let mut w = World::with_db_prefix(BIN, "e2e", name).await?;
     if exactly_once {
