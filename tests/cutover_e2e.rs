@@ -257,8 +257,17 @@ async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
     wait_for_stderr(&relay, "cutover window ended", RELAY_WAIT).await?;
     stop_writing.store(true, Ordering::SeqCst);
     let written = writer.await.context("writer task")??;
-    let end = current_binlog_position(&mut conn).await?;
-    w.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    // Every row on Kafka (read_committed), then a graceful stop: everything the relay sent is
+    // acknowledged (exactly-once: committed) before the topics are read in full.
+    let all: HashSet<String> = conn
+        .query("SELECT event_key FROM outbox")
+        .await?
+        .into_iter()
+        .collect();
+    w.wait_for_keys(&topics, &all, Some(&relay), RELAY_WAIT)
+        .await?;
+    let status = relay.stop(Duration::from_secs(60)).await?;
+    ensure!(status.success(), "relay stop: {}", describe_exit(&status));
 
     // What the table says about each row.
     let rows: Vec<(String, String)> = conn
@@ -342,8 +351,6 @@ async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
         relay.stderr_tail()
     );
 
-    let status = relay.stop(Duration::from_secs(60)).await?;
-    ensure!(status.success(), "relay stop: {}", describe_exit(&status));
     // The filter did skip rows: the checkpoint was put before SENT rows.
     let skipped = logged_count(&relay.stderr_text(), "rows_skipped=")
         .context("no rows_skipped in the relay's summary line")?;
