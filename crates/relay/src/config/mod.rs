@@ -48,6 +48,73 @@ pub struct RelayConfig {
     /// The HTTP endpoints: Prometheus metrics, liveness and readiness.
     #[serde(default)]
     pub http: HttpConfig,
+    /// Taking over from a polling relay: rows it already sent are not produced again.
+    #[serde(default)]
+    pub cutover: Option<CutoverConfig>,
+}
+
+/// `[cutover]`: the first runs after a polling relay (one that marks outbox rows `SENT` in a
+/// `status` column) skip the rows it already sent. While the relay reads transactions that
+/// committed at or before `until`, each transaction's outbox rows are checked against the
+/// table's current state; the rows that match are not produced (they still move the
+/// checkpoint), every other row is. See the README's "Cutover from a polling relay".
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CutoverConfig {
+    /// SQL condition on an outbox table's columns (`status = 'SENT'`) that holds for rows the
+    /// previous relay sent, evaluated on the row's current state: `SELECT id FROM t WHERE id IN
+    /// (…) AND (skip_if)`, one query per source transaction and table. Checked against every
+    /// outbox table at start-up.
+    #[serde(default)]
+    pub skip_if: Option<String>,
+    /// Id watermark: rows whose integer `id` is at most this were sent by the previous relay
+    /// and are skipped without a query. The id column must be an integer column.
+    #[serde(default)]
+    pub skip_ids_through: Option<i64>,
+    /// `YYYY-MM-DD HH:MM:SS` (UTC): transactions that committed after this (their commit time
+    /// in the binlog) are relayed without checks: the previous relay was stopped before it.
+    /// Once the relay reads the first such transaction, the cutover window is over.
+    pub until: String,
+}
+
+impl CutoverConfig {
+    /// `until` in ms since the Unix epoch; the whole second it names is included.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] naming `cutover.until` when it is not `YYYY-MM-DD HH:MM:SS`.
+    pub fn until_ms(&self) -> Result<i64, RelayError> {
+        chrono::NaiveDateTime::parse_from_str(self.until.trim(), "%Y-%m-%d %H:%M:%S")
+            .map(|t| t.and_utc().timestamp_millis() + 999)
+            .map_err(|e| {
+                RelayError::Config(format!(
+                    "cutover.until {:?} is not a date-time of the form \"YYYY-MM-DD HH:MM:SS\" \
+                     (UTC): {e}",
+                    self.until
+                ))
+            })
+    }
+
+    fn validate(&self) -> Result<(), RelayError> {
+        let bad = |msg: &str| Err(RelayError::Config(msg.to_owned()));
+        self.until_ms()?;
+        match &self.skip_if {
+            None if self.skip_ids_through.is_none() => return bad(
+                "[cutover] needs cutover.skip_if (a SQL condition such as \"status = 'SENT'\") \
+                     and/or cutover.skip_ids_through (an id watermark)",
+            ),
+            Some(c) if c.trim().is_empty() => {
+                return bad(
+                    "cutover.skip_if must not be empty (leave it out to use only \
+                            cutover.skip_ids_through)",
+                )
+            }
+            Some(c) if c.contains(';') => {
+                return bad("cutover.skip_if is one SQL condition, not statements: remove the ';'")
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// `[http]`: `/metrics` (Prometheus), `/healthz` (the process runs) and `/readyz` (streaming and
@@ -1062,6 +1129,9 @@ impl RelayConfig {
         {
             return bad("retry.initial_backoff_ms must be > 0 and <= retry.max_backoff_ms".into());
         }
+        if let Some(c) = &self.cutover {
+            c.validate()?;
+        }
         Ok(())
     }
 
@@ -1156,6 +1226,56 @@ bootstrap_servers = "127.0.0.1:9092"
             c.checkpoint_table().expect("resolves").to_string(),
             "shop.outbox_relay_checkpoint"
         );
+    }
+
+    #[test]
+    fn cutover_section_parses_and_is_validated() {
+        let c = RelayConfig::from_toml_str(MINIMAL).expect("valid");
+        assert_eq!(c.cutover, None);
+        let ok = format!(
+            "{MINIMAL}\n[cutover]\nskip_if = \"status = 'SENT'\"\nuntil = \"2026-12-02 08:00:00\"\n"
+        );
+        let c = RelayConfig::from_toml_str(&ok)
+            .expect("valid")
+            .cutover
+            .expect("set");
+        assert_eq!(c.skip_if.as_deref(), Some("status = 'SENT'"));
+        assert_eq!(c.skip_ids_through, None);
+        // The whole second is inside the window.
+        assert_eq!(c.until_ms().expect("parses"), 1_796_198_400_999);
+        let ids = format!(
+            "{MINIMAL}\n[cutover]\nskip_ids_through = 12345\nuntil = \"2026-12-02 08:00:00\"\n"
+        );
+        let c = RelayConfig::from_toml_str(&ids)
+            .expect("valid")
+            .cutover
+            .expect("set");
+        assert_eq!((c.skip_if, c.skip_ids_through), (None, Some(12345)));
+        for (toml, named) in [
+            ("until = \"2026-12-02 08:00:00\"\n", "cutover.skip_if"),
+            (
+                "skip_if = \" \"\nuntil = \"2026-12-02 08:00:00\"\n",
+                "cutover.skip_if",
+            ),
+            (
+                "skip_if = \"1; DROP TABLE x\"\nuntil = \"2026-12-02 08:00:00\"\n",
+                "cutover.skip_if",
+            ),
+            ("skip_if = \"status = 'SENT'\"\n", "until"),
+            (
+                "skip_if = \"status = 'SENT'\"\nuntil = \"2026-12-02T08:00\"\n",
+                "cutover.until",
+            ),
+            (
+                "skip_if = \"a\"\nuntil = \"2026-12-02 08:00:00\"\nskip = 1\n",
+                "skip",
+            ),
+        ] {
+            let err = RelayConfig::from_toml_str(&format!("{MINIMAL}\n[cutover]\n{toml}"))
+                .expect_err(toml)
+                .to_string();
+            assert!(err.contains(named), "{toml}: {err}");
+        }
     }
 
     #[test]

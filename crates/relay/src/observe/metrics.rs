@@ -168,6 +168,8 @@ pub struct Metrics {
     checkpoint_age: Gauge,
     checkpoint_writes: IntCounter,
     timestamp_fallbacks: IntCounter,
+    cutover_skipped: IntCounter,
+    cutover_checks: IntCounter,
     lag: Gauge,
     connected: IntGauge,
     binlog_to_ack: Histogram,
@@ -386,6 +388,19 @@ impl Metrics {
                 "Records sent with the transaction's commit time because their topic would \
                  refuse their created_at value (outbox.timestamp = \"column\", \
                  timestamp_refused = \"commit\"); each carries header timestamp_fallback.",
+            ),
+            cutover_skipped: counter(
+                &r,
+                "outbox_relay_cutover_skipped_total",
+                "Outbox rows not produced because [cutover] says the previous (polling) relay \
+                 already sent them (cutover.skip_if matched, or the id is at most \
+                 cutover.skip_ids_through). They still move the checkpoint.",
+            ),
+            cutover_checks: counter(
+                &r,
+                "outbox_relay_cutover_checks_total",
+                "Queries of cutover.skip_if against an outbox table (one per source transaction \
+                 and table, more for transactions over 1000 rows).",
             ),
             checkpoint_writes: counter(
                 &r,
@@ -788,6 +803,16 @@ impl Metrics {
     /// would refuse.
     pub fn timestamp_fallback(&self) {
         self.timestamp_fallbacks.inc();
+    }
+
+    /// `rows` outbox rows were skipped by the cutover filter (`[cutover]`).
+    pub fn cutover_skipped(&self, rows: u64) {
+        self.cutover_skipped.inc_by(rows);
+    }
+
+    /// One query of `cutover.skip_if` ran.
+    pub fn cutover_check(&self) {
+        self.cutover_checks.inc();
     }
 
     /// A row goes to the dead-letter topic.

@@ -47,11 +47,13 @@ use tokio::sync::watch;
 
 mod acks;
 use acks::{AckQueue, Done, RecordInfo};
+pub mod cutover;
+use cutover::Cutover;
 
 use crate::binlog::source::SourceEvent;
 pub use crate::binlog::EventSource;
 use crate::config::TableName;
-use crate::decode::{Decoder, OutboxEvent, RowFailure};
+use crate::decode::{DecodedRow, Decoder, OutboxEvent, RowFailure};
 use crate::error::RelayError;
 use crate::kafka::route::{KafkaRecord, Router};
 use crate::kafka::sink::{DeadLetter, RecordSink, SendError};
@@ -348,6 +350,9 @@ pub struct Stages<'a, S, E, K> {
     /// The connector's lease, verified at every checkpoint tick; `None` when the run writes no
     /// checkpoint.
     pub lease: Option<&'a mut Lease>,
+    /// The cutover filter (`[cutover]`, see [`cutover`]): rows a previous relay sent are not
+    /// produced. `None`: every row is.
+    pub cutover: Option<&'a mut Cutover>,
 }
 
 /// Runs the pipeline from `start` (the stored checkpoint) until `shutdown` turns `true`, the
@@ -369,6 +374,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         sink,
         store,
         lease,
+        cutover,
     } = stages;
     let mut progress = Progress {
         store,
@@ -403,6 +409,9 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         refusals,
         last_sent: None,
         drain_after: false,
+        cutover,
+        held: Vec::new(),
+        cutover_over: false,
     };
     let result = reader
         .stream(
@@ -519,6 +528,14 @@ struct Reader<'a> {
     last_sent: Option<RowRef>,
     /// The record just sent was sent alone: wait for its report before reading on.
     drain_after: bool,
+    /// The cutover filter, while `[cutover]` is configured.
+    cutover: Option<&'a mut Cutover>,
+    /// With the cutover filter: rows of the current transaction (with their index in it) not
+    /// checked yet; checked and produced at its boundary or at [`cutover::MAX_HELD_ROWS`].
+    held: Vec<(u64, DecodedRow)>,
+    /// This run read a transaction committed after `cutover.until`: the binlog is in commit
+    /// order, so no later one is checked (nor held).
+    cutover_over: bool,
 }
 
 impl Reader<'_> {
@@ -718,36 +735,16 @@ impl Reader<'_> {
                         if index < self.skip {
                             continue; // acknowledged before the restart
                         }
-                        // One event can carry many rows (an XA COMMIT relays all of its
-                        // transaction's): keep to max_in_flight within it too.
-                        while self.records_in_flight >= self.settings.max_in_flight {
-                            match inflight.next(sink).await {
-                                Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
-                                None => break,
-                            }
+                        if self.cutover.is_some() && !self.cutover_over {
+                            self.held.push((index, row));
+                        } else {
+                            self.relay_row(index, row, router, sink, progress, inflight, &mut last_commit).await?;
                         }
-                        // Before the record's entry (whose sequence number is taken at send).
-                        if let Some((base, advances)) = self.pending.take() {
-                            inflight.push_boundary(base, advances);
-                        }
-                        let done = (Arc::clone(&self.tx_base), index + 1);
-                        self.produce(row, router, sink, done, progress, inflight).await?;
-                        self.records_in_flight += 1;
-                        metrics::global().set_in_flight(self.records_in_flight);
-                        if std::mem::take(&mut self.drain_after) {
-                            // Sent alone: nothing more is sent before its report.
-                            self.drain(sink, progress, inflight).await?;
-                        }
-                        if transactional && sink.transaction_full() && !progress.foreign_base() {
-                            // A Kafka transaction holds at most so many records or bytes: a
-                            // larger source transaction spans several, the point saying how
-                            // many of its rows are committed. (Not while the base is another
-                            // server's: such a point cannot count this server's rows, see
-                            // `Progress::acked`; the transaction then ends at the boundary.)
-                            self.drain(sink, progress, inflight).await?;
-                            progress.persist(true, sink).await?;
-                            last_commit = Instant::now();
-                        }
+                    }
+                    if !self.held.is_empty()
+                        && (boundary.is_some() || self.held.len() >= cutover::MAX_HELD_ROWS)
+                    {
+                        self.relay_held(router, sink, progress, inflight, &mut last_commit).await?;
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
@@ -805,6 +802,90 @@ impl Reader<'_> {
                 }
             }
         }
+    }
+
+    /// Checks the held rows of the current transaction with the cutover filter and relays
+    /// those the previous relay did not send, in order. Skipped rows keep their numbers in the
+    /// transaction: the checkpoint passes them with the next record or the boundary.
+    async fn relay_held<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        router: &Router,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+        last_commit: &mut Instant,
+    ) -> Result<(), RelayError> {
+        let held = std::mem::take(&mut self.held);
+        let skip = match (self.cutover.as_deref_mut(), cutover::commit_ms(&held)) {
+            (Some(c), Some(ms)) => {
+                if c.covers(ms) {
+                    c.skips(&held).await?
+                } else {
+                    self.cutover_over = true;
+                    vec![false; held.len()]
+                }
+            }
+            _ => vec![false; held.len()],
+        };
+        for ((index, row), skip) in held.into_iter().zip(skip) {
+            if skip {
+                if let Ok(e) = &row {
+                    // Counted as read, as every row of an outbox table.
+                    self.table_label(&e.table);
+                }
+                continue;
+            }
+            self.relay_row(index, row, router, sink, progress, inflight, last_commit)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Relays row `index` (from 0) of the current transaction: waits for room in flight, then
+    /// produces it (see [`Reader::produce`]); exactly-once, commits when the Kafka transaction
+    /// is full.
+    #[allow(clippy::too_many_arguments)]
+    async fn relay_row<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        index: u64,
+        row: DecodedRow,
+        router: &Router,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+        last_commit: &mut Instant,
+    ) -> Result<(), RelayError> {
+        // One event can carry many rows (an XA COMMIT relays all of its transaction's): keep
+        // to max_in_flight within it too.
+        while self.records_in_flight >= self.settings.max_in_flight {
+            match inflight.next(sink).await {
+                Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
+                None => break,
+            }
+        }
+        // Before the record's entry (whose sequence number is taken at send).
+        if let Some((base, advances)) = self.pending.take() {
+            inflight.push_boundary(base, advances);
+        }
+        let done = (Arc::clone(&self.tx_base), index + 1);
+        self.produce(row, router, sink, done, progress, inflight)
+            .await?;
+        self.records_in_flight += 1;
+        metrics::global().set_in_flight(self.records_in_flight);
+        if std::mem::take(&mut self.drain_after) {
+            // Sent alone: nothing more is sent before its report.
+            self.drain(sink, progress, inflight).await?;
+        }
+        if sink.transactional() && sink.transaction_full() && !progress.foreign_base() {
+            // A Kafka transaction holds at most so many records or bytes: a larger source
+            // transaction spans several, the point saying how many of its rows are committed.
+            // (Not while the base is another server's: such a point cannot count this server's
+            // rows, see `Progress::acked`; the transaction then ends at the boundary.)
+            self.drain(sink, progress, inflight).await?;
+            progress.persist(true, sink).await?;
+            *last_commit = Instant::now();
+        }
+        Ok(())
     }
 
     /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry.

@@ -24,6 +24,7 @@ use crate::error::RelayError;
 use crate::kafka::route::Router;
 use crate::kafka::sink::{KafkaProbe, LsoMonitor, RecordSink, TransactionalSink};
 use crate::observe::metrics::State;
+use crate::pipeline::cutover::Cutover;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::gtid::MysqlGtidSet;
 use crate::position::MariadbGtidPos;
@@ -90,6 +91,7 @@ async fn supervise(
     let mut resume: Option<Checkpoint> = None;
     // What runs learnt about records the brokers refuse for good (see pipeline.rs).
     let mut refusals = Refusals::default();
+    let mut cutover = new_cutover(&config, &pool)?;
 
     let result = loop {
         let mut streamed = None;
@@ -132,8 +134,15 @@ async fn supervise(
                     store: &store,
                     router: &router,
                 };
-                let attempt =
-                    run_once(&parts, l, resume.clone(), &mut shutdown, &mut refusals).await;
+                let attempt = run_once(
+                    &parts,
+                    l,
+                    resume.clone(),
+                    &mut shutdown,
+                    &mut refusals,
+                    cutover.as_mut(),
+                )
+                .await;
                 if attempt.acked.is_some() {
                     resume = attempt.acked;
                 }
@@ -221,8 +230,40 @@ async fn supervise(
     if let Some(lease) = lease {
         lease.release().await;
     }
+    if let Some(c) = &cutover {
+        let s = c.stats();
+        tracing::info!(
+            rows_checked = s.checked,
+            rows_skipped = s.skipped,
+            queries = s.queries,
+            "cutover: rows checked and skipped by this process"
+        );
+    }
     pool.disconnect().await.ok();
     result
+}
+
+/// The cutover filter of `[cutover]`, over the outbox tables' id columns.
+fn new_cutover(config: &RelayConfig, pool: &Pool) -> Result<Option<Cutover>, RelayError> {
+    let Some(c) = &config.cutover else {
+        return Ok(None);
+    };
+    let mut id_columns = std::collections::HashMap::new();
+    for m in config.table_mappings()? {
+        if m.columns.id.is_empty() {
+            return Err(RelayError::Config(format!(
+                "[cutover] needs the outbox tables' id column, but {} maps none                  (outbox.columns.id = \"\")",
+                m.table
+            )));
+        }
+        id_columns.insert((*m.table).clone(), m.columns.id.clone());
+    }
+    Ok(Some(Cutover::new(
+        c,
+        pool.clone(),
+        id_columns,
+        Duration::from_millis(config.mysql.read_timeout_ms),
+    )?))
 }
 
 /// The options of every MySQL connection ([`mysql_tls::resolve`]). With `tls_mode =
@@ -338,6 +379,7 @@ async fn run_once(
     mut resume: Option<Checkpoint>,
     shutdown: &mut watch::Receiver<bool>,
     refusals: &mut Refusals,
+    cutover: Option<&mut Cutover>,
 ) -> Attempt {
     let Parts {
         config,
@@ -406,7 +448,7 @@ async fn run_once(
             lease,
             prepared,
             shutdown,
-            refusals,
+            (refusals, cutover),
             &sink,
             probe,
             Some(monitor),
@@ -420,7 +462,14 @@ async fn run_once(
     };
     let probe = sink.probe();
     stream(
-        parts, lease, prepared, shutdown, refusals, &sink, probe, None,
+        parts,
+        lease,
+        prepared,
+        shutdown,
+        (refusals, cutover),
+        &sink,
+        probe,
+        None,
     )
     .await
 }
@@ -439,7 +488,7 @@ async fn stream<K: RecordSink>(
     lease: &mut Lease,
     prepared: Prepared,
     shutdown: &mut watch::Receiver<bool>,
-    refusals: &mut Refusals,
+    (refusals, mut cutover): (&mut Refusals, Option<&mut Cutover>),
     sink: &K,
     probe: KafkaProbe,
     monitor: Option<LsoMonitor>,
@@ -519,6 +568,12 @@ async fn stream<K: RecordSink>(
             return Attempt::before_streaming(Some(start), Err(e));
         }
     }
+    if let Some(c) = cutover.as_deref_mut() {
+        // The condition may have stopped fitting the tables since the last run.
+        if let Err(e) = c.validate().await {
+            return Attempt::before_streaming(Some(start), Err(e));
+        }
+    }
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
@@ -536,6 +591,7 @@ async fn stream<K: RecordSink>(
         sink,
         store: Some(store),
         lease: Some(lease),
+        cutover,
     };
     metrics::global().set_state(State::Streaming);
     let streaming_since = Instant::now();

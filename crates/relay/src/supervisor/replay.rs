@@ -135,6 +135,8 @@ pub async fn replay(
         sink: &sink,
         store: None::<&MysqlCheckpointStore>,
         lease: None,
+        // Replay sends what the operator selected: no cutover filter.
+        cutover: None,
     };
     // A replay is not retried: a refusal that stops the producer ends it (exit 1).
     let mut refusals = Refusals::default();
