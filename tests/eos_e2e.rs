@@ -915,3 +915,38 @@ async fn prune_never_deletes_past_the_committed_point() -> Result<()> {
     );
     Ok(())
 }
+
+/// The state table follows the progress topic while the relay runs, also when it goes idle
+/// right after a commit: a commit within `checkpoint_interval_ms` of the previous state-table
+/// write is mirrored by a later checkpoint tick, not left behind until the next commit (which
+/// an idle relay never makes; `status` and `prune` read the table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_relay_mirrors_its_last_commit_to_the_state_table() -> Result<()> {
+    let world = eos_world_with("eos_idle_mirror", 1000, |w| {
+        w.spec.checkpoint_interval_ms = 3000;
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "m", 3);
+    let mut conn = world.db.conn().await?;
+    let relay = world.spawn()?;
+    let from = outbox_relay_testkit::current_binlog_position(&mut conn).await?;
+    let mut keys = Vec::new();
+    // Two commits well within one checkpoint interval: the second is not mirrored at once.
+    commit_more(&mut conn, &mut gen, 2, &mut keys).await?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    let rows = gen.rows(2);
+    keys.extend(rows.iter().map(|r| r.event_key.clone()));
+    let gtid = commit_rows(&mut conn, &rows).await?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    let tx = outbox_relay_testkit::find_transaction(&mut conn, &from, &gtid)
+        .await?
+        .context("the second transaction is not in the binlog")?;
+    // Nothing more is written to the outbox: the relay is idle from here on.
+    world
+        .wait_checkpoint_covers(&relay, &tx.end, Duration::from_secs(60))
+        .await?;
+    stop_cleanly(&relay).await?;
+    ensure_each_once(&world, &topics, &keys).await?;
+    Ok(())
+}

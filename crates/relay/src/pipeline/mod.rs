@@ -241,6 +241,15 @@ impl<S: CheckpointStore> Progress<'_, S> {
             self.stats.checkpoints_written += 1;
         }
         self.dirty = false;
+        self.mirror(force).await
+    }
+
+    /// Exactly-once: writes the last committed point to the state table when it is not there
+    /// yet and `mirror_interval` passed since the last write (or `force`). Called at each
+    /// commit and at each checkpoint tick: a commit within the interval of the previous write
+    /// is mirrored by a later tick, so an idle relay's state table does not stay behind its
+    /// last commit.
+    async fn mirror(&mut self, force: bool) -> Result<(), RelayError> {
         let Some(store) = self.store else {
             return Ok(());
         };
@@ -690,6 +699,8 @@ impl Reader<'_> {
                     }
                     if !transactional && progress.last_write.elapsed() >= self.settings.checkpoint_interval {
                         progress.persist(false, sink).await?;
+                    } else if transactional {
+                        progress.mirror(false).await?;
                     }
                 }
                 _ = commit_tick.tick(), if transactional => {
