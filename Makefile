@@ -91,6 +91,8 @@ conformance:
 	$(CARGO) run -q -p outbox-relay-testkit --bin conformance
 
 .PHONY: faults faults-full
+# No Jaeger for the fault matrix (passed on to services-up).
+faults faults-full: export OUTBOX_JAEGER = off
 faults: services-up
 	$(CARGO) build -p outbox-relay --bin outbox-relay
 	$(CARGO) run -p outbox-relay-testkit --bin faults -- --profile short $(FAULTS_ARGS)
