@@ -6,7 +6,9 @@
 //! trace, child of the row's span, with the messaging attributes of the Kafka record the test
 //! consumed (topic, partition, offset); the record carries the relay's span in its
 //! `traceparent`. A row without one starts a new trace. A dead-lettered row's span has status
-//! error. Every wait polls with a deadline.
+//! error. With spans off the row's `traceparent` is sent as is. The standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` turns spans on too, and a clean stop exports the queued spans.
+//! Every wait polls with a deadline.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -16,7 +18,7 @@ use anyhow::{bail, ensure, Context, Result};
 use mysql_async::prelude::*;
 use outbox_relay_testkit::{
     collect_records, describe_record, http_get, jaeger_otlp_endpoint, jaeger_query_port,
-    kafka_bootstrap, wait_until, Record, World,
+    kafka_bootstrap, wait_until, Record, RelayProcess, World,
 };
 use serde_json::Value;
 
@@ -324,6 +326,64 @@ async fn without_tracing_the_rows_traceparent_is_sent_as_is() -> Result<()> {
         "{}",
         describe_record(&records[0])
     );
+    drop(conn);
+    world.db.drop_database().await?;
+    Ok(())
+}
+
+/// The standard environment instead of `[tracing]` (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+/// `OTEL_SERVICE_NAME`), and a batch schedule of ten minutes (`OTEL_BSP_SCHEDULE_DELAY`): the
+/// row's span reaches Jaeger only because the clean stop flushes the exporter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_exports_the_queued_spans() -> Result<()> {
+    let world = World::new(BIN, "otel_flush").await?;
+    let service = format!("outbox-relay-flush-{}", world.uid);
+    let mut conn = world.db.conn().await?;
+    conn.query_drop("ALTER TABLE outbox ADD COLUMN traceparent VARCHAR(55) NULL")
+        .await?;
+    let (trace_id, parent_id) = (random_hex(16), random_hex(8));
+    let endpoint = jaeger_otlp_endpoint();
+    let relay = RelayProcess::spawn(
+        BIN,
+        &world.spec.to_toml(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_SERVICE_NAME", service.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    )?;
+    relay
+        .wait_for_checkpoint_row(world.db.pool(), world.connector(), WAIT)
+        .await?;
+    conn.exec_drop(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, \
+         created_at, traceparent) VALUES ('Order', 'o-1', 'OrderPaid', ?, '{}', UTC_TIMESTAMP(6), ?)",
+        (
+            format!("{}-flush", world.uid),
+            format!("00-{trace_id}-{parent_id}-01"),
+        ),
+    )
+    .await?;
+    let records = collect_records(&kafka_bootstrap(), &[world.topic("Order")], 1, WAIT).await?;
+    let (sent_trace, sent_span, _) =
+        traceparent_parts(records[0].header("traceparent").context("no traceparent")?)?;
+    ensure!(sent_trace == trace_id, "{}", describe_record(&records[0]));
+    // Acknowledged, but its span waits in the batch queue for the next export.
+    let (status, _) = http_get(jaeger_query_port(), &format!("/api/traces/{trace_id}")).await?;
+    ensure!(status == 404, "exported before the stop: {status}");
+    relay.stop(WAIT).await?;
+    let (span, processes) = jaeger_span(&trace_id, &sent_span).await?;
+    ensure!(
+        parent_of(&span) == Some((trace_id.clone(), parent_id))
+            && service_of(&span, &processes) == Some(service.as_str()),
+        "{span} {processes}"
+    );
+    ensure_record_span(
+        &span,
+        &records[0],
+        &format!("{}-flush", world.uid),
+        &world.db.outbox_table(),
+    )?;
     drop(conn);
     world.db.drop_database().await?;
     Ok(())
