@@ -55,8 +55,9 @@ fmt:
 	$(CARGO) fmt --all
 
 ## Start the servers in OUTBOX_TEST_SERVERS (MariaDB 10.11 on 127.0.0.1:$${MARIADB_PORT:-3306},
-## MariaDB 11.4 on $${MARIADB11_PORT:-3316}, MySQL 8.0 on $${MYSQL8_PORT:-3326}) and Kafka
-## (127.0.0.1:$${KAFKA_PORT:-9092}); idempotent. Logs: .services/<server>/*.log.
+## MariaDB 11.4 on $${MARIADB11_PORT:-3316}, MySQL 8.0 on $${MYSQL8_PORT:-3326}), Kafka
+## (127.0.0.1:$${KAFKA_PORT:-9092}) and Jaeger (OTLP/HTTP $${JAEGER_OTLP_HTTP_PORT:-4318}, query API
+## $${JAEGER_QUERY_PORT:-16686}; built with Go on first use); idempotent. Logs: .services/<server>/*.log.
 services-up:
 	tests/services/up.sh
 
@@ -90,6 +91,8 @@ conformance:
 	$(CARGO) run -q -p outbox-relay-testkit --bin conformance
 
 .PHONY: faults faults-full
+# No Jaeger for the fault matrix (passed on to services-up).
+faults faults-full: export OUTBOX_JAEGER = off
 faults: services-up
 	$(CARGO) build -p outbox-relay --bin outbox-relay
 	$(CARGO) run -p outbox-relay-testkit --bin faults -- --profile short $(FAULTS_ARGS)

@@ -14,6 +14,11 @@ OUTBOX_TEST_SERVERS="${OUTBOX_TEST_SERVERS:-mariadb10,mariadb11,mysql8}"
 KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
+# Jaeger v2 (tests/services/jaeger.sh): OTLP receivers and the query API, all on loopback.
+JAEGER_OTLP_HTTP_PORT="${JAEGER_OTLP_HTTP_PORT:-4318}"
+JAEGER_OTLP_GRPC_PORT="${JAEGER_OTLP_GRPC_PORT:-4317}"
+JAEGER_QUERY_PORT="${JAEGER_QUERY_PORT:-16686}"
+JAEGER_QUERY_GRPC_PORT="${JAEGER_QUERY_GRPC_PORT:-16685}"
 # Unpacked server software (Maven Central artifacts), shared by every services folder.
 SERVERS_DIR="${OUTBOX_SERVERS_DIR:-$REPO_ROOT/.services/servers}"
 mkdir -p "$SERVICES_DIR"

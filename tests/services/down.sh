@@ -5,6 +5,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 for server in mariadb10 mariadb11 mysql8; do "$HERE/replica.sh" "$server" down || true; done
+"$HERE/jaeger.sh" down || true
 "$HERE/kafka.sh" down || true
 for server in mariadb10 mariadb11 mysql8; do "$HERE/server.sh" "$server" down || true; done
 for private in "$SERVICES_DIR"/private/*/; do

@@ -119,6 +119,21 @@ pub fn kafka_port() -> u16 {
     port_from_env("KAFKA_PORT", 9092)
 }
 
+/// The test Jaeger's OTLP/HTTP receiver, `http://127.0.0.1:PORT` (`JAEGER_OTLP_HTTP_PORT`,
+/// default 4318; tests/services/jaeger.sh).
+pub fn jaeger_otlp_endpoint() -> String {
+    format!(
+        "http://{SERVICES_HOST}:{}",
+        port_from_env("JAEGER_OTLP_HTTP_PORT", 4318)
+    )
+}
+
+/// The port of the test Jaeger's query HTTP API (`JAEGER_QUERY_PORT`, default 16686):
+/// `/api/traces/<trace id>`.
+pub fn jaeger_query_port() -> u16 {
+    port_from_env("JAEGER_QUERY_PORT", 16686)
+}
+
 /// `mysql://root@127.0.0.1:PORT[/db]` for the test server (root, no password).
 pub fn mysql_url(db: Option<&str>) -> String {
     let base = format!("mysql://root@{SERVICES_HOST}:{}", mysql_port());

@@ -41,7 +41,10 @@ pub use checkpoint::{
     read_checkpoint, wait_for_checkpoint_row, Checkpoint, DEFAULT_CHECKPOINT_TABLE,
 };
 pub use db::{GlobalVariableGuard, TestDb};
-pub use env::{kafka_bootstrap, kafka_port, mysql_port, mysql_url, test_server, TestServer};
+pub use env::{
+    jaeger_otlp_endpoint, jaeger_query_port, kafka_bootstrap, kafka_port, mysql_port, mysql_url,
+    test_server, TestServer,
+};
 pub use http::{http_get, metric, wait_for_status};
 pub use kafka::{
     collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,

@@ -77,6 +77,9 @@ pub struct RelayConfigSpec {
     pub http_extra: String,
     /// TOML lines appended to the `[kafka]` section (`delivery = "exactly_once"`, …).
     pub kafka_extra: String,
+    /// TOML lines of a `[tracing]` section (`otlp_endpoint = …`); empty writes no section
+    /// (spans off).
+    pub tracing_extra: String,
 }
 
 impl RelayConfigSpec {
@@ -130,6 +133,7 @@ impl RelayConfigSpec {
             retry_extra: String::new(),
             http_extra: String::new(),
             kafka_extra: String::new(),
+            tracing_extra: String::new(),
         }
     }
 
@@ -203,6 +207,9 @@ impl RelayConfigSpec {
                 self.http_extra
             )),
             None => out.push_str("\n[http]\nenabled = false\n"),
+        }
+        if !self.tracing_extra.is_empty() {
+            out.push_str(&format!("\n[tracing]\n{}", self.tracing_extra));
         }
         out
     }
@@ -589,6 +596,7 @@ mod tests {
             retry_extra: "max_attempts = 3\n".into(),
             http_extra: "ready_kafka_ms = 3000\n".into(),
             kafka_extra: String::new(),
+            tracing_extra: String::new(),
         };
         let toml = spec.to_toml();
         for needle in [

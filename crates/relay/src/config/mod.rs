@@ -51,6 +51,9 @@ pub struct RelayConfig {
     /// Taking over from a polling relay: rows it already sent are not produced again.
     #[serde(default)]
     pub cutover: Option<CutoverConfig>,
+    /// OpenTelemetry spans of relayed rows, exported over OTLP (off by default).
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// `[cutover]`: the first runs after a polling relay (one that marks outbox rows `SENT` in a
@@ -114,6 +117,40 @@ impl CutoverConfig {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// `[tracing]`: one OpenTelemetry span per relayed outbox row, exported as OTLP over
+/// HTTP/protobuf (see [`crate::observe::spans`]). Off unless an endpoint is configured.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// Base URL of an OTLP/HTTP receiver (`http://collector:4318`); spans go to
+    /// `<endpoint>/v1/traces`. Absent: the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used
+    /// as is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (plus `/v1/traces`) when either is set, else off.
+    /// `""`: off, whatever the environment says.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` resource attribute. Absent: `OTEL_SERVICE_NAME`, else `outbox-relay`.
+    pub service_name: Option<String>,
+    /// Share of new traces recorded, 0.0 to 1.0 (a row without `traceparent`); a row with one
+    /// follows its parent's sampled flag. Default 1.0.
+    pub sample_ratio: f64,
+    /// Longest wait for one export request, in ms. Default 10000.
+    pub export_timeout_ms: u64,
+    /// Most finished spans waiting for export; beyond it new spans are dropped (the relay never
+    /// waits for the receiver). Default 8192.
+    pub max_queue_size: usize,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: None,
+            sample_ratio: 1.0,
+            export_timeout_ms: 10_000,
+            max_queue_size: 8_192,
+        }
     }
 }
 
@@ -1123,6 +1160,26 @@ impl RelayConfig {
                  source only sends a heartbeat that often",
                 self.http.ready_stall_ms, self.mysql.heartbeat_interval_ms
             ));
+        }
+        let t = &self.tracing;
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return bad(format!(
+                "tracing.sample_ratio ({}) must be between 0.0 and 1.0",
+                t.sample_ratio
+            ));
+        }
+        if t.export_timeout_ms == 0 || t.max_queue_size == 0 {
+            return bad(
+                "tracing.export_timeout_ms and tracing.max_queue_size must be at least 1".into(),
+            );
+        }
+        if let Some(e) = t.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return bad(format!(
+                    "tracing.otlp_endpoint {e:?} must be an http:// or https:// URL of an \
+                     OTLP/HTTP receiver (e.g. http://127.0.0.1:4318)"
+                ));
+            }
         }
         if self.retry.initial_backoff_ms == 0
             || self.retry.max_backoff_ms < self.retry.initial_backoff_ms

@@ -18,6 +18,7 @@ use crate::kafka::sink::{
     DeadLetter, Delivered, Deliveries, DeliveryReport, RecordSink, SendError,
 };
 use crate::observe::metrics::{self, DeadLetterKind};
+use crate::observe::spans::RowSpan;
 use crate::position::BinlogPosition;
 use crate::state::checkpoint::Checkpoint;
 
@@ -40,6 +41,8 @@ pub(super) struct RecordInfo {
     /// Sent alone: everything before it was acknowledged first and nothing after it is sent
     /// before its report (so a refusal of its batch is its own).
     pub alone: bool,
+    /// The row's OpenTelemetry span (`[tracing]`), ended by the record's report.
+    pub span: Option<Box<RowSpan>>,
 }
 
 /// A record whose batch the broker refused for good, after which the producer stopped
@@ -70,6 +73,8 @@ enum Entry {
         /// Enqueued already (false: refused at delivery, its dead letter still to be sent).
         sent: bool,
         outcome: Option<Result<Delivered, RelayError>>,
+        /// The row's OpenTelemetry span, ended by the dead letter's report.
+        span: Option<Box<RowSpan>>,
     },
 }
 
@@ -128,13 +133,14 @@ impl AckQueue {
         });
     }
 
-    /// A dead letter just sent with [`AckQueue::next_seq`].
-    pub fn push_dead_letter(&mut self, done: Done, dl: DeadLetter) {
+    /// A dead letter just sent with [`AckQueue::next_seq`], with its row's span.
+    pub fn push_dead_letter(&mut self, done: Done, dl: DeadLetter, span: Option<Box<RowSpan>>) {
         self.entries.push_back(Entry::DeadLetter {
             done,
             dl: Box::new(dl),
             sent: true,
             outcome: None,
+            span,
         });
     }
 
@@ -234,7 +240,10 @@ impl AckQueue {
                     info,
                     outcome: slot @ None,
                 } => match outcome {
-                    Ok(Delivered::Acked(..)) => {
+                    Ok(Delivered::Acked(partition, offset)) => {
+                        if let Some(span) = info.span.take() {
+                            span.acked(partition, offset);
+                        }
                         let counters = match &self.topic_counters {
                             // By content: the router makes a new Arc when the topic changes back.
                             Some((topic, c)) if *topic == info.topic => c,
@@ -260,6 +269,9 @@ impl AckQueue {
                     }) if fatal => {
                         // Its batch was refused and the producer stopped: the run ends, and the
                         // pipeline finds out which row it was (see `Refusals`).
+                        if let Some(span) = info.span.take() {
+                            span.failed(&reason);
+                        }
                         if self.fatal_refusal.is_none() {
                             self.fatal_refusal = Some(FatalRefusal {
                                 row: RowRef::of(done),
@@ -302,16 +314,27 @@ impl AckQueue {
                             dl: Box::new(dl),
                             sent: false,
                             outcome: None,
+                            span: info.span.take(),
                         };
                         self.unsent += 1;
                     }
-                    other => *slot = Some(other),
+                    other => {
+                        if let Some(span) = info.span.take() {
+                            span.failed(&not_delivered(&other));
+                        }
+                        *slot = Some(other)
+                    }
                 },
                 Entry::DeadLetter {
+                    dl,
                     sent: true,
                     outcome: slot @ None,
+                    span,
                     ..
-                } => *slot = Some(outcome),
+                } => {
+                    end_dead_letter_span(span, dl, &outcome);
+                    *slot = Some(outcome)
+                }
                 _ => {} // a second report for one record: librdkafka sends one
             }
         }
@@ -328,6 +351,7 @@ impl AckQueue {
                 dl,
                 sent: sent @ false,
                 outcome,
+                span,
                 ..
             } = entry
             else {
@@ -342,15 +366,46 @@ impl AckQueue {
                     | SendError::BrokerRefused(reason),
                 ) => {
                     *sent = true;
-                    *outcome = Some(Err(refused_too(dl, &reason)));
+                    let failed = Err(refused_too(dl, &reason));
+                    end_dead_letter_span(span, dl, &failed);
+                    *outcome = Some(failed);
                 }
                 Err(SendError::Failed(e)) => {
                     *sent = true;
-                    *outcome = Some(Err(e));
+                    let failed = Err(e);
+                    end_dead_letter_span(span, dl, &failed);
+                    *outcome = Some(failed);
                 }
             }
             self.unsent -= 1;
         }
         true
+    }
+}
+
+/// Ends the span of a row that was dead-lettered, once its dead letter's `outcome` is known.
+fn end_dead_letter_span(
+    span: &mut Option<Box<RowSpan>>,
+    dl: &DeadLetter,
+    outcome: &Result<Delivered, RelayError>,
+) {
+    if let Some(span) = span.take() {
+        match outcome {
+            Ok(Delivered::Acked(..)) => span.dead_lettered(&dl.reason),
+            other => span.failed(&format!(
+                "{}; its dead letter: {}",
+                dl.reason,
+                not_delivered(other)
+            )),
+        }
+    }
+}
+
+/// Why a record was not delivered, for its span.
+fn not_delivered(outcome: &Result<Delivered, RelayError>) -> String {
+    match outcome {
+        Ok(Delivered::Acked(..)) => "delivered".to_owned(),
+        Ok(Delivered::Refused { reason, .. }) => reason.clone(),
+        Err(e) => e.to_string(),
     }
 }

@@ -58,6 +58,7 @@ use crate::error::RelayError;
 use crate::kafka::route::{KafkaRecord, Router};
 use crate::kafka::sink::{DeadLetter, RecordSink, SendError};
 use crate::observe::metrics::{self, DeadLetterKind, ProgressLog};
+use crate::observe::spans::{RowSpan, RowSpans, RowStart};
 use crate::state::checkpoint::{Checkpoint, CheckpointStore};
 use crate::state::lease::Lease;
 
@@ -161,6 +162,8 @@ pub struct PipelineSettings {
     /// Exactly-once: the longest a Kafka transaction stays open while rows flow
     /// (`kafka.transaction_interval_ms`); unused by an at-least-once sink.
     pub transaction_interval: Duration,
+    /// OpenTelemetry spans of the rows (`[tracing]`); `None`: no span, no cost.
+    pub spans: Option<RowSpans>,
 }
 
 /// Counters of one run, for logs.
@@ -924,6 +927,11 @@ impl Reader<'_> {
             }
         };
         let read_at = self.read_at;
+        // Only with spans on: the header that carried it is gone once the record is routed.
+        let event_key = match (&self.settings.spans, &row) {
+            (Some(_), Ok(e)) => e.event_key.clone(),
+            _ => None,
+        };
         let routed = match row {
             Ok(event) => router.try_route(event).map_err(|(reason, event)| {
                 // Unroutable (e.g. a topic name Kafka forbids): keep what the row had.
@@ -955,14 +963,44 @@ impl Reader<'_> {
                 Err((f.error, dl, DeadLetterKind::Decode))
             }
         };
-        let record = match routed {
+        let mut record = match routed {
             Ok(record) => record,
             Err((err, dl, kind)) => {
+                let span = self.settings.spans.as_ref().map(|spans| {
+                    Box::new(spans.start_row(
+                        &RowStart {
+                            topic: dl.topic.as_deref().unwrap_or(""),
+                            key: dl.key.as_deref().unwrap_or_default(),
+                            tombstone: dl.value.is_none(),
+                            table: &dl.table,
+                            event_key: event_key.as_deref(),
+                            position: dl.position.to_string(),
+                            read_at,
+                        },
+                        dl.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+                    ))
+                });
                 return self
-                    .dead_letter((dl, kind), err, sink, done, progress, inflight)
+                    .dead_letter((dl, kind), err, span, sink, done, progress, inflight)
                     .await;
             }
         };
+        let mut span = self.settings.spans.as_ref().map(|spans| {
+            let span = spans.start_row(
+                &RowStart {
+                    topic: &record.topic,
+                    key: &record.key,
+                    tombstone: record.value.is_none(),
+                    table: &table,
+                    event_key: event_key.as_deref(),
+                    position: position.to_string(),
+                    read_at,
+                },
+                record.headers.iter().map(|(n, v)| (&**n, v.as_slice())),
+            );
+            span.inject(&mut record.headers);
+            Box::new(span)
+        });
         let bytes = record_bytes(&record);
         let row = RowRef::of(&done);
         if let Some(refusal) = self.refusals.refused.get(&row).cloned() {
@@ -984,6 +1022,7 @@ impl Reader<'_> {
                 .dead_letter(
                     (dl, DeadLetterKind::Broker),
                     err,
+                    span,
                     sink,
                     done,
                     progress,
@@ -1011,6 +1050,9 @@ impl Reader<'_> {
         }
         match sent {
             Ok(()) => {
+                if let Some(span) = span.as_deref_mut() {
+                    span.produced();
+                }
                 inflight.push_record(
                     done,
                     RecordInfo {
@@ -1021,6 +1063,7 @@ impl Reader<'_> {
                         position,
                         table,
                         alone,
+                        span,
                     },
                 );
                 self.last_sent = Some(row);
@@ -1035,10 +1078,15 @@ impl Reader<'_> {
                     reason: reason.clone(),
                 };
                 let dl = dead_letter_of(record, reason, position, table.to_string(), keep_value);
-                self.dead_letter((dl, kind), err, sink, done, progress, inflight)
+                self.dead_letter((dl, kind), err, span, sink, done, progress, inflight)
                     .await
             }
-            Err(Refusal::Failed(e)) => Err(e),
+            Err(Refusal::Failed(e)) => {
+                if let Some(span) = span {
+                    span.failed(&e.to_string());
+                }
+                Err(e)
+            }
         }
     }
 
@@ -1057,17 +1105,22 @@ impl Reader<'_> {
     }
 
     /// Sends `dl` (a dead letter of `kind`) to the dead-letter topic when one is configured
-    /// and queues its acknowledgement entry; otherwise returns `err`.
+    /// and queues its acknowledgement entry (with the row's `span`); otherwise returns `err`.
+    #[allow(clippy::too_many_arguments)]
     async fn dead_letter<S: CheckpointStore, K: RecordSink>(
         &mut self,
         (dl, kind): (DeadLetter, DeadLetterKind),
         err: RelayError,
+        span: Option<Box<RowSpan>>,
         sink: &K,
         done: Done,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
         if !sink.has_dead_letter() {
+            if let Some(span) = span {
+                span.failed(&err.to_string());
+            }
             return Err(err);
         }
         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "row sent to the dead-letter topic");
@@ -1081,11 +1134,19 @@ impl Reader<'_> {
             .await
         {
             Ok(()) => {
-                inflight.push_dead_letter(done, dl);
+                inflight.push_dead_letter(done, dl, span);
                 Ok(())
             }
-            Err(Refusal::Permanent(reason, ..)) => Err(refused_too(&dl, &reason)),
-            Err(Refusal::Failed(e)) => Err(e),
+            Err(refusal) => {
+                let err = match refusal {
+                    Refusal::Permanent(reason, ..) => refused_too(&dl, &reason),
+                    Refusal::Failed(e) => e,
+                };
+                if let Some(span) = span {
+                    span.failed(&err.to_string());
+                }
+                Err(err)
+            }
         }
     }
 

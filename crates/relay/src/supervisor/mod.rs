@@ -24,6 +24,7 @@ use crate::error::RelayError;
 use crate::kafka::route::Router;
 use crate::kafka::sink::{KafkaProbe, LsoMonitor, RecordSink, TransactionalSink};
 use crate::observe::metrics::State;
+use crate::observe::spans::RowSpans;
 use crate::pipeline::cutover::Cutover;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use crate::position::gtid::MysqlGtidSet;
@@ -58,19 +59,28 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// be bound.
 pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
     let metrics = metrics::global();
+    let spans = RowSpans::start(&config.tracing)?;
     let server = http::start(&config.http, metrics).await?;
-    let result = supervise(config, shutdown).await;
+    let result = supervise(config, shutdown, &spans).await;
     metrics.set_state(State::Stopping);
     if let Some(server) = server {
         server.stop().await;
     }
+    if let Some(spans) = spans {
+        // The spans of the last records (their acknowledgements were awaited by the stop).
+        spans.shutdown(SPANS_FLUSH_TIMEOUT).await;
+    }
     result
 }
 
-/// [`run`] without the HTTP endpoints.
+/// On a stop, the longest wait for the OTLP receiver to take the spans still queued.
+const SPANS_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// [`run`] without the HTTP endpoints and the span exporter.
 async fn supervise(
     config: RelayConfig,
     mut shutdown: watch::Receiver<bool>,
+    spans: &Option<RowSpans>,
 ) -> Result<(), RelayError> {
     let metrics = metrics::global();
     let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
@@ -133,6 +143,7 @@ async fn supervise(
                     pool: &pool,
                     store: &store,
                     router: &router,
+                    spans,
                 };
                 let attempt = run_once(
                     &parts,
@@ -370,6 +381,8 @@ struct Parts<'a> {
     pool: &'a Pool,
     store: &'a MysqlCheckpointStore,
     router: &'a Router,
+    /// `[tracing]`: the rows' spans, or `None`.
+    spans: &'a Option<RowSpans>,
 }
 
 /// One connection lifetime: checks, resume point, pipeline.
@@ -499,6 +512,7 @@ async fn stream<K: RecordSink>(
         pool,
         store,
         router,
+        ..
     } = *parts;
     let Prepared {
         server,
@@ -582,6 +596,7 @@ async fn stream<K: RecordSink>(
         io_timeout,
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
         transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
+        spans: parts.spans.clone(),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {

@@ -116,6 +116,8 @@ pub async fn replay(
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
         transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
+        // Re-publishing files makes no spans (`[tracing]` is for the live relay).
+        spans: None,
     };
     let start = Checkpoint {
         position: plan
