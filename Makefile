@@ -74,11 +74,12 @@ clean: services-down
 ## server restarts and connection cuts are injected (crates/testkit/src/faults), against the server
 ## OUTBOX_TEST_SERVER names (mariadb10 by default, mariadb11, mysql8). It RESTARTS that server (on
 ## MARIADB_PORT / MARIADB11_PORT / MYSQL8_PORT) and Kafka (KAFKA_PORT) through tests/services/*.sh:
-## run it when no other test uses them (or point it at private ones: MYSQL8_PORT=3446 KAFKA_PORT=9692
-## KAFKA_CONTROLLER_PORT=9693 OUTBOX_SERVICES_DIR=$$PWD/.services/faults OUTBOX_TEST_SERVER=mysql8
+## run it when no other test uses them (or point it at private ports that no test uses either:
+## MYSQL8_PORT=3446 KAFKA_PORT=9642 KAFKA_CONTROLLER_PORT=9643
+## OUTBOX_SERVICES_DIR=$$PWD/.services/faults OUTBOX_TEST_SERVER=mysql8
 ## OUTBOX_TEST_SERVERS=mysql8 make faults). Prints a table ending with `missing: N duplicates: M`;
 ## fails when anything committed is missing or out of order.
-## `faults`: 12 kills and 3 of each other fault (~3 min); `faults-full`: 100 kills, 20 broker
+## `faults`: 8 kills, 3 cuts, 2 broker and 2 server restarts (~3 min); `faults-full`: 100 kills, 20 broker
 ## restarts, 10 server restarts, 10 cuts (~15-20 min). Extra options: FAULTS_ARGS="--seed 42";
 ## FAULTS_ARGS=--exactly-once runs the relay with kafka.delivery = "exactly_once", reads the topics
 ## read_committed and fails on any duplicate too.
@@ -89,6 +90,17 @@ clean: services-down
 .PHONY: conformance
 conformance:
 	$(CARGO) run -q -p outbox-relay-testkit --bin conformance
+
+## Soak (not part of `make test`): the fault matrix's harness for SOAK_MINUTES (default 60) of
+## continuous writes, with rounds of kill -9, broker and server restarts, connection cuts,
+## half-open connections and CPU starvation, a new auto-created topic after every fault, and the
+## acknowledgement audit on (every acknowledged offset read back at the end). Same environment
+## as `faults` (run it on private ports: it restarts the servers); FAULTS_ARGS=--exactly-once too.
+.PHONY: soak
+soak: export OUTBOX_JAEGER = off
+soak: services-up
+	$(CARGO) build -p outbox-relay --bin outbox-relay
+	$(CARGO) run -p outbox-relay-testkit --bin faults -- --profile soak $(FAULTS_ARGS)
 
 .PHONY: faults faults-full
 # No Jaeger for the fault matrix (passed on to services-up).

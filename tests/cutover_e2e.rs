@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use outbox_relay_testkit::mysql_async::prelude::*;
-use outbox_relay_testkit::mysql_async::Conn;
+use outbox_relay_testkit::mysql_async::{self, Conn};
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
 use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};
@@ -25,7 +25,10 @@ use outbox_relay_testkit::{
 };
 use tokio::task::JoinHandle;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Longest wait for the relay to catch up, and for Kafka reads.
 const RELAY_WAIT: Duration = Duration::from_secs(180);
@@ -51,7 +54,7 @@ async fn cutover_from_a_polling_relay_exactly_once() -> Result<()> {
 /// rows up to the watermark without any query.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
-    let w = World::with_db_prefix(BIN, "e2e", "cutids").await?;
+    let w = World::with_db_prefix(bin(), "e2e", "cutids").await?;
     let topic = w.topic("Order");
     create_topic(&w.spec.bootstrap_servers, &topic, 1_048_576).await?;
     let mut conn = w.db.conn().await?;
@@ -77,7 +80,7 @@ async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
         )
     };
 
-    let bad = RelayProcess::spawn(BIN, &with("skip_if = \"no_such_column = 'SENT'\"\n"), &[])?;
+    let bad = RelayProcess::spawn(bin(), &with("skip_if = \"no_such_column = 'SENT'\"\n"), &[])?;
     let status = bad.wait_exit(Duration::from_secs(60)).await?;
     let err = bad.stderr_text();
     ensure!(
@@ -89,7 +92,7 @@ async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
     let toml = with(&format!("skip_ids_through = {}\n", ids[4]));
     let pos = format!("{}:{}", start.file, start.pos);
     let reset = RelayProcess::spawn_args(
-        BIN,
+        bin(),
         &["reset", "--to", &pos, "--yes", "--config"],
         &toml,
         &[],
@@ -101,7 +104,7 @@ async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
         describe_exit(&status),
         reset.stderr_text()
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[])?;
     let end = current_binlog_position(&mut conn).await?;
     w.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
     let status = relay.stop(Duration::from_secs(60)).await?;
@@ -126,7 +129,7 @@ async fn cutover_condition_is_checked_and_id_watermark_skips() -> Result<()> {
 }
 
 async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
-    let mut w = World::with_db_prefix(BIN, "e2e", name).await?;
+    let mut w = World::with_db_prefix(bin(), "e2e", name).await?;
     if exactly_once {
         w.spec.kafka_extra = format!(
             "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n",
@@ -165,6 +168,17 @@ async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
     // At least 4 s of polling, so the rows before the cutover point span several seconds of
     // commits (some are SENT rows the new relay reads and must skip).
     while polling_since.elapsed() < Duration::from_secs(4) || sent_by_poller < 100 {
+        // The writer feeds the loop: if it ended, no row will come; say why instead of
+        // polling an idle table forever.
+        if writer.is_finished() {
+            let ended = writer.await.context("writer task")?;
+            anyhow::bail!("the writer ended while the polling relay ran: {ended:?}");
+        }
+        ensure!(
+            polling_since.elapsed() < RELAY_WAIT,
+            "the polling relay sent only {sent_by_poller} rows in {} s",
+            RELAY_WAIT.as_secs()
+        );
         let batch = poller.claim(8).await?;
         poller.produce(&batch).await?;
         poller.mark_sent(&batch).await?;
@@ -222,7 +236,7 @@ async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
         w.spec.to_toml()
     );
     let reset = RelayProcess::spawn_args(
-        BIN,
+        bin(),
         &["reset", "--to", &to, "--yes", "--config"],
         &toml,
         &[],
@@ -236,7 +250,7 @@ async fn cutover(name: &str, exactly_once: bool) -> Result<()> {
         reset.stderr_text()
     );
     // 3: run with [cutover], the writer still writing.
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[])?;
     // Rows committed after `until` end the window: the writer goes on for 2 s past it.
     wait_until(
         "the server clock 2 s past cutover.until",
@@ -388,33 +402,55 @@ fn event_key(r: &Record) -> Result<String> {
         .with_context(|| format!("record without event_key: {r:?}"))
 }
 
-/// Inserts rows (1–3 per transaction) until `stop`; returns how many.
+/// Inserts rows (1–3 per transaction) until `stop`; returns how many. A transaction the
+/// server rolls back as a deadlock victim or after a lock wait timeout (the polling relay's
+/// `FOR UPDATE` locks index gaps on MariaDB) is retried, as an application would.
 fn spawn_writer(mut conn: Conn, uid: String, stop: Arc<AtomicBool>) -> JoinHandle<Result<usize>> {
     tokio::spawn(async move {
         let mut n = 0usize;
+        let mut retries = 0u32;
         while !stop.load(Ordering::SeqCst) {
-            let rows = 1 + n % 3;
-            let mut tx = conn.start_transaction(Default::default()).await?;
-            for _ in 0..rows {
-                let t = TYPES[n % TYPES.len()];
-                tx.exec_drop(
-                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, \
-                     payload) VALUES (?, ?, 'Created', ?, ?)",
-                    (
-                        t,
-                        format!("agg-{}", n % 7),
-                        format!("{uid}-{n}"),
-                        format!("{{\"n\":{n}}}"),
-                    ),
-                )
-                .await?;
-                n += 1;
+            match insert_batch(&mut conn, &uid, n).await {
+                Ok(next) => n = next,
+                Err(e) if is_retryable(&e) && retries < 1_000 => retries += 1,
+                Err(e) => return Err(e).context(format!("writer, after {n} rows")),
             }
-            tx.commit().await?;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(n)
     })
+}
+
+/// One writer transaction of 1–3 rows, the first numbered `n`; returns the next number.
+async fn insert_batch(
+    conn: &mut Conn,
+    uid: &str,
+    mut n: usize,
+) -> Result<usize, mysql_async::Error> {
+    let rows = 1 + n % 3;
+    let mut tx = conn.start_transaction(Default::default()).await?;
+    for _ in 0..rows {
+        let t = TYPES[n % TYPES.len()];
+        tx.exec_drop(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, \
+             payload) VALUES (?, ?, 'Created', ?, ?)",
+            (
+                t,
+                format!("agg-{}", n % 7),
+                format!("{uid}-{n}"),
+                format!("{{\"n\":{n}}}"),
+            ),
+        )
+        .await?;
+        n += 1;
+    }
+    tx.commit().await?;
+    Ok(n)
+}
+
+/// A deadlock (1213) or lock wait timeout (1205): the server rolled the transaction back.
+fn is_retryable(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if s.code == 1213 || s.code == 1205)
 }
 
 /// One row the polling relay claimed.
@@ -437,7 +473,19 @@ struct Poller<F> {
 }
 
 impl<F: Fn(&str) -> String> Poller<F> {
+    /// Claims up to `n` NEW rows; a claim the server rolled back (deadlock, lock wait
+    /// timeout) is retried, as a polling relay would.
     async fn claim(&mut self, n: usize) -> Result<Vec<Claimed>> {
+        let mut attempts = 0u32;
+        loop {
+            match self.claim_once(n).await {
+                Err(e) if is_retryable(&e) && attempts < 100 => attempts += 1,
+                done => return Ok(done?),
+            }
+        }
+    }
+
+    async fn claim_once(&mut self, n: usize) -> Result<Vec<Claimed>, mysql_async::Error> {
         let mut tx = self.conn.start_transaction(Default::default()).await?;
         let rows: Vec<(u64, String, String, String, String, Option<String>)> = tx
             .exec(

@@ -12,7 +12,7 @@ use outbox_relay_core::config::{RelayConfig, TlsMode};
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn read(path: &str) -> String {

@@ -20,7 +20,10 @@ use outbox_relay_testkit::{
     wait_for_stderr, wait_until, PrivateService, Record, RelayProcess, RowGen, ServiceSpec, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until its checkpoint row holds a position.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -32,7 +35,7 @@ const STOP: Duration = Duration::from_secs(60);
 const READ_ALL: Duration = Duration::from_secs(120);
 
 /// A world whose relay runs exactly-once with its own progress topic and at most
-/// `max_records` records per Kafka transaction. A first relay has run and stopped, so its
+/// `max_records` records per Kafka transaction. A first relay has streamed and stopped, so its
 /// checkpoint (the end of the binlog then) is where the next one starts: rows committed from
 /// here on are a backlog.
 async fn eos_world(name: &str, max_records: u64) -> Result<World> {
@@ -45,7 +48,7 @@ async fn eos_world_with(
     max_records: u64,
     tune: impl FnOnce(&mut World),
 ) -> Result<World> {
-    let mut world = World::new(BIN, name).await?;
+    let mut world = World::new(bin(), name).await?;
     world.spec.kafka_extra = format!(
         "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
          transaction_max_records = {max_records}\ntransaction_interval_ms = 50\n",
@@ -53,6 +56,9 @@ async fn eos_world_with(
     );
     tune(&mut world);
     let (relay, _) = world.start(STARTUP).await?;
+    // The start position is stored before the producer starts: wait for the stream, so the
+    // progress topic exists too.
+    wait_for_stderr(&relay, "streaming binlog", STARTUP).await?;
     stop_cleanly(&relay).await?;
     Ok(world)
 }
@@ -531,7 +537,7 @@ async fn reset_moves_the_progress_topics_point() -> Result<()> {
     finish(&world, &topics, &keys, &relay).await?;
     let to = format!("{}:{}", start.binlog_file, start.binlog_pos);
     let reset = RelayProcess::spawn_args(
-        BIN,
+        bin(),
         &["reset", "--to", &to, "--yes", "--config"],
         &world.spec.to_toml(),
         &[],
@@ -580,7 +586,7 @@ async fn check_verifies_transactions_and_the_progress_topic() -> Result<()> {
     let world = eos_world("eos_check", 1000).await?;
     let id = format!("outbox-relay.{}", world.connector());
     let check = |spec: &outbox_relay_testkit::RelayConfigSpec| {
-        RelayProcess::spawn_args(BIN, &["check", "--config"], &spec.to_toml(), &[])
+        RelayProcess::spawn_args(bin(), &["check", "--config"], &spec.to_toml(), &[])
     };
     let stopped = check(&world.spec)?;
     stopped.wait_exit(STOP).await?;
@@ -802,6 +808,10 @@ async fn prune_never_deletes_past_the_committed_point() -> Result<()> {
     let port = free_local_port()?;
     let world = eos_world_with("eos_prune", 100_000, |w| {
         w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+        // Records stamped with the commit time: with `timestamp = "column"` the rows backdated
+        // 10 days below would be past the broker's 7-day retention, and a segment roll would
+        // let Kafka delete them before the test reads them.
+        w.spec.timestamp = Some("commit".into());
         slow_batches(w, 200, 20);
     })
     .await?;
@@ -877,7 +887,7 @@ async fn prune_never_deletes_past_the_committed_point() -> Result<()> {
     };
     let prune = async || -> Result<(Option<i32>, String)> {
         let p = RelayProcess::spawn_args(
-            BIN,
+            bin(),
             &[
                 "prune",
                 "--older-than",
@@ -948,5 +958,271 @@ async fn an_idle_relay_mirrors_its_last_commit_to_the_state_table() -> Result<()
         .await?;
     stop_cleanly(&relay).await?;
     ensure_each_once(&world, &topics, &keys).await?;
+    Ok(())
+}
+
+/// The private broker of the transaction-timeout tests (`EOS_TXN_KAFKA_PORT`, default 9572, its
+/// controller on the next port): the coordinator looks for expired transactions every 500 ms
+/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default) and accepts
+/// transaction timeouts up to 90 s (`transaction.max.timeout.ms`; the default 60 s fits). Returns it and its address.
+fn txn_broker() -> Result<(std::sync::Arc<PrivateService>, String)> {
+    let port: u16 = std::env::var("EOS_TXN_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9572);
+    let props = "transaction.abort.timed.out.transaction.cleanup.interval.ms=500\n\
+                 transaction.max.timeout.ms=90000";
+    let kafka = PrivateService::acquire(
+        ServiceSpec::kafka(
+            "eos-txn-kafka",
+            port,
+            vec![("KAFKA_EXTRA_PROPS".into(), props.into())],
+        ),
+        |_| Ok(()),
+    )?;
+    Ok((kafka, format!("127.0.0.1:{port}")))
+}
+
+/// The relay is stopped (SIGSTOP) with a Kafka transaction open for longer than its
+/// `transaction_timeout_ms`: the coordinator aborts that transaction and bumps the epoch, and
+/// after SIGCONT the relay, still holding its lease, sees the fencing as its own expired
+/// transaction: a new producer resumes from the last committed point, the process never
+/// exits, and every row written before, during and after the stall is visible once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_past_the_transaction_timeout_does_not_stop_the_relay() -> Result<()> {
+    let (_kafka, bootstrap) = txn_broker()?;
+    let world = eos_world_with("eos_stall", 10_000_000, |w| {
+        w.spec.bootstrap_servers = bootstrap.clone();
+        w.spec
+            .kafka_extra
+            .push_str("transaction_timeout_ms = 3000\n");
+        // ~200 records/s: the backlog below keeps a transaction open for seconds.
+        slow_batches(w, 20, 100);
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "s", 10);
+    let mut conn = world.db.conn().await?;
+    let mut keys = Vec::new();
+    // Before: a backlog of small source transactions.
+    for _ in 0..60 {
+        commit_more(&mut conn, &mut gen, 50, &mut keys).await?;
+    }
+    let relay = world.spawn()?;
+    wait_visible(&world, &topics, 200, &relay).await?;
+    let marker = "its own transaction expired";
+    let mut stalls = 0;
+    while !relay.stderr_text().contains(marker) {
+        stalls += 1;
+        ensure!(
+            stalls <= 3,
+            "three stalls did not catch an open transaction\n{}",
+            relay.stderr_tail()
+        );
+        let before = visible(&world, &topics).await?;
+        relay.pause()?;
+        // During: rows committed while the relay is stopped.
+        commit_more(&mut conn, &mut gen, 20, &mut keys).await?;
+        // The coordinator aborts the open transaction (its marker moves the last stable
+        // offset), or a commit that was on its way completes.
+        let moved = wait_until(
+            "the stalled relay's open transaction to end",
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            async || Ok((visible(&world, &topics).await? > before).then_some(())),
+        )
+        .await;
+        relay.resume()?;
+        if moved.is_err() {
+            continue; // no transaction was open on the coordinator: stall again
+        }
+        // The relay notices at its next request of the old epoch.
+        let _ = wait_for_stderr(&relay, marker, Duration::from_secs(15)).await;
+        relay.ensure_running()?;
+    }
+    // After: rows committed once the relay goes on.
+    for _ in 0..5 {
+        commit_more(&mut conn, &mut gen, 10, &mut keys).await?;
+    }
+    finish(&world, &topics, &keys, &relay).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        !stderr.contains("this instance stops"),
+        "the relay meant to stop:\n{}",
+        relay.stderr_tail()
+    );
+    Ok(())
+}
+
+/// An exactly-once relay whose first start cannot reach Kafka (nothing listens on its
+/// bootstrap port) stores its start position at once, as at-least-once does: rows committed
+/// while Kafka is unreachable are relayed, each exactly once, when the relay runs with a
+/// reachable broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_without_kafka_keeps_its_start_position() -> Result<()> {
+    let mut world = World::new(bin(), "eos_first").await?;
+    world.spec.kafka_extra = format!(
+        "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+         transaction_interval_ms = 50\n",
+        world.uid
+    );
+    let reachable = world.spec.bootstrap_servers.clone();
+    let mut unreachable = world.spec.clone();
+    unreachable.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?);
+    let relay = world.spawn_with(&unreachable)?;
+    wait_for_stderr(&relay, "relay interrupted; retrying", RELAY_WAIT).await?;
+    let stored = world
+        .checkpoint()
+        .await
+        .context("no position stored by the first start (rows committed now would be skipped)")?;
+    eprintln!(
+        "first start stored {}:{}",
+        stored.binlog_file, stored.binlog_pos
+    );
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "u", 4);
+    let mut conn = world.db.conn().await?;
+    let mut keys = Vec::new();
+    for _ in 0..4 {
+        commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
+    }
+    stop_cleanly(&relay).await?;
+    world.spec.bootstrap_servers = reachable;
+    let relay = world.spawn()?;
+    commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
+    let records = finish(&world, &topics, &keys, &relay).await?;
+    ensure!(
+        records.len() == keys.len(),
+        "{} records for {} rows",
+        records.len(),
+        keys.len()
+    );
+    Ok(())
+}
+
+/// `kafka.transaction_timeout_ms` over the brokers' `transaction.max.timeout.ms`: `check`
+/// fails naming both values (and reports the cluster's `transaction.version` and what it means
+/// for the relay), and `run` stops with exit code 3 naming the setting, the limit and the fix
+/// instead of retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_timeout_over_the_brokers_limit_is_named() -> Result<()> {
+    let (_kafka, bootstrap) = txn_broker()?;
+    let mut world = World::new(bin(), "eos_txn_max").await?;
+    world.spec.bootstrap_servers = bootstrap;
+    world.spec.kafka_extra = format!(
+        "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+         transaction_timeout_ms = 120000\n",
+        world.uid
+    );
+    let check =
+        RelayProcess::spawn_args(bin(), &["check", "--config"], &world.spec.to_toml(), &[])?;
+    let status = check.wait_exit(STOP).await?;
+    let out = check.stdout_text();
+    ensure!(
+        !status.success(),
+        "check passed with a timeout over the limit:\n{out}"
+    );
+    for line in [
+        "FAIL  kafka.transaction_timeout_ms: expected at most the brokers' \
+         transaction.max.timeout.ms (90000), found kafka.transaction_timeout_ms = 120000",
+        "OK    transaction.version: ",
+    ] {
+        ensure!(out.contains(line), "{line:?} not in:\n{out}");
+    }
+    ensure!(
+        out.lines()
+            .any(|l| l.starts_with("OK    transaction.version: ") && l.contains("KIP-890")),
+        "transaction.version is not explained:\n{out}"
+    );
+    let relay = world.spawn()?;
+    let status = relay.wait_exit(Duration::from_secs(60)).await?;
+    let stderr = relay.stderr_text();
+    ensure!(
+        status.code() == Some(3),
+        "expected exit code 3, got {}\n{}",
+        describe_exit(&status),
+        relay.stderr_tail()
+    );
+    for needle in [
+        "kafka.transaction_timeout_ms",
+        "transaction.max.timeout.ms (90000)",
+        "120000",
+        "Fix: set kafka.transaction_timeout_ms to 90000 or less",
+    ] {
+        ensure!(
+            stderr.contains(needle),
+            "{needle:?} not in the error:\n{}",
+            relay.stderr_tail()
+        );
+    }
+    Ok(())
+}
+
+/// A commit whose EndTxn answer is lost (librdkafka has no KIP-890, so its outcome is unknown):
+/// the relay and the test's readers reach a private broker (`EOS_ENDTXN_KAFKA_PORT`, default
+/// 9582, its controller on the next port) only through a Kafka-aware proxy on the port after
+/// that, which the broker advertises; the proxy drops the answer to one EndTxn request (API key
+/// 26). The relay builds a new producer at once, learns from the progress topic that the commit
+/// happened, goes on after it without exiting, and every row is visible once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_resolved_from_the_progress_topic() -> Result<()> {
+    use outbox_relay_testkit::{KafkaFault, TcpProxy, END_TXN};
+    let port: u16 = std::env::var("EOS_ENDTXN_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9582);
+    let listen = format!("127.0.0.1:{}", port + 2);
+    let proxy = TcpProxy::start_kafka(&listen, format!("127.0.0.1:{port}")).await?;
+    let _kafka = tokio::task::spawn_blocking(move || {
+        PrivateService::acquire(
+            ServiceSpec::kafka(
+                "eos-endtxn-kafka",
+                port,
+                vec![("KAFKA_ADVERTISED_PORT".into(), (port + 2).to_string())],
+            ),
+            |_| Ok(()),
+        )
+    })
+    .await??;
+    let world = eos_world_with("eos_endtxn", 1000, |w| {
+        w.spec.bootstrap_servers = listen.clone();
+        // commit_transaction gives up after max(this, 10 s): the lost answer's wait.
+        w.spec.kafka_extra.push_str(
+            "transaction_timeout_ms = 10000
+",
+        );
+    })
+    .await?;
+    let topics = vec![world.topic("Order")];
+    let mut gen = RowGen::new(&world.uid, "e", 5);
+    let mut conn = world.db.conn().await?;
+    let mut keys = Vec::new();
+    commit_more(&mut conn, &mut gen, 10, &mut keys).await?;
+    let relay = world.spawn()?;
+    finish_keys(&world, &topics, &keys, &relay).await?;
+    proxy.arm_kafka_fault(END_TXN, KafkaFault::Drop);
+    commit_more(&mut conn, &mut gen, 10, &mut keys).await?;
+    wait_until(
+        "the answer to an EndTxn request to be dropped",
+        RELAY_WAIT,
+        Duration::from_millis(50),
+        async || {
+            relay.ensure_running()?;
+            Ok((proxy.kafka_faults_fired() > 0).then_some(()))
+        },
+    )
+    .await?;
+    wait_for_stderr(&relay, "the commit whose outcome was unknown", RELAY_WAIT).await?;
+    for _ in 0..3 {
+        commit_more(&mut conn, &mut gen, 5, &mut keys).await?;
+    }
+    finish(&world, &topics, &keys, &relay).await?;
+    ensure!(
+        relay
+            .stderr_text()
+            .contains("the commit whose outcome was unknown had happened"),
+        "the relay did not learn that the commit happened:\n{}",
+        relay.stderr_tail()
+    );
     Ok(())
 }

@@ -47,7 +47,10 @@ use outbox_relay_testkit::{
     RelayProcess, TcpProxy, TestDb, DEFAULT_CHECKPOINT_TABLE,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 const HEARTBEAT_MS: u64 = 1_000;
 const READ_TIMEOUT_MS: u64 = 4_000;
@@ -77,7 +80,7 @@ fn relay_env(resume: Option<&'static str>) -> Vec<(&'static str, String)> {
 fn spawn_relay(spec: &RelayConfigSpec, resume: Option<&'static str>) -> Result<RelayProcess> {
     let env = relay_env(resume);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    RelayProcess::spawn(BIN, &spec.to_toml(), &env)
+    RelayProcess::spawn(bin(), &spec.to_toml(), &env)
 }
 
 fn topics(spec: &RelayConfigSpec) -> Vec<String> {
@@ -120,7 +123,7 @@ impl SeqWriter {
                 let agg = aggregate_id(0, j);
                 rows.push(GenRow {
                     event_key: event_key(&self.run, 0, j, seq),
-                    aggregate_type: aggregate_type(j),
+                    aggregate_type: aggregate_type(j).to_owned(),
                     payload: payload(&agg, seq),
                     aggregate_id: agg,
                 });

@@ -13,5 +13,5 @@ use outbox_relay_testkit::faults::short_matrix_test;
 
 #[test]
 fn fault_matrix_short_loses_nothing() -> Result<()> {
-    short_matrix_test(env!("CARGO_BIN_EXE_outbox-relay"), false)
+    short_matrix_test(outbox_relay_testkit::relay_bin(), false)
 }

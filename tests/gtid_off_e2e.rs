@@ -18,7 +18,10 @@ use outbox_relay_testkit::{
     RelayConfigSpec, RelayProcess, ServiceSpec, TestDb, DEFAULT_CHECKPOINT_TABLE,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const STARTUP: Duration = Duration::from_secs(60);
 const RELAY_WAIT: Duration = Duration::from_secs(120);
 const STOP: Duration = Duration::from_secs(30);
@@ -70,7 +73,7 @@ async fn mysql_without_gtids_resumes_by_file_and_position_after_kill_9() -> Resu
     let uid = unique_suffix();
     let connector = format!("gtidoff-{uid}");
     let spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("g_{uid}"));
-    let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+    let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
     relay
         .wait_for_checkpoint_row(db.pool(), &connector, STARTUP)
         .await?;
@@ -111,7 +114,7 @@ async fn mysql_without_gtids_resumes_by_file_and_position_after_kill_9() -> Resu
     // Rows committed while the relay is down arrive after the restart, from the stored position.
     let second = rows(&uid, 20, 15);
     insert_outbox_rows(&mut conn, "outbox", &second, InsertStyle::SingleRow).await?;
-    let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+    let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
     let want: BTreeSet<String> = first
         .iter()
         .chain(&second)

@@ -28,13 +28,16 @@ use outbox_relay_testkit::{
     RelayConfigSpec, RelayProcess, TestDb,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 /// Records and database state the scenario waits for.
 const WAIT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// A helper's scenario consumer: the command line of `inbox/CONTRACT.md`.
@@ -172,7 +175,7 @@ impl World {
         let dlq = format!("{uid}.inbox.dead_letter");
         let bootstrap = spec.bootstrap_servers.clone();
         create_topics(&bootstrap, &[(&topic, partitions), (&dlq, 1)]).await?;
-        let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+        let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
         relay
             .wait_for_checkpoint_row(db.pool(), &spec.connector_name, WAIT)
             .await?;

@@ -1,7 +1,10 @@
 //! `outbox-relay migrate --inbox` and `outbox-relay prune --inbox` against the real server and
 //! Kafka: the inbox tables are created idempotently in a consumer's database; prune deletes
 //! only the consumer's rows that are older than the retention AND whose records its consumer
-//! group has committed past, and nothing with `--dry-run`.
+//! group has committed past, and nothing with `--dry-run`. Inbox tables of the layout before
+//! migrations/0005_inbox_keys.sql (text keys in the default collation) are reported by `check
+//! --inbox-url` and upgraded by `migrate --inbox`, after which keys that differ only in case,
+//! accent or trailing spaces are distinct.
 
 use std::process::Command;
 
@@ -11,13 +14,18 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use outbox_relay_testkit::{kafka_bootstrap, unique_suffix, TestDb};
+use outbox_relay_testkit::{
+    describe_exit, kafka_bootstrap, unique_suffix, RelayProcess, TestDb, World,
+};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Runs the binary; returns (exit code, stdout, stderr).
 fn run(args: &[&str]) -> Result<(i32, String, String)> {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(args)
         .output()
         .context("running outbox-relay")?;
@@ -205,4 +213,151 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
     ensure!(count("billing").await? == 4, "recent rows must stay");
     drop(conn);
     db.drop_database().await
+}
+
+/// The inbox tables as migrations/0004_inbox.sql created them before keys were compared byte
+/// for byte: text key columns in the database's default collation.
+const OLD_INBOX_SQL: &str = "\
+CREATE TABLE outbox_inbox (consumer VARCHAR(191) NOT NULL, event_key VARCHAR(255) NOT NULL, \
+  topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, \
+  processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+  PRIMARY KEY (consumer, event_key), KEY ix_outbox_inbox_processed (consumer, processed_at)) \
+  ENGINE = InnoDB DEFAULT CHARSET = utf8mb4; \
+CREATE TABLE outbox_inbox_version (consumer VARCHAR(191) NOT NULL, \
+  aggregate_type VARCHAR(191) NOT NULL, aggregate_id VARCHAR(191) NOT NULL, \
+  version BIGINT NOT NULL, updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) \
+  ON UPDATE CURRENT_TIMESTAMP(6), PRIMARY KEY (consumer, aggregate_type, aggregate_id)) \
+  ENGINE = InnoDB DEFAULT CHARSET = utf8mb4";
+
+/// Event keys that differ from the first three only in case, accent or trailing spaces.
+const KEYS: [&str; 3] = ["evt-a1B", "café", "k"];
+const TWINS: [&str; 3] = ["evt-A1b", "cafe", "k "];
+
+/// `check --inbox-url URL --config …` to its end: (exit code, stdout, stderr).
+async fn check_with_inbox(w: &World, url: &str) -> Result<(i32, String, String)> {
+    let p = RelayProcess::spawn_args(
+        bin(),
+        &["check", "--inbox-url", url, "--config"],
+        &w.spec.to_toml(),
+        &[],
+    )?;
+    let status = p.wait_exit(std::time::Duration::from_secs(90)).await?;
+    let (out, err) = (p.stdout_text(), p.stderr_text());
+    let code = status
+        .code()
+        .with_context(|| format!("check: {}\n{out}\n{err}", describe_exit(&status)))?;
+    Ok((code, out, err))
+}
+
+/// Inserts an inbox row; `Ok(false)` when the primary key already has it (error 1062).
+async fn insert_inbox(conn: &mut mysql_async::Conn, key: &str, offset: i64) -> Result<bool> {
+    let r = conn
+        .exec_drop(
+            "INSERT INTO outbox_inbox (consumer, event_key, topic, kafka_partition, kafka_offset) \
+             VALUES ('billing', ?, 'orders', 0, ?)",
+            (key, offset),
+        )
+        .await;
+    match r {
+        Ok(()) => Ok(true),
+        Err(mysql_async::Error::Server(e)) if e.code == 1062 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_warns_until_then(
+) -> Result<()> {
+    let w = World::new(bin(), "inbox_keys").await?;
+    let db = w.db.name().to_owned();
+    let url = format!("{}/{}", outbox_relay_testkit::mysql_url(None), db);
+    let mut conn = w.db.conn().await?;
+    conn.query_drop(OLD_INBOX_SQL).await?;
+    for (i, k) in KEYS.iter().enumerate() {
+        ensure!(insert_inbox(&mut conn, k, i as i64).await?, "{k:?}");
+    }
+    conn.query_drop(
+        "INSERT INTO outbox_inbox_version (consumer, aggregate_type, aggregate_id, version) \
+         VALUES ('billing', 'Order', 'A1', 7)",
+    )
+    .await?;
+
+    // check: a warning for each inbox table and for the outbox's unique event key, each naming
+    // its fix; warnings only (exit 0).
+    let (code, out, err) = check_with_inbox(&w, &url).await?;
+    ensure!(code == 0, "check: exit {code}\n{out}\n{err}");
+    for needle in [
+        format!("WARN  inbox table {db}.outbox_inbox (key comparison): expected keys compared byte for byte"),
+        format!("WARN  inbox table {db}.outbox_inbox_version (key comparison)"),
+        "event_key varchar(255) in collation".to_owned(),
+        "case- and accent-insensitive".to_owned(),
+        format!("fix: outbox-relay migrate --inbox --database-url mysql://…/{db}"),
+        format!("WARN  {db}.outbox.event_key (unique event key)"),
+        format!("fix: if the application's event keys may differ only in case, accent or trailing spaces: ALTER TABLE `{db}`.`outbox` MODIFY `event_key`"),
+    ] {
+        ensure!(out.contains(&needle), "{needle:?} not in:\n{out}");
+    }
+
+    // migrate --inbox upgrades both tables and says so.
+    let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
+    ensure!(code == 0, "migrate --inbox: exit {code}\n{out}\n{err}");
+    for t in ["outbox_inbox", "outbox_inbox_version"] {
+        ensure!(
+            out.contains(&format!(
+                "{db}.{t}: upgraded: keys now compared byte for byte"
+            )),
+            "{t} not upgraded:\n{out}"
+        );
+    }
+    ensure!(!out.contains("WARN"), "{out}");
+
+    // Every existing row is kept; keys that differ only in case, accent or trailing spaces are
+    // new events now, and the same key is still a duplicate.
+    for (i, k) in TWINS.iter().enumerate() {
+        ensure!(
+            insert_inbox(&mut conn, k, 10 + i as i64).await?,
+            "{k:?} still merged with {:?}",
+            KEYS[i]
+        );
+    }
+    for k in KEYS.iter().chain(TWINS.iter()) {
+        ensure!(!insert_inbox(&mut conn, k, 99).await?, "{k:?} stored twice");
+    }
+    let keys: Vec<Vec<u8>> = conn
+        .query("SELECT event_key FROM outbox_inbox ORDER BY kafka_offset")
+        .await?;
+    let want: Vec<Vec<u8>> = KEYS
+        .iter()
+        .chain(TWINS.iter())
+        .map(|k| k.as_bytes().to_vec())
+        .collect();
+    ensure!(keys == want, "{keys:?}");
+    conn.query_drop(
+        "INSERT INTO outbox_inbox_version (consumer, aggregate_type, aggregate_id, version) \
+         VALUES ('billing', 'order', 'a1', 1), ('billing', 'Order', 'A1 ', 1), \
+         ('billing', 'Order', 'Á1', 1)",
+    )
+    .await?;
+    let versions: Option<u64> = conn
+        .query_first("SELECT COUNT(*) FROM outbox_inbox_version")
+        .await?;
+    ensure!(versions == Some(4), "{versions:?}");
+
+    // Again: up to date; check finds nothing to warn about in the inbox.
+    let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
+    ensure!(code == 0, "migrate --inbox: exit {code}\n{out}\n{err}");
+    ensure!(
+        out.contains(&format!("{db}.outbox_inbox: up to date"))
+            && out.contains(&format!("{db}.outbox_inbox_version: up to date")),
+        "{out}"
+    );
+    let (code, out, err) = check_with_inbox(&w, &url).await?;
+    ensure!(code == 0, "check: exit {code}\n{out}\n{err}");
+    for t in ["outbox_inbox", "outbox_inbox_version"] {
+        let line = format!("OK    inbox table {db}.{t} (key comparison): byte for byte");
+        ensure!(out.contains(&line), "{line:?} not in:\n{out}");
+    }
+    drop(conn);
+    w.db.drop_database().await?;
+    Ok(())
 }

@@ -24,7 +24,10 @@ use outbox_relay_testkit::{
     RelayConfigSpec, RelayProcess, TestDb,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const STARTUP: Duration = Duration::from_secs(60);
 const RELAY_WAIT: Duration = Duration::from_secs(180);
 const STOP: Duration = Duration::from_secs(30);
@@ -196,7 +199,7 @@ async fn every_json_document_reaches_kafka_as_the_server_prints_it() -> Result<(
     let uid = unique_suffix();
     let connector = format!("json-{uid}");
     let spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("j_{uid}"));
-    let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+    let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
     relay
         .wait_for_checkpoint_row(db.pool(), &connector, STARTUP)
         .await?;

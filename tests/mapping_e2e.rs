@@ -16,7 +16,10 @@ use outbox_relay_testkit::{
     collect_records, describe_record, kafka_bootstrap, read_all_records, Record, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const WAIT: Duration = Duration::from_secs(90);
 
 fn header<'r>(r: &'r Record, name: &str) -> Option<&'r [u8]> {
@@ -67,7 +70,7 @@ fn present(rows: &[&[&str]]) -> Vec<Vec<Option<String>>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn column_types_and_mapping_options_reach_kafka_exactly() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_types").await?;
+    let mut world = World::new(bin(), "mapping_types").await?;
     let mut conn = world.db.conn().await?;
     conn.query_drop(
         "CREATE TABLE typed_outbox (
@@ -188,7 +191,7 @@ datetime_time_zone = "Europe/Berlin"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_dlq").await?;
+    let mut world = World::new(bin(), "mapping_dlq").await?;
     let dlq = format!("{}dead", world.topic_prefix());
     world.spec.dead_letter_topic = Some(dlq.clone());
     let db = world.db.name().to_owned();
@@ -289,7 +292,7 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_column_missing_from_the_table_stops_at_start_up() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_missing").await?;
+    let mut world = World::new(bin(), "mapping_missing").await?;
     world.spec.outbox_extra = "additional = [{ column = \"tenant_id\", placement = \"header\" }]\n\
                                [outbox.columns]\npartition = \"shard\"\n"
         .into();
@@ -317,7 +320,7 @@ async fn rows_for_many_new_topics_all_arrive() -> Result<()> {
     };
     use std::collections::HashSet;
 
-    let world = World::new(BIN, "mapping_topics").await?;
+    let world = World::new(bin(), "mapping_topics").await?;
     let (relay, _) = world.start(WAIT).await?;
     let mut conn = world.db.conn().await?;
     let base = recent_created_at_base();
@@ -364,7 +367,7 @@ async fn rows_for_many_new_topics_all_arrive() -> Result<()> {
 /// "Generated Columns").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invisible_and_generated_columns_map_by_name() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_shapes").await?;
+    let mut world = World::new(bin(), "mapping_shapes").await?;
     let mut conn = world.db.conn().await?;
     conn.query_drop(
         "CREATE TABLE shaped_outbox (
@@ -450,7 +453,7 @@ async fn a_generated_invisible_primary_key_is_the_event_id_on_mysql() -> Result<
         );
         return Ok(());
     }
-    let mut world = World::new(BIN, "mapping_gipk").await?;
+    let mut world = World::new(bin(), "mapping_gipk").await?;
     let db = world.db.name().to_owned();
     let mut conn = world.db.conn().await?;
     conn.query_drop("SET SESSION sql_generate_invisible_primary_key = ON")
@@ -514,7 +517,7 @@ timestamp = "commit"
 /// than an invalid CloudEvent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_headers_are_added_in_binary_mode() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_ce").await?;
+    let mut world = World::new(bin(), "mapping_ce").await?;
     let dlq = format!("{}dead", world.topic_prefix());
     world.spec.dead_letter_topic = Some(dlq.clone());
     world.spec.outbox_extra =
@@ -623,7 +626,7 @@ fn chrono_time(ms: i64) -> String {
 /// `outbox.trace_context = false` it does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_context_columns_become_headers() -> Result<()> {
-    let mut world = World::new(BIN, "mapping_trace").await?;
+    let mut world = World::new(bin(), "mapping_trace").await?;
     let mut conn = world.db.conn().await?;
     conn.query_drop(
         "ALTER TABLE outbox ADD COLUMN traceparent VARCHAR(55) NULL, \

@@ -15,7 +15,10 @@ use outbox_relay_testkit::{
     http_get, metric, wait_for_status, wait_until, Record, RelayProcess, RowGen, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until `/readyz` says it streams.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -57,7 +60,7 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
     const TRANSACTIONS: usize = 3;
     const ROWS_PER_TX: usize = 10;
     const N: usize = TRANSACTIONS * ROWS_PER_TX;
-    let mut w = World::new(BIN, "obs_metrics").await?;
+    let mut w = World::new(bin(), "obs_metrics").await?;
     let port = free_local_port()?;
     w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     let relay = w.spawn()?;
@@ -83,6 +86,12 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
     .await?;
     ensure!(records.len() == N, "{} records on {topic}", records.len());
     let bytes: u64 = records.iter().map(record_bytes).sum();
+    // The first acknowledgement of each partition is read back before the checkpoint passes it.
+    let partitions = records
+        .iter()
+        .map(|r| r.partition)
+        .collect::<std::collections::HashSet<_>>()
+        .len();
 
     let produced = format!("outbox_relay_records_produced_total{{topic=\"{topic}\"}}");
     let page = wait_until(
@@ -92,7 +101,11 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
         async || {
             let (status, page) = http_get(port, "/metrics").await?;
             ensure!(status == 200, "/metrics answered {status}");
-            Ok((metric(&page, &produced) == Some(N as f64)).then_some(page))
+            let proven = metric(&page, "outbox_relay_read_backs_total{result=\"stored\"}");
+            Ok(
+                (metric(&page, &produced) == Some(N as f64) && proven == Some(partitions as f64))
+                    .then_some(page),
+            )
         },
     )
     .await?;
@@ -110,6 +123,10 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
         ("outbox_relay_read_to_ack_seconds_count", N as f64),
         ("outbox_relay_records_in_flight", 0.0),
         ("outbox_relay_source_connected", 1.0),
+        (
+            "outbox_relay_read_backs_total{result=\"stored\"}",
+            partitions as f64,
+        ),
     ] {
         ensure!(
             metric(&page, series) == Some(want),
@@ -117,6 +134,10 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
             metric(&page, series)
         );
     }
+    ensure!(
+        metric(&page, "outbox_relay_read_backs_total{result=\"missing\"}").is_none(),
+        "a read-back found an acknowledged record missing:\n{page}"
+    );
     ensure!(
         page.contains("# TYPE outbox_relay_binlog_to_ack_seconds histogram"),
         "{page}"
@@ -186,13 +207,13 @@ async fn metrics_follow_the_relayed_rows() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn unreachable_mysql_is_live_but_not_ready() -> Result<()> {
     const PASSWORD: &str = "Obs3rvSecretPw";
-    let mut w = World::new(BIN, "obs_down").await?;
+    let mut w = World::new(bin(), "obs_down").await?;
     let port = free_local_port()?;
     let closed = free_local_port()?; // nothing listens there
     w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
     w.spec.mysql_url = format!("mysql://root:{PASSWORD}@127.0.0.1:{closed}/{}", w.db.name());
     let relay = RelayProcess::spawn_args(
-        BIN,
+        bin(),
         &["--log-format", "json", "run", "--config"],
         &w.spec.to_toml(),
         &[("RUST_LOG", "warn")],
@@ -280,7 +301,7 @@ async fn unreachable_mysql_is_live_but_not_ready() -> Result<()> {
 /// configuration error (exit code 2) naming the key and the fix.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_port_in_use_is_a_configuration_error() -> Result<()> {
-    let mut w = World::new(BIN, "obs_port").await?;
+    let mut w = World::new(bin(), "obs_port").await?;
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let listen = taken.local_addr()?.to_string();
     w.spec.http_listen = Some(listen.clone());
@@ -299,7 +320,7 @@ async fn http_port_in_use_is_a_configuration_error() -> Result<()> {
 /// Rows that go to the dead-letter topic are counted by why, and not as produced records.
 #[tokio::test(flavor = "multi_thread")]
 async fn dead_letters_are_counted_by_kind() -> Result<()> {
-    let mut w = World::new(BIN, "obs_dlq").await?;
+    let mut w = World::new(bin(), "obs_dlq").await?;
     let port = free_local_port()?;
     let dlq = format!("t_{}.dead_letter", w.uid);
     w.spec.http_listen = Some(format!("127.0.0.1:{port}"));

@@ -18,7 +18,10 @@ use outbox_relay_testkit::{
     RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const EXIT: Duration = Duration::from_secs(90);
 const START: Duration = Duration::from_secs(60);
 
@@ -26,7 +29,7 @@ const START: Duration = Duration::from_secs(60);
 async fn run(spec: &RelayConfigSpec, args: &[&str]) -> Result<(ExitStatus, String, String)> {
     let mut all: Vec<&str> = args.to_vec();
     all.push("--config");
-    let p = RelayProcess::spawn_args(BIN, &all, &spec.to_toml(), &[])?;
+    let p = RelayProcess::spawn_args(bin(), &all, &spec.to_toml(), &[])?;
     let status = p.wait_exit(EXIT).await?;
     Ok((status, p.stdout_text(), p.stderr_text()))
 }
@@ -73,7 +76,7 @@ async fn lag(conn: &mut Conn, from: &BinlogPosition, to: &BinlogPosition) -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<()> {
-    let w = World::new(BIN, "opscheck").await?;
+    let w = World::new(bin(), "opscheck").await?;
     let db = w.db.name().to_owned();
     let (status, out, err) = run(&w.spec, &["check"]).await?;
     expect(&status, 0, &out, &err)?;
@@ -145,7 +148,7 @@ async fn check_passes_on_a_good_setup_and_names_fixes_on_a_bad_one() -> Result<(
 /// dead-lettered; with `message.max.bytes` lowered too, it passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_compares_topic_max_message_bytes_with_the_producer() -> Result<()> {
-    let w = World::new(BIN, "opslimit").await?;
+    let w = World::new(bin(), "opslimit").await?;
     let db = w.db.name().to_owned();
     let topic = format!("t_{}.orders", w.uid);
     create_topic(&w.spec.bootstrap_servers, &topic, 100_000).await?;
@@ -208,7 +211,7 @@ fn json_position(v: &serde_json::Value) -> Result<BinlogPosition> {
 /// only what the relay has still to read, so it reports lag 0 (as `/metrics` does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_a_caught_up_relay_reports_lag_0() -> Result<()> {
-    let w = World::new(BIN, "opscaught").await?;
+    let w = World::new(bin(), "opscaught").await?;
     let (relay, _) = w.start(Duration::from_secs(60)).await?;
     let mut conn = w.db.conn().await?;
     let mut gen = outbox_relay_testkit::RowGen::new(&w.uid, "caught", 2);
@@ -246,7 +249,7 @@ async fn status_of_a_caught_up_relay_reports_lag_0() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
-    let w = World::new(BIN, "opsstatus").await?;
+    let w = World::new(bin(), "opsstatus").await?;
     let mut conn = w.db.conn().await?;
     let cp = w.db.created_at_binlog().clone();
     let gtid = gtid_at(&mut conn, &cp)
@@ -346,7 +349,7 @@ async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
 /// transaction's COMMIT, `reset --to` there moves the checkpoint, and the next rows arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_logged_insert_stops_with_directions_that_get_past_it() -> Result<()> {
-    let w = World::new(BIN, "opsstmt").await?;
+    let w = World::new(bin(), "opsstmt").await?;
     let (relay, _) = w.start(START).await?;
     let mut conn = w.db.conn().await?;
     conn.query_drop("SET SESSION binlog_format = STATEMENT")
@@ -424,7 +427,7 @@ async fn state(w: &World) -> Result<outbox_relay_testkit::StateRow> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Result<()> {
-    let w = World::new(BIN, "opsreset").await?;
+    let w = World::new(bin(), "opsreset").await?;
     let mut conn = w.db.conn().await?;
     let logs = binary_logs(&mut conn).await?;
     let (first, _) = logs.first().context("binlogs")?.clone();
@@ -758,7 +761,7 @@ async fn outbox_ids(conn: &mut Conn) -> Result<Vec<u64>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
-    let w = World::new(BIN, "opsprune").await?;
+    let w = World::new(bin(), "opsprune").await?;
     let mut conn = w.db.conn().await?;
     let now = recent_created_at_base() + 3_600_000_000;
     let mut gen = RowGen::new(&w.uid, "p", 3);
@@ -847,7 +850,7 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
 /// is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn republish_sends_selected_rows_again_as_run_sent_them() -> Result<()> {
-    let w = World::new(BIN, "opsrepub").await?;
+    let w = World::new(bin(), "opsrepub").await?;
     let mut conn = w.db.conn().await?;
     let base = recent_created_at_base() - 3_600_000_000;
     let mut gen = RowGen::new(&w.uid, "r", 2);
@@ -1011,7 +1014,7 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     use outbox_relay_testkit::rdkafka::{ClientConfig, Offset, TopicPartitionList};
     use outbox_relay_testkit::{find_transaction, last_gtid, TestDb};
 
-    let mut w = World::new(BIN, "opstrace").await?;
+    let mut w = World::new(bin(), "opstrace").await?;
     let dlq = format!("t_{}.dlq", w.uid);
     w.spec.dead_letter_topic = Some(dlq.clone());
     let mut conn = w.db.conn().await?;
@@ -1119,7 +1122,7 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     )?;
     drop(consumer);
     let inbox_db = TestDb::create("trinbox").await?;
-    let migrated = tokio::process::Command::new(BIN)
+    let migrated = tokio::process::Command::new(bin())
         .args(["migrate", "--inbox", "--database-url", &inbox_db.url()])
         .output()
         .await?;

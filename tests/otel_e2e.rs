@@ -22,7 +22,10 @@ use outbox_relay_testkit::{
 };
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const WAIT: Duration = Duration::from_secs(90);
 
 /// `n` random bytes as lowercase hex (std's randomly keyed hasher; no other source needed).
@@ -156,7 +159,7 @@ fn ensure_record_span(span: &Value, r: &Record, event_key: &str, table: &str) ->
 /// status error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_of_relayed_rows_reach_jaeger_as_children_of_the_rows_trace() -> Result<()> {
-    let mut world = World::new(BIN, "otel").await?;
+    let mut world = World::new(bin(), "otel").await?;
     let service = format!("outbox-relay-test-{}", world.uid);
     world.spec.tracing_extra = format!(
         "otlp_endpoint = \"{}\"\nservice_name = \"{service}\"\n",
@@ -307,7 +310,7 @@ async fn spans_of_relayed_rows_reach_jaeger_as_children_of_the_rows_trace() -> R
 /// `traceparent` as it is: no span, no change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tracing_the_rows_traceparent_is_sent_as_is() -> Result<()> {
-    let world = World::new(BIN, "otel_off").await?;
+    let world = World::new(bin(), "otel_off").await?;
     let mut conn = world.db.conn().await?;
     conn.query_drop("ALTER TABLE outbox ADD COLUMN traceparent VARCHAR(55) NULL")
         .await?;
@@ -336,7 +339,7 @@ async fn without_tracing_the_rows_traceparent_is_sent_as_is() -> Result<()> {
 /// row's span reaches Jaeger only because the clean stop flushes the exporter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_exports_the_queued_spans() -> Result<()> {
-    let world = World::new(BIN, "otel_flush").await?;
+    let world = World::new(bin(), "otel_flush").await?;
     let service = format!("outbox-relay-flush-{}", world.uid);
     let mut conn = world.db.conn().await?;
     conn.query_drop("ALTER TABLE outbox ADD COLUMN traceparent VARCHAR(55) NULL")
@@ -344,7 +347,7 @@ async fn a_clean_stop_exports_the_queued_spans() -> Result<()> {
     let (trace_id, parent_id) = (random_hex(16), random_hex(8));
     let endpoint = jaeger_otlp_endpoint();
     let relay = RelayProcess::spawn(
-        BIN,
+        bin(),
         &world.spec.to_toml(),
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),

@@ -28,7 +28,10 @@ use outbox_relay_testkit::{
     InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const STARTUP: Duration = Duration::from_secs(60);
 const RELAY_WAIT: Duration = Duration::from_secs(120);
 const READ_ALL: Duration = Duration::from_secs(60);
@@ -41,7 +44,7 @@ const HOUR_MS: i64 = 3_600_000;
 outbox_relay_testkit::world_fixture!(
     /// One test's isolated world ([`World`], its database `e2e_<name>…`).
     Fixture,
-    BIN,
+    bin(),
     "e2e"
 );
 
@@ -617,7 +620,7 @@ async fn dlq_replay(
     let mut all = vec!["dlq", "replay"];
     all.extend_from_slice(args);
     all.push("--config");
-    let p = RelayProcess::spawn_args(BIN, &all, &spec.to_toml(), &[])?;
+    let p = RelayProcess::spawn_args(bin(), &all, &spec.to_toml(), &[])?;
     let status = p.wait_exit(RELAY_WAIT).await?;
     Ok((status.code(), p.stdout_text(), p.stderr_text()))
 }

@@ -24,7 +24,10 @@ use outbox_relay_testkit::{
 };
 use tokio::sync::watch;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until its checkpoint row exists.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -65,7 +68,7 @@ outbox_relay_testkit::world_fixture!(
     /// One test's isolated world ([`World`]: database `e2e_<name>…`, topic prefix, connector name,
     /// server id).
     Fixture,
-    BIN,
+    bin(),
     "e2e"
 );
 
@@ -934,7 +937,7 @@ async fn rejects_unknown_config_key() -> Result<()> {
         .to_toml()
         .replace("max_in_flight = 10000", "max_inflight = 10000");
     ensure!(toml.contains("max_inflight"), "template changed: {toml}");
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[])?;
     let status = relay.wait_exit(STARTUP).await?;
     ensure_exit_code(status, 2, &relay)?;
     let stderr = relay.stderr_text();
@@ -955,7 +958,7 @@ async fn environment_overrides_the_config_file() -> Result<()> {
     file_spec.connector_name = format!("from-file-{}", f.uid);
     let server_id = f.spec.server_id.to_string();
     let relay = RelayProcess::spawn(
-        BIN,
+        bin(),
         &file_spec.to_toml(),
         &[
             ("OUTBOX_RELAY__MYSQL__SERVER_ID", server_id.as_str()),
@@ -980,7 +983,7 @@ async fn environment_overrides_the_config_file() -> Result<()> {
 
     // A value of the wrong type in the environment is a config error.
     let relay = RelayProcess::spawn(
-        BIN,
+        bin(),
         &f.spec.to_toml(),
         &[("OUTBOX_RELAY__MYSQL__SERVER_ID", "not-a-number")],
     )?;
@@ -1204,7 +1207,7 @@ async fn row_too_large_for_kafka_is_dead_lettered_and_the_stream_goes_on() -> Re
 /// limit, one byte more is refused. Produced without the relay, one record per batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_size_alone_matches_the_brokers_max_message_bytes_check() -> Result<()> {
-    use outbox_relay_core::kafka::sink::batch_size_alone;
+    use outbox_relay_kafka::sink::batch_size_alone;
     use outbox_relay_testkit::rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
     use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};

@@ -27,7 +27,10 @@ use outbox_relay_testkit::{
     RelayProcess, RowGen, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until its checkpoint row holds a position.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -50,7 +53,7 @@ fn spawn_replay(files: &[PathBuf], extra: &[&str], config_toml: &str) -> Result<
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     args.push("--config".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    RelayProcess::spawn_args(BIN, &args, config_toml, &[])
+    RelayProcess::spawn_args(bin(), &args, config_toml, &[])
 }
 
 /// The summary line's `key=value` fields.
@@ -114,7 +117,7 @@ fn content(r: &Record) -> Content {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<()> {
-    let mut w = World::new(BIN, "replay_live").await?;
+    let mut w = World::new(bin(), "replay_live").await?;
     w.spec.dead_letter_topic = Some(format!("t_{}.dlq", w.uid));
     let (relay, _) = w.start(STARTUP).await?;
     let mut conn = w.db.conn().await?;
@@ -420,7 +423,7 @@ async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/binlogs")
+        .join("fixtures/binlogs")
         .join(name)
 }
 
@@ -705,7 +708,7 @@ async fn missing_garbage_and_truncated_files_are_named() -> Result<()> {
     // Usage errors are clap's (exit 2); --help says what a replay does not do.
     let stderr = failed_replay(&[good], &["--start-datetime", "2021-03-15T08:43:22"], 2).await?;
     ensure!(stderr.contains("YYYY-MM-DD HH:MM:SS"), "{stderr}");
-    let help = std::process::Command::new(BIN)
+    let help = std::process::Command::new(bin())
         .args(["replay", "--help"])
         .output()?;
     let help = String::from_utf8_lossy(&help.stdout);

@@ -31,7 +31,10 @@ use outbox_relay_testkit::{
 };
 use tokio::sync::watch;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until its checkpoint row holds a position.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -278,7 +281,7 @@ type Streaming = (World, Vec<String>, Conn, RowGen, HashMap<String, usize>);
 /// World `name` whose relay checkpoints every 200 ms; rows labelled `label` over `keys`
 /// aggregates.
 async fn streaming(name: &str, label: &str, keys: usize) -> Result<Streaming> {
-    let mut w = World::new(BIN, name).await?;
+    let mut w = World::new(bin(), name).await?;
     w.spec.checkpoint_interval_ms = 200;
     let topics = vec![w.topic("Order")];
     let conn = w.db.conn().await?;
@@ -316,7 +319,7 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
     const ROWS: u64 = 100_000;
     const KEYS: u64 = 50;
     const MAX_IN_FLIGHT: u64 = 2_000;
-    let mut w = World::new(BIN, "bigkill").await?;
+    let mut w = World::new(bin(), "bigkill").await?;
     w.spec.max_in_flight = usize::try_from(MAX_IN_FLIGHT)?;
     w.spec.checkpoint_interval_ms = 200;
     let bs = w.spec.bootstrap_servers.clone();
@@ -436,7 +439,7 @@ async fn large_transaction_resumes_exactly_after_kill_9() -> Result<()> {
 async fn graceful_stop_inside_a_large_transaction_has_no_duplicates() -> Result<()> {
     const ROWS: u64 = 30_000;
     const KEYS: u64 = 50;
-    let mut w = World::new(BIN, "bigterm").await?;
+    let mut w = World::new(bin(), "bigterm").await?;
     w.spec.max_in_flight = 1_000;
     w.spec.checkpoint_interval_ms = 200;
     let bs = w.spec.bootstrap_servers.clone();
@@ -905,7 +908,7 @@ struct BadRow {
 /// the table and the exact end of its Write_rows event; the relay keeps going.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
-    let mut w = World::new(BIN, "dlq").await?;
+    let mut w = World::new(bin(), "dlq").await?;
     let dlq = format!("t_{}.dead_letter", w.uid);
     w.spec.dead_letter_topic = Some(dlq.clone());
     w.spec
@@ -1137,7 +1140,7 @@ async fn dead_letter_topic_receives_unrelayable_rows() -> Result<()> {
 /// is produced, and a restart fails the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrelayable_row_stops_the_relay_with_its_position() -> Result<()> {
-    let w = World::new(BIN, "badrow").await?;
+    let w = World::new(bin(), "badrow").await?;
     let order_topic = w.topic("Order");
     let table = w.db.outbox_table();
     let mut conn = w.db.conn().await?;
@@ -1342,7 +1345,7 @@ fn ensure_history_and_recovery(stderr: &str, logs: &[(String, u64)]) -> Result<(
 /// after the real checkpoint wait). With the real checkpoint back, those rows arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purged_or_unknown_position_is_a_definite_error() -> Result<()> {
-    let w = World::new(BIN, "purged").await?;
+    let w = World::new(bin(), "purged").await?;
     let order_topic = w.topic("Order");
     let mut conn = w.db.conn().await?;
     let mut gen = RowGen::new(&w.uid, "wait", 3);
@@ -1448,8 +1451,8 @@ async fn purged_or_unknown_position_is_a_definite_error() -> Result<()> {
 /// code 3 naming `mysql.server_id` and stores no position; A keeps streaming undisturbed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_id_collision_is_reported() -> Result<()> {
-    let a = World::new(BIN, "sida").await?;
-    let mut b = World::new(BIN, "sidb").await?;
+    let a = World::new(bin(), "sida").await?;
+    let mut b = World::new(bin(), "sidb").await?;
     b.spec.server_id = a.spec.server_id;
     let topics = vec![a.topic("Order")];
     let mut conn = a.db.conn().await?;
@@ -1493,4 +1496,196 @@ async fn server_id_collision_is_reported() -> Result<()> {
     drop(conn);
     b.db.drop_database().await?;
     a.db.drop_database().await
+}
+
+/// Port of the private server of [`purged_resume_point_is_a_definite_error`]
+/// (`PURGE_SERVER_PORT`): one per flavor, so the three suites never share it.
+fn purge_server_port() -> u16 {
+    std::env::var("PURGE_SERVER_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(match outbox_relay_testkit::test_server().name() {
+            "mariadb10" => 3466,
+            "mariadb11" => 3476,
+            _ => 3486,
+        })
+}
+
+/// A checkpoint whose binlog the server purged (FLUSH + PURGE BINARY LOGS on a private server
+/// of the test flavor, so the shared one keeps its history): resumed by GTID and by position,
+/// the relay exits 1 naming the checkpoint, what the server still has and the `reset`
+/// commands, and leaves the stored checkpoint alone. The binlog dump itself, started from that
+/// GTID position, ends with the same definite error: MariaDB may close the dump connection
+/// instead of answering error 1236, which the relay used to retry forever as "the server
+/// closed the connection".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_resume_point_is_a_definite_error() -> Result<()> {
+    use outbox_relay_core::error::RelayError;
+    use outbox_relay_mysql::binlog::source::{BinlogSource, StartFrom};
+    use outbox_relay_mysql::server::Flavor;
+    use outbox_relay_testkit::{PrivateService, ServiceSpec, TestDb};
+
+    let server = outbox_relay_testkit::test_server();
+    let port = purge_server_port();
+    let _service = PrivateService::acquire(
+        ServiceSpec {
+            name: format!("{}-purge", server.name()),
+            script: "server.sh".into(),
+            args: vec![server.name().into()],
+            env: vec![(server.port_var().into(), port.to_string())],
+        },
+        |_| Ok(()),
+    )?;
+    let server_url = format!("mysql://root@127.0.0.1:{port}");
+    let db = TestDb::create_on(&server_url, "purge").await?;
+    let mut conn = db.conn().await?;
+    let uid = outbox_relay_testkit::unique_suffix();
+    let connector = format!("purge-{uid}");
+    let mut spec = RelayConfigSpec::new(&db, &connector, next_server_id(), &format!("p_{uid}"));
+    spec.resume = Some("gtid".into());
+    let topic = spec.topic_for("Order");
+    let mut gen = RowGen::new(&uid, "purge", 3);
+    let mut order = HashMap::new();
+
+    let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
+    relay
+        .wait_for_checkpoint_row(db.pool(), &connector, STARTUP)
+        .await?;
+    let (first, _) = write_batches(&mut conn, &mut gen, 2, 3, &mut order).await?;
+    collect_records(
+        &spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        first.len(),
+        RELAY_WAIT,
+    )
+    .await?;
+    stop_cleanly(&relay).await?;
+    let stored = read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, &connector)
+        .await?
+        .context("no checkpoint after a clean stop")?;
+    let gtid = stored
+        .gtid_set
+        .clone()
+        .filter(|g| !g.is_empty())
+        .context("the checkpoint holds no GTID position")?;
+
+    // Rows the relay has not read, then every binlog file up to a new one purged: the
+    // transactions right after the checkpoint are gone.
+    write_batches(&mut conn, &mut gen, 2, 3, &mut order).await?;
+    conn.query_drop("FLUSH BINARY LOGS").await?;
+    let newest = newest_binlog_file(&mut conn).await?;
+    // The server keeps a file a dump thread still reads (the stopped relay's, until the
+    // server notices the closed connection): purge until it is gone.
+    let logs = wait_until(
+        "the checkpoint's binlog file purged",
+        STOP,
+        Duration::from_millis(200),
+        async || {
+            let mut conn = db.conn().await?;
+            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
+                .await?;
+            let logs = binary_logs(&mut conn).await?;
+            Ok(logs
+                .iter()
+                .all(|(f, _)| *f != stored.binlog_file)
+                .then_some(logs))
+        },
+    )
+    .await?;
+
+    let definite = |stderr: &str, needle: &str| -> Result<()> {
+        ensure!(
+            stderr.contains(needle),
+            "stderr does not name the checkpoint ({needle:?}):\n{stderr}"
+        );
+        ensure_history_and_recovery(stderr, &logs)
+    };
+    let run_failing = async |spec: &RelayConfigSpec| -> Result<String> {
+        let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
+        let status = relay.wait_exit(FAIL_EXIT).await?;
+        expect_exit_code(status, 1, &relay)?;
+        Ok(relay.stderr_text())
+    };
+    // By GTID.
+    let stderr = run_failing(&spec).await?;
+    let needle = if server.is_mysql() {
+        format!("cannot resume from the checkpoint's GTID set {gtid}")
+    } else {
+        format!("cannot resume from the checkpoint's GTID position {gtid}")
+    };
+    definite(&stderr, &needle)?;
+    ensure!(
+        stderr.contains("purged"),
+        "stderr does not say the binlog was purged:\n{stderr}"
+    );
+    // By position.
+    let by_position = RelayConfigSpec {
+        resume: Some("position".into()),
+        ..spec.clone()
+    };
+    let stderr = run_failing(&by_position).await?;
+    definite(
+        &stderr,
+        &format!(
+            "cannot resume from the checkpoint's binlog position {}",
+            stored.position()
+        ),
+    )?;
+    let after = read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, &connector)
+        .await?
+        .context("the checkpoint row is gone")?;
+    ensure!(
+        (after.position(), &after.gtid_set) == (stored.position(), &stored.gtid_set),
+        "a relay that could not resume moved the checkpoint from {stored:?} to {after:?}"
+    );
+    let records = read_all_records(
+        &spec.bootstrap_servers,
+        std::slice::from_ref(&topic),
+        READ_ALL,
+    )
+    .await?;
+    ensure!(
+        records.len() == first.len(),
+        "a relay that could not resume produced: {} records on {topic}, {} expected",
+        records.len(),
+        first.len()
+    );
+
+    // The dump itself, past the start-up checks.
+    let (flavor, start) = if server.is_mysql() {
+        (Flavor::MySql, StartFrom::MysqlGtid(gtid.parse()?))
+    } else {
+        (Flavor::MariaDb, StartFrom::MariadbGtid(gtid.parse()?))
+    };
+    let opts = mysql_async::Opts::from_url(&server_url)?;
+    let dump = async {
+        let mut source = BinlogSource::connect(
+            opts,
+            next_server_id(),
+            "purge-test",
+            flavor,
+            &start,
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .await?;
+        loop {
+            source.next().await?;
+        }
+    };
+    let outcome: Result<(), RelayError> = tokio::time::timeout(FAIL_EXIT, dump)
+        .await
+        .context("the dump from a purged GTID position neither failed nor ended")?;
+    match outcome {
+        Err(RelayError::Binlog(message)) => {
+            ensure!(
+                message.contains("purged") && message.contains("--to earliest"),
+                "the dump's error does not say the binlog was purged and how to go on: {message}"
+            );
+        }
+        other => bail!("the dump from a purged GTID position gave {other:?}, not a definite error"),
+    }
+
+    drop(conn);
+    db.drop_database().await
 }

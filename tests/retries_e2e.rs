@@ -15,7 +15,10 @@ use outbox_relay_testkit::{
     wait_for_stderr, wait_until, PrivateService, RowGen, ServiceSpec, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const WAIT: Duration = Duration::from_secs(90);
 
 /// `retry_in_ms` of every "retrying" line of `stderr`, in order.
@@ -35,7 +38,7 @@ fn retry_delays(stderr: &str) -> Vec<u64> {
 /// `max_attempts = 3` the relay exits 1 after the third failure, naming Kafka.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_kafka_attempts_are_counted_and_bounded() -> Result<()> {
-    let mut w = World::new(BIN, "retry_bound").await?;
+    let mut w = World::new(bin(), "retry_bound").await?;
     w.spec.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?); // nothing listens
     w.spec.initial_backoff_ms = 100;
     w.spec.max_backoff_ms = 10_000;
@@ -76,7 +79,7 @@ async fn unreachable_kafka_attempts_are_counted_and_bounded() -> Result<()> {
 /// 0 at once; the stored checkpoint is the one the previous run left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_kafka_is_unreachable_exits_0_at_once() -> Result<()> {
-    let mut w = World::new(BIN, "retry_stop").await?;
+    let mut w = World::new(bin(), "retry_stop").await?;
     let (relay, _) = w.start(WAIT).await?;
     let mut conn = w.db.conn().await?;
     let mut gen = RowGen::new(&w.uid, "stop", 2);
@@ -131,7 +134,7 @@ fn private_kafka() -> Result<(Arc<PrivateService>, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_is_seen_by_readyz_and_bounds_a_stop_that_loses_nothing() -> Result<()> {
     let (kafka, bootstrap) = private_kafka()?;
-    let mut w = World::new(BIN, "retry_inflight").await?;
+    let mut w = World::new(bin(), "retry_inflight").await?;
     let port = free_local_port()?;
     w.spec.bootstrap_servers = bootstrap.clone();
     w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
@@ -234,7 +237,7 @@ async fn kafka_down_is_seen_by_readyz_and_bounds_a_stop_that_loses_nothing() -> 
 async fn a_dump_connection_the_server_closes_is_named_and_resumed() -> Result<()> {
     use mysql_async::prelude::*;
 
-    let w = World::new(BIN, "retry_kill").await?;
+    let w = World::new(bin(), "retry_kill").await?;
     let (relay, _) = w.start(WAIT).await?;
     let mut conn = w.db.conn().await?;
     let mut gen = RowGen::new(&w.uid, "kill", 2);

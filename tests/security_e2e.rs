@@ -26,7 +26,10 @@ use outbox_relay_testkit::{
     RelayProcess, ServiceSpec, TestDb, TestPki, TestServer,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -271,7 +274,7 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
             toml_path(&pki.file("ca.pem"))
         ),
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[])?;
     relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 3)).await?;
     let stderr = relay.stderr_text();
     ensure!(
@@ -321,7 +324,7 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
         &spec,
         "password = \"${env:TEST_RELAY_MYSQL_PASSWORD}\"\ntls_mode = \"disabled\"",
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
     relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 3)).await?;
     let mut admin = db.conn().await?;
     admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
@@ -360,7 +363,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
             toml_path(&pki.file("client-key.pem")),
         ),
     );
-    let relay = RelayProcess::spawn(BIN, &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
+    let relay = RelayProcess::spawn(bin(), &toml, &[("TEST_RELAY_MYSQL_PASSWORD", password)])?;
     relay_check_and_stop(&relay, &db, &spec, &spec.bootstrap_servers, &rows(&uid, 2)).await?;
     db.drop_database().await
 }
@@ -421,7 +424,7 @@ async fn produces_to_kafka_with_sasl_scram() -> Result<()> {
     spec.kafka_properties
         .extend(sasl_scram_properties("${env:TEST_RELAY_KAFKA_PASSWORD}"));
     let relay = RelayProcess::spawn(
-        BIN,
+        bin(),
         &spec.to_toml(),
         &[("TEST_RELAY_KAFKA_PASSWORD", SASL_PASSWORD)],
     )?;
@@ -465,7 +468,7 @@ async fn wrong_sasl_password_is_a_clear_error() -> Result<()> {
 /// Runs a relay with `toml` that must stop with exit code 3 (a prerequisite not met) and say each
 /// of `needles` on stderr; returns its stderr.
 async fn expect_prerequisite_failure(toml: &str, needles: &[&str]) -> Result<String> {
-    let relay = RelayProcess::spawn(BIN, toml, &[])?;
+    let relay = RelayProcess::spawn(bin(), toml, &[])?;
     let status = relay.wait_exit(EXIT_TIMEOUT).await?;
     let stderr = relay.stderr_text();
     ensure!(

@@ -21,7 +21,10 @@ use outbox_relay_testkit::{
 };
 use tokio::sync::Mutex;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Relay start-up until its checkpoint row holds a position.
 const STARTUP: Duration = Duration::from_secs(60);
@@ -93,7 +96,7 @@ async fn ensure_checkpoint_file_listed(w: &World, conn: &mut Conn, when: &str) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checksum_switch_mid_stream() -> Result<()> {
     let _serial = SERIAL.lock().await;
-    let mut w = World::new(BIN, "checksum").await?;
+    let mut w = World::new(bin(), "checksum").await?;
     w.spec.checkpoint_interval_ms = 200;
     let topics = vec![w.topic("Order")];
     let mut conn = w.db.conn().await?;
@@ -341,7 +344,7 @@ async fn idle_relay_writes_few_checkpoints() -> Result<()> {
     const IDLE: Duration = Duration::from_secs(60);
     const INTERVAL_MS: u64 = 200;
     let _serial = SERIAL.lock().await;
-    let mut w = World::new(BIN, "idle").await?;
+    let mut w = World::new(bin(), "idle").await?;
     w.spec.checkpoint_interval_ms = INTERVAL_MS;
     // Short heartbeats and read timeout: the idle minute spans 20 read timeouts, which only the
     // server's heartbeats keep from being taken for a dead connection.
@@ -480,8 +483,8 @@ async fn two_idle_relays_with_separate_state_tables_do_not_feed_each_other() -> 
     const QUIET_WINDOWS: usize = 10;
     const GIVE_UP: Duration = Duration::from_secs(60);
     let _serial = SERIAL.lock().await;
-    let mut a = World::new(BIN, "pair_a").await?;
-    let mut b = World::new(BIN, "pair_b").await?;
+    let mut a = World::new(bin(), "pair_a").await?;
+    let mut b = World::new(bin(), "pair_b").await?;
     a.spec.checkpoint_interval_ms = 200;
     b.spec.checkpoint_interval_ms = 200;
     let mut conn = a.db.conn().await?;
@@ -554,7 +557,7 @@ async fn compressed_binlog_events_are_relayed() -> Result<()> {
     };
 
     let _serial = SERIAL.lock().await;
-    let w = World::new(BIN, "compress").await?;
+    let w = World::new(bin(), "compress").await?;
     let topic = w.topic("Bestellung");
     let mut conn = w.db.conn().await?;
     let mysql = test_server().is_mysql();
@@ -715,7 +718,7 @@ async fn layouts_are_followed_through_ddl_without_column_names() -> Result<()> {
     use outbox_relay_testkit::{insert_outbox_rows, InsertStyle, OutboxRow};
 
     let _serial = SERIAL.lock().await;
-    let w = World::new(BIN, "layouts").await?;
+    let w = World::new(bin(), "layouts").await?;
     let topic = w.topic("Order");
     let mut conn = w.db.conn().await?;
     let guard = GlobalVariableGuard::set("binlog_row_metadata", "MINIMAL").await?;
@@ -827,7 +830,7 @@ async fn no_log_row_metadata_is_refused_by_run_and_check_alike() -> Result<()> {
         return Ok(());
     }
     let _serial = SERIAL.lock().await;
-    let w = World::new(BIN, "nolog").await?;
+    let w = World::new(bin(), "nolog").await?;
     let guard = GlobalVariableGuard::set("binlog_row_metadata", "NO_LOG").await?;
     let outcome = async {
         let relay = w.spawn()?;
@@ -844,7 +847,8 @@ async fn no_log_row_metadata_is_refused_by_run_and_check_alike() -> Result<()> {
             !stderr.contains("follows the outbox tables' layouts"),
             "run promised to follow layouts before refusing NO_LOG:\n{stderr}"
         );
-        let check = RelayProcess::spawn_args(BIN, &["check", "--config"], &w.spec.to_toml(), &[])?;
+        let check =
+            RelayProcess::spawn_args(bin(), &["check", "--config"], &w.spec.to_toml(), &[])?;
         let status = check.wait_exit(STARTUP).await?;
         expect_exit_code(status, 3, &check)?;
         let out = check.stdout_text();
@@ -876,7 +880,7 @@ async fn pre_5_6_temporal_formats_decode_like_their_5_6_twins() -> Result<()> {
         return Ok(());
     }
     let _serial = SERIAL.lock().await;
-    let mut w = World::new(BIN, "oldtime").await?;
+    let mut w = World::new(bin(), "oldtime").await?;
     let mut conn = w.db.conn().await?;
     let guard = GlobalVariableGuard::set("mysql56_temporal_format", "OFF").await?;
     let created = conn

@@ -14,7 +14,10 @@ use outbox_relay_testkit::{
 };
 use tokio::sync::Mutex;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Start-up until the relay has given up.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,7 +47,7 @@ async fn refuses_to_start_when_binlog_format_is_not_row() -> Result<()> {
     );
     // Restore before asserting anything; the guard's Drop restores on every other path.
     let outcome = async {
-        let relay = RelayProcess::spawn(BIN, &spec.to_toml(), &[])?;
+        let relay = RelayProcess::spawn(bin(), &spec.to_toml(), &[])?;
         let status = relay.wait_exit(EXIT_TIMEOUT).await;
         anyhow::Ok((status, relay))
     }

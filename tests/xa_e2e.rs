@@ -41,14 +41,17 @@ use outbox_relay_testkit::{
     Record, RelayConfigSpec, RelayProcess, RowGen, World,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The relay binary under test (built on first use).
+fn bin() -> &'static str {
+    outbox_relay_testkit::relay_bin()
+}
 
 /// Serialises the tests of this file (see the module documentation).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A world whose relays stop at an unknown XA COMMIT, with checkpoints every 200 ms.
 async fn xa_world(name: &str) -> Result<World> {
-    let mut w = World::new(BIN, name).await?;
+    let mut w = World::new(bin(), name).await?;
     w.spec.checkpoint_interval_ms = 200;
     w.spec.unknown_xa_commit = Some("stop".into());
     Ok(w)

@@ -11,12 +11,12 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use outbox_relay_core::binlog::replay::{plan, ReplayRange, ReplaySource};
-use outbox_relay_core::binlog::source::BinlogFileSource;
-use outbox_relay_core::binlog::EventSource;
+use outbox_relay_mysql::binlog::replay::{plan, ReplayRange, ReplaySource};
+use outbox_relay_mysql::binlog::source::BinlogFileSource;
+use outbox_relay_mysql::binlog::EventSource;
 use outbox_relay_core::config::TableName;
-use outbox_relay_core::decode::mapping::TableMapping;
-use outbox_relay_core::decode::Decoder;
+use outbox_relay_core::outbox::mapping::TableMapping;
+use outbox_relay_mysql::decode::Decoder;
 
 /// The outbox tables of `tests/fixtures/binlogs/*.sql`, mapped to their columns.
 const OUTBOX: &str = r#"

@@ -8,11 +8,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use outbox_relay_core::binlog::source::Flavor;
+use outbox_relay_mysql::server::Flavor;
 use outbox_relay_core::config::TableName;
-use outbox_relay_core::decode::ddl::{self, Ddl, Dialect};
-use outbox_relay_core::decode::schema::{enum_set_labels, LayoutTracker};
-use outbox_relay_core::decode::xa::{parse_xa_statement, Xid};
+use outbox_relay_mysql::decode::ddl::{self, Ddl, Dialect};
+use outbox_relay_mysql::decode::schema::{enum_set_labels, LayoutTracker};
+use outbox_relay_mysql::decode::xa::{parse_xa_statement, Xid};
 use outbox_relay_core::position::BinlogPosition;
 
 /// Server versions whose executable comments differ (`/*!80013 ... */`, `/*M!100500 ... */`).

@@ -1,4 +1,4 @@
-//! MySQL binary JSON → text (`outbox_relay_core::decode::json`).
+//! MySQL binary JSON → text (`outbox_relay_mysql::decode::json`).
 //!
 //! The first byte picks what the rest is: a whole binary JSON document as a JSON column holds
 //! it (parsed by mysql_common as the row decoder does, then rendered), an OPAQUE value (type
@@ -11,7 +11,7 @@ use mysql_common::binlog::jsonb;
 use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::io::ParseBuf;
-use outbox_relay_core::decode::json::{render_binlog_json, render_mysql_json_to_vec};
+use outbox_relay_mysql::decode::json::{render_binlog_json, render_mysql_json_to_vec};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

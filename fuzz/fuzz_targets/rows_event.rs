@@ -16,10 +16,10 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use mysql_common::binlog::events::{Event, TableMapEvent};
 use mysql_common::constants::ColumnType;
-use outbox_relay_core::binlog::source::SourceEvent;
+use outbox_relay_mysql::binlog::source::SourceEvent;
 use outbox_relay_core::config::TableName;
-use outbox_relay_core::decode::mapping::TableMapping;
-use outbox_relay_core::decode::Decoder;
+use outbox_relay_core::outbox::mapping::TableMapping;
+use outbox_relay_mysql::decode::Decoder;
 use outbox_relay_core::position::BinlogPosition;
 use outbox_relay_fuzz::{binlog_event, config};
 

@@ -16,11 +16,15 @@ package inbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -63,7 +67,9 @@ const (
 // Handler does the business change of one record with tx, the inbox transaction. It must not
 // commit or roll back tx. A non-nil error rolls the whole attempt back (inbox row included) and
 // counts as a failed attempt; its text becomes the dlq_reason header if the record is
-// dead-lettered.
+// dead-lettered. An error that is or wraps (%w) an infrastructure error ([IsInfrastructureError],
+// e.g. the *mysql.MySQLError of a deadlock returned as is) is not an attempt: the record is
+// redone, up to Settings.OutageBudget. Return an error that does not wrap it to make it count.
 type Handler func(ctx context.Context, tx *sql.Tx, rec *kgo.Record) error
 
 // Hooks are called at fixed points of [Inbox.Process] (for metrics, tracing, and the scenario
@@ -112,6 +118,12 @@ type Settings struct {
 	BackoffInitial time.Duration
 	// BackoffMax caps the wait between attempts. Default 10 s.
 	BackoffMax time.Duration
+	// OutageBudget is how long an infrastructure error (see [IsInfrastructureError]: the
+	// database unreachable, a lost connection, a read-only server, a deadlock, ...) may last for
+	// one record. Such errors are retried with the same backoff without counting as attempts;
+	// once the record has failed only with them for longer than this, Process returns an
+	// [*OutageError] and the record stays unsettled. Default 5 min.
+	OutageBudget time.Duration
 	// DeadLetterTopic receives records that are dead-lettered or parked. Required.
 	DeadLetterTopic string
 	// DeadLetterTimeout bounds producing one dead letter (acks=all); past it Process returns
@@ -132,8 +144,10 @@ type Settings struct {
 type Result struct {
 	// Outcome is how the record was settled.
 	Outcome Outcome
-	// Attempts is the number of attempts made (database transactions begun); 0 for a record
-	// dead-lettered before any attempt (missing event_key, invalid version).
+	// Attempts is the number of attempts counted (database transactions that reached a result
+	// or failed for the record or the handler; those ended by an infrastructure error are not
+	// counted); 0 for a record dead-lettered before any attempt (missing event_key, invalid
+	// version).
 	Attempts int
 	// Reason is the dlq_reason of a Parked or DeadLettered record, else empty.
 	Reason string
@@ -208,8 +222,11 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if s.DeadLetterTimeout == 0 {
 		s.DeadLetterTimeout = 30 * time.Second
 	}
-	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 {
-		return nil, errors.New("inbox: MaxAttempts must be >= 1 and 0 <= BackoffInitial <= BackoffMax")
+	if s.OutageBudget == 0 {
+		s.OutageBudget = 5 * time.Minute
+	}
+	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 || s.OutageBudget < 0 {
+		return nil, errors.New("inbox: MaxAttempts must be >= 1, 0 <= BackoffInitial <= BackoffMax and OutageBudget >= 0")
 	}
 	it, err := quoteTable(s.InboxTable)
 	if err != nil {
@@ -274,8 +291,13 @@ func (e *gapError) Error() string {
 // record when it cannot be processed. It returns how the record was settled; the caller may then
 // commit the record's offset + 1 to Kafka.
 //
+// Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts;
+// infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
+// counting, up to Settings.OutageBudget.
+//
 // A non-nil error means the record is NOT settled and its offset must not be committed: the
-// dead letter could not be produced (the consumer should stop), or ctx ended first.
+// dead letter could not be produced, the database stayed unreachable longer than the outage
+// budget (an [*OutageError]; the consumer should stop), or ctx ended first.
 //
 // The record is processed inside a consumer span "<topic> process" whose parent is the trace
 // context of the record's headers (W3C traceparent/tracestate; a new trace without them): h
@@ -299,37 +321,56 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: err.Error()})
 	}
 
-	attempts := 0
-	op := func() (Outcome, error) {
-		attempts++
-		out, err := in.attempt(ctx, rec, key, version, hasVersion, h)
+	attempts := 0 // attempts that count: not those ended by an infrastructure error
+	retries := in.backoff()
+	var outageRetries *backoff.ExponentialBackOff
+	var outageSince time.Time
+	var out Outcome
+	for {
+		var err error
+		out, err = in.attempt(ctx, rec, key, version, hasVersion, h)
+		if err == nil {
+			attempts++
+			break
+		}
 		var gap *gapError
 		if errors.As(err, &gap) && in.s.GapPolicy == GapPark {
-			return Parked, backoff.Permanent(err)
+			attempts++
+			return in.deadLetter(ctx, rec, Result{Outcome: Parked, Attempts: attempts, Reason: err.Error()})
 		}
-		if err != nil {
+		var wait time.Duration
+		if gap == nil && IsInfrastructureError(err) {
+			// Not an attempt: the record is redone once the database answers again.
+			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(
+				attrInboxAttempt.Int(attempts+1), attrInboxOutage.Bool(true)))
+			if outageRetries == nil {
+				outageRetries, outageSince = in.backoff(), time.Now()
+			}
+			down := time.Since(outageSince)
+			if down >= in.s.OutageBudget {
+				return Result{Attempts: attempts}, &OutageError{
+					Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
+					Lasted: down, Budget: in.s.OutageBudget, Err: err,
+				}
+			}
+			wait = min(outageRetries.NextBackOff(), in.s.OutageBudget-down)
+		} else {
 			// A failed attempt: an exception event on the consumer span.
+			attempts++
+			outageRetries = nil
 			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
+			if attempts >= in.s.MaxAttempts {
+				return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()})
+			}
+			wait = retries.NextBackOff()
 		}
-		return out, err
-	}
-	bo := &backoff.ExponentialBackOff{
-		InitialInterval: in.s.BackoffInitial,
-		Multiplier:      2,
-		MaxInterval:     in.s.BackoffMax,
-	}
-	out, err := backoff.Retry(ctx, op,
-		backoff.WithBackOff(bo),
-		backoff.WithMaxTries(uint(in.s.MaxAttempts)),
-		backoff.WithMaxElapsedTime(0))
-	if cerr := ctx.Err(); cerr != nil && err != nil {
-		return Result{Attempts: attempts}, fmt.Errorf("inbox: record %s/%d@%d not settled: %w", rec.Topic, rec.Partition, rec.Offset, cerr)
-	}
-	if err != nil {
-		if out != Parked {
-			out = DeadLettered
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Result{Attempts: attempts}, fmt.Errorf("inbox: record %s/%d@%d not settled: %w", rec.Topic, rec.Partition, rec.Offset, ctx.Err())
+		case <-t.C:
 		}
-		return in.deadLetter(ctx, rec, Result{Outcome: out, Attempts: attempts, Reason: err.Error()})
 	}
 	res := Result{Outcome: out, Attempts: attempts}
 	if f := in.s.Hooks.AfterCommit; f != nil {
@@ -338,10 +379,87 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 	return res, nil
 }
 
+// backoff is the wait schedule between attempts: BackoffInitial doubling up to BackoffMax, no
+// jitter (the same schedule in every helper).
+func (in *Inbox) backoff() *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval: in.s.BackoffInitial,
+		Multiplier:      2,
+		MaxInterval:     in.s.BackoffMax,
+	}
+	b.Reset()
+	return b
+}
+
+// OutageError is returned by [Inbox.Process] (and so [Runner.Run]) when a record failed only
+// with infrastructure errors (see [IsInfrastructureError]) for longer than
+// Settings.OutageBudget. The record is not settled: its offset, and those after it, must not be
+// committed; a restarted consumer resumes with it.
+type OutageError struct {
+	// Topic, Partition and Offset locate the record in hand.
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Lasted is how long the record failed with infrastructure errors; Budget the setting.
+	Lasted, Budget time.Duration
+	// Err is the last infrastructure error.
+	Err error
+}
+
+func (e *OutageError) Error() string {
+	return fmt.Sprintf("inbox: database outage longer than the outage budget (%s) at record %s/%d@%d, not settled: %v",
+		e.Budget, e.Topic, e.Partition, e.Offset, e.Err)
+}
+
+// Unwrap returns the last infrastructure error.
+func (e *OutageError) Unwrap() error { return e.Err }
+
+// Server errors that are the infrastructure's, not the record's (inbox/CONTRACT.md, "Attempts
+// and outages"): lock wait timeout, deadlock (both roll the transaction back), read-only server
+// (failover), server shutdown, connection killed, client disconnected; and the client's own
+// connection errors (CR_* codes) when a proxy or server reports them.
+var infrastructureCodes = map[uint16]bool{
+	1205: true, 1213: true, 1290: true, 1836: true, 1053: true, 1077: true, 1927: true, 4031: true,
+	2002: true, 2003: true, 2006: true, 2013: true, 2055: true,
+}
+
+// noConnectionError: BeginTx failed (no connection could be had), an infrastructure error
+// whatever its cause.
+type noConnectionError struct{ err error }
+
+func (e *noConnectionError) Error() string { return "cannot begin a transaction: " + e.err.Error() }
+func (e *noConnectionError) Unwrap() error { return e.err }
+
+// IsInfrastructureError reports whether err (or an error it wraps, handler errors included)
+// means the database could not do the work rather than the record being wrong: a connection
+// that cannot be made or was lost (net errors, io.EOF, driver.ErrBadConn, mysql.ErrInvalidConn,
+// sql.ErrConnDone), or a server error 1205, 1213, 1290, 1836, 1053, 1077, 1927, 4031, 2002,
+// 2003, 2006, 2013, 2055; and a transaction that could not begin at all. Such errors are retried
+// without counting as attempts.
+func IsInfrastructureError(err error) bool {
+	var nc *noConnectionError
+	if errors.As(err, &nc) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return infrastructureCodes[me.Number]
+	}
+	var ne net.Error
+	return errors.As(err, &ne) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, sql.ErrConnDone) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
 // attempt is one database transaction (contract step 2.1-2.6).
 func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, version int64, hasVersion bool, h Handler) (Outcome, error) {
 	tx, err := in.db.BeginTx(ctx, nil)
 	if err != nil {
+		if ctx.Err() == nil {
+			// No connection at all: the infrastructure's, whatever the error.
+			return "", &noConnectionError{err}
+		}
 		return "", err
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after a commit

@@ -317,6 +317,66 @@ func TestDuplicateIsAcknowledgedWithoutHandler(t *testing.T) {
 	}
 }
 
+// keyTwins are event keys (and aggregate ids) that differ only in case, accent or trailing
+// spaces: distinct events, which the inbox must never merge.
+var keyTwins = []string{"evt-a1B", "evt-A1b", "café", "cafe", "k", "k "}
+
+func TestKeysDifferingInCaseAccentOrTrailingSpacesAreDistinct(t *testing.T) {
+	e := newEnv(t, 1)
+	s := e.settings()
+	s.VersionHeader = "version"
+	in := e.newInbox(t, s)
+	var calls atomic.Int32
+	h := effectHandler(&calls, nil)
+	ctx := context.Background()
+
+	// Each key once: every one is a new event with its effect; the aggregate ids are the same
+	// strings, each with version 1 (a merged version row would make the twin stale).
+	for i, k := range keyTwins {
+		res, err := in.Process(ctx, e.record(int64(i), k, "event_key", k, "aggregate_type", "order", "version", "1"), h)
+		if err != nil || res.Outcome != inbox.Processed {
+			t.Errorf("event_key %q: %+v, %v: want processed", k, res, err)
+		}
+	}
+	// Each key again: a duplicate, no second effect.
+	for i, k := range keyTwins {
+		res, err := in.Process(ctx, e.record(int64(10+i), k, "event_key", k, "aggregate_type", "order", "version", "2"), h)
+		if err != nil || res.Outcome != inbox.Duplicate {
+			t.Errorf("event_key %q again: %+v, %v: want duplicate", k, res, err)
+		}
+	}
+	if calls.Load() != int32(len(keyTwins)) {
+		t.Errorf("handler calls %d, want %d", calls.Load(), len(keyTwins))
+	}
+	// The effects, read back as text (the test's own table may be in another character set).
+	rows, err := e.db.Query("SELECT event_key FROM effects ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var effects []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		effects = append(effects, k)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprintf("%q", effects) != fmt.Sprintf("%q", keyTwins) {
+		t.Errorf("effects %q, want one each of %q", effects, keyTwins)
+	}
+	for _, k := range keyTwins {
+		if n := e.count(t, "SELECT COUNT(*) FROM outbox_inbox WHERE consumer = 'test-consumer' AND event_key = CAST(? AS BINARY)", k); n != 1 {
+			t.Errorf("inbox rows of %q: %d, want 1", k, n)
+		}
+		if n := e.count(t, "SELECT COALESCE(MAX(version), 0) FROM outbox_inbox_version WHERE consumer = 'test-consumer' AND aggregate_type = 'order' AND aggregate_id = CAST(? AS BINARY)", k); n != 1 {
+			t.Errorf("version of aggregate %q: %d, want 1", k, n)
+		}
+	}
+}
+
 func TestHandlerErrorRollsBackRetriesThenDeadLetters(t *testing.T) {
 	e := newEnv(t, 1)
 	in := e.newInbox(t, e.settings())
@@ -680,5 +740,54 @@ func TestRunnerDeadLettersAndMovesOn(t *testing.T) {
 		if o, _ := offs.Lookup(e.topic, p); o.At != want {
 			t.Errorf("partition %d committed %d, want %d", p, o.At, want)
 		}
+	}
+}
+
+func TestRunnerCreatesAMissingDeadLetterTopic(t *testing.T) {
+	e := newEnv(t, 1)
+	// A dead-letter topic nobody created.
+	e.dlq = "inbox-go-fresh-dlq-" + randSuffix()
+	adm := kadm.NewClient(newClient(t))
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), e.dlq) })
+	group := "inbox-go-group-" + randSuffix()
+	t.Cleanup(func() { _, _ = adm.DeleteGroups(context.Background(), group) })
+	ctx := context.Background()
+	if err := e.producer.ProduceSync(ctx,
+		&kgo.Record{Topic: e.topic, Key: []byte("order-x"), Value: []byte("{}")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r, err := inbox.NewRunner(e.db, e.settings(), effectHandler(&atomic.Int32{}, nil), inbox.RunnerConfig{
+		Brokers: strings.Split(bootstrap, ","), Topics: []string{e.topic}, Group: group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	dls := e.readDLQ(t, 1)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if hdr(dls[0], "dlq_reason") != "missing event_key header" {
+		t.Errorf("dead letter: %v", dls[0].Headers)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("the dead letter took %v", d)
+	}
+}
+
+func TestRunnerRefusesADeadLetterTopicTheBrokerWillNotCreate(t *testing.T) {
+	e := newEnv(t, 1)
+	s := e.settings()
+	s.DeadLetterTopic = "inbox-go-bad/dlq-" + randSuffix() // '/' is not allowed in a topic name
+	_, err := inbox.NewRunner(e.db, s, effectHandler(&atomic.Int32{}, nil), inbox.RunnerConfig{
+		Brokers: strings.Split(bootstrap, ","), Topics: []string{e.topic}})
+	if err == nil {
+		t.Fatal("NewRunner accepted a dead-letter topic the broker cannot create")
+	}
+	if !strings.Contains(err.Error(), s.DeadLetterTopic) || !strings.Contains(err.Error(), "kafka-topics.sh --create") {
+		t.Errorf("error does not name the topic and the fix: %v", err)
 	}
 }

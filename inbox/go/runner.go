@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -46,14 +47,19 @@ type Runner struct {
 	pending map[topicPartition]*kgo.Record // last settled record per partition, not yet committed
 }
 
+// topicTimeout bounds NewRunner's check (or creation) of the dead-letter topic.
+const topicTimeout = 30 * time.Second
+
 type topicPartition struct {
 	topic     string
 	partition int32
 }
 
 // NewRunner creates the Kafka client (subscribing to cfg.Topics with auto.offset.reset
-// earliest) and the [Inbox] for db and s, and returns a Runner that calls h for each record.
-// It returns an error for invalid settings or client options.
+// earliest) and the [Inbox] for db and s, makes sure the dead-letter topic exists
+// ([EnsureTopic]: created with the broker's defaults when missing), and returns a Runner that
+// calls h for each record. It returns an error for invalid settings or client options, and when
+// the dead-letter topic is missing and the broker refuses to create it.
 func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, error) {
 	if len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
 		return nil, errors.New("inbox: RunnerConfig.Brokers and Topics are required")
@@ -93,6 +99,14 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		cl.Close()
 		return nil, err
 	}
+	// The dead-letter topic exists, or is created now, or the runner refuses to start: never
+	// a first dead letter that waits for a topic nobody asked the broker to create.
+	ctx, cancel := context.WithTimeout(context.Background(), topicTimeout)
+	defer cancel()
+	if err := EnsureTopic(ctx, cl, in.Settings().DeadLetterTopic); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	in.group = cfg.Group
 	r.cl, r.in = cl, in
 	return r, nil
@@ -106,8 +120,10 @@ func (r *Runner) Inbox() *Inbox { return r.in }
 
 // Run consumes until ctx is done, then finishes the record in hand (retries included), commits
 // the processed offsets, leaves the group and closes the client; it returns nil then. It returns
-// an error (after committing what was settled and closing) when a record cannot be settled (a
-// dead letter that cannot be produced). Run must be called once.
+// an error (after committing what was settled before it and closing) when a record cannot be
+// settled: a dead letter that cannot be produced, or a database outage longer than
+// Settings.OutageBudget (an [*OutageError]); that record and the ones after it are not
+// committed, so a new Runner of the group resumes with it. Run must be called once.
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.cl.CloseAllowingRebalance()
 	// Records are finished even when ctx ends meanwhile: a stop never interrupts a record.

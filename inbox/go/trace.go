@@ -32,6 +32,7 @@ const (
 	attrInboxOutcome      = attribute.Key("inbox.outcome")
 	attrInboxAttempts     = attribute.Key("inbox.attempts")
 	attrInboxAttempt      = attribute.Key("inbox.attempt")
+	attrInboxOutage       = attribute.Key("inbox.outage")
 	outcomeUnsettled      = "unsettled"
 )
 

@@ -14,6 +14,10 @@
 # allow.everyone.if.no.acl.found=true) and denies $KAFKA_SASL_USER every operation on topics
 # starting with <prefix> (an ACL added by kafka-acls' AclCommand once the broker is up).
 # tests/refusals_e2e.rs starts such a private broker.
+# KAFKA_EXTRA_PROPS: broker properties appended to server.properties, one per line (a private
+# broker with short transaction timeouts: tests/eos_e2e.rs).
+# KAFKA_ADVERTISED_PORT: the port the PLAINTEXT listener advertises (default KAFKA_PORT), so that
+# clients reach the broker through a TCP proxy listening there (the EndTxn fault).
 # KAFKA_LIBS_DIR: where the Kafka jars are (default $OUTBOX_SERVICES_DIR/kafka-libs-VERSION).
 # KAFKA_DIR: the broker's folder (config, data, logs; default $OUTBOX_SERVICES_DIR/kafka), for a
 # private broker beside servers of the default folder (the fault matrix test's broker).
@@ -61,7 +65,7 @@ up() {
   fi
   mkdir -p "$DIR/data"
   local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
-  local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
+  local advertised="PLAINTEXT://127.0.0.1:${KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
   local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
   local sasl_props="" format_args=() authorizer_props=""
   if [ -n "$DENY_PREFIX" ]; then
@@ -103,6 +107,7 @@ num.network.threads=2
 num.io.threads=2
 background.threads=2
 log.retention.hours=24
+${KAFKA_EXTRA_PROPS:-}
 PROPS
   cat > "$DIR/log4j2.properties" <<L4J
 rootLogger.level=INFO

@@ -21,7 +21,7 @@ use crate::workload::{event_key, key_of, now_micros, payload, payload_ts};
 /// Partitions of every benchmark topic (the broker's `num.partitions` in tests/services).
 pub const PARTITIONS: i32 = 3;
 
-/// The relay's producer settings (crates/relay/src/kafka/sink/mod.rs): idempotent, `acks=all`, Java
+/// The relay's producer settings (crates/relay-kafka/src/sink/mod.rs): idempotent, `acks=all`, Java
 /// partitioner, `linger.ms=1`. The polling relay, the raw-produce limit and the Debezium runner
 /// use the same.
 pub fn producer_config(bootstrap: &str) -> ClientConfig {

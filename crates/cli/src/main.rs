@@ -9,6 +9,7 @@
 //! file, and a start position inside a transaction); 3 a server prerequisite is not met; 130 a
 //! second signal (or, for `replay`, a stop request before the end of the range).
 
+mod commands;
 mod ops;
 
 use std::path::PathBuf;
@@ -16,9 +17,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use outbox_relay_core::binlog::replay::{parse_datetime, ReplayRange};
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
+use outbox_relay_mysql::binlog::replay::{parse_datetime, ReplayRange};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -104,7 +105,7 @@ enum Command {
         stop_datetime: Option<i64>,
     },
     #[command(flatten)]
-    Ops(ops::OpsCommand),
+    Ops(commands::OpsCommand),
 }
 
 fn init_logging(format: LogFormat) {
@@ -135,7 +136,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Ops(command) => return ops::run(command, &runtime),
+        Command::Ops(command) => return commands::run(command, &runtime),
         Command::Run { config } => runtime.block_on(run(config)),
         Command::Replay {
             config,
@@ -181,7 +182,7 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
     let config = RelayConfig::load(&config_path)?;
     tracing::info!(
         connector = %config.connector_name,
-        mysql = %outbox_relay_core::redact_url(&config.mysql.url),
+        mysql = %outbox_relay_core::error::redact_url(&config.mysql.url),
         kafka = %config.kafka.bootstrap_servers,
         tables = ?config.outbox_tables().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "starting outbox-relay {}", env!("CARGO_PKG_VERSION")
@@ -190,7 +191,7 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
         "signal received: stopping (waiting for Kafka to acknowledge what was sent, then \
          writing the checkpoint)",
     );
-    outbox_relay_core::run(config, stop_rx).await?;
+    outbox_relay_engine::run(config, stop_rx).await?;
     tracing::info!("stopped cleanly");
     Ok(())
 }
@@ -214,7 +215,7 @@ async fn replay(
     let stop_rx = stop_on_signal(
         "signal received: stopping the replay (waiting for Kafka to acknowledge what was sent)",
     );
-    let summary = outbox_relay_core::replay(config, binlogs, range, stop_rx).await?;
+    let summary = outbox_relay_engine::replay(config, binlogs, range, stop_rx).await?;
     Ok(summary.complete)
 }
 

@@ -244,6 +244,7 @@ async fn run() -> anyhow::Result<()> {
     config.max_attempts = number("INBOX_MAX_ATTEMPTS", 3u32)?;
     config.backoff_initial = Duration::from_millis(number("INBOX_BACKOFF_MS", 50u64)?);
     config.backoff_max = Duration::from_secs(1);
+    config.outage_budget = Duration::from_millis(number("INBOX_OUTAGE_BUDGET_MS", 300_000u64)?);
     config.version_header = env("INBOX_VERSION_HEADER");
     config.gap_policy = match env("INBOX_GAP_POLICY").as_deref() {
         None | Some("park") => GapPolicy::Park,

@@ -37,6 +37,12 @@ pub struct InboxConfig {
     pub backoff_initial: Duration,
     /// Longest wait between attempts (10 s).
     pub backoff_max: Duration,
+    /// How long one record may keep failing with infrastructure errors only (the database
+    /// unreachable, a lost connection, a read-only server, a deadlock…: see
+    /// [`crate::is_infrastructure_error`]) before the consumer stops with
+    /// [`crate::InboxError::Outage`], the record unsettled (5 min). Those errors are retried with
+    /// the backoff above and do not count toward `max_attempts`.
+    pub outage_budget: Duration,
     /// Dead-letter topic (required).
     pub dead_letter_topic: String,
 }
@@ -54,6 +60,7 @@ impl InboxConfig {
             max_attempts: 5,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
+            outage_budget: Duration::from_secs(300),
             dead_letter_topic: dead_letter_topic.into(),
         }
     }
@@ -68,6 +75,18 @@ impl InboxConfig {
             .with_min_delay(self.backoff_initial)
             .with_max_delay(self.backoff_max)
             .with_max_times(self.max_attempts.saturating_sub(1) as usize)
+            .build()
+    }
+
+    /// The waits between retries after infrastructure errors: the same schedule as
+    /// [`InboxConfig::backoff`] without a count (the outage budget bounds them).
+    pub fn outage_backoff(&self) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_factor(2.0)
+            .with_min_delay(self.backoff_initial)
+            .with_max_delay(self.backoff_max)
+            .without_max_times()
             .build()
     }
 

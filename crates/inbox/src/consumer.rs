@@ -17,7 +17,8 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 
 use crate::error::InboxError;
-use crate::process::{Handler, Hooks, Inbox, Settled};
+use crate::outcome::Settled;
+use crate::process::{Handler, Hooks, Inbox};
 use crate::record::InboxRecord;
 
 /// Commits the settled records' offsets before partitions are taken away.
@@ -49,6 +50,8 @@ pub struct InboxConsumer<F: Handler, H: Hooks> {
     consumer: StreamConsumer<CommitOnRevoke>,
     inbox: Inbox<H>,
     handler: F,
+    /// The client settings, for the dead-letter topic's check at the start of `run`.
+    config: ClientConfig,
 }
 
 impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
@@ -103,6 +106,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             consumer,
             inbox,
             handler,
+            config,
         })
     }
 
@@ -112,10 +116,17 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
     }
 
     /// Runs until `shutdown` completes, then commits the settled offsets and leaves the group.
+    /// Before the first poll it makes sure the dead-letter topic exists
+    /// ([`crate::ensure_topic`]: created with the broker's defaults when missing).
     ///
     /// # Errors
-    /// [`InboxError::Kafka`] for a dead letter that could not be produced or an offset commit
-    /// that failed (the unsettled record is redelivered to the next owner).
+    /// [`InboxError::DeadLetterTopic`] when the dead-letter topic is missing and the broker
+    /// refuses to create it (before anything is consumed); [`InboxError::Kafka`] for a dead
+    /// letter that could not be produced or an offset commit that failed,
+    /// [`InboxError::Outage`] for a database outage longer than
+    /// [`crate::InboxConfig::outage_budget`]: the offsets of the records settled before are
+    /// committed, the unsettled record's and later ones are not (it is redelivered to the next
+    /// owner or a restarted consumer).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), InboxError> {
         self.run_with(shutdown, |_, _, _| ControlFlow::Continue(()))
             .await
@@ -131,6 +142,13 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         shutdown: impl Future<Output = ()>,
         mut on_settled: impl FnMut(&InboxRecord, &Settled, Duration) -> ControlFlow<()>,
     ) -> Result<(), InboxError> {
+        // The dead-letter topic exists, is created now, or the consumer refuses to start.
+        crate::dead_letter::ensure_topic(
+            &self.config,
+            &self.inbox.config().dead_letter_topic,
+            Duration::from_secs(30),
+        )
+        .await?;
         tokio::pin!(shutdown);
         let mut uncommitted = false;
         loop {
@@ -160,7 +178,19 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             let received = Instant::now();
             let record = InboxRecord::from_message(&message);
             drop(message);
-            let settled = self.inbox.process(&record, &self.handler).await?;
+            let settled = match self.inbox.process(&record, &self.handler).await {
+                Ok(settled) => settled,
+                Err(e) => {
+                    // The records settled before this one are committed; this one and the
+                    // ones after it are not: the next member of the group resumes with it.
+                    if uncommitted {
+                        if let Err(c) = commit_stored(&self.consumer) {
+                            tracing::warn!(error = %c, "inbox: offset commit on failure failed");
+                        }
+                    }
+                    return Err(e);
+                }
+            };
             self.consumer
                 .store_offset(&record.topic, record.partition, record.offset)
                 .map_err(|e| InboxError::kafka("storing the offset", e))?;

@@ -77,3 +77,84 @@ impl DeadLetters {
             .map_err(|(e, _)| InboxError::kafka(format!("dead letter to {}", self.topic), e))
     }
 }
+
+/// Settings of a client configuration an admin client takes (connection and security).
+fn admin_setting(key: &str) -> bool {
+    key == "bootstrap.servers"
+        || key == "client.id"
+        || key == "broker.address.family"
+        || ["security.", "ssl.", "sasl.", "socket."]
+            .iter()
+            .any(|p| key.starts_with(p))
+}
+
+/// Makes sure `topic` exists before the first dead letter needs it (`inbox/CONTRACT.md`, "Dead
+/// letters"): asks the brokers to create it with their defaults (partitions, replication) through
+/// the admin CreateTopics request; a topic that already exists (or that the broker refuses to
+/// create but serves) counts as there. [`crate::InboxConsumer::run`] calls it for the inbox's
+/// dead-letter topic before its first poll; call it yourself with your own poll loop.
+/// `config`: the client settings (`bootstrap.servers` at least; only connection and security
+/// settings are used).
+///
+/// # Errors
+/// [`InboxError::DeadLetterTopic`] naming the topic and the fix when the topic is missing and
+/// the broker refuses to create it (an invalid name, a creation policy, no CREATE permission)
+/// or cannot be asked within `timeout`.
+pub async fn ensure_topic(
+    config: &ClientConfig,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(), InboxError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    let mut admin_config = ClientConfig::new();
+    for (k, v) in config.config_map() {
+        if admin_setting(k) {
+            admin_config.set(k, v);
+        }
+    }
+    let refused = |why: String| InboxError::DeadLetterTopic {
+        topic: topic.to_owned(),
+        why,
+    };
+    let admin: AdminClient<DefaultClientContext> =
+        admin_config.create().map_err(|e| refused(e.to_string()))?;
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(topic, -1, TopicReplication::Fixed(-1))],
+            &AdminOptions::new().request_timeout(Some(timeout)),
+        )
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    let why = match created.into_iter().next() {
+        Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => return Ok(()),
+        Some(Err((_, code))) => code.to_string(),
+        None => "no answer for the topic".to_owned(),
+    };
+    // Refused: still fine when the broker serves the topic (CREATE denied on an existing one).
+    let exists = {
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            admin
+                .inner()
+                .fetch_metadata(Some(&topic), timeout)
+                .ok()
+                .and_then(|m| {
+                    m.topics()
+                        .iter()
+                        .find(|t| t.name() == topic)
+                        .map(|t| t.error().is_none() && !t.partitions().is_empty())
+                })
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false)
+    };
+    if exists {
+        Ok(())
+    } else {
+        Err(refused(why))
+    }
+}

@@ -4,7 +4,10 @@
 //! records "consumer C processed `event_key` K" in the same database transaction as its business
 //! change, before the change; a second delivery of K finds the record and is acknowledged
 //! without running the handler. The contract (the same in the Rust, Java, Go and Python helpers)
-//! is `inbox/CONTRACT.md`; the tables are `migrations/0004_inbox.sql`.
+//! is `inbox/CONTRACT.md`; the tables are `migrations/0004_inbox.sql` (keys compared byte for
+//! byte; `0005_inbox_keys.sql` upgrades older tables).
+//! A missing dead-letter topic is created when [`InboxConsumer::run`] starts, or refused with
+//! [`InboxError::DeadLetterTopic`] naming it and the fix ([`ensure_topic`] for your own loop).
 //!
 //! ```no_run
 //! use outbox_inbox::{Handler, HandlerError, Inbox, InboxConfig, InboxConsumer, InboxRecord};
@@ -31,6 +34,18 @@
 //! consumer.run(async { tokio::signal::ctrl_c().await.ok(); }).await
 //! # }
 //! ```
+//!
+//! # Attempts and outages
+//!
+//! Only the handler's errors and data errors (a version gap under [`GapPolicy::Retry`]) count
+//! toward [`InboxConfig::max_attempts`]. An infrastructure error ([`is_infrastructure_error`]:
+//! the database unreachable, a lost connection, a read-only server, a lock wait timeout, a
+//! deadlock, no connection to be had; also when the handler passes the `mysql_async::Error` on
+//! with `?`) rolls the attempt back and redoes it after the backoff without counting, for at most
+//! [`InboxConfig::outage_budget`] (5 min). Then [`Inbox::process`] returns
+//! [`InboxError::Outage`], the record unsettled, and [`InboxConsumer::run`] returns it after
+//! committing only the records settled before: restart the consumer once the database is back and
+//! it resumes with that record (`inbox/CONTRACT.md`, "Attempts and outages").
 //!
 //! # Trace context
 //!
@@ -66,11 +81,14 @@ mod consumer;
 mod dead_letter;
 mod error;
 pub mod otel;
+mod outcome;
 mod process;
 mod record;
 
 pub use config::{GapPolicy, InboxConfig};
 pub use consumer::InboxConsumer;
-pub use error::{HandlerError, InboxError};
-pub use process::{Handler, Hooks, Inbox, NoHooks, Outcome, Settled};
+pub use dead_letter::ensure_topic;
+pub use error::{is_infrastructure_error, HandlerError, InboxError};
+pub use outcome::{Outcome, Settled};
+pub use process::{Handler, Hooks, Inbox, NoHooks};
 pub use record::InboxRecord;

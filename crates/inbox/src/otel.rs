@@ -26,7 +26,7 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 
-use crate::process::{Outcome, Settled};
+use crate::outcome::{Outcome, Settled};
 use crate::record::InboxRecord;
 
 /// The instrumentation scope name of the spans.
@@ -213,6 +213,19 @@ pub(crate) fn attempt_failed(error: &str, attempt: u32) {
         vec![
             KeyValue::new("exception.message", error.to_owned()),
             KeyValue::new("inbox.attempt", i64::from(attempt)),
+        ],
+    );
+}
+
+/// An attempt ended by an infrastructure error (not counted): an `exception` event with
+/// `inbox.attempt` = the number of the attempt that is redone and `inbox.outage` = true.
+pub(crate) fn outage_failed(error: &str, attempt: u32) {
+    Context::current().span().add_event(
+        "exception",
+        vec![
+            KeyValue::new("exception.message", error.to_owned()),
+            KeyValue::new("inbox.attempt", i64::from(attempt)),
+            KeyValue::new("inbox.outage", true),
         ],
     );
 }

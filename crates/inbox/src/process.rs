@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use opentelemetry::context::FutureExt;
 use opentelemetry::propagation::TextMapPropagator;
@@ -14,6 +15,7 @@ use crate::config::{GapPolicy, InboxConfig};
 use crate::dead_letter::DeadLetters;
 use crate::error::{HandlerError, InboxError};
 use crate::otel::{self, Tracing};
+use crate::outcome::{Outcome, Settled};
 use crate::record::InboxRecord;
 
 /// MySQL/MariaDB `ER_DUP_ENTRY`: the inbox row exists, the event was processed before.
@@ -24,6 +26,10 @@ pub trait Handler: Send + Sync {
     /// Applies `record` with `tx` (never commit or roll it back: the inbox does). An error rolls
     /// back everything done in `tx`, the inbox row included, and the record is tried again
     /// after the backoff; its text is the dead letter's reason when the attempts run out.
+    /// An error that is, or has in its `source()` chain, an infrastructure error
+    /// ([`crate::is_infrastructure_error`]: e.g. a `mysql_async::Error` of a lost connection or
+    /// a deadlock passed on with `?`) is not counted as an attempt: the record is redone, up to
+    /// the outage budget. Return an error without it as source to make the failure count.
     fn handle(
         &self,
         tx: &mut Transaction<'_>,
@@ -45,46 +51,24 @@ pub trait Hooks: Send + Sync {
 pub struct NoHooks;
 impl Hooks for NoHooks {}
 
-/// How a record was settled. Every outcome lets its offset be committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The handler ran and its transaction (with the inbox row) committed.
-    Processed,
-    /// The inbox row existed: processed before; the handler did not run.
-    Duplicate,
-    /// Its version was not newer than the stored one; recorded, the handler did not run.
-    Stale,
-    /// A version gap with [`GapPolicy::Park`]: dead-lettered at once with the reason.
-    Parked,
-    /// Failed `max_attempts` times (or could never be processed): dead-lettered.
-    DeadLettered,
+/// Why an attempt failed: the error's text, and whether it was the infrastructure's
+/// ([`crate::is_infrastructure_error`]: not counted as an attempt).
+struct Failed {
+    text: String,
+    infrastructure: bool,
 }
 
-impl Outcome {
-    /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `dead_lettered`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Processed => "processed",
-            Outcome::Duplicate => "duplicate",
-            Outcome::Stale => "stale",
-            Outcome::Parked => "parked",
-            Outcome::DeadLettered => "dead_lettered",
+impl Failed {
+    /// A failure of the inbox's own database call `what`.
+    fn db(what: &str, error: mysql_async::Error) -> Self {
+        Failed {
+            infrastructure: crate::error::is_infrastructure_error(&error),
+            text: format!("{what}: {error}"),
         }
     }
 }
 
-/// The result of [`Inbox::process`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settled {
-    /// What happened.
-    pub outcome: Outcome,
-    /// Database transactions attempted (0 when the record was dead-lettered before any).
-    pub attempts: u32,
-    /// Why it was dead-lettered or parked (the dead letter's `dlq_reason`).
-    pub reason: Option<String>,
-}
-
-/// How one attempt ended (errors are `Err(text)`).
+/// How one attempt ended.
 enum Attempt {
     Committed,
     Duplicate,
@@ -204,9 +188,14 @@ impl<H: Hooks> Inbox<H> {
     /// retried with the backoff, then dead-lettered. Call it for the records of a partition one
     /// at a time, in offset order, and commit the record's offset only after it returned `Ok`.
     ///
+    /// Handler errors and data errors (a version gap under [`GapPolicy::Retry`]) count toward
+    /// `max_attempts`; infrastructure errors ([`crate::is_infrastructure_error`]) are retried
+    /// with the same backoff without counting, for at most [`InboxConfig::outage_budget`].
+    ///
     /// # Errors
-    /// Only [`InboxError::Kafka`], when a dead letter could not be produced (the record is then
-    /// not settled: stop and let it be redelivered).
+    /// [`InboxError::Kafka`] when a dead letter could not be produced, [`InboxError::Outage`]
+    /// when the database stayed unreachable longer than the outage budget. The record is then
+    /// not settled: stop without committing its offset, and let it be redelivered.
     ///
     /// The record is processed inside its consumer span `"<topic> process"`, a child of the
     /// trace context in its `traceparent`/`tracestate` headers (a new trace without them); the
@@ -267,14 +256,17 @@ impl<H: Hooks> Inbox<H> {
             },
         };
         let mut delays = cfg.backoff();
+        // Attempts that count: not those ended by an infrastructure error.
         let mut attempt = 0u32;
+        // Since when, and with which waits, the record fails with infrastructure errors only.
+        let mut outage: Option<(Instant, backon::ExponentialBackoff)> = None;
         loop {
-            attempt += 1;
             let error = match self.attempt(record, event_key, version, handler).await {
-                Ok(Attempt::Committed) => return Ok(settled(Outcome::Processed, attempt)),
-                Ok(Attempt::Duplicate) => return Ok(settled(Outcome::Duplicate, attempt)),
-                Ok(Attempt::Stale) => return Ok(settled(Outcome::Stale, attempt)),
+                Ok(Attempt::Committed) => return Ok(settled(Outcome::Processed, attempt + 1)),
+                Ok(Attempt::Duplicate) => return Ok(settled(Outcome::Duplicate, attempt + 1)),
+                Ok(Attempt::Stale) => return Ok(settled(Outcome::Stale, attempt + 1)),
                 Ok(Attempt::Gap { expected, got }) => {
+                    attempt += 1;
                     let reason = format!("version gap: expected {expected}, got {got}");
                     if cfg.gap_policy == GapPolicy::Park {
                         return self
@@ -283,8 +275,49 @@ impl<H: Hooks> Inbox<H> {
                     }
                     reason
                 }
-                Err(e) => e,
+                Err(Failed {
+                    text,
+                    infrastructure: true,
+                }) => {
+                    // Not an attempt: the record is redone once the database answers.
+                    otel::outage_failed(&text, attempt + 1);
+                    let (since, waits) =
+                        outage.get_or_insert_with(|| (Instant::now(), cfg.outage_backoff()));
+                    let down = since.elapsed();
+                    if down >= cfg.outage_budget {
+                        tracing::error!(
+                            consumer = %cfg.consumer, event_key, topic = %record.topic,
+                            partition = record.partition, offset = record.offset,
+                            budget_ms = cfg.outage_budget.as_millis() as u64, error = %text,
+                            "inbox: database outage longer than the outage budget; stopping"
+                        );
+                        return Err(InboxError::Outage {
+                            topic: record.topic.clone(),
+                            partition: record.partition,
+                            offset: record.offset,
+                            budget: cfg.outage_budget,
+                            error: text,
+                        });
+                    }
+                    let wait = waits
+                        .next()
+                        .unwrap_or(cfg.backoff_max)
+                        .min(cfg.outage_budget - down);
+                    tracing::warn!(
+                        consumer = %cfg.consumer, event_key, topic = %record.topic,
+                        partition = record.partition, offset = record.offset,
+                        down_ms = down.as_millis() as u64, retry_in_ms = wait.as_millis() as u64,
+                        error = %text, "inbox: infrastructure error (not an attempt); retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(Failed { text, .. }) => {
+                    attempt += 1;
+                    text
+                }
             };
+            outage = None;
             otel::attempt_failed(&error, attempt);
             match delays.next() {
                 Some(wait) => {
@@ -313,7 +346,7 @@ impl<H: Hooks> Inbox<H> {
         event_key: &str,
         version: Option<i64>,
         handler: &F,
-    ) -> Result<Attempt, String> {
+    ) -> Result<Attempt, Failed> {
         // One connection kept across records: the pool's reset on return (COM_RESET_CONNECTION)
         // would drop the prepared statements every time (measured: a third of the rate).
         // A connection that saw an error is not kept.
@@ -324,7 +357,11 @@ impl<H: Hooks> Inbox<H> {
                 .pool
                 .get_conn()
                 .await
-                .map_err(|e| format!("database: {e}"))?,
+                // No connection at all: the infrastructure's, whatever the error.
+                .map_err(|e| Failed {
+                    text: format!("database: cannot get a connection: {e}"),
+                    infrastructure: true,
+                })?,
         };
         let result = self
             .attempt_on(&mut conn, record, event_key, version, handler)
@@ -342,11 +379,11 @@ impl<H: Hooks> Inbox<H> {
         event_key: &str,
         version: Option<i64>,
         handler: &F,
-    ) -> Result<Attempt, String> {
+    ) -> Result<Attempt, Failed> {
         let mut tx = conn
             .start_transaction(TxOpts::default())
             .await
-            .map_err(|e| format!("database: {e}"))?;
+            .map_err(|e| Failed::db("database", e))?;
         let result = self
             .in_transaction(&mut tx, record, event_key, version, handler)
             .await;
@@ -355,20 +392,20 @@ impl<H: Hooks> Inbox<H> {
                 self.hooks.before_commit(record);
                 tx.commit()
                     .await
-                    .map_err(|e| format!("database commit: {e}"))?;
+                    .map_err(|e| Failed::db("database commit", e))?;
                 Ok(Attempt::Committed)
             }
             Ok(Attempt::Stale) => {
                 // The inbox row stays: a redelivery of this stale event is a duplicate.
                 tx.commit()
                     .await
-                    .map_err(|e| format!("database commit: {e}"))?;
+                    .map_err(|e| Failed::db("database commit", e))?;
                 Ok(Attempt::Stale)
             }
             Ok(other) => {
                 tx.rollback()
                     .await
-                    .map_err(|e| format!("database rollback: {e}"))?;
+                    .map_err(|e| Failed::db("database rollback", e))?;
                 Ok(other)
             }
             Err(e) => {
@@ -387,7 +424,7 @@ impl<H: Hooks> Inbox<H> {
         event_key: &str,
         version: Option<i64>,
         handler: &F,
-    ) -> Result<Attempt, String> {
+    ) -> Result<Attempt, Failed> {
         let consumer = self.config.consumer.as_str();
         let inserted = tx
             .exec_drop(
@@ -405,7 +442,7 @@ impl<H: Hooks> Inbox<H> {
             Err(mysql_async::Error::Server(e)) if e.code == ER_DUP_ENTRY => {
                 return Ok(Attempt::Duplicate)
             }
-            Err(e) => return Err(format!("database: inbox insert: {e}")),
+            Err(e) => return Err(Failed::db("database: inbox insert", e)),
             Ok(()) => {}
         }
         if let Some(v) = version {
@@ -417,7 +454,7 @@ impl<H: Hooks> Inbox<H> {
                     (consumer, aggregate_type, aggregate_id),
                 )
                 .await
-                .map_err(|e| format!("database: version check: {e}"))?;
+                .map_err(|e| Failed::db("database: version check", e))?;
             match stored {
                 Some(s) if v <= s => return Ok(Attempt::Stale),
                 Some(s) if v > s + 1 => {
@@ -433,12 +470,12 @@ impl<H: Hooks> Inbox<H> {
                 (consumer, aggregate_type, aggregate_id, v),
             )
             .await
-            .map_err(|e| format!("database: version update: {e}"))?;
+            .map_err(|e| Failed::db("database: version update", e))?;
         }
-        handler
-            .handle(tx, record)
-            .await
-            .map_err(|e| e.to_string())?;
+        handler.handle(tx, record).await.map_err(|e| Failed {
+            infrastructure: crate::error::is_infrastructure_error(e.as_ref()),
+            text: e.to_string(),
+        })?;
         Ok(Attempt::Committed)
     }
 

@@ -2,17 +2,20 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
-use mysql_async::prelude::*;
-use mysql_async::{Pool, Row};
+use anyhow::{Context, Result};
+use mysql_async::Pool;
+use outbox_relay_core::state::codec as core;
 
-use crate::binlog::BinlogPosition;
 use crate::wait::wait_until;
+use outbox_relay_core::position::BinlogPosition;
 
 /// The checkpoint table's default name (in the database of `mysql.url`).
 pub const DEFAULT_CHECKPOINT_TABLE: &str = "outbox_relay_checkpoint";
 
-/// One row of the checkpoint table (`migrations/0002_checkpoint.sql`).
+/// A stored checkpoint as the tests compare it: the relay's
+/// [`outbox_relay_core::state::checkpoint::Checkpoint`] (read with the relay's own statement and
+/// decoding, [`crate::state::read_state_row`]) flattened into the state table's column names,
+/// plus the row's key and lease token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The connector the row belongs to.
@@ -22,7 +25,7 @@ pub struct Checkpoint {
     /// Offset in `binlog_file`: the end of a transaction's XID/COMMIT event, or where the relay
     /// started.
     pub binlog_pos: u64,
-    /// GTID set, when the relay records one.
+    /// GTID set, when the relay records one (`None` also when stored empty).
     pub gtid_set: Option<String>,
     /// `server_id` of the source server.
     pub source_server_id: u32,
@@ -35,6 +38,21 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The relay's checkpoint of `connector`'s state row; `None` for a lease placeholder.
+    pub fn from_state_row(connector: &str, row: &core::StateRow) -> Option<Self> {
+        let c = row.checkpoint.as_ref()?;
+        Some(Self {
+            connector_name: connector.to_owned(),
+            binlog_file: c.position.file.clone(),
+            binlog_pos: c.position.pos,
+            gtid_set: c.gtid_set.clone(),
+            source_server_id: c.source_server_id,
+            source_server_uuid: c.source_server_uuid.clone(),
+            rows_acked: c.rows_acked,
+            lease_token: row.lease_token,
+        })
+    }
+
     /// (`binlog_file`, `binlog_pos`) as a position.
     pub fn position(&self) -> BinlogPosition {
         BinlogPosition {
@@ -44,64 +62,21 @@ impl Checkpoint {
     }
 }
 
-fn check_table_name(table: &str) -> Result<()> {
-    ensure!(
-        !table.is_empty()
-            && table
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'),
-        "not a plain table name: {table:?}"
-    );
-    Ok(())
-}
-
-fn quote_table(table: &str) -> String {
-    table
-        .split('.')
-        .map(|p| format!("`{p}`"))
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
 /// The checkpoint row of `connector` in `table` (`table` or `db.table`; the pool's database is
 /// used for a bare name), if there is one with a position (the relay first inserts a lease
 /// placeholder with an empty `binlog_file`, then stores its start position).
 ///
 /// # Errors
-/// The query fails (e.g. the table does not exist).
+/// The query fails (e.g. the table does not exist) or the row does not decode.
 pub async fn read_checkpoint(
     pool: &Pool,
     table: &str,
     connector: &str,
 ) -> Result<Option<Checkpoint>> {
-    check_table_name(table)?;
-    let mut conn = pool.get_conn().await?;
-    let row: Option<Row> = conn
-        .exec_first(
-            format!(
-                "SELECT connector_name, binlog_file, binlog_pos, gtid_set, source_server_id, \
-                 source_server_uuid, rows_acked, lease_token FROM {} \
-                 WHERE connector_name = ? AND binlog_file <> ''",
-                quote_table(table)
-            ),
-            (connector,),
-        )
+    let row = crate::state::read_relay_state_row(pool, table, connector)
         .await
         .with_context(|| format!("reading checkpoint of {connector:?} from {table}"))?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let ctx = || format!("checkpoint row {row:?}");
-    Ok(Some(Checkpoint {
-        connector_name: row.get::<String, _>(0).with_context(ctx)?,
-        binlog_file: row.get::<String, _>(1).with_context(ctx)?,
-        binlog_pos: row.get::<u64, _>(2).with_context(ctx)?,
-        gtid_set: row.get::<Option<String>, _>(3).flatten(),
-        source_server_id: row.get::<u32, _>(4).with_context(ctx)?,
-        source_server_uuid: row.get::<Option<String>, _>(5).flatten(),
-        rows_acked: row.get::<u64, _>(6).with_context(ctx)?,
-        lease_token: row.get::<u64, _>(7).with_context(ctx)?,
-    }))
+    Ok(row.and_then(|r| Checkpoint::from_state_row(connector, &r)))
 }
 
 /// Waits until the default checkpoint table (in the pool's database) has the row of

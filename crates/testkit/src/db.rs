@@ -6,9 +6,11 @@ use anyhow::{bail, ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, Pool};
 
-use crate::binlog::{current_binlog_position, BinlogPosition};
+use crate::binlog::current_binlog_position;
 use crate::env::mysql_url;
 use crate::unique::unique_suffix;
+use crate::watchdog::Watchdog;
+use outbox_relay_core::position::BinlogPosition;
 
 /// The repository's `migrations/` folder (the SQL files the relay's users apply).
 pub fn migrations_dir() -> PathBuf {
@@ -36,6 +38,8 @@ pub struct TestDb {
     server_url: String,
     pool: Pool,
     created_at: BinlogPosition,
+    /// Ends the test binary if the test that made this database hangs (see [`Watchdog`]).
+    _watchdog: Watchdog,
 }
 
 impl TestDb {
@@ -81,6 +85,7 @@ impl TestDb {
             },
             name,
             pool,
+            _watchdog: Watchdog::arm(),
         };
         let mut conn = db.conn().await?;
         db.apply_migrations(&mut conn).await?;

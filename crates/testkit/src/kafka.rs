@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::unique::unique_suffix;
@@ -97,20 +97,47 @@ fn new_consumer(bootstrap: &str) -> Result<BaseConsumer> {
         .context("creating a Kafka consumer")
 }
 
-/// Partitions of `topic`, or `None` while the broker does not know it.
-fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<Option<Vec<i32>>> {
-    let md = consumer
-        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .with_context(|| format!("fetching metadata of {topic}"))?;
-    Ok(md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .filter(|t| t.error().is_none() && !t.partitions().is_empty())
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect()))
+/// What the broker's metadata says about one topic.
+enum TopicState {
+    /// It exists, with these partitions.
+    Exists(Vec<i32>),
+    /// The broker answered that it does not know the topic.
+    Unknown,
+    /// No definite answer (request timed out, leader not available yet, no partitions listed):
+    /// asked again, never taken for "does not exist".
+    Unsettled(String),
 }
 
+/// The partitions of `topic` as the broker's metadata gives them.
+fn topic_state(consumer: &BaseConsumer, topic: &str) -> TopicState {
+    let md = match consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT) {
+        Ok(md) => md,
+        Err(e) => return TopicState::Unsettled(format!("metadata request: {e}")),
+    };
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        return TopicState::Unsettled("topic not in the metadata answer".into());
+    };
+    match t.error() {
+        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+            TopicState::Unknown
+        }
+        Some(e) => TopicState::Unsettled(format!("topic error {:?}", RDKafkaErrorCode::from(e))),
+        None if t.partitions().is_empty() => TopicState::Unsettled("no partitions listed".into()),
+        None => TopicState::Exists(t.partitions().iter().map(|p| p.id()).collect()),
+    }
+}
+
+/// How long a topic whose metadata gives no definite answer is asked about again when the
+/// caller does not wait for missing topics: a metadata timeout on a loaded machine must not make
+/// a topic that holds records look absent (its records would then look lost).
+const UNSETTLED_RETRY: Duration = Duration::from_secs(60);
+
 /// Waits until every topic exists (or `deadline`), and returns the partitions of those that do.
+/// With `wait` false, a topic the broker definitely does not know is skipped at once, while one
+/// without a definite answer is asked about again for up to [`UNSETTLED_RETRY`].
+///
+/// # Errors
+/// `wait` is false and a topic's metadata stayed unsettled for [`UNSETTLED_RETRY`].
 fn await_topics(
     consumer: &BaseConsumer,
     topics: &[String],
@@ -118,17 +145,36 @@ fn await_topics(
     deadline: Instant,
 ) -> Result<BTreeMap<String, Vec<i32>>> {
     let mut found = BTreeMap::new();
+    let mut unknown = BTreeSet::new();
+    let unsettled_deadline = Instant::now() + UNSETTLED_RETRY;
     loop {
+        let mut unsettled = Vec::new();
         for t in topics {
-            if !found.contains_key(t) {
-                // A metadata error for one topic (it does not exist yet) is not fatal.
-                if let Ok(Some(parts)) = topic_partitions(consumer, t) {
+            if found.contains_key(t) || (!wait && unknown.contains(t)) {
+                continue;
+            }
+            match topic_state(consumer, t) {
+                TopicState::Exists(parts) => {
                     found.insert(t.clone(), parts);
                 }
+                TopicState::Unknown => {
+                    unknown.insert(t.clone());
+                }
+                TopicState::Unsettled(why) => unsettled.push(format!("{t}: {why}")),
             }
         }
-        if !wait || found.len() == topics.len() || Instant::now() >= deadline {
+        if wait {
+            if found.len() == topics.len() || Instant::now() >= deadline {
+                return Ok(found);
+            }
+        } else if unsettled.is_empty() {
             return Ok(found);
+        } else if Instant::now() >= unsettled_deadline {
+            bail!(
+                "no definite metadata for {} topic(s) within {UNSETTLED_RETRY:?}: {}",
+                unsettled.len(),
+                unsettled.join("; ")
+            );
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -158,21 +204,15 @@ fn watermarks(
 const WATERMARK_RETRY: Duration = Duration::from_secs(30);
 
 fn detach(m: &rdkafka::message::BorrowedMessage<'_>) -> Record {
+    let r = outbox_relay_kafka::reader::ReadRecord::from_message(m);
     Record {
-        topic: m.topic().to_owned(),
-        partition: m.partition(),
-        offset: m.offset(),
-        key: m.key().map(<[u8]>::to_vec),
-        value: m.payload().map(<[u8]>::to_vec),
-        headers: m
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        timestamp_ms: m.timestamp().to_millis(),
+        topic: r.topic,
+        partition: r.partition,
+        offset: r.offset,
+        key: r.key,
+        value: r.value,
+        headers: r.headers,
+        timestamp_ms: r.timestamp_ms,
     }
 }
 

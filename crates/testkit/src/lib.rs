@@ -18,7 +18,10 @@
 //! The crates the helpers speak in are re-exported ([`mysql_async`], [`rdkafka`]) so a test can
 //! name their types without depending on a different version.
 
+pub mod audit;
 pub mod binlog;
+#[cfg(test)]
+mod binlog_tests;
 pub mod checkpoint;
 pub mod db;
 pub mod env;
@@ -27,11 +30,15 @@ pub mod kafka;
 pub mod outbox;
 pub mod per_server;
 pub mod relay;
+pub mod relay_bin;
 pub mod unique;
 pub mod wait;
+pub mod watchdog;
 
 pub use mysql_async;
 pub use rdkafka;
+pub use relay_bin::relay_bin;
+pub use watchdog::Watchdog;
 
 pub use binlog::{
     binary_logs, binlog_event_ending_at, binlog_events_from, compare_positions,
@@ -70,7 +77,8 @@ pub use binlog_scan::{
     global_variable, last_gtid, names_table, newest_binlog_file, scan_binlog,
     write_rows_event_ending_at, BinlogTransaction, TransactionTables,
 };
-pub use state::{crc32, lease_lock_name, read_state_row, wait_for_stderr, StateRow};
+pub use relay::wait_for_stderr;
+pub use state::{crc32, lease_lock_name, read_state_row, StateRow};
 pub mod fixture;
 pub use fixture::{
     all_seen, commit_rows, connection_state, describe_record, ensure_at_least_once,
@@ -81,7 +89,7 @@ pub use fixture::{
 // Fault injection (tests/failover.rs, tests/faults.rs, the `faults` binary, `make faults`).
 pub mod faults;
 pub mod proxy;
-pub use proxy::{ConnectionInfo, TcpProxy, Trip};
+pub use proxy::{ConnectionInfo, KafkaFault, TcpProxy, Trip, END_TXN};
 
 // Private servers started by a test binary itself (tests/security_e2e.rs): a MariaDB with TLS,
 // a Kafka with SASL/SCRAM, and test certificates.

@@ -67,7 +67,30 @@ struct Shared {
     /// Armed by [`TcpProxy::arm_tripwire`]; taken by the first connection that sends the
     /// pattern.
     tripwire: Tripwire,
+    /// Kafka framing (see [`TcpProxy::start_kafka`]): requests are parsed for their header and
+    /// responses forwarded frame by frame.
+    kafka: bool,
+    /// Armed by [`TcpProxy::arm_kafka_fault`]: the API key whose next response is dropped or
+    /// delayed (one-shot).
+    kafka_fault: Mutex<Option<(i16, KafkaFault)>>,
+    /// Responses [`TcpProxy::arm_kafka_fault`] dropped or delayed so far.
+    kafka_fired: AtomicU64,
 }
+
+/// What the proxy does with the response to a Kafka request of the armed API key (see
+/// [`TcpProxy::arm_kafka_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaFault {
+    /// The response never reaches the client; the connection stays open and later responses
+    /// flow (a lost answer: the client waits until its request times out).
+    Drop,
+    /// The response, and with it every later response of the connection (Kafka answers in
+    /// order), reaches the client this much later (a late answer).
+    Delay(std::time::Duration),
+}
+
+/// Kafka protocol API key of EndTxn (KIP-98): the request that commits or aborts a transaction.
+pub const END_TXN: i16 = 26;
 
 /// The armed tripwire: pattern and when to close.
 type Tripwire = Mutex<Option<(Vec<u8>, Trip)>>;
@@ -134,9 +157,26 @@ impl TcpProxy {
     /// # Errors
     /// The listener cannot be bound.
     pub async fn start(target: impl Into<String>) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on("127.0.0.1:0", target, false).await
+    }
+
+    /// A proxy on `listen` (`host:port`) that forwards to a Kafka broker at `target` and reads
+    /// the Kafka protocol's framing (each message a 4-byte big-endian size, then a request
+    /// header: API key, API version, correlation id; a response header: the correlation id), so
+    /// that [`TcpProxy::arm_kafka_fault`] can drop or delay the response to one kind of request.
+    /// For clients to stay behind the proxy the broker must advertise `listen` as its listener
+    /// (`KAFKA_ADVERTISED_PORT` of `tests/services/kafka.sh`).
+    ///
+    /// # Errors
+    /// The listener cannot be bound.
+    pub async fn start_kafka(listen: &str, target: impl Into<String>) -> Result<Self> {
+        Self::start_on(listen, target, true).await
+    }
+
+    async fn start_on(listen: &str, target: impl Into<String>, kafka: bool) -> Result<Self> {
+        let listener = TcpListener::bind(listen)
             .await
-            .context("binding the proxy's listener")?;
+            .with_context(|| format!("binding the proxy's listener on {listen}"))?;
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::default());
         let shared = Arc::new(Shared {
@@ -146,6 +186,9 @@ impl TcpProxy {
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             tripwire: Mutex::new(None),
+            kafka,
+            kafka_fault: Mutex::new(None),
+            kafka_fired: AtomicU64::new(0),
         });
         let accept_task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Self {
@@ -244,6 +287,32 @@ impl TcpProxy {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .is_some()
+    }
+
+    /// Arms a one-shot Kafka fault (a proxy of [`TcpProxy::start_kafka`] only): the response to
+    /// the next request with `api_key` (e.g. [`END_TXN`]) is dropped or delayed.
+    pub fn arm_kafka_fault(&self, api_key: i16, fault: KafkaFault) {
+        *self
+            .shared
+            .kafka_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((api_key, fault));
+    }
+
+    /// Disarms the Kafka fault; returns whether it was still armed (no matching request yet).
+    pub fn disarm_kafka_fault(&self) -> bool {
+        self.shared
+            .kafka_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+    }
+
+    /// Responses dropped or delayed by [`TcpProxy::arm_kafka_fault`] so far (counted when the
+    /// response arrives from the broker).
+    pub fn kafka_faults_fired(&self) -> u64 {
+        self.shared.kafka_fired.load(Ordering::Relaxed)
     }
 
     /// Connections currently open (including hanging ones).
@@ -368,6 +437,25 @@ async fn serve(
         let _ = server.set_nodelay(true);
         let (client_r, client_w) = client.into_split();
         let (server_r, server_w) = server.into_split();
+        if shared.kafka {
+            let pending = Mutex::new(HashMap::new());
+            let up = kafka_requests(
+                client_r,
+                server_w,
+                (shared.mode.subscribe(), frozen.clone()),
+                (&shared, &pending),
+                [&shared.counters.bytes_up, &bytes.up],
+            );
+            let down = kafka_responses(
+                server_r,
+                client_w,
+                (shared.mode.subscribe(), frozen.clone()),
+                (&shared, &pending),
+                [&shared.counters.bytes_down, &bytes.down],
+            );
+            let _ = tokio::join!(up, down);
+            return;
+        }
         let up = pump(
             client_r,
             server_w,
@@ -452,6 +540,145 @@ async fn pump(
         }
         for c in counters {
             c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Correlation ids of one connection's requests whose responses get a [`KafkaFault`].
+type Pending = Mutex<HashMap<i32, KafkaFault>>;
+
+/// Forwards Kafka requests unchanged, reading each one's header (size, API key, API version,
+/// correlation id): a request of the armed API key takes the armed fault for its response.
+async fn kafka_requests(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    (mode, frozen): (watch::Receiver<Mode>, watch::Receiver<bool>),
+    (shared, pending): (&Shared, &Pending),
+    counters: [&AtomicU64; 2],
+) {
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut header = Vec::with_capacity(12);
+    let mut skip = 0usize;
+    loop {
+        wait_thawed(mode.clone(), frozen.clone()).await;
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        wait_thawed(mode.clone(), frozen.clone()).await;
+        let mut i = 0;
+        while i < n {
+            if skip > 0 {
+                let k = skip.min(n - i);
+                skip -= k;
+                i += k;
+                continue;
+            }
+            let k = (12 - header.len()).min(n - i);
+            header.extend_from_slice(&buf[i..i + k]);
+            i += k;
+            if header.len() == 12 {
+                let size = i32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+                let api_key = i16::from_be_bytes([header[4], header[5]]);
+                let correlation =
+                    i32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+                skip = usize::try_from(size).unwrap_or(0).saturating_sub(8);
+                header.clear();
+                let mut armed = shared.kafka_fault.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((key, fault)) = *armed {
+                    if key == api_key {
+                        *armed = None;
+                        pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(correlation, fault);
+                    }
+                }
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        for c in counters {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Forwards Kafka responses frame by frame, dropping or delaying the ones whose correlation id
+/// [`kafka_requests`] marked.
+async fn kafka_responses(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    (mode, frozen): (watch::Receiver<Mode>, watch::Receiver<bool>),
+    (shared, pending): (&Shared, &Pending),
+    counters: [&AtomicU64; 2],
+) {
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut header = Vec::with_capacity(8);
+    // Bytes left of the current response, and whether they are dropped.
+    let mut rest = 0usize;
+    let mut dropping = false;
+    loop {
+        wait_thawed(mode.clone(), frozen.clone()).await;
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        wait_thawed(mode.clone(), frozen.clone()).await;
+        let mut out = Vec::with_capacity(n);
+        let mut i = 0;
+        while i < n {
+            if rest > 0 {
+                let k = rest.min(n - i);
+                if !dropping {
+                    out.extend_from_slice(&buf[i..i + k]);
+                }
+                rest -= k;
+                i += k;
+                continue;
+            }
+            let k = (8 - header.len()).min(n - i);
+            header.extend_from_slice(&buf[i..i + k]);
+            i += k;
+            if header.len() < 8 {
+                continue;
+            }
+            let size = i32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+            let correlation = i32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+            rest = usize::try_from(size).unwrap_or(0).saturating_sub(4);
+            let fault = pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&correlation);
+            dropping = fault == Some(KafkaFault::Drop);
+            if fault.is_some() {
+                shared.kafka_fired.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(KafkaFault::Delay(d)) = fault {
+                // Everything before this response goes now; it and what follows, later.
+                if to.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+                tokio::time::sleep(d).await;
+            }
+            if !dropping {
+                out.extend_from_slice(&header);
+            }
+            header.clear();
+        }
+        if to.write_all(&out).await.is_err() {
+            return;
+        }
+        for c in counters {
+            c.fetch_add(out.len() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -639,6 +866,67 @@ mod tests {
         timeout(LONG, a.read_exact(&mut buf)).await??;
         assert_eq!(&buf, b"held");
         assert!(!proxy.freeze_connection(9_999));
+        Ok(())
+    }
+
+    /// A Kafka request frame: size, API key, API version 0, correlation id, a small body.
+    fn kafka_request(api_key: i16, correlation: i32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&api_key.to_be_bytes());
+        m.extend_from_slice(&0i16.to_be_bytes());
+        m.extend_from_slice(&correlation.to_be_bytes());
+        m.extend_from_slice(b"body");
+        let mut out = (m.len() as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(&m);
+        out
+    }
+
+    #[tokio::test]
+    async fn a_kafka_fault_drops_or_delays_one_response() -> Result<()> {
+        // A "broker" answering each request with its correlation id and a 3-byte body.
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let target = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    loop {
+                        let mut size = [0u8; 4];
+                        if s.read_exact(&mut size).await.is_err() {
+                            return;
+                        }
+                        let mut req = vec![0u8; i32::from_be_bytes(size) as usize];
+                        if s.read_exact(&mut req).await.is_err() {
+                            return;
+                        }
+                        let mut resp = 7i32.to_be_bytes().to_vec();
+                        resp.extend_from_slice(&req[4..8]);
+                        resp.extend_from_slice(b"ack");
+                        if s.write_all(&resp).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = TcpProxy::start_kafka("127.0.0.1:0", target.to_string()).await?;
+        let mut c = TcpStream::connect(proxy.addr()).await?;
+        let answer = async |c: &mut TcpStream| -> Result<i32> {
+            let mut frame = [0u8; 11];
+            c.read_exact(&mut frame).await?;
+            Ok(i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]))
+        };
+        proxy.arm_kafka_fault(END_TXN, KafkaFault::Drop);
+        c.write_all(&kafka_request(END_TXN, 1)).await?;
+        c.write_all(&kafka_request(3, 2)).await?;
+        // The EndTxn answer (1) never comes; the next one does.
+        assert_eq!(timeout(LONG, answer(&mut c)).await??, 2);
+        assert_eq!(proxy.kafka_faults_fired(), 1);
+        proxy.arm_kafka_fault(END_TXN, KafkaFault::Delay(Duration::from_millis(400)));
+        let sent = std::time::Instant::now();
+        c.write_all(&kafka_request(END_TXN, 3)).await?;
+        assert_eq!(timeout(LONG, answer(&mut c)).await??, 3);
+        assert!(sent.elapsed() >= Duration::from_millis(400));
+        assert!(!proxy.disarm_kafka_fault());
         Ok(())
     }
 

@@ -263,7 +263,7 @@ pub struct RelayProcess {
 
 impl RelayProcess {
     /// Writes `config_toml` to a temp file and starts `binary run --config <file>` with
-    /// `extra_env` added to the environment. Pass `env!("CARGO_BIN_EXE_outbox-relay")` as
+    /// `extra_env` added to the environment. Pass [`crate::relay_bin()`] as
     /// `binary`.
     ///
     /// # Errors
@@ -321,6 +321,7 @@ impl RelayProcess {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
+        crate::watchdog::track_child(child.id());
         Ok(Self {
             child: Mutex::new(child),
             label,
@@ -405,6 +406,23 @@ impl RelayProcess {
     /// As [`RelayProcess::sigterm`].
     pub fn sigint(&self) -> Result<()> {
         self.signal(Signal::SIGINT)
+    }
+
+    /// Sends SIGSTOP: the process stalls (as in a long GC-like pause or a frozen VM) with its
+    /// sockets open, until [`RelayProcess::resume`].
+    ///
+    /// # Errors
+    /// As [`RelayProcess::sigterm`].
+    pub fn pause(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Sends SIGCONT: a process stopped by [`RelayProcess::pause`] goes on.
+    ///
+    /// # Errors
+    /// As [`RelayProcess::sigterm`].
+    pub fn resume(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
     }
 
     /// Sends SIGKILL and reaps the process: a crash with no chance to flush or checkpoint.
@@ -512,6 +530,7 @@ impl Drop for RelayProcess {
                 "still running at the end of the test: killed".to_owned()
             }
         };
+        crate::watchdog::untrack_child(child.id());
         drop(child);
         eprintln!(
             "--- relay {} ({status}); config {}; stderr {} ---\n{}\n--- end of relay {} stderr ---",
@@ -522,6 +541,33 @@ impl Drop for RelayProcess {
             self.label
         );
     }
+}
+
+/// Waits until the relay's stderr contains `needle`, failing at once if the relay exits first
+/// (unless the text is there by then). Returns the stderr text.
+///
+/// # Errors
+/// Timeout (the error shows the stderr tail) or the relay exited without writing `needle`.
+pub async fn wait_for_stderr(
+    relay: &RelayProcess,
+    needle: &str,
+    timeout: Duration,
+) -> Result<String> {
+    wait_until(
+        &format!("the relay to log {needle:?}"),
+        timeout,
+        Duration::from_millis(100),
+        async || {
+            let text = relay.stderr_text();
+            if text.contains(needle) {
+                return Ok(Some(text));
+            }
+            relay.ensure_running()?;
+            Ok(None)
+        },
+    )
+    .await
+    .map_err(|e| anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
 }
 
 /// `text` without ANSI CSI escape sequences (`ESC [ … final-byte`), such as colours.

@@ -4,31 +4,30 @@
 //! [`crate::read_checkpoint`] answers "which position is stored"; the helpers here answer "who
 //! holds the lease, with which token, and when was the row last written".
 
-use std::time::Duration;
-
 use anyhow::{anyhow, ensure, Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Row};
 
-use crate::binlog::BinlogPosition;
-use crate::relay::RelayProcess;
-use crate::wait::wait_until;
+use outbox_relay_core::state::{checkpoint as core_checkpoint, codec as core_codec};
 
-/// Every column of one row of the checkpoint table, including a lease placeholder (empty
-/// `binlog_file`), as stored.
+use outbox_relay_core::position::BinlogPosition;
+
+/// One row of the checkpoint table as the tests compare it, including a lease placeholder
+/// (empty `binlog_file`): the relay's [`outbox_relay_core_codec::state::codec::StateRow`] (its
+/// statement and decoding) flattened into the table's column names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateRow {
     /// `connector_name`.
     pub connector_name: String,
     /// `binlog_file` (`""` in a lease placeholder).
     pub binlog_file: String,
-    /// `binlog_pos`.
+    /// `binlog_pos` (0 in a lease placeholder).
     pub binlog_pos: u64,
-    /// `rows_acked`.
+    /// `rows_acked` (0 in a lease placeholder).
     pub rows_acked: u64,
-    /// `gtid_set`.
+    /// `gtid_set` (`None` also when stored empty, and in a lease placeholder).
     pub gtid_set: Option<String>,
-    /// `source_server_id`.
+    /// `source_server_id` (0 in a lease placeholder).
     pub source_server_id: u32,
     /// `lease_token`.
     pub lease_token: u64,
@@ -39,6 +38,29 @@ pub struct StateRow {
 }
 
 impl StateRow {
+    /// The relay's state row of `connector`, flattened.
+    pub fn from_relay(connector: &str, row: core_codec::StateRow) -> Self {
+        let cp = row.checkpoint.unwrap_or(core_checkpoint::Checkpoint {
+            position: BinlogPosition::default(),
+            rows_acked: 0,
+            gtid_set: None,
+            source_server_id: 0,
+            source_server_uuid: None,
+            table_layouts: None,
+        });
+        Self {
+            connector_name: connector.to_owned(),
+            binlog_file: cp.position.file,
+            binlog_pos: cp.position.pos,
+            rows_acked: cp.rows_acked,
+            gtid_set: cp.gtid_set,
+            source_server_id: cp.source_server_id,
+            lease_token: row.lease_token,
+            lease_owner: row.lease_owner,
+            updated_at: row.updated_at,
+        }
+    }
+
     /// (`binlog_file`, `binlog_pos`).
     pub fn position(&self) -> BinlogPosition {
         BinlogPosition {
@@ -76,41 +98,42 @@ fn quote_ident_path(table: &str) -> Result<String> {
         .join("."))
 }
 
+/// The relay's own state row of `connector` in `table` (`table` or `db.table`, the pool's
+/// database for a bare name), read with the relay's statement
+/// ([`outbox_relay_core_codec::state::codec::select_state_row`]) and decoding; `updated_at` in the
+/// pool's session time zone.
+///
+/// # Errors
+/// The query fails, or the row does not decode (naming the column).
+pub async fn read_relay_state_row(
+    pool: &Pool,
+    table: &str,
+    connector: &str,
+) -> Result<Option<core_codec::StateRow>> {
+    let quoted = quote_ident_path(table)?;
+    let mut conn = pool.get_conn().await?;
+    let row: Option<Row> = conn
+        .exec_first(core_codec::select_state_row(&quoted), (connector,))
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let shown = format!("{row:?}");
+    core_codec::decode_state_row(row.unwrap())
+        .map(Some)
+        .map_err(|core_codec::BadColumn(c)| anyhow!("state row {shown}: invalid {c}"))
+}
+
 /// The row of `connector` in `table` (`table` or `db.table`, the pool's database for a bare
 /// name), placeholder or not.
 ///
 /// # Errors
-/// The query fails.
+/// The query fails or the row does not decode.
 pub async fn read_state_row(pool: &Pool, table: &str, connector: &str) -> Result<Option<StateRow>> {
-    let quoted = quote_ident_path(table)?;
-    let mut conn = pool.get_conn().await?;
-    let row: Option<Row> = conn
-        .exec_first(
-            format!(
-                "SELECT connector_name, binlog_file, binlog_pos, rows_acked, gtid_set, \
-                 source_server_id, lease_token, lease_owner, \
-                 DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f') FROM {quoted} \
-                 WHERE connector_name = ?"
-            ),
-            (connector,),
-        )
+    let row = read_relay_state_row(pool, table, connector)
         .await
         .with_context(|| format!("reading the state row of {connector:?} from {table}"))?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let ctx = || format!("state row {row:?}");
-    Ok(Some(StateRow {
-        connector_name: row.get::<String, _>(0).with_context(ctx)?,
-        binlog_file: row.get::<String, _>(1).with_context(ctx)?,
-        binlog_pos: row.get::<u64, _>(2).with_context(ctx)?,
-        rows_acked: row.get::<u64, _>(3).with_context(ctx)?,
-        gtid_set: row.get::<Option<String>, _>(4).flatten(),
-        source_server_id: row.get::<u32, _>(5).with_context(ctx)?,
-        lease_token: row.get::<u64, _>(6).with_context(ctx)?,
-        lease_owner: row.get::<Option<String>, _>(7).flatten(),
-        updated_at: row.get::<String, _>(8).with_context(ctx)?,
-    }))
+    Ok(row.map(|r| StateRow::from_relay(connector, r)))
 }
 
 /// The name of the MySQL user lock that is a connector's lease:
@@ -137,33 +160,6 @@ pub fn crc32(bytes: &[u8]) -> u32 {
         }
     }
     !crc
-}
-
-/// Waits until the relay's stderr contains `needle`, failing at once if the relay exits first
-/// (unless the text is there by then). Returns the stderr text.
-///
-/// # Errors
-/// Timeout (the error shows the stderr tail) or the relay exited without writing `needle`.
-pub async fn wait_for_stderr(
-    relay: &RelayProcess,
-    needle: &str,
-    timeout: Duration,
-) -> Result<String> {
-    wait_until(
-        &format!("the relay to log {needle:?}"),
-        timeout,
-        Duration::from_millis(100),
-        async || {
-            let text = relay.stderr_text();
-            if text.contains(needle) {
-                return Ok(Some(text));
-            }
-            relay.ensure_running()?;
-            Ok(None)
-        },
-    )
-    .await
-    .map_err(|e| anyhow!("{e:#}\n--- relay stderr ---\n{}", relay.stderr_tail()))
 }
 
 #[cfg(test)]

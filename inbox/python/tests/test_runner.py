@@ -9,10 +9,18 @@ import sys
 import threading
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from support import BOOTSTRAP, DB, TIMEOUT, Database, Topics, headers_of, record, wait_until
 
-from outbox_inbox import Inbox, InboxRunner, InboxSettings, dead_letter_producer
+from outbox_inbox import (
+    DeadLetterTopicError,
+    Inbox,
+    InboxRunner,
+    InboxSettings,
+    dead_letter_producer,
+)
 
 
 def grant(tx, rec) -> None:
@@ -127,3 +135,42 @@ def test_scenario_consumer_crash_after_db_commit_then_duplicate(db, topics, tmp_
     assert outcomes["order-3-1"] == ["processed", "order-3-1", "0", "2", "1"]
     rows = db.query("SELECT event_key, COUNT(*) FROM coupons GROUP BY event_key ORDER BY event_key")
     assert rows == [("order-1-1", 1), ("order-2-1", 1), ("order-3-1", 1)]
+
+
+def test_runner_creates_a_missing_dead_letter_topic(db, topics) -> None:
+    fresh = Topics(topics.topic, f"inbox-python-fresh-dlq-{uuid.uuid4().hex[:12]}")
+    topics.produce([record(None, key="order-x")])  # no event_key: dead-lettered at once
+    settings = InboxSettings(consumer="c1", dead_letter_topic=fresh.dlq)
+    inbox = Inbox(settings, db.connect, dead_letter_producer({"bootstrap.servers": BOOTSTRAP}))
+    group = f"inbox-python-g-{uuid.uuid4().hex[:8]}"
+    config = {"bootstrap.servers": BOOTSTRAP, "group.id": group, "auto.offset.reset": "earliest"}
+    try:
+        runner = InboxRunner(
+            inbox, grant, config, [topics.topic], on_settled=lambda *_: runner.stop()
+        )
+        guard = threading.Timer(TIMEOUT, runner.stop)  # never hang the suite
+        guard.start()
+        try:
+            runner.run()
+        finally:
+            guard.cancel()
+        (dead,) = fresh.read(1, topic=fresh.dlq)
+        assert headers_of(dead)["dlq_reason"] == "missing event_key header"
+    finally:
+        inbox.close()
+        AdminClient({"bootstrap.servers": BOOTSTRAP}).delete_topics([fresh.dlq])
+
+
+def test_runner_refuses_a_dead_letter_topic_the_broker_will_not_create(db, topics) -> None:
+    bad = f"inbox-python-bad/dlq-{uuid.uuid4().hex[:8]}"  # '/' is not allowed in a topic name
+    inbox = Inbox(
+        InboxSettings(consumer="c1", dead_letter_topic=bad),
+        db.connect,
+        dead_letter_producer({"bootstrap.servers": BOOTSTRAP}),
+    )
+    try:
+        with pytest.raises(DeadLetterTopicError) as refused:
+            InboxRunner(inbox, grant, {"bootstrap.servers": BOOTSTRAP}, [topics.topic])
+        assert bad in str(refused.value) and "kafka-topics.sh --create" in str(refused.value)
+    finally:
+        inbox.close()

@@ -13,14 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{refused_too, Ack, RowRef};
-use crate::error::RelayError;
-use crate::kafka::sink::{
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::audit::AckAudit;
+use outbox_relay_core::observe::metrics::{self, DeadLetterKind};
+use outbox_relay_core::observe::spans::RowSpan;
+use outbox_relay_core::position::BinlogPosition;
+use outbox_relay_core::sink::{
     DeadLetter, Delivered, Deliveries, DeliveryReport, RecordSink, SendError,
 };
-use crate::observe::metrics::{self, DeadLetterKind};
-use crate::observe::spans::RowSpan;
-use crate::position::BinlogPosition;
-use crate::state::checkpoint::Checkpoint;
+use outbox_relay_core::state::checkpoint::Checkpoint;
+use outbox_relay_kafka::sink::{ReadBack, ReadBackRequest, ReadBackResult};
 
 /// Where a record entry's acknowledgement moves the checkpoint: the boundary before its
 /// transaction plus its index in the transaction.
@@ -43,6 +45,8 @@ pub(super) struct RecordInfo {
     pub alone: bool,
     /// The row's OpenTelemetry span (`[tracing]`), ended by the record's report.
     pub span: Option<Box<RowSpan>>,
+    /// The row's event_key, kept only with the acknowledgement audit on.
+    pub event_key: Option<Vec<u8>>,
 }
 
 /// A record whose batch the broker refused for good, after which the producer stopped
@@ -58,6 +62,9 @@ pub(super) struct FatalRefusal {
     pub keep_value: bool,
     pub position: BinlogPosition,
     pub table: Arc<str>,
+    /// Recorded because the refusal failed the sink's open commit
+    /// ([`AckQueue::refusal_fails_commit`]): the producer may have no fatal error to name.
+    pub failed_commit: bool,
 }
 
 enum Entry {
@@ -85,6 +92,10 @@ pub(super) struct AckQueue {
     first_seq: u64,
     deliveries: Arc<Deliveries>,
     has_dead_letter: bool,
+    /// A record refused at delivery takes the records sent with it since the sink's last
+    /// commit down ([`crate::sink::DeliveryMode::refusal_fails_commit`]): it is not
+    /// dead-lettered in their place, the run ends as after the producer's fatal error.
+    refusal_fails_commit: bool,
     /// Scratch space for taking reports.
     reports: Vec<DeliveryReport>,
     /// Entries refused at delivery whose dead letter is not enqueued yet.
@@ -93,20 +104,44 @@ pub(super) struct AckQueue {
     topic_counters: Option<(Arc<str>, metrics::TopicCounters)>,
     /// The first record refused by a broker in a way that stopped the producer.
     pub fatal_refusal: Option<FatalRefusal>,
+    /// `[audit]`: where each acknowledgement is written, and the lines of the current batch.
+    audit: Option<(Arc<AckAudit>, String)>,
+    /// Proves the first acknowledgement of each partition new to the process by reading it
+    /// back ([`ReadBack`]); `None` in unit tests.
+    read_back: Option<Arc<ReadBack>>,
+    /// The (topic, partition) of the last acknowledgement asked about at `read_back`: the next
+    /// ones there need not take its lock (runs of one partition are the common case; the router
+    /// shares one `Arc` per topic run).
+    last_asked: Option<(Arc<str>, i32)>,
+    /// Entries whose acknowledgement waits for its read-back, and scratch space for results.
+    awaiting: usize,
+    read_backs: Vec<ReadBackResult>,
 }
 
 impl AckQueue {
-    /// An empty queue for `sink`'s records.
-    pub fn new(sink: &impl RecordSink) -> Self {
+    /// An empty queue for `sink`'s records; with `audit`, each acknowledgement is written
+    /// there; with `read_back`, the first acknowledgement of each partition new to the process
+    /// counts only once read back.
+    pub fn new(
+        sink: &impl RecordSink,
+        audit: Option<Arc<AckAudit>>,
+        read_back: Option<Arc<ReadBack>>,
+    ) -> Self {
         Self {
             entries: VecDeque::new(),
             first_seq: 0,
             deliveries: Arc::clone(sink.deliveries()),
             has_dead_letter: sink.has_dead_letter(),
+            refusal_fails_commit: sink.delivery_mode().refusal_fails_commit(),
             reports: Vec::new(),
             unsent: 0,
             topic_counters: None,
             fatal_refusal: None,
+            audit: audit.map(|a| (a, String::new())),
+            read_back,
+            last_asked: None,
+            awaiting: 0,
+            read_backs: Vec::new(),
         }
     }
 
@@ -156,9 +191,9 @@ impl AckQueue {
             }
             sink.serve();
             // librdkafka raises its fatal error before it files the refused batch's reports.
-            // Exactly-once: a refused record leaves its transaction to abort, as a fatal error
-            // leaves the idempotent producer: the run ends either way.
-            self.apply_reports(sink.fatal().is_some() || sink.transactional());
+            // A refusal that fails the open commit ends the run as a fatal error does.
+            self.apply_reports(sink.fatal().is_some() || self.refusal_fails_commit);
+            self.apply_read_backs();
             if self.front_ready() {
                 continue;
             }
@@ -172,7 +207,56 @@ impl AckQueue {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
-            sink.events().await;
+            match &self.read_back {
+                Some(read_back) if self.awaiting > 0 => {
+                    tokio::select! {
+                        () = sink.events() => {}
+                        () = read_back.ready() => {}
+                    }
+                }
+                _ => sink.events().await,
+            }
+        }
+    }
+
+    /// Files the read-backs that finished under their entries: the acknowledgement, or (the
+    /// record is not at its offset) an error that ends the run, whose next one sends it again.
+    fn apply_read_backs(&mut self) {
+        let Some(read_back) = &self.read_back else {
+            return;
+        };
+        if self.awaiting == 0 {
+            return;
+        }
+        read_back.take(&mut self.read_backs);
+        for (request, verdict) in self.read_backs.drain(..) {
+            let Some(Entry::Record {
+                outcome: slot @ None,
+                ..
+            }) = request
+                .seq
+                .checked_sub(self.first_seq)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| self.entries.get_mut(i))
+            else {
+                continue;
+            };
+            self.awaiting = self.awaiting.saturating_sub(1);
+            *slot = Some(match verdict {
+                Ok(()) => Ok(Delivered::Acked(request.partition, request.offset)),
+                Err(why) => {
+                    read_back.forget(&request.topic, request.partition);
+                    self.last_asked = None;
+                    tracing::error!(topic = %request.topic, partition = request.partition,
+                        offset = request.offset, %why,
+                        "Kafka acknowledged a record that is not in its log");
+                    Err(RelayError::kafka(format!(
+                        "Kafka acknowledged the record at {} partition {} offset {}, but reading \
+                         it back found {why}: it is sent again from the last checkpoint",
+                        request.topic, request.partition, request.offset
+                    )))
+                }
+            });
         }
     }
 
@@ -244,6 +328,17 @@ impl AckQueue {
                         if let Some(span) = info.span.take() {
                             span.acked(partition, offset);
                         }
+                        if let Some((_, lines)) = &mut self.audit {
+                            let key = info.event_key.as_deref().map(String::from_utf8_lossy);
+                            AckAudit::record(
+                                lines,
+                                &info.topic,
+                                partition,
+                                offset,
+                                key.as_deref(),
+                                &info.position,
+                            );
+                        }
                         let counters = match &self.topic_counters {
                             // By content: the router makes a new Arc when the topic changes back.
                             Some((topic, c)) if *topic == info.topic => c,
@@ -259,7 +354,35 @@ impl AckQueue {
                             info.read_at,
                             &clock,
                         );
-                        *slot = Some(outcome);
+                        let prove = match &self.read_back {
+                            Some(_)
+                                if self.last_asked.as_ref().is_some_and(|(t, p)| {
+                                    *p == partition && Arc::ptr_eq(t, &info.topic)
+                                }) =>
+                            {
+                                None
+                            }
+                            Some(read_back) => {
+                                self.last_asked = Some((Arc::clone(&info.topic), partition));
+                                read_back
+                                    .needs_proof(&info.topic, partition)
+                                    .then_some(read_back)
+                            }
+                            None => None,
+                        };
+                        match prove {
+                            Some(read_back) => {
+                                // Held until read back (see `apply_read_backs`).
+                                read_back.request(ReadBackRequest {
+                                    seq,
+                                    topic: Arc::clone(&info.topic),
+                                    partition,
+                                    offset,
+                                });
+                                self.awaiting += 1;
+                            }
+                            _ => *slot = Some(outcome),
+                        }
                     }
                     Ok(Delivered::Refused {
                         reason,
@@ -281,9 +404,10 @@ impl AckQueue {
                                 keep_value: value.is_some(),
                                 position: info.position.clone(),
                                 table: Arc::clone(&info.table),
+                                failed_commit: self.refusal_fails_commit,
                             });
                         }
-                        *slot = Some(Err(RelayError::Kafka(format!(
+                        *slot = Some(Err(RelayError::kafka(format!(
                             "the broker refused a batch for good, which stopped the producer: \
                              {reason}"
                         ))));
@@ -332,11 +456,20 @@ impl AckQueue {
                     span,
                     ..
                 } => {
+                    if let (Some((audit, lines)), Ok(Delivered::Acked(partition, offset))) =
+                        (&mut self.audit, &outcome)
+                    {
+                        let key = dead_letter_key(dl);
+                        audit.dead_letter(lines, *partition, *offset, key.as_deref(), &dl.position);
+                    }
                     end_dead_letter_span(span, dl, &outcome);
                     *slot = Some(outcome)
                 }
                 _ => {} // a second report for one record: librdkafka sends one
             }
+        }
+        if let Some((audit, lines)) = &mut self.audit {
+            audit.write(lines);
         }
     }
 
@@ -381,6 +514,14 @@ impl AckQueue {
         }
         true
     }
+}
+
+/// The `event_key` header of a dead letter (the row's headers travel with it), for the audit.
+fn dead_letter_key(dl: &DeadLetter) -> Option<String> {
+    dl.headers
+        .iter()
+        .find(|(name, _)| name == "event_key")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
 
 /// Ends the span of a row that was dead-lettered, once its dead letter's `outcome` is known.

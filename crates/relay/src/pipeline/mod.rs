@@ -34,8 +34,8 @@
 //! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
 //!
 //! # Sources
-//! The events come from an [`EventSource`]: the live binlog dump ([`crate::binlog::source::BinlogSource`], never ends)
-//! or binlog files ([`crate::binlog::replay::ReplaySource`]). When a source ends (the end of the last
+//! The events come from an [`EventSource`]: the live binlog dump ([`outbox_relay_mysql::binlog::source::BinlogSource`], never ends)
+//! or binlog files ([`outbox_relay_mysql::binlog::replay::ReplaySource`]). When a source ends (the end of the last
 //! file), the run waits for every acknowledgement as on a stop request and returns `Ok`. A run
 //! without a checkpoint store (replay) writes no checkpoint and needs no lease.
 
@@ -47,20 +47,21 @@ use tokio::sync::watch;
 
 mod acks;
 use acks::{AckQueue, Done, RecordInfo};
-pub mod cutover;
-use cutover::Cutover;
+use outbox_relay_mysql::cutover::{self, Cutover};
 
-use crate::binlog::source::SourceEvent;
-pub use crate::binlog::EventSource;
-use crate::config::TableName;
-use crate::decode::{DecodedRow, Decoder, OutboxEvent, RowFailure};
-use crate::error::RelayError;
-use crate::kafka::route::{KafkaRecord, Router};
-use crate::kafka::sink::{DeadLetter, RecordSink, SendError};
-use crate::observe::metrics::{self, DeadLetterKind, ProgressLog};
-use crate::observe::spans::{RowSpan, RowSpans, RowStart};
-use crate::state::checkpoint::{Checkpoint, CheckpointStore};
-use crate::state::lease::Lease;
+use outbox_relay_core::config::TableName;
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::audit::AckAudit;
+use outbox_relay_core::observe::metrics::{self, DeadLetterKind, ProgressLog};
+use outbox_relay_core::observe::spans::{RowSpan, RowSpans, RowStart};
+use outbox_relay_core::outbox::OutboxEvent;
+use outbox_relay_core::sink::{DeadLetter, DeliveryMode, Record, RecordSink, SendError};
+use outbox_relay_core::state::checkpoint::{Checkpoint, CheckpointStore};
+use outbox_relay_kafka::route::Router;
+use outbox_relay_kafka::sink::ReadBack;
+pub use outbox_relay_mysql::binlog::EventSource;
+use outbox_relay_mysql::decode::{DecodedRow, Decoder, RowFailure};
+use outbox_relay_mysql::state::lease::Lease;
 
 /// What leaves the acknowledgement queue, in binlog order.
 enum Ack {
@@ -77,7 +78,7 @@ enum Ack {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RowRef {
     /// The boundary before the row's transaction.
-    pub base: crate::position::BinlogPosition,
+    pub base: outbox_relay_core::position::BinlogPosition,
     /// The row's number in the transaction, from 1.
     pub row: u64,
 }
@@ -159,11 +160,13 @@ pub struct PipelineSettings {
     /// After a stop was requested, longest wait for Kafka to acknowledge what is in flight
     /// (`retry.stop_timeout_ms`); what is not acknowledged by then is sent again next start.
     pub stop_timeout: Duration,
-    /// Exactly-once: the longest a Kafka transaction stays open while rows flow
-    /// (`kafka.transaction_interval_ms`); unused by an at-least-once sink.
-    pub transaction_interval: Duration,
     /// OpenTelemetry spans of the rows (`[tracing]`); `None`: no span, no cost.
     pub spans: Option<RowSpans>,
+    /// The acknowledgement audit (`[audit] acks_file`); `None`: no audit, no cost.
+    pub ack_audit: Option<Arc<AckAudit>>,
+    /// Reads back the first acknowledgement of each partition new to the process before the
+    /// checkpoint may pass it (`kafka/sink/readback.rs`); `None`: acknowledgements trusted.
+    pub read_back: Option<Arc<ReadBack>>,
 }
 
 /// Counters of one run, for logs.
@@ -194,10 +197,14 @@ struct Progress<'s, S> {
     /// checkpoint transactions, which would otherwise make an idle relay feed itself).
     dirty: bool,
     last_write: Instant,
-    /// Exactly-once: the last committed point written to the store, and the least time between
-    /// two such writes.
+    /// Least time between two writes to the store (`checkpoint.interval_ms`).
+    write_interval: Duration,
+    /// When the sink's records are delivered, which decides where the resume point is kept
+    /// (the four methods that ask are [`Progress::persist`], [`Progress::on_tick`],
+    /// [`Progress::finish`] and [`Progress::resume_point`]).
+    mode: DeliveryMode,
+    /// [`DeliveryMode::Committed`]: the last committed point written to the store.
     mirrored: Option<Checkpoint>,
-    mirror_interval: Duration,
     stats: RunStats,
     /// `@@server_id` and `@@server_uuid` of the server this run reads.
     server: (u32, Option<String>),
@@ -234,7 +241,8 @@ impl<S: CheckpointStore> Progress<'_, S> {
         !matches!(order, Some(Ordering::Less | Ordering::Equal))
     }
 
-    /// Exactly-once [`Progress::persist`]: `stored` is the last committed point.
+    /// [`Progress::persist`] of a sink whose records are delivered at commit: `stored` is the
+    /// last committed point.
     async fn commit<K: RecordSink>(&mut self, force: bool, sink: &K) -> Result<(), RelayError> {
         let acked = self.acked();
         let moved = self.moved(&acked);
@@ -247,21 +255,21 @@ impl<S: CheckpointStore> Progress<'_, S> {
         self.mirror(force).await
     }
 
-    /// Exactly-once: writes the last committed point to the state table when it is not there
-    /// yet and `mirror_interval` passed since the last write (or `force`). Called at each
-    /// commit and at each checkpoint tick: a commit within the interval of the previous write
-    /// is mirrored by a later tick, so an idle relay's state table does not stay behind its
-    /// last commit.
+    /// [`DeliveryMode::Committed`]: writes the last committed point to the state table when it
+    /// is not there yet and `write_interval` passed since the last write (or `force`). Called
+    /// at each commit and at each checkpoint tick: a commit within the interval of the previous
+    /// write is mirrored by a later tick, so an idle relay's state table does not stay behind
+    /// its last commit.
     async fn mirror(&mut self, force: bool) -> Result<(), RelayError> {
         let Some(store) = self.store else {
             return Ok(());
         };
-        if (force || self.last_write.elapsed() >= self.mirror_interval)
+        if (force || self.last_write.elapsed() >= self.write_interval)
             && self.mirrored.as_ref() != Some(&self.stored)
         {
             // The progress topic is the resume point; the state table follows it for `status`,
             // `prune` and operators (never ahead of it: written after the commit).
-            crate::error::with_timeout(
+            outbox_relay_core::error::with_timeout(
                 self.io_timeout,
                 "mirroring the committed resume point to the state table",
                 store.save(&self.stored),
@@ -298,11 +306,13 @@ impl<S: CheckpointStore> Progress<'_, S> {
     }
 
     /// Writes the acknowledged checkpoint if it moved forward (and, unless `force`, if it is
-    /// worth a write). With a transactional sink, commits the Kafka transaction with that point
-    /// (the caller made sure nothing is in flight) and mirrors it to the store at most every
-    /// `checkpoint_interval` (always when `force`).
+    /// worth a write). [`DeliveryMode::Committed`]: commits the sink's transaction with that
+    /// point instead (the caller made sure nothing is in flight) and mirrors it to the store at
+    /// most every `write_interval` (always when `force`).
     async fn persist<K: RecordSink>(&mut self, force: bool, sink: &K) -> Result<(), RelayError> {
-        if sink.transactional() {
+        // Records delivered only at commit: the point is made durable with them, by the sink.
+        // Written to the store alone it would pass records that may still be aborted.
+        if let DeliveryMode::Committed { .. } = self.mode {
             return self.commit(force, sink).await;
         }
         if !(self.dirty || force) {
@@ -318,7 +328,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
         let acked = self.acked();
         if self.moved(&acked) {
             let t = Instant::now();
-            crate::error::with_timeout(
+            outbox_relay_core::error::with_timeout(
                 self.io_timeout,
                 "writing the checkpoint",
                 store.save(&acked),
@@ -333,6 +343,45 @@ impl<S: CheckpointStore> Progress<'_, S> {
         self.last_write = Instant::now();
         metrics::global().checkpoint_current();
         Ok(())
+    }
+
+    /// At each checkpoint tick: [`DeliveryMode::Acknowledged`] writes the acknowledged point
+    /// once `write_interval` passed since the last write; [`DeliveryMode::Committed`] only
+    /// mirrors the last committed point (commits wait for a transaction boundary with nothing
+    /// in flight, which a tick is not).
+    async fn on_tick<K: RecordSink>(&mut self, sink: &K) -> Result<(), RelayError> {
+        match self.mode {
+            DeliveryMode::Acknowledged if self.last_write.elapsed() >= self.write_interval => {
+                self.persist(false, sink).await
+            }
+            DeliveryMode::Acknowledged => Ok(()),
+            DeliveryMode::Committed { .. } => self.mirror(false).await,
+        }
+    }
+
+    /// Stores the final point of a run once its acknowledgements were drained (`all_acked`:
+    /// every report came). [`DeliveryMode::Committed`] with reports missing aborts instead: a
+    /// commit now would deliver records after the point it stores; they are sent again.
+    async fn finish<K: RecordSink>(&mut self, all_acked: bool, sink: &K) -> Result<(), RelayError> {
+        if !all_acked && matches!(self.mode, DeliveryMode::Committed { .. }) {
+            sink.abort().await;
+            return Ok(());
+        }
+        let stored = self.persist(true, sink).await;
+        if stored.is_err() {
+            sink.abort().await;
+        }
+        stored
+    }
+
+    /// Where the next run resumes: [`DeliveryMode::Committed`], the last committed point
+    /// (acknowledged records of an aborted transaction are not past); otherwise the last
+    /// acknowledged one.
+    fn resume_point(&self) -> Checkpoint {
+        match self.mode {
+            DeliveryMode::Acknowledged => self.acked(),
+            DeliveryMode::Committed { .. } => self.stored.clone(),
+        }
     }
 }
 
@@ -354,8 +403,8 @@ pub struct Stages<'a, S, E, K> {
     pub decoder: &'a mut Decoder,
     /// Topic/key/header mapping.
     pub router: &'a Router,
-    /// Kafka producer: [`crate::kafka::sink::KafkaSink`] (at-least-once) or
-    /// [`crate::kafka::sink::TransactionalSink`] (exactly-once).
+    /// Kafka producer: [`outbox_relay_kafka::sink::KafkaSink`] (at-least-once) or
+    /// [`outbox_relay_kafka::sink::TransactionalSink`] (exactly-once).
     pub sink: &'a K,
     /// Fenced checkpoint store; `None` writes no checkpoint at all (replay).
     pub store: Option<&'a S>,
@@ -399,15 +448,16 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         stored: start.clone(),
         dirty: false,
         last_write: Instant::now(),
+        write_interval: settings.checkpoint_interval,
+        mode: sink.delivery_mode(),
         mirrored: Some(start.clone()),
-        mirror_interval: settings.checkpoint_interval,
         stats: RunStats::default(),
         server: (
             settings.source_server_id,
             settings.source_server_uuid.clone(),
         ),
     };
-    let mut inflight = AckQueue::new(sink);
+    let mut inflight = AckQueue::new(sink, settings.ack_audit.clone(), settings.read_back.clone());
     let mut reader = Reader {
         tx_base: Arc::clone(&progress.acked_base),
         rows_in_tx: 0,
@@ -445,7 +495,13 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         // Kafka or the lease failed: what is in flight cannot be trusted to move the
         // checkpoint (and without the lease it may not be written). Exactly-once: the open
         // transaction is aborted, so none of it becomes visible.
-        Err(e @ (RelayError::Kafka(_) | RelayError::LeaseLost(_) | RelayError::Fenced(_))) => {
+        Err(
+            e @ (RelayError::Kafka(_)
+            | RelayError::LeaseLost(_)
+            | RelayError::Fenced(_)
+            | RelayError::TransactionExpired(_)
+            | RelayError::CommitUnknown { .. }),
+        ) => {
             sink.abort().await;
             Err(e)
         }
@@ -477,18 +533,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
                     break;
                 }
             }
-            // Exactly-once: a commit now would make visible records after the point it
-            // stores (their reports are missing): abort instead, they are sent again.
-            let stored = if sink.transactional() && !all_acked {
-                sink.abort().await;
-                Ok(())
-            } else {
-                let stored = progress.persist(true, sink).await;
-                if stored.is_err() {
-                    sink.abort().await;
-                }
-                stored
-            };
+            let stored = progress.finish(all_acked, sink).await;
             other.and(drained).and(stored)
         }
     };
@@ -502,13 +547,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
     // What was not drained is no longer waited for.
     metrics::global().set_in_flight(0);
     RunOutcome {
-        // Exactly-once: only what was committed is past; acknowledged records of an aborted
-        // transaction are not.
-        acked: if sink.transactional() {
-            progress.stored.clone()
-        } else {
-            progress.acked()
-        },
+        acked: progress.resume_point(),
         result,
         stats: progress.stats,
     }
@@ -561,15 +600,19 @@ impl Reader<'_> {
         sink: &K,
         progress: &mut Progress<'_, S>,
     ) -> Result<(), RelayError> {
-        use crate::kafka::sink::FatalCause;
+        use outbox_relay_core::sink::FatalCause;
         let fatal = match sink.fatal() {
             Some((FatalCause::Fenced, fatal)) => {
-                return Err(crate::kafka::sink::fenced(None, &fatal))
+                return Err(outbox_relay_core::sink::fenced(None, &fatal))
+            }
+            Some((FatalCause::Expired, fatal)) => {
+                return Err(outbox_relay_core::sink::expired(&fatal))
             }
             Some((FatalCause::Transient, _)) if culprit.is_none() => return Err(error),
             Some((_, fatal)) => fatal,
-            // Exactly-once: a refused record aborts the transaction without a fatal error.
-            None if sink.transactional() && culprit.is_some() => {
+            // A refusal that failed the sink's open commit (see `AckQueue::new`) ends the run
+            // without a fatal error.
+            None if culprit.as_ref().is_some_and(|c| c.failed_commit) => {
                 "a record was refused inside the Kafka transaction, which was aborted".to_owned()
             }
             None => return Err(error),
@@ -603,7 +646,7 @@ impl Reader<'_> {
                         keep_value: c.keep_value,
                     },
                 );
-                Err(RelayError::Kafka(format!(
+                Err(RelayError::kafka(format!(
                     "Kafka refused a record for good ({fatal}); restarting with a new producer \
                      to dead-letter its row"
                 )))
@@ -618,7 +661,7 @@ impl Reader<'_> {
                         _ => last.clone(),
                     });
                 }
-                Err(RelayError::Kafka(format!(
+                Err(RelayError::kafka(format!(
                     "Kafka refused a batch for good ({fatal}); the records from the checkpoint \
                      through the last one sent ({}) are sent again one at a time to find the \
                      row at fault",
@@ -665,16 +708,14 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let transactional = sink.transactional();
-        // Exactly-once: commits (a never-firing timer for an at-least-once sink).
-        let mut commit_tick = tokio::time::interval(if transactional {
-            self.settings.transaction_interval
-        } else {
-            Duration::from_secs(86_400)
+        // Commits by time, only for a sink whose records are delivered at commit.
+        let mut commit_tick = sink.delivery_mode().commit_interval().map(|every| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
         });
-        commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_commit = Instant::now();
-        // Exactly-once: the interval passed inside a source transaction; commit at its end.
+        // The commit interval passed inside a source transaction; commit at its end.
         let mut commit_due = false;
         let mut progress_tick = tokio::time::interval_at(
             tokio::time::Instant::now() + metrics::PROGRESS_LOG_INTERVAL,
@@ -700,21 +741,17 @@ impl Reader<'_> {
                     if let Some(lease) = lease.as_deref_mut() {
                         lease.verify().await?;
                     }
-                    if !transactional && progress.last_write.elapsed() >= self.settings.checkpoint_interval {
-                        progress.persist(false, sink).await?;
-                    } else if transactional {
-                        progress.mirror(false).await?;
-                    }
+                    progress.on_tick(sink).await?;
                 }
-                _ = commit_tick.tick(), if transactional => {
+                every = next_tick(&mut commit_tick), if commit_tick.is_some() => {
                     // Catching up on a backlog, a commit every transaction_interval would spend
                     // more time committing than producing (each commit waits for the
                     // coordinator, nothing is sent meanwhile) for records that are late anyway:
                     // transactions then grow to their size bounds, or CATCH_UP_TRANSACTION.
                     let interval = if catching_up(self.event_time) {
-                        CATCH_UP_TRANSACTION.max(self.settings.transaction_interval)
+                        CATCH_UP_TRANSACTION.max(every)
                     } else {
-                        self.settings.transaction_interval
+                        every
                     };
                     if last_commit.elapsed() >= interval
                         && (progress.dirty || sink.transaction_open())
@@ -739,7 +776,7 @@ impl Reader<'_> {
                         tracing::debug!("the source has no more events");
                         return Ok(());
                     };
-                    metrics::global().event_read(dated_at(&event));
+                    metrics::global().event_read(event.dated_at());
                     self.event_time = event.timestamp;
                     self.read_at = Instant::now();
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
@@ -762,7 +799,7 @@ impl Reader<'_> {
                     }
                     if let Some(b) = boundary {
                         if self.skip > self.rows_in_tx {
-                            return Err(RelayError::Binlog(format!(
+                            return Err(RelayError::binlog(format!(
                                 "the checkpoint says {} outbox rows of the transaction after {} \
                                  were acknowledged, but it has only {}: the binlog differs from \
                                  the one the checkpoint was written for",
@@ -798,14 +835,13 @@ impl Reader<'_> {
                     }
                 }
                 // Last in the biased order: reached only when no acknowledgement and no binlog
-                // event is ready now. Exactly-once and current: commit the open transaction at
-                // this source transaction boundary instead of waiting for the interval (group
+                // event is ready now. A transaction open and current: commit it at this source
+                // transaction boundary instead of waiting for the interval (group
                 // commit: what arrives during a commit goes into the next transaction, so
                 // transactions grow with the load and a read_committed consumer sees a record
                 // about two commit round trips after the relay read it). Progress-only commits
                 // (no record sent) still wait for the interval.
-                () = std::future::ready(()), if transactional
-                    && self.rows_in_tx == 0
+                () = std::future::ready(()), if self.rows_in_tx == 0
                     && sink.transaction_open()
                     && !catching_up(self.event_time) =>
                 {
@@ -890,7 +926,7 @@ impl Reader<'_> {
             // Sent alone: nothing more is sent before its report.
             self.drain(sink, progress, inflight).await?;
         }
-        if sink.transactional() && sink.transaction_full() && !progress.foreign_base() {
+        if sink.transaction_full() && !progress.foreign_base() {
             // A Kafka transaction holds at most so many records or bytes: a larger source
             // transaction spans several, the point saying how many of its rows are committed.
             // (Not while the base is another server's: such a point cannot count this server's
@@ -927,9 +963,11 @@ impl Reader<'_> {
             }
         };
         let read_at = self.read_at;
-        // Only with spans on: the header that carried it is gone once the record is routed.
-        let event_key = match (&self.settings.spans, &row) {
-            (Some(_), Ok(e)) => e.event_key.clone(),
+        // Only with spans or the audit on: the header that carried it is gone once the record
+        // is routed.
+        let wanted = self.settings.spans.is_some() || self.settings.ack_audit.is_some();
+        let event_key = match &row {
+            Ok(e) if wanted => e.event_key.clone(),
             _ => None,
         };
         let routed = match row {
@@ -1064,6 +1102,7 @@ impl Reader<'_> {
                         table,
                         alone,
                         span,
+                        event_key: self.settings.ack_audit.as_ref().and(event_key),
                     },
                 );
                 self.last_sent = Some(row);
@@ -1197,6 +1236,17 @@ impl Reader<'_> {
     }
 }
 
+/// Resolves with the period of `timer` at its next tick; never without a timer.
+async fn next_tick(timer: &mut Option<tokio::time::Interval>) -> Duration {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+            t.period()
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Exactly-once: events at least this old (binlog timestamp, s) mean the relay is catching up.
 const CATCH_UP_LAG_S: u64 = 2;
 
@@ -1226,9 +1276,9 @@ enum Refusal {
 /// The dead letter of `record`; its value is kept unless `keep_value` is false (the refusal is
 /// about the record's size).
 fn dead_letter_of(
-    record: KafkaRecord,
+    record: Record,
     reason: String,
-    position: crate::position::BinlogPosition,
+    position: outbox_relay_core::position::BinlogPosition,
     table: String,
     keep_value: bool,
 ) -> DeadLetter {
@@ -1251,7 +1301,7 @@ fn dead_letter_of(
 
 /// Bytes of `record` as counted by `outbox_relay_bytes_produced_total`: key, value, header
 /// names and values.
-fn record_bytes(record: &KafkaRecord) -> u64 {
+fn record_bytes(record: &Record) -> u64 {
     let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
     (record.key.len() + record.value.as_ref().map_or(0, Vec::len) + headers) as u64
 }
@@ -1268,23 +1318,11 @@ fn refused_too(dl: &DeadLetter, reason: &str) -> RelayError {
     }
 }
 
-/// The event's timestamp when it says how current the stream is: not for the format
-/// description a dump starts with (it carries the file's creation time) nor for artificial
-/// events (no position, no time).
-fn dated_at(event: &SourceEvent) -> Option<u32> {
-    let header = event.event.header();
-    (event.timestamp != 0
-        && header.log_pos() != 0
-        && header.event_type_raw()
-            != mysql_async::binlog::EventType::FORMAT_DESCRIPTION_EVENT as u8)
-        .then_some(event.timestamp)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::BinlogPosition;
-    use crate::state::checkpoint::MysqlCheckpointStore;
+    use outbox_relay_core::position::BinlogPosition;
+    use outbox_relay_mysql::state::store::MysqlCheckpointStore;
 
     fn base(server_id: u32, uuid: Option<&str>) -> Arc<Checkpoint> {
         Arc::new(Checkpoint {
@@ -1309,8 +1347,9 @@ mod tests {
             acked_rows: 3,
             dirty: true,
             last_write: Instant::now(),
+            write_interval: Duration::from_secs(1),
+            mode: DeliveryMode::Acknowledged,
             mirrored: None,
-            mirror_interval: Duration::from_secs(1),
             stats: RunStats::default(),
             server: (server.0, server.1.map(str::to_owned)),
         }

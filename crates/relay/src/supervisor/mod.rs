@@ -5,44 +5,52 @@
 //! attempts (`retry.max_attempts`).
 
 mod replay;
+mod retry;
 mod start;
 
 pub use replay::replay;
 use replay::{new_decoder, new_router, new_sink};
-use start::{forget_rows_acked_on_another_server, prepare};
+use retry::{wait_or_stop, Retry};
+use start::{forget_rows_acked_on_another_server, prepare, store_first_start};
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-use mysql_async::{Opts, Pool};
+use outbox_relay_mysql::{Opts, Pool};
 use tokio::sync::watch;
 
-use crate::binlog::source::{BinlogSource, Flavor, StartFrom};
-use crate::config::{Delivery, RelayConfig};
-use crate::decode::GtidState;
-use crate::error::RelayError;
-use crate::kafka::route::Router;
-use crate::kafka::sink::{KafkaProbe, LsoMonitor, RecordSink, TransactionalSink};
-use crate::observe::metrics::State;
-use crate::observe::spans::RowSpans;
-use crate::pipeline::cutover::Cutover;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
-use crate::position::gtid::MysqlGtidSet;
-use crate::position::MariadbGtidPos;
-use crate::state::checkpoint::{Checkpoint, MysqlCheckpointStore};
-use crate::state::lease::Lease;
+use outbox_relay_core::config::{Delivery, RelayConfig};
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::audit::AckAudit;
+use outbox_relay_core::observe::metrics::State;
+use outbox_relay_core::observe::spans::RowSpans;
+use outbox_relay_core::sink::RecordSink;
+use outbox_relay_core::state::checkpoint::Checkpoint;
+use outbox_relay_kafka::route::Router;
+use outbox_relay_kafka::sink::{point_label, KafkaProbe, LsoMonitor, ReadBack, TransactionalSink};
+use outbox_relay_mysql::binlog::source::{BinlogSource, StartFrom};
+use outbox_relay_mysql::cutover::Cutover;
+use outbox_relay_mysql::state::lease::Lease;
+use outbox_relay_mysql::state::store::MysqlCheckpointStore;
 
-use crate::binlog::source;
-use crate::config::mysql_tls;
-use crate::error::with_timeout;
-use crate::observe::{http, metrics};
-use crate::ops::preflight;
 use crate::pipeline;
-use crate::state::lease::instance_name;
+use outbox_relay_core::config::mysql_tls;
+use outbox_relay_core::error::with_timeout;
+use outbox_relay_core::observe::{http, metrics};
+use outbox_relay_mysql::binlog::source;
+use outbox_relay_mysql::preflight;
+use outbox_relay_mysql::state::lease::instance_name;
 
 /// A run that streamed this long counts as a success: the count of consecutive failed
 /// attempts (`retry.max_attempts`) and the backoff start over.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
+
+/// Runs ended by an expired transaction of this instance ([`RelayError::TransactionExpired`])
+/// or by a commit of unknown outcome ([`RelayError::CommitUnknown`]) that are followed by a
+/// new producer at once; more in a row (without a healthy run between)
+/// go through the backoff and `retry.max_attempts` like any failure.
+const MAX_QUICK_EXPIRIES: usize = 3;
 
 /// Runs the relay until `shutdown` turns `true` (then returns `Ok` after the final checkpoint)
 /// or a non-retriable error occurs.
@@ -95,13 +103,18 @@ async fn supervise(
     let router = new_router(&config)?;
     let owner = instance_name();
     let address = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
-    let mut backoff = new_backoff(&config);
-    let mut attempts = 0usize;
+    let mut retry = Retry::new(&config.retry);
     let mut lease: Option<Lease> = None;
+    // Consecutive runs ended by an expired transaction (see `MAX_QUICK_EXPIRIES`).
+    let mut expiries = 0usize;
+    // The resume point of a commit whose outcome was unknown, until a run learns it.
+    let mut unknown_commit: Option<String> = None;
     let mut resume: Option<Checkpoint> = None;
     // What runs learnt about records the brokers refuse for good (see pipeline.rs).
     let mut refusals = Refusals::default();
     let mut cutover = new_cutover(&config, &pool)?;
+    let ack_audit = ack_audit(&config)?;
+    let read_back = Some(Arc::new(ReadBack::start(&config.kafka)));
 
     let result = loop {
         let mut streamed = None;
@@ -144,11 +157,14 @@ async fn supervise(
                     store: &store,
                     router: &router,
                     spans,
+                    ack_audit: &ack_audit,
+                    read_back: &read_back,
                 };
                 let attempt = run_once(
                     &parts,
                     l,
                     resume.clone(),
+                    &mut unknown_commit,
                     &mut shutdown,
                     &mut refusals,
                     cutover.as_mut(),
@@ -192,7 +208,55 @@ async fn supervise(
                 )));
             }
         }
-        if matches!(e, RelayError::LeaseLost(_) | RelayError::Fenced(_)) {
+        if let RelayError::CommitUnknown { point, .. } = &e {
+            if streamed.is_some_and(|d| d >= HEALTHY_RUN) {
+                expiries = 0;
+            }
+            expiries += 1;
+            unknown_commit = Some(point.clone());
+            if expiries <= MAX_QUICK_EXPIRIES {
+                // No backoff: the new producer's init_transactions ends the transaction one way
+                // or the other, and the progress topic says which (see run_once).
+                tracing::warn!(error = %e, "exactly-once: the commit's outcome is unknown; \
+                    a new producer fences the old one and the progress topic tells whether \
+                    it committed");
+                metrics.reconnect(&e);
+                continue;
+            }
+        }
+        // Exactly-once: an expired transaction of an instance that still holds its lease.
+        let mut expired_with_lease = false;
+        if let RelayError::TransactionExpired(why) = &e {
+            let held = match lease.as_mut() {
+                Some(l) => l.verify().await.is_ok(),
+                None => false,
+            };
+            if streamed.is_some_and(|d| d >= HEALTHY_RUN) {
+                expiries = 0;
+            }
+            expiries += 1;
+            expired_with_lease = held;
+            if held && expiries <= MAX_QUICK_EXPIRIES {
+                // Our own transaction expired while this process was stalled: nobody else
+                // produces with our transactional.id, so a new producer (its init_transactions
+                // aborts what is left) resumes from the progress topic's committed point at
+                // once; not a failure to back off from.
+                tracing::warn!(error = %why, "exactly-once: this instance still holds the \
+                    connector's lease, so its own transaction expired (no other producer): \
+                    continuing with a new producer from the last committed point");
+                metrics.reconnect(&e);
+                continue;
+            }
+        }
+        // (Expired again and again with the lease held: backed off below, the lease kept.)
+        if !expired_with_lease
+            && matches!(
+                e,
+                RelayError::LeaseLost(_)
+                    | RelayError::Fenced(_)
+                    | RelayError::TransactionExpired(_)
+            )
+        {
             // Give the lock back (if the connection still works) so the instance that took over
             // is not kept waiting by ours.
             if let Some(old) = lease.take() {
@@ -204,36 +268,26 @@ async fn supervise(
             // A refused record was found or narrowed down: progress, not a failure. Go on at
             // once with a new producer (see pipeline.rs, "Records a broker refuses for good").
             tracing::warn!(error = %e, "restarting with a new producer");
-            backoff = new_backoff(&config);
-            attempts = 0;
+            retry.reset();
             metrics.reconnect(&e);
             continue;
         }
         // Only an attempt that streamed for a while resets the count: one that fails before
         // streaming (however long its start-up waits took) is one more consecutive failure.
         if streamed.is_some_and(|d| d >= HEALTHY_RUN) {
-            backoff = new_backoff(&config);
-            attempts = 0;
+            retry.reset();
         }
-        attempts += 1;
-        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+        let Some(delay) = retry.failed() else {
             break Err(e);
-        }
-        // Jitter may add to the exponential delay: the cap holds after it.
-        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
-        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
-        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
+        };
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = retry.attempts(),
             resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
         metrics.set_state(State::Retrying {
             error: e.to_string(),
-            attempt: attempts,
+            attempt: retry.attempts(),
             delay_ms: delay.as_millis() as u64,
         });
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.changed() => {}
-        }
-        if *shutdown.borrow() {
+        if wait_or_stop(delay, &mut shutdown).await {
             break Ok(());
         }
         metrics.reconnect(&e);
@@ -284,8 +338,7 @@ async fn mysql_opts(
     config: &RelayConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Opts>, RelayError> {
-    let mut backoff = new_backoff(config);
-    let mut attempts = 0usize;
+    let mut retry = Retry::new(&config.retry);
     let timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let address = mysql_address(&config.mysql.url);
     loop {
@@ -294,19 +347,12 @@ async fn mysql_opts(
             Err(e) if e.is_retriable() => e.at_mysql_address(&address),
             Err(e) => return Err(e.at_mysql_address(&address)),
         };
-        attempts += 1;
-        if config.retry.max_attempts > 0 && attempts >= config.retry.max_attempts {
+        let Some(delay) = retry.failed() else {
             return Err(e);
-        }
-        let max_delay = Duration::from_millis(config.retry.max_backoff_ms);
-        let delay = backoff.next().unwrap_or(max_delay).min(max_delay);
-        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = attempts,
-            "cannot connect to MySQL to negotiate TLS; retrying");
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.changed() => {}
-        }
-        if *shutdown.borrow() {
+        };
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+            attempt = retry.attempts(), "cannot connect to MySQL to negotiate TLS; retrying");
+        if wait_or_stop(delay, shutdown).await {
             return Ok(None);
         }
     }
@@ -318,15 +364,6 @@ fn mysql_address(url: &str) -> String {
         Ok(o) => format!("{}:{}", o.ip_or_hostname(), o.tcp_port()),
         Err(_) => "the server of mysql.url".into(),
     }
-}
-
-fn new_backoff(config: &RelayConfig) -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(config.retry.initial_backoff_ms))
-        .with_max_delay(Duration::from_millis(config.retry.max_backoff_ms))
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 /// Aborts its task when dropped.
@@ -383,6 +420,23 @@ struct Parts<'a> {
     router: &'a Router,
     /// `[tracing]`: the rows' spans, or `None`.
     spans: &'a Option<RowSpans>,
+    /// `[audit]`: the acknowledgement audit, or `None`.
+    ack_audit: &'a Option<Arc<AckAudit>>,
+    /// The read-back of first acknowledgements of new partitions.
+    read_back: &'a Option<Arc<ReadBack>>,
+}
+
+/// The acknowledgement audit of `config` (`[audit] acks_file`), opened once per process.
+///
+/// # Errors
+/// [`RelayError::Config`] when the file cannot be opened.
+pub(crate) fn ack_audit(config: &RelayConfig) -> Result<Option<Arc<AckAudit>>, RelayError> {
+    config
+        .audit
+        .acks_file
+        .as_deref()
+        .map(|path| AckAudit::open(path, &config.dead_letter.topic).map(Arc::new))
+        .transpose()
 }
 
 /// One connection lifetime: checks, resume point, pipeline.
@@ -390,6 +444,7 @@ async fn run_once(
     parts: &Parts<'_>,
     lease: &mut Lease,
     mut resume: Option<Checkpoint>,
+    unknown_commit: &mut Option<String>,
     shutdown: &mut watch::Receiver<bool>,
     refusals: &mut Refusals,
     cutover: Option<&mut Cutover>,
@@ -408,13 +463,43 @@ async fn run_once(
     // of this connector and ends that one's open transaction, after which the progress topic
     // holds the last committed point: the resume point, whatever an earlier run of this
     // process believed (a commit whose answer was lost may have succeeded).
+    let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let transactional = if config.kafka.delivery == Delivery::ExactlyOnce {
+        if resume.is_none() {
+            // The first start's position is stored before anything on the Kafka side can fail.
+            let stored = unless_stopped(
+                shutdown,
+                with_timeout(
+                    io_timeout * 2,
+                    "storing the first start position",
+                    store_first_start(config, pool, store),
+                ),
+            )
+            .await;
+            match stored.map(|s| s.and_then(|s| s)) {
+                None => return Attempt::before_streaming(resume, Ok(())),
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
+            }
+        }
         let sink = match unless_stopped(shutdown, TransactionalSink::start(config)).await {
             None => return Attempt::before_streaming(resume, Ok(())),
             Some(Ok(s)) => s,
             Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
         };
-        match unless_stopped(shutdown, sink.committed_point(config)).await {
+        let committed = unless_stopped(shutdown, sink.committed_point(config)).await;
+        if let (Some(Ok(found)), Some(point)) = (&committed, unknown_commit.as_deref()) {
+            // init_transactions has ended the old transaction: the topic holds the outcome.
+            let happened = found.as_ref().map(point_label).as_deref() == Some(point);
+            tracing::warn!(point = %point, committed = happened, "exactly-once: the commit whose \
+            outcome was unknown {}", if happened {
+                "had happened: resuming after it"
+            } else {
+                "had not happened: its records are sent again from the last committed point"
+            });
+            *unknown_commit = None;
+        }
+        match committed {
             None => return Attempt::before_streaming(resume, Ok(())),
             Some(Ok(Some(committed))) => {
                 tracing::info!(position = %committed.position, rows_acked = committed.rows_acked,
@@ -432,7 +517,6 @@ async fn run_once(
         None
     };
     // Start-up queries on a half-open connection must not hang the relay either.
-    let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let prepared = unless_stopped(
         shutdown,
         with_timeout(
@@ -538,14 +622,13 @@ async fn stream<K: RecordSink>(
         Some(Ok(s)) => s,
         Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
     };
-    let gtid_state = match &from {
-        StartFrom::MariadbGtid(g) => Some(GtidState::MariaDb(g.clone())),
-        StartFrom::MysqlGtid(g) => Some(GtidState::MySql(g.clone())),
-        StartFrom::Position(_) => start.gtid_set.as_deref().and_then(|g| match server.flavor {
-            Flavor::MariaDb => g.parse::<MariadbGtidPos>().ok().map(GtidState::MariaDb),
-            Flavor::MySql => g.parse::<MysqlGtidSet>().ok().map(GtidState::MySql),
-        }),
-    };
+    // By position, the decoder still keeps the checkpoint's GTID state up to date.
+    let gtid_state = from.gtid_state().or_else(|| {
+        start
+            .gtid_set
+            .as_deref()
+            .and_then(|g| server.flavor.parse_gtid_state(g).ok())
+    });
     let trace_columns = if config.outbox.trace_context {
         let found = with_timeout(
             io_timeout,
@@ -595,8 +678,9 @@ async fn stream<K: RecordSink>(
         source_server_uuid: server.server_uuid.clone(),
         io_timeout,
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
-        transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
         spans: parts.spans.clone(),
+        ack_audit: parts.ack_audit.clone(),
+        read_back: parts.read_back.clone(),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {

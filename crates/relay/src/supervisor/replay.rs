@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::binlog::replay::{ReplayRange, ReplaySource, ReplaySummary};
-use crate::config::{RelayConfig, TableName};
-use crate::decode::Decoder;
-use crate::decode::GtidState;
-use crate::error::RelayError;
-use crate::kafka::route::Router;
-use crate::kafka::sink::KafkaSink;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
-use crate::state::checkpoint::{Checkpoint, MysqlCheckpointStore};
+use outbox_relay_core::config::{RelayConfig, TableName};
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::position::GtidState;
+use outbox_relay_core::state::checkpoint::Checkpoint;
+use outbox_relay_kafka::route::Router;
+use outbox_relay_kafka::sink::KafkaSink;
+use outbox_relay_mysql::binlog::replay::{ReplayRange, ReplaySource, ReplaySummary};
+use outbox_relay_mysql::decode::Decoder;
+use outbox_relay_mysql::state::store::MysqlCheckpointStore;
 
 use crate::pipeline;
 
@@ -41,11 +42,12 @@ pub(super) fn new_decoder(
                 .iter()
                 .any(|a| a.column.eq_ignore_ascii_case(column))
             {
-                m.additional.push(crate::config::AdditionalColumn {
-                    column: column.clone(),
-                    placement: crate::config::Placement::Header,
-                    alias: Some(column.to_ascii_lowercase()),
-                });
+                m.additional
+                    .push(outbox_relay_core::config::AdditionalColumn {
+                        column: column.clone(),
+                        placement: outbox_relay_core::config::Placement::Header,
+                        alias: Some(column.to_ascii_lowercase()),
+                    });
             }
         }
     }
@@ -77,7 +79,7 @@ pub(super) async fn new_sink(config: &RelayConfig) -> Result<KafkaSink, RelayErr
 ///
 /// # Errors
 /// [`RelayError::Argument`] for unusable files or bounds, [`RelayError::Binlog`] for damaged
-/// files (both before anything is produced; see [`crate::binlog::replay::plan`]); then as a pipeline run: an
+/// files (both before anything is produced; see [`outbox_relay_mysql::binlog::replay::plan`]); then as a pipeline run: an
 /// undecodable or refused row without a dead-letter topic, Kafka failures (not retried: run the
 /// replay again, records are at least once).
 pub async fn replay(
@@ -96,9 +98,11 @@ pub async fn replay(
         &std::collections::HashMap::new(),
     );
     let file_count = files.len();
-    let plan = tokio::task::spawn_blocking(move || crate::binlog::replay::plan(&files, &range))
-        .await
-        .map_err(|e| RelayError::Binlog(format!("reading the binlog files failed: {e}")))??;
+    let plan = tokio::task::spawn_blocking(move || {
+        outbox_relay_mysql::binlog::replay::plan(&files, &range)
+    })
+    .await
+    .map_err(|e| RelayError::binlog(format!("reading the binlog files failed: {e}")))??;
     match (&plan.first, &plan.last) {
         (Some(first), Some(last)) => tracing::info!(
             transactions = plan.transactions, from = %first, to = %last,
@@ -115,15 +119,18 @@ pub async fn replay(
         source_server_uuid: None,
         io_timeout: Duration::from_millis(config.mysql.read_timeout_ms),
         stop_timeout: Duration::from_millis(config.retry.stop_timeout_ms),
-        transaction_interval: Duration::from_millis(config.kafka.transaction_interval_ms),
         // Re-publishing files makes no spans (`[tracing]` is for the live relay).
         spans: None,
+        ack_audit: super::ack_audit(&config)?,
+        read_back: Some(std::sync::Arc::new(
+            outbox_relay_kafka::sink::ReadBack::start(&config.kafka),
+        )),
     };
     let start = Checkpoint {
         position: plan
             .first
             .clone()
-            .unwrap_or_else(|| crate::position::BinlogPosition::new(String::new(), 4)),
+            .unwrap_or_else(|| outbox_relay_core::position::BinlogPosition::new(String::new(), 4)),
         rows_acked: 0,
         gtid_set: None,
         source_server_id: 0,

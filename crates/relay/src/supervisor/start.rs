@@ -3,18 +3,17 @@
 
 use std::time::Duration;
 
-use mysql_async::Pool;
+use outbox_relay_mysql::Pool;
 
-use crate::binlog::source::{Flavor, StartFrom};
-use crate::config::{RelayConfig, ResumeMode};
-use crate::error::RelayError;
-use crate::ops::preflight::ServerInfo;
-use crate::position::gtid::MysqlGtidSet;
-use crate::position::MariadbGtidPos;
-use crate::state::checkpoint::{Checkpoint, CheckpointStore, MysqlCheckpointStore};
+use outbox_relay_core::config::{RelayConfig, ResumeMode};
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::state::checkpoint::{Checkpoint, CheckpointStore};
+use outbox_relay_mysql::binlog::source::StartFrom;
+use outbox_relay_mysql::preflight::ServerInfo;
+use outbox_relay_mysql::state::store::MysqlCheckpointStore;
 
-use crate::binlog::source;
-use crate::ops::preflight;
+use outbox_relay_mysql::binlog::source;
+use outbox_relay_mysql::preflight;
 
 /// Checks the server and finds where to start: the in-memory resume point, else the stored
 /// checkpoint, else the current end of the binlog (stored at once, so rows committed from now on
@@ -67,24 +66,7 @@ pub(super) async fn prepare(
                 stored
             }
             None => {
-                let (position, executed, table_layouts) = preflight::position_with_layouts(
-                    &mut conn,
-                    server.flavor,
-                    &config.outbox_tables(),
-                )
-                .await?;
-                let gtid_set = match server.flavor {
-                    Flavor::MariaDb => preflight::mariadb_gtid_at(&mut conn, &position).await?,
-                    Flavor::MySql => executed,
-                };
-                let start = Checkpoint {
-                    position,
-                    rows_acked: 0,
-                    gtid_set,
-                    source_server_id: server.server_id,
-                    source_server_uuid: server.server_uuid.clone(),
-                    table_layouts,
-                };
+                let start = first_start(config, &mut conn, &server).await?;
                 store.save(&start).await?;
                 tracing::info!(position = %start.position, gtid = ?start.gtid_set,
                     "no checkpoint: starting at the current end of the binlog");
@@ -117,6 +99,54 @@ pub(super) async fn prepare(
         }
     }
     Ok((server, start, from))
+}
+
+/// The current end of the binlog as a resume point (with the GTID state there and the outbox
+/// tables' layouts): where a connector without a checkpoint starts.
+async fn first_start(
+    config: &RelayConfig,
+    conn: &mut outbox_relay_mysql::Conn,
+    server: &ServerInfo,
+) -> Result<Checkpoint, RelayError> {
+    let (position, executed, table_layouts) =
+        preflight::position_with_layouts(conn, server.flavor, &config.outbox_tables()).await?;
+    let gtid_set = server.flavor.gtid_at(conn, &position, executed).await?;
+    Ok(Checkpoint {
+        position,
+        rows_acked: 0,
+        gtid_set,
+        source_server_id: server.server_id,
+        source_server_uuid: server.server_uuid.clone(),
+        table_layouts,
+    })
+}
+
+/// Exactly-once, before the producer is built: a connector without a checkpoint stores the
+/// current end of the binlog in the state table now, as at-least-once does in [`prepare`], so
+/// a first start that cannot reach Kafka (or whose transactions the brokers refuse) still
+/// starts from this position once they work, instead of from the binlog's end then (which
+/// would skip the rows committed meanwhile). Does nothing when a checkpoint is stored.
+///
+/// # Errors
+/// [`RelayError::Mysql`] when the server cannot be queried or the checkpoint not written;
+/// [`RelayError::Prerequisite`] from the server checks of [`preflight::check_server`].
+pub(super) async fn store_first_start(
+    config: &RelayConfig,
+    pool: &Pool,
+    store: &MysqlCheckpointStore,
+) -> Result<(), RelayError> {
+    store.verify().await?;
+    if store.load().await?.is_some() {
+        return Ok(());
+    }
+    let mut conn = pool.get_conn().await?;
+    let server = preflight::check_server(&mut conn).await?;
+    let start = first_start(config, &mut conn, &server).await?;
+    store.save(&start).await?;
+    tracing::info!(position = %start.position, gtid = ?start.gtid_set,
+        "no checkpoint: the first start position (the current end of the binlog) is stored \
+         before the transactional producer starts");
+    Ok(())
 }
 
 /// Chooses how to resume from `start` under `mode`.
@@ -155,16 +185,15 @@ pub(super) fn start_from(
     server: &ServerInfo,
     start: &Checkpoint,
 ) -> Result<StartFrom, RelayError> {
-    let bad = |e: String| RelayError::Binlog(format!("the checkpoint's gtid_set: {e}"));
-    let gtid = match (server.flavor, start.gtid_set.as_deref()) {
-        (Flavor::MariaDb, Some(g)) => Some(StartFrom::MariadbGtid(
-            g.parse::<MariadbGtidPos>()
+    let bad = |e: String| RelayError::binlog(format!("the checkpoint's gtid_set: {e}"));
+    let gtid = match start.gtid_set.as_deref() {
+        Some(g) => Some(StartFrom::from(
+            server
+                .flavor
+                .parse_gtid_state(g)
                 .map_err(|e| bad(e.to_string()))?,
         )),
-        (Flavor::MySql, Some(g)) => Some(StartFrom::MysqlGtid(
-            g.parse::<MysqlGtidSet>().map_err(|e| bad(e.to_string()))?,
-        )),
-        (_, None) => None,
+        None => None,
     };
     match (mode, gtid) {
         (ResumeMode::Position, _) | (ResumeMode::Auto, None) => {
@@ -195,14 +224,14 @@ mod tests {
     #[test]
     fn rows_acked_is_kept_only_on_the_checkpoints_own_server_or_by_position() {
         let server = |id: u32, uuid: Option<&str>| ServerInfo {
-            flavor: Flavor::MariaDb,
+            flavor: outbox_relay_mysql::server::Flavor::MariaDb,
             version: "10.11".into(),
             server_id: id,
             server_uuid: uuid.map(str::to_owned),
             row_metadata_full: true,
         };
         let checkpoint = |id: u32, uuid: Option<&str>| Checkpoint {
-            position: crate::position::BinlogPosition::new("mariadb-bin.000007", 1234),
+            position: outbox_relay_core::position::BinlogPosition::new("mariadb-bin.000007", 1234),
             rows_acked: 3,
             gtid_set: Some("0-1-50".into()),
             source_server_id: id,
@@ -210,7 +239,7 @@ mod tests {
             table_layouts: None,
         };
         let by_gtid = StartFrom::MariadbGtid("0-1-50".parse().expect("gtid"));
-        let by_position = StartFrom::Position(crate::position::BinlogPosition::new(
+        let by_position = StartFrom::Position(outbox_relay_core::position::BinlogPosition::new(
             "mariadb-bin.000007",
             1234,
         ));

@@ -13,11 +13,12 @@ use std::process::ExitCode;
 use mysql_common::binlog::consts::BinlogVersion;
 use mysql_common::binlog::events::EventData;
 use mysql_common::binlog::BinlogFile;
-use outbox_relay_core::binlog::source::BinlogFileSource;
 use outbox_relay_core::config::TableName;
-use outbox_relay_core::decode::json::render_binlog_json;
-use outbox_relay_core::decode::{Decoder, GtidState};
 use outbox_relay_core::position::gtid::{gtid_from_event, Gtid, MysqlGtidSet};
+use outbox_relay_core::position::GtidState;
+use outbox_relay_mysql::binlog::source::BinlogFileSource;
+use outbox_relay_mysql::decode::json::render_binlog_json;
+use outbox_relay_mysql::decode::Decoder;
 
 const VAR: &str = "OUTBOX_CONFORMANCE_BINLOGS";
 const TAGGED: &str = "binlog_transaction_with_GTID_TAG.000001";

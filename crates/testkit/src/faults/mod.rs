@@ -23,7 +23,11 @@
 //! proxies (sometimes with the relay's proxy refusing new connections for a few seconds, or
 //! with a writer's connection closed just before or just after its COMMIT reaches the server: an
 //! uncertain commit); optionally (`--freezes N`) a freeze of the relay's proxy (half-open
-//! connections) for a few seconds. The order is a seeded shuffle; before each fault a random
+//! connections) for a few seconds; with `--exactly-once` and a Kafka proxy
+//! ([`Options::kafka_proxy_port`]: a [`TcpProxy::start_kafka`] on a port the broker advertises
+//! as its listener, so every client of the broker goes through it) the answer to one EndTxn
+//! request (Kafka API key 26) of the relay is dropped or held back for up to 15 s: a commit
+//! whose outcome the relay cannot know (librdkafka has no KIP-890). The order is a seeded shuffle; before each fault a random
 //! pause. After each fault a probe row is committed; the time from the end of the fault until
 //! it is read from Kafka is the recovery time. The checkpoint is sampled after each fault and at
 //! the end: it must be a transaction boundary of a binlog file the server lists, and never move
@@ -51,6 +55,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use mysql_async::prelude::*;
 
+use crate::audit::{check_ack_audit, read_ack_audit, AuditCheck};
 use crate::binlog::{
     binary_logs, binlog_event_ending_at, compare_positions, is_transaction_boundary, BinlogPosition,
 };
@@ -58,7 +63,7 @@ use crate::checkpoint::{read_checkpoint, Checkpoint, DEFAULT_CHECKPOINT_TABLE};
 use crate::db::TestDb;
 use crate::env::{kafka_bootstrap, mysql_port, mysql_url};
 use crate::kafka::{collect_until, read_all_records, read_committed_records, Record};
-use crate::proxy::{TcpProxy, Trip};
+use crate::proxy::{KafkaFault, TcpProxy, Trip, END_TXN};
 use crate::relay::{describe_exit, RelayConfigSpec, RelayProcess};
 use crate::unique::{next_server_id, unique_suffix};
 
@@ -82,6 +87,13 @@ pub enum FaultKind {
     /// The relay's proxy stops forwarding (sockets stay open: half-open connections) for a few
     /// seconds, then resumes. Not in the standard profiles (`--freezes N`).
     ProxyFreeze,
+    /// Busy threads, twice as many as the machine has cores, for a few seconds: the relay, the
+    /// broker and the server fight for CPU (a noisy neighbour, a throttled container). In the
+    /// `soak` profile.
+    CpuStarvation,
+    /// Exactly-once with a Kafka proxy ([`Options::kafka_proxy_port`]): the answer to the
+    /// relay's next EndTxn request is dropped or delayed (an unknown commit outcome).
+    EndTxnLoss,
 }
 
 impl FaultKind {
@@ -93,15 +105,19 @@ impl FaultKind {
             Self::ServerRestart => "server restart",
             Self::ConnectionCut => "connection cut",
             Self::ProxyFreeze => "proxy freeze",
+            Self::CpuStarvation => "cpu starvation",
+            Self::EndTxnLoss => "EndTxn answer lost",
         }
     }
 
-    const ALL: [FaultKind; 5] = [
+    const ALL: [FaultKind; 7] = [
         Self::RelayKill,
         Self::BrokerRestart,
         Self::ServerRestart,
         Self::ConnectionCut,
         Self::ProxyFreeze,
+        Self::CpuStarvation,
+        Self::EndTxnLoss,
     ];
 }
 
@@ -120,6 +136,9 @@ pub struct Profile {
     pub cuts: usize,
     /// Proxy freezes (half-open connections for `freeze_ms`, then thawed).
     pub freezes: usize,
+    /// EndTxn answers lost or late (only with [`Options::exactly_once`] and
+    /// [`Options::kafka_proxy_port`]; otherwise none are injected).
+    pub endtxn_losses: usize,
     /// How long a freeze lasts (ms, uniform).
     pub freeze_ms: (u64, u64),
     /// Concurrent writers.
@@ -134,18 +153,28 @@ pub struct Profile {
     pub downtime_ms: (u64, u64),
     /// Longest wait for the relay to deliver a probe after a fault.
     pub recovery_timeout: Duration,
+    /// CPU starvations.
+    pub starvations: usize,
+    /// How long a CPU starvation lasts (ms, uniform).
+    pub starve_ms: (u64, u64),
+    /// `Some`: the faults above are one round; rounds follow one another (each a new shuffle)
+    /// until this much time has passed (the `soak` profile). `None`: one round.
+    pub duration: Option<Duration>,
 }
 
 impl Profile {
-    /// CI: 12 kills, 3 of each other fault (about 3–4 minutes).
+    /// CI (`make test` runs it in both delivery modes against each of three servers): 8 kills,
+    /// 3 cuts, 2 broker restarts, 2 server restarts, 2 lost EndTxn answers (about 2–3 minutes).
+    /// Kept small so that CI stays within its budget; `faults-full` and `soak` go further.
     pub fn short() -> Self {
         Self {
             name: "short".into(),
-            kills: 12,
-            broker_restarts: 3,
-            server_restarts: 3,
+            kills: 8,
+            broker_restarts: 2,
+            server_restarts: 2,
             cuts: 3,
             freezes: 0,
+            endtxn_losses: 2,
             freeze_ms: (2_000, 8_000),
             writers: 4,
             keys_per_writer: 6,
@@ -153,6 +182,28 @@ impl Profile {
             fault_gap_ms: (1_000, 6_000),
             downtime_ms: (0, 2_000),
             recovery_timeout: Duration::from_secs(180),
+            starvations: 0,
+            starve_ms: (3_000, 15_000),
+            duration: None,
+        }
+    }
+
+    /// `make soak`: rounds of 6 kills, 1 broker restart, 1 server restart, 2 cuts, 1 freeze and
+    /// 2 CPU starvations, 5–30 s apart, for `minutes` (at least 60 for the soak the README
+    /// reports); writes go on throughout.
+    pub fn soak(minutes: u64) -> Self {
+        Self {
+            name: format!("soak ({minutes} min)"),
+            kills: 6,
+            broker_restarts: 1,
+            server_restarts: 1,
+            cuts: 2,
+            freezes: 1,
+            starvations: 2,
+            endtxn_losses: 1,
+            fault_gap_ms: (5_000, 30_000),
+            duration: Some(Duration::from_secs(minutes * 60)),
+            ..Self::short()
         }
     }
 
@@ -186,6 +237,12 @@ impl Profile {
             "short" => Some(Self::short()),
             "medium" => Some(Self::medium()),
             "full" => Some(Self::full()),
+            "soak" => Some(Self::soak(
+                std::env::var("SOAK_MINUTES")
+                    .ok()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(60),
+            )),
             _ => None,
         }
     }
@@ -197,6 +254,8 @@ impl Profile {
             FaultKind::ServerRestart => self.server_restarts,
             FaultKind::ConnectionCut => self.cuts,
             FaultKind::ProxyFreeze => self.freezes,
+            FaultKind::CpuStarvation => self.starvations,
+            FaultKind::EndTxnLoss => self.endtxn_losses,
         }
     }
 }
@@ -217,6 +276,11 @@ pub struct Options {
     /// The relay's `kafka.delivery = "exactly_once"`: the topics are read `read_committed` and
     /// any duplicate fails the run.
     pub exactly_once: bool,
+    /// Exactly-once: the port of a Kafka-aware proxy ([`TcpProxy::start_kafka`]) the run
+    /// starts on 127.0.0.1 in front of the broker, which must advertise this port as its
+    /// listener (`KAFKA_ADVERTISED_PORT` of `tests/services/kafka.sh`); the relay's bootstrap
+    /// server. Enables [`FaultKind::EndTxnLoss`]. `None`: no Kafka proxy, no such fault.
+    pub kafka_proxy_port: Option<u16>,
 }
 
 impl Options {
@@ -230,6 +294,7 @@ impl Options {
             repo_root: services::default_repo_root(),
             start_services: true,
             exactly_once: false,
+            kafka_proxy_port: None,
         }
     }
 }
@@ -251,6 +316,7 @@ impl Options {
 /// # Errors
 /// The harness could not run, or the run failed (the message names the seed and the counts).
 pub fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
+    let _watchdog = crate::Watchdog::arm();
     let port: u16 = std::env::var("FAULTS_KAFKA_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
@@ -264,6 +330,12 @@ pub fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
         ("KAFKA_CONTROLLER_PORT", (port + 1).to_string()),
         ("KAFKA_DIR", dir.join("kafka").display().to_string()),
         ("KAFKA_LIBS_DIR", libs.display().to_string()),
+        // Exactly-once: every client reaches the broker through the run's Kafka proxy on
+        // port + 2 (EndTxn answers lost); otherwise the broker advertises its own port.
+        (
+            "KAFKA_ADVERTISED_PORT",
+            if exactly_once { port + 2 } else { port }.to_string(),
+        ),
     ];
     for (k, v) in &vars {
         std::env::set_var(k, v);
@@ -281,7 +353,8 @@ pub fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         }
-        let result = short_matrix(relay_bin, exactly_once).await;
+        let proxy_port = exactly_once.then_some(port + 2);
+        let result = short_matrix(relay_bin, exactly_once, proxy_port).await;
         let stopped = scripts
             .run(Service::Kafka, "down", Duration::from_secs(120))
             .await;
@@ -290,10 +363,15 @@ pub fn short_matrix_test(relay_bin: &str, exactly_once: bool) -> Result<()> {
     })
 }
 
-async fn short_matrix(relay_bin: &str, exactly_once: bool) -> Result<()> {
+async fn short_matrix(
+    relay_bin: &str,
+    exactly_once: bool,
+    kafka_proxy_port: Option<u16>,
+) -> Result<()> {
     let mut opts = Options::new(Profile::short());
     opts.relay_bin = relay_bin.into();
     opts.exactly_once = exactly_once;
+    opts.kafka_proxy_port = kafka_proxy_port;
     if let Some(seed) = std::env::var("FAULTS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -372,6 +450,8 @@ pub struct Report {
     pub checkpoints: Vec<CheckpointSample>,
     /// The comparison of Kafka with the outbox table.
     pub verification: Verification,
+    /// Every offset the relays were told was stored (`[audit] acks_file`), read back.
+    pub audit: AuditCheck,
     /// Relay processes that exited without being asked to (with their stderr tail).
     pub unexpected_exits: Vec<String>,
     /// Other failures (a fault that could not be injected, a graceful stop that failed, …).
@@ -384,6 +464,8 @@ pub struct Report {
     pub duration: Duration,
     /// Time from the writers' stop until every committed row was on Kafka.
     pub drain: Duration,
+    /// Topics created during the run (one row each, auto-created by the broker).
+    pub fresh_topics: u64,
 }
 
 impl Report {
@@ -391,6 +473,8 @@ impl Report {
     /// no unexpected relay exit.
     pub fn passed(&self) -> bool {
         self.verification.passed()
+            && self.audit.passed()
+            && self.audit.acknowledged > 0
             && (!self.exactly_once || self.verification.duplicates == 0)
             && self.unexpected_exits.is_empty()
             && self.failures.is_empty()
@@ -430,8 +514,13 @@ impl Report {
         }
         for kind in FaultKind::ALL {
             let list = by_kind.get(&kind).cloned().unwrap_or_default();
-            if list.is_empty() && kind == FaultKind::ProxyFreeze {
-                continue; // optional kind, not in the standard profiles
+            if list.is_empty()
+                && matches!(
+                    kind,
+                    FaultKind::ProxyFreeze | FaultKind::EndTxnLoss | FaultKind::CpuStarvation
+                )
+            {
+                continue; // optional kinds (a flag, or exactly-once with a Kafka proxy)
             }
             let recs: Vec<f64> = list
                 .iter()
@@ -480,11 +569,23 @@ impl Report {
             ),
             ("writer retries", w.failed_attempts.to_string()),
             ("records on Kafka", v.records.to_string()),
+            ("fresh topics (auto-created)", self.fresh_topics.to_string()),
             ("distinct delivered", v.distinct_delivered.to_string()),
             ("missing", v.missing.len().to_string()),
             (
                 "duplicates (max copies)",
                 format!("{} ({})", v.duplicates, v.max_copies),
+            ),
+            (
+                "acknowledgements audited",
+                format!(
+                    "{} ({} offsets)",
+                    self.audit.acknowledged, self.audit.offsets
+                ),
+            ),
+            (
+                "acknowledged, not in the log",
+                (self.audit.missing.len() + self.audit.mismatched.len()).to_string(),
             ),
             ("phantom records", v.phantoms.len().to_string()),
             ("content mismatches", v.content_mismatches.len().to_string()),
@@ -522,6 +623,23 @@ impl Report {
         }
         let problems = v.problems(10);
         let bad_samples = self.checkpoints.iter().any(|c| !c.boundary || c.backwards);
+        let mut audit_problems: Vec<String> = self
+            .audit
+            .missing
+            .iter()
+            .map(|m| format!("acknowledged but not in the log: {m}"))
+            .chain(
+                self.audit
+                    .mismatched
+                    .iter()
+                    .map(|m| format!("acknowledged offset holds another record: {m}")),
+            )
+            .take(20)
+            .collect();
+        if self.audit.acknowledged == 0 {
+            audit_problems.push("the acknowledgement audit is empty (was it on?)".into());
+        }
+        let problems: Vec<String> = problems.into_iter().chain(audit_problems).collect();
         if !problems.is_empty()
             || !self.failures.is_empty()
             || !self.unexpected_exits.is_empty()
@@ -745,6 +863,154 @@ impl CheckpointChecker {
     }
 }
 
+/// Longest wait for one of the end-of-run reads: a soak's topics hold millions of records, read
+/// on a machine that may be busy (a read ends as soon as it is complete).
+const FINAL_READ: Duration = Duration::from_secs(3_600);
+
+/// The end-of-run checks: everything in `topics` (read `read_committed` for exactly-once)
+/// compared with `committed` ([`verify::verify`]), and every acknowledgement of `audit_file`
+/// read back ([`check_ack_audit`]).
+#[allow(clippy::too_many_arguments)]
+async fn final_checks(
+    log: &Log,
+    bootstrap: &str,
+    topics: &[String],
+    committed: &HashSet<String>,
+    uid: &str,
+    topic_for: impl Fn(&str) -> String,
+    audit_file: &std::path::Path,
+    exactly_once: bool,
+) -> Result<(Verification, AuditCheck)> {
+    // Exactly-once: what a read_committed consumer sees (transaction markers and aborted
+    // records take offsets, so the count is not the watermarks' sum).
+    let records = if exactly_once {
+        read_committed_records(bootstrap, topics, FINAL_READ).await?
+    } else {
+        read_all_records(bootstrap, topics, FINAL_READ).await?
+    };
+    let verification = verify::verify(uid, &records, committed, topic_for);
+    log.say(format!(
+        "{} records compared with {} committed rows: {} missing, {} duplicates",
+        records.len(),
+        committed.len(),
+        verification.missing.len(),
+        verification.duplicates
+    ));
+    drop(records);
+    // Every acknowledgement of every relay process, read back with a fresh consumer.
+    let (acks, unparsed) = read_ack_audit(audit_file)?;
+    let mut audit = check_ack_audit(bootstrap, acks, FINAL_READ).await?;
+    audit.unparsed = unparsed;
+    log.say(format!(
+        "acknowledgement audit {}: {} acknowledgements ({} offsets) read back, {} not in the \
+         log, {} holding another record, {} unparsed lines",
+        audit_file.display(),
+        audit.acknowledged,
+        audit.offsets,
+        audit.missing.len(),
+        audit.mismatched.len(),
+        audit.unparsed
+    ));
+    Ok((verification, audit))
+}
+
+/// A finished run's end-of-run checks again ([`final_checks`]), for a run whose own ended in a
+/// harness error (a read timed out on a busy machine): run `uid`'s database `database` on the
+/// server under test, its topics (`f_<uid>.outbox.event.*` with `fresh` fresh topics) on
+/// `KAFKA_PORT`, its audit file. Prints what it found; `Ok(true)` when nothing is missing,
+/// altered or out of order and every acknowledgement is in the log.
+///
+/// # Errors
+/// The database, the topics or the audit file cannot be read.
+pub async fn verify_run(uid: &str, database: &str, fresh: u64, exactly_once: bool) -> Result<bool> {
+    let log = Log {
+        start: Instant::now(),
+    };
+    let committed: HashSet<String> = {
+        let mut conn = mysql_async::Conn::new(
+            mysql_async::Opts::from_url(&mysql_url(Some(database))).context("database URL")?,
+        )
+        .await?;
+        let keys: Vec<String> = conn.query("SELECT event_key FROM outbox").await?;
+        keys.into_iter().collect()
+    };
+    let topic_for = |t: &str| format!("f_{uid}.outbox.event.{t}");
+    let topics: Vec<String> = ["Order", "Payment", workload::PROBE_TYPE]
+        .iter()
+        .map(|t| topic_for(t))
+        .chain((1..=fresh).map(|n| topic_for(&workload::fresh_type(n))))
+        .collect();
+    let (v, audit) = final_checks(
+        &log,
+        &kafka_bootstrap(),
+        &topics,
+        &committed,
+        uid,
+        topic_for,
+        &audit_file_of(uid),
+        exactly_once,
+    )
+    .await?;
+    println!(
+        "rows {} records {} distinct {} missing {} duplicates {} (max copies {}) phantoms {} \
+         content mismatches {} order violations {} replay gaps {}",
+        v.committed,
+        v.records,
+        v.distinct_delivered,
+        v.missing.len(),
+        v.duplicates,
+        v.max_copies,
+        v.phantoms.len(),
+        v.content_mismatches.len(),
+        v.order_violations.len(),
+        v.replay_gaps.len()
+    );
+    for p in v.problems(10) {
+        println!("FAIL {p}");
+    }
+    println!(
+        "acknowledgements audited {} ({} offsets), not in the log {}, holding another record {}",
+        audit.acknowledged,
+        audit.offsets,
+        audit.missing.len(),
+        audit.mismatched.len()
+    );
+    Ok(v.passed() && audit.passed() && audit.acknowledged > 0)
+}
+
+/// The acknowledgement audit file of run `uid`.
+fn audit_file_of(uid: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join("outbox-relay-tests")
+        .join(format!("faults-{uid}-acks.jsonl"))
+}
+
+/// Busy threads (twice the cores) until `length` has passed; how many ran.
+async fn starve_cpu(length: Duration) -> Result<usize> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
+    let until = Instant::now() + length;
+    let busy: Vec<std::thread::JoinHandle<()>> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                while Instant::now() < until {
+                    for _ in 0..10_000 {
+                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    }
+                    std::hint::black_box(x);
+                }
+            })
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        for t in busy {
+            let _ = t.join();
+        }
+    })
+    .await?;
+    Ok(threads)
+}
+
 /// Commits probe rows (single-row transactions on the probe key).
 struct Prober {
     run: String,
@@ -753,12 +1019,26 @@ struct Prober {
 }
 
 impl Prober {
+    /// Commits the one row of fresh topic `n` ([`workload::fresh_type`]).
+    async fn write_fresh(&mut self, n: u64) -> Result<()> {
+        let aggregate_id = format!("fresh-{n}");
+        let row = GenRow {
+            event_key: workload::fresh_event_key(&self.run, n),
+            aggregate_type: workload::fresh_type(n),
+            payload: workload::payload(&aggregate_id, 1),
+            aggregate_id,
+        };
+        self.committer
+            .commit(std::slice::from_ref(&row), false, false)
+            .await
+    }
+
     async fn write(&mut self) -> Result<String> {
         let seq = self.next;
         self.next += 1;
         let row = GenRow {
             event_key: workload::probe_event_key(&self.run, seq),
-            aggregate_type: workload::PROBE_TYPE,
+            aggregate_type: workload::PROBE_TYPE.to_owned(),
             aggregate_id: workload::PROBE_KEY.to_owned(),
             payload: workload::payload(workload::PROBE_KEY, seq),
         };
@@ -782,13 +1062,19 @@ pub async fn run(opts: &Options) -> Result<Report> {
     let mut rng = Rng::new(opts.seed);
     log.say(format!(
         "fault matrix, profile {}: {} kills, {} broker restarts, {} server restarts, {} cuts, \
-         {} freezes; {} writers; seed {} (repeat with --seed {}); {} 127.0.0.1:{}, Kafka {}",
+         {} freezes, {} EndTxn answers lost; {} writers; seed {} (repeat with --seed {}); {} \
+         127.0.0.1:{}, Kafka {}",
         p.name,
         p.kills,
         p.broker_restarts,
         p.server_restarts,
         p.cuts,
         p.freezes,
+        if opts.exactly_once && opts.kafka_proxy_port.is_some() {
+            p.endtxn_losses
+        } else {
+            0
+        },
         p.writers,
         opts.seed,
         opts.seed,
@@ -803,6 +1089,16 @@ pub async fn run(opts: &Options) -> Result<Report> {
         );
     }
     let services = Services::new(&opts.repo_root);
+    // Started before the broker: the broker reaches itself (transaction markers) through the
+    // listener it advertises, this proxy.
+    let kafka_proxy = match opts.kafka_proxy_port {
+        Some(port) if opts.exactly_once => Some(
+            TcpProxy::start_kafka(&format!("127.0.0.1:{port}"), kafka_bootstrap())
+                .await
+                .context("starting the Kafka proxy")?,
+        ),
+        _ => None,
+    };
     if opts.start_services {
         services.up_all().await.context("starting the services")?;
     }
@@ -826,9 +1122,18 @@ pub async fn run(opts: &Options) -> Result<Report> {
     );
     spec.initial_backoff_ms = 200;
     spec.max_backoff_ms = 2_000;
+    if let Some(kp) = &kafka_proxy {
+        spec.bootstrap_servers = kp.addr().to_string();
+    }
     if opts.exactly_once {
         spec.kafka_extra =
             format!("delivery = \"exactly_once\"\nprogress_topic = \"f_{uid}.progress\"\n");
+        if kafka_proxy.is_some() {
+            // commit_transaction gives up on a lost EndTxn answer after max(this, 10 s), not
+            // after the default's 60 s.
+            spec.kafka_extra
+                .push_str("transaction_timeout_ms = 15000\n");
+        }
     }
     let topics: Vec<String> = ["Order", "Payment", workload::PROBE_TYPE]
         .iter()
@@ -852,10 +1157,18 @@ pub async fn run(opts: &Options) -> Result<Report> {
         proxy.port(),
         proxy.target()
     ));
+    let audit_file = audit_file_of(&uid);
+    if let Some(dir) = audit_file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     let mut relays = Relays {
         bin: opts.relay_bin.clone(),
         toml: spec.to_toml(),
         env: vec![
+            (
+                "OUTBOX_RELAY__AUDIT__ACKS_FILE".into(),
+                audit_file.display().to_string(),
+            ),
             (
                 "OUTBOX_RELAY__MYSQL__HEARTBEAT_INTERVAL_MS".into(),
                 "1000".into(),
@@ -921,15 +1234,38 @@ pub async fn run(opts: &Options) -> Result<Report> {
     log.say("workload running, first probe delivered; injecting faults");
 
     // The plan: a seeded shuffle of every fault.
-    let mut plan: Vec<FaultKind> = FaultKind::ALL
-        .iter()
-        .flat_map(|k| std::iter::repeat_n(*k, p.count(*k)))
-        .collect();
-    rng.shuffle(&mut plan);
+    let round = |rng: &mut Rng| {
+        let mut plan: Vec<FaultKind> = FaultKind::ALL
+            .iter()
+            .filter(|k| **k != FaultKind::EndTxnLoss || kafka_proxy.is_some())
+            .flat_map(|k| std::iter::repeat_n(*k, p.count(*k)))
+            .collect();
+        rng.shuffle(&mut plan);
+        plan
+    };
+    let mut plan = round(&mut rng);
     let mut faults = Vec::new();
     let mut checkpoints = Vec::new();
     let mut failures = Vec::new();
-    for (i, kind) in plan.iter().copied().enumerate() {
+    // Fresh topics: after each fault one row of a new aggregate type, so the broker
+    // auto-creates its topic while the relay produces to it (the path of the one
+    // acknowledged-but-missing record ever seen).
+    let mut fresh = 0u64;
+    let mut i = 0;
+    loop {
+        if i == plan.len() {
+            match p.duration {
+                Some(d) if log.start.elapsed() < d => {
+                    let next = round(&mut rng);
+                    plan.extend(next);
+                }
+                _ => break,
+            }
+        }
+        let kind = plan[i];
+        i += 1;
+        // This fault's index in the body below (`continue` must not skip the increment).
+        let i = i - 1;
         tokio::time::sleep(Duration::from_millis(
             rng.range(p.fault_gap_ms.0, p.fault_gap_ms.1),
         ))
@@ -1025,6 +1361,46 @@ pub async fn run(opts: &Options) -> Result<Report> {
                     }
                 }
             }
+            FaultKind::CpuStarvation => {
+                let length = Duration::from_millis(rng.range(p.starve_ms.0, p.starve_ms.1));
+                starve_cpu(length).await.map(|threads| {
+                    format!("{threads} busy threads for {:.1} s", length.as_secs_f64())
+                })
+            }
+            FaultKind::EndTxnLoss => match &kafka_proxy {
+                None => Ok("no Kafka proxy: nothing done".to_owned()),
+                Some(kp) => {
+                    let fault = if rng.chance(0.5) {
+                        KafkaFault::Drop
+                    } else {
+                        KafkaFault::Delay(Duration::from_millis(rng.range(1_000, 15_000)))
+                    };
+                    let before = kp.kafka_faults_fired();
+                    kp.arm_kafka_fault(END_TXN, fault);
+                    let armed = Instant::now();
+                    while kp.kafka_faults_fired() == before
+                        && armed.elapsed() < Duration::from_secs(10)
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    let fired = kp.kafka_faults_fired() > before;
+                    if !fired {
+                        kp.disarm_kafka_fault();
+                    }
+                    Ok(format!(
+                        "EndTxn answer {}{}",
+                        match fault {
+                            KafkaFault::Drop => "dropped".to_owned(),
+                            KafkaFault::Delay(d) => format!("held {:.1} s", d.as_secs_f64()),
+                        },
+                        if fired {
+                            ""
+                        } else {
+                            " (no EndTxn seen in 10 s)"
+                        }
+                    ))
+                }
+            },
             FaultKind::ProxyFreeze => {
                 let frozen = Duration::from_millis(rng.range(p.freeze_ms.0, p.freeze_ms.1));
                 let before = proxy.active();
@@ -1064,6 +1440,8 @@ pub async fn run(opts: &Options) -> Result<Report> {
             }
         }
         let probe = prober.write().await?;
+        fresh += 1;
+        prober.write_fresh(fresh).await?;
         let recovery = match watcher.wait_for(&probe, p.recovery_timeout).await {
             Ok(t) => Some(t.saturating_duration_since(fault_end)),
             Err(e) => {
@@ -1134,6 +1512,10 @@ pub async fn run(opts: &Options) -> Result<Report> {
         "writers stopped: {} rows in the outbox table; waiting for the relay to deliver them",
         committed.len()
     ));
+    let topics: Vec<String> = topics
+        .into_iter()
+        .chain((1..=fresh).map(|n| spec.topic_for(&workload::fresh_type(n))))
+        .collect();
     let drain_start = Instant::now();
     let mut remaining = committed.clone();
     let mut done = 0usize;
@@ -1186,15 +1568,18 @@ pub async fn run(opts: &Options) -> Result<Report> {
     checkpoints.push(final_sample);
     drop(watcher);
 
-    // Exactly-once: what a read_committed consumer sees (transaction markers and aborted
-    // records take offsets, so the count is not the watermarks' sum).
-    let records = if opts.exactly_once {
-        read_committed_records(&bootstrap, &topics, Duration::from_secs(300)).await?
-    } else {
-        read_all_records(&bootstrap, &topics, Duration::from_secs(300)).await?
-    };
     let topic_template = spec.clone();
-    let verification = verify::verify(&uid, &records, &committed, |t| topic_template.topic_for(t));
+    let (verification, audit) = final_checks(
+        &log,
+        &bootstrap,
+        &topics,
+        &committed,
+        &uid,
+        |t| topic_template.topic_for(t),
+        &audit_file,
+        opts.exactly_once,
+    )
+    .await?;
     let unexpected_exits = std::mem::take(&mut relays.unexpected_exits);
     let report = Report {
         exactly_once: opts.exactly_once,
@@ -1205,12 +1590,14 @@ pub async fn run(opts: &Options) -> Result<Report> {
         writers,
         checkpoints,
         verification,
+        audit,
         unexpected_exits,
         failures,
         relays_started: relays.started,
         relay_logs: relays.logs.clone(),
         duration: log.start.elapsed(),
         drain,
+        fresh_topics: fresh,
     };
     if report.passed() {
         // Clean up what a passing run leaves on the server; topics stay (cheap, and useful).

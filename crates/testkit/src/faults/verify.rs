@@ -123,7 +123,7 @@ pub fn verify(
             }
         };
         *copies.entry(ek).or_default() += 1;
-        let want_topic = topic_for(aggregate_type);
+        let want_topic = topic_for(&aggregate_type);
         let want_value = payload(&aggregate_id, seq);
         let mut diffs = Vec::new();
         if r.topic != want_topic {
@@ -135,7 +135,7 @@ pub fn verify(
         if r.value_str() != Some(want_value.as_str()) {
             diffs.push(format!("value {:?}", r.value_str()));
         }
-        if r.header("aggregate_type") != Some(aggregate_type) {
+        if r.header("aggregate_type") != Some(aggregate_type.as_str()) {
             diffs.push(format!(
                 "header aggregate_type {:?}",
                 r.header("aggregate_type")

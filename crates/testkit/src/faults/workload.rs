@@ -41,6 +41,17 @@ pub const PROBE_TYPE: &str = "Probe";
 /// Aggregate id (Kafka key) of the probe rows.
 pub const PROBE_KEY: &str = "probe";
 
+/// Aggregate type of fresh-topic row `n`: a topic nobody wrote before, auto-created by the
+/// broker when the relay first produces to it (`Fresh<n>`).
+pub fn fresh_type(n: u64) -> String {
+    format!("Fresh{n}")
+}
+
+/// `event_key` of the row on fresh topic `n` (its only row: sequence 1).
+pub fn fresh_event_key(run: &str, n: u64) -> String {
+    format!("{run}.n{n}.0.1")
+}
+
 /// Aggregate id (Kafka key) of writer `w`'s key `j`.
 pub fn aggregate_id(w: usize, j: usize) -> String {
     format!("w{w}-k{j}")
@@ -65,7 +76,7 @@ pub enum EventRef {
         /// Aggregate id (the record key).
         aggregate_id: String,
         /// Aggregate type (selects the topic).
-        aggregate_type: &'static str,
+        aggregate_type: String,
         /// Sequence number of the row within its key, from 1.
         seq: u64,
     },
@@ -95,10 +106,17 @@ pub fn parse_event_key(run: &str, event_key: &str) -> Option<EventRef> {
         return Some(EventRef::RolledBack);
     }
     let seq: u64 = c.parse().ok()?;
+    if let Some(n) = a.strip_prefix('n').and_then(|n| n.parse::<u64>().ok()) {
+        return Some(EventRef::Row {
+            aggregate_id: format!("fresh-{n}"),
+            aggregate_type: fresh_type(n),
+            seq,
+        });
+    }
     if a == "p" {
         return Some(EventRef::Row {
             aggregate_id: PROBE_KEY.to_owned(),
-            aggregate_type: PROBE_TYPE,
+            aggregate_type: PROBE_TYPE.to_owned(),
             seq,
         });
     }
@@ -106,7 +124,7 @@ pub fn parse_event_key(run: &str, event_key: &str) -> Option<EventRef> {
     let j: usize = b.parse().ok()?;
     Some(EventRef::Row {
         aggregate_id: aggregate_id(w, j),
-        aggregate_type: aggregate_type(j),
+        aggregate_type: aggregate_type(j).to_owned(),
         seq,
     })
 }
@@ -117,7 +135,7 @@ pub struct GenRow {
     /// `event_key`.
     pub event_key: String,
     /// `aggregate_type`.
-    pub aggregate_type: &'static str,
+    pub aggregate_type: String,
     /// `aggregate_id`.
     pub aggregate_id: String,
     /// `payload`.
@@ -139,7 +157,7 @@ fn insert_sql(rows: &[GenRow]) -> String {
         .map(|r| {
             format!(
                 "({}, {}, 'Event', {}, {}, UTC_TIMESTAMP(6))",
-                quote(r.aggregate_type),
+                quote(&r.aggregate_type),
                 quote(&r.aggregate_id),
                 quote(&r.event_key),
                 quote(&r.payload)
@@ -503,7 +521,7 @@ async fn writer(
             rows.push(GenRow {
                 payload: payload(&aggregate_id, seqs[j]),
                 event_key,
-                aggregate_type: aggregate_type(j),
+                aggregate_type: aggregate_type(j).to_owned(),
                 aggregate_id,
             });
             seqs[j] += 1;
@@ -534,7 +552,7 @@ mod tests {
             parse_event_key(run, &event_key(run, 3, 4, 17)),
             Some(EventRef::Row {
                 aggregate_id: "w3-k4".into(),
-                aggregate_type: "Order",
+                aggregate_type: "Order".into(),
                 seq: 17
             })
         );
@@ -542,7 +560,7 @@ mod tests {
             parse_event_key(run, &probe_event_key(run, 2)),
             Some(EventRef::Row {
                 aggregate_id: PROBE_KEY.into(),
-                aggregate_type: PROBE_TYPE,
+                aggregate_type: PROBE_TYPE.to_owned(),
                 seq: 2
             })
         );
@@ -558,7 +576,7 @@ mod tests {
     fn insert_sql_quotes_values() {
         let row = GenRow {
             event_key: "r.1.0.1".into(),
-            aggregate_type: "Order",
+            aggregate_type: "Order".into(),
             aggregate_id: "w1-k0".into(),
             payload: payload("w1-k0", 1),
         };

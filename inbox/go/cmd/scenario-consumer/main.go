@@ -41,6 +41,7 @@ type config struct {
 	bootstrap, topic, group, consumer, dlq string
 	maxAttempts                            int
 	backoff                                time.Duration
+	outageBudget                           time.Duration
 	versionHeader                          string
 	gapPolicy                              inbox.GapPolicy
 	crashPoint, crashKey, crashMarker      string
@@ -90,6 +91,11 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	c.backoff = time.Duration(ms) * time.Millisecond
+	budget, err := envInt("INBOX_OUTAGE_BUDGET_MS", 300000)
+	if err != nil {
+		return c, err
+	}
+	c.outageBudget = time.Duration(budget) * time.Millisecond
 	if c.exitAfter, err = envInt("INBOX_EXIT_AFTER", 0); err != nil {
 		return c, err
 	}
@@ -323,6 +329,7 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		MaxAttempts:     c.maxAttempts,
 		BackoffInitial:  c.backoff,
 		BackoffMax:      max(time.Second, c.backoff),
+		OutageBudget:    c.outageBudget,
 		DeadLetterTopic: c.dlq,
 		Hooks: inbox.Hooks{
 			BeforeCommit: func(rec *kgo.Record) { c.crash("after_handler", rec) },

@@ -12,24 +12,31 @@ from .inbox import (
     Handler,
     Hooks,
     Inbox,
+    OutageError,
     Outcome,
     ProcessResult,
     dead_letter_producer,
+    is_infrastructure_error,
 )
 from .runner import InboxRunner, Processor
 from .settings import GapPolicy, InboxSettings, backoff_delay
+from .topics import DeadLetterTopicError, ensure_topic
 
 __all__ = [
     "DeadLetterError",
+    "DeadLetterTopicError",
     "GapPolicy",
     "Handler",
     "Hooks",
     "Inbox",
     "InboxRunner",
     "InboxSettings",
+    "OutageError",
     "Outcome",
     "ProcessResult",
     "Processor",
     "backoff_delay",
     "dead_letter_producer",
+    "ensure_topic",
+    "is_infrastructure_error",
 ]

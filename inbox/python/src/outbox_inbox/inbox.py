@@ -25,9 +25,11 @@ __all__ = [
     "Handler",
     "Hooks",
     "Inbox",
+    "OutageError",
     "Outcome",
     "ProcessResult",
     "dead_letter_producer",
+    "is_infrastructure_error",
 ]
 
 log = logging.getLogger("outbox_inbox")
@@ -36,9 +38,41 @@ ER_DUP_ENTRY = 1062
 _DECIMAL = re.compile(r"-?[0-9]+")
 IDLE_PING_SECONDS = 30.0  # ping a connection idle this long before using it (server timeouts)
 
+# Errors that are the infrastructure's, not the record's (inbox/CONTRACT.md, "Attempts and
+# outages"): lock wait timeout, deadlock (both roll the transaction back), read-only server
+# (failover), shutdown, connection killed, client disconnected, and the client's codes of a
+# refused or lost connection.
+INFRASTRUCTURE_CODES = frozenset(
+    {1205, 1213, 1290, 1836, 1053, 1077, 1927, 4031, 2002, 2003, 2006, 2013, 2055}
+)
+
 Handler = Callable[[pymysql.connections.Connection, Message], None]
 """``handler(tx, record)``: does the business change on ``tx``, the PyMySQL connection whose
-transaction is open (never commit or roll it back). Raise any exception to fail the attempt."""
+transaction is open (never commit or roll it back). Raise any exception to fail the attempt;
+an infrastructure error (:func:`is_infrastructure_error`, e.g. PyMySQL's deadlock error let
+through, or raised ``from`` it) is not counted as an attempt: the record is redone."""
+
+
+def is_infrastructure_error(error: BaseException) -> bool:
+    """Whether ``error``, or an exception in its ``__cause__`` chain (``raise ... from``), means the
+    database could not do the work rather than that the record is wrong: a PyMySQL error with
+    code 1205, 1213, 1290, 1836, 1053, 1077, 1927, 4031, 2002, 2003, 2006, 2013 or 2055, PyMySQL's
+    ``InterfaceError`` (a closed connection), or a ``ConnectionError``/``TimeoutError``. The
+    first PyMySQL error of the chain decides. The inbox retries those without counting them as
+    attempts, for at most ``outage_budget``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, pymysql.err.InterfaceError):
+            return True
+        if isinstance(current, pymysql.err.MySQLError):
+            code = current.args[0] if current.args else None
+            return isinstance(code, int) and code in INFRASTRUCTURE_CODES
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return True
+        current = current.__cause__
+    return False
 
 
 class Outcome(str, enum.Enum):
@@ -64,7 +98,8 @@ class ProcessResult:
     event_key: str | None
     """The record's event key (``None`` when the header was missing or empty)."""
     attempts: int
-    """Database transactions begun for the record (0 when dead-lettered before any)."""
+    """Attempts counted for the record (0 when dead-lettered before any); attempts ended by an
+    infrastructure error (:func:`is_infrastructure_error`) are not counted."""
     reason: str | None = None
     """Why it was dead-lettered or parked (the ``dlq_reason`` header), else ``None``."""
 
@@ -87,6 +122,23 @@ class Hooks:
 
 class DeadLetterError(Exception):
     """A dead letter could not be produced: the consumer must stop (the record is unsettled)."""
+
+
+class OutageError(Exception):
+    """The record failed only with infrastructure errors (:func:`is_infrastructure_error`) for
+    longer than ``outage_budget``. It is not settled: its offset, and those after it, must not be
+    committed; a restarted consumer resumes with it. ``__cause__`` is the last error."""
+
+    def __init__(self, topic: str, partition: int, offset: int, budget: float, error: str):
+        super().__init__(
+            f"database outage longer than the outage budget ({budget:g} s) at record "
+            f"{topic}/{partition}@{offset}, not settled: {error}"
+        )
+        self.topic, self.partition, self.offset, self.budget = topic, partition, offset, budget
+
+
+class _NoConnection(Exception):
+    """``connect()`` failed: an infrastructure error whatever the cause."""
 
 
 class _Poison(Exception):
@@ -180,8 +232,14 @@ class Inbox:
         """Settle one record: run ``handler`` in a transaction with its inbox row, retrying with
         exponential backoff, or dead-letter it. Blocks until settled (retries included).
 
+        Handler errors and data errors (a version gap under ``retry``) count toward
+        ``max_attempts``; infrastructure errors (:func:`is_infrastructure_error`) are retried
+        with the same backoff without counting, for at most ``outage_budget``.
+
         Returns the :class:`ProcessResult`; afterwards ``record.offset() + 1`` may be committed.
-        Raises :class:`DeadLetterError` when a dead letter cannot be produced, and whatever
+        Raises :class:`DeadLetterError` when a dead letter cannot be produced,
+        :class:`OutageError` when the database stayed unreachable longer than the outage budget
+        (the record is then not settled: stop without committing its offset), and whatever
         ``hooks.after_commit`` raises.
 
         Runs inside the record's consumer span (see :class:`Inbox`): its status is ERROR for a
@@ -239,16 +297,60 @@ class Inbox:
         except _Poison as poison:
             return self._dead_letter(record, key, Outcome.DEAD_LETTERED, str(poison), 0)
 
-        attempt = 0
+        attempt = 0  # attempts that count: not those ended by an infrastructure error
+        outage_since: float | None = None  # since when the record fails with those only
+        outage_retries = 0
         while True:
-            attempt += 1
             try:
                 outcome = self._attempt(record, key, version, handler)
             except _Park as gap:
-                return self._dead_letter(record, key, Outcome.PARKED, str(gap), attempt)
+                return self._dead_letter(record, key, Outcome.PARKED, str(gap), attempt + 1)
             except Exception as error:
                 self._rollback()
                 reason = str(error) or type(error).__name__
+                if isinstance(error, _NoConnection) or (
+                    not isinstance(error, _Gap) and is_infrastructure_error(error)
+                ):
+                    # Not an attempt: the record is redone once the database answers.
+                    trace.get_current_span().record_exception(
+                        error, {"inbox.attempt": attempt + 1, "inbox.outage": True}
+                    )
+                    now = time.monotonic()
+                    if outage_since is None:
+                        outage_since, outage_retries = now, 0
+                    down = now - outage_since
+                    if down >= s.outage_budget:
+                        log.error(
+                            "event_key %s: database outage longer than the outage budget "
+                            "(%.3fs): %s; stopping",
+                            key,
+                            s.outage_budget,
+                            reason,
+                        )
+                        raise OutageError(
+                            record.topic(),
+                            record.partition(),
+                            record.offset(),
+                            s.outage_budget,
+                            reason,
+                        ) from error
+                    outage_retries += 1
+                    delay = min(
+                        backoff_delay(outage_retries, s.backoff_initial, s.backoff_max),
+                        s.outage_budget - down,
+                    )
+                    log.warning(
+                        "event_key %s: infrastructure error (not an attempt; down %.3fs): %s; "
+                        "retrying in %.3fs",
+                        key,
+                        down,
+                        reason,
+                        delay,
+                    )
+                    time.sleep(delay)
+                    continue
+                outage_since = None
+                attempt += 1
                 trace.get_current_span().record_exception(error, {"inbox.attempt": attempt})
                 if attempt >= s.max_attempts:
                     return self._dead_letter(record, key, Outcome.DEAD_LETTERED, reason, attempt)
@@ -263,7 +365,7 @@ class Inbox:
                 )
                 time.sleep(delay)
                 continue
-            return ProcessResult(outcome, key, attempt)
+            return ProcessResult(outcome, key, attempt + 1)
 
     def _version(self, record: Message) -> int | None:
         s = self.settings
@@ -285,7 +387,12 @@ class Inbox:
     def _attempt(self, record: Message, key: str, version: int | None, handler: Handler) -> Outcome:
         s = self.settings
         if self._conn is None:
-            self._conn = self._connect()
+            try:
+                conn = self._connect()
+            except Exception as error:
+                # No connection at all: the infrastructure's, whatever the error.
+                raise _NoConnection(f"cannot connect to the database: {error}") from error
+            self._conn = conn
             self._conn.autocommit(False)
         elif time.monotonic() - self._last_used > IDLE_PING_SECONDS:
             self._conn.ping(reconnect=True)

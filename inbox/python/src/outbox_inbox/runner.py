@@ -12,6 +12,7 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from .inbox import Handler, Inbox, ProcessResult
+from .topics import ensure_topic
 
 __all__ = ["InboxRunner", "Processor"]
 
@@ -37,6 +38,10 @@ class InboxRunner:
     polled. ``on_settled(record, result, polled_at)`` is called
     after each record is settled, ``polled_at`` being the ``time.monotonic()`` of the poll that
     returned it. Single use: :meth:`run` closes the consumer when it returns.
+
+    With an :class:`Inbox` as processor, the dead-letter topic is checked at construction and
+    created with the broker's defaults when missing (:func:`ensure_topic`); when the broker
+    refuses, :class:`DeadLetterTopicError` names the topic and the fix.
     """
 
     def __init__(
@@ -54,6 +59,8 @@ class InboxRunner:
         if isinstance(processor, Inbox):
             config.setdefault("group.id", processor.settings.consumer)
             processor.consumer_group = str(config["group.id"])  # the spans' consumer group name
+            # The dead-letter topic exists, is created now, or the runner refuses to start.
+            ensure_topic(config, processor.settings.dead_letter_topic)
         config["enable.auto.commit"] = False
         config["enable.auto.offset.store"] = False
         self._processor = processor
@@ -86,8 +93,10 @@ class InboxRunner:
     def run(self) -> None:
         """Poll and settle records until :meth:`stop`; then commit the processed offsets and
         close the consumer. Raises what the processor raises (e.g.
-        :class:`~outbox_inbox.DeadLetterError`) or a fatal ``KafkaException``, after committing
-        the offsets of the records settled before and closing the consumer."""
+        :class:`~outbox_inbox.DeadLetterError`, or :class:`~outbox_inbox.OutageError` after a
+        database outage longer than ``outage_budget``) or a fatal ``KafkaException``, after
+        committing the offsets of the records settled before and closing the consumer; the record
+        in hand and those after it are not committed, so a restarted runner resumes with it."""
         self.subscribe()
         try:
             in_batch = 0

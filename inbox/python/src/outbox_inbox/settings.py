@@ -54,6 +54,12 @@ class InboxSettings:
     """Wait before the 2nd attempt, in seconds; doubles per attempt."""
     backoff_max: float = 10.0
     """Upper bound of the wait between attempts, in seconds."""
+    outage_budget: float = 300.0
+    """How long, in seconds, one record may keep failing with infrastructure errors only (the
+    database unreachable, a lost connection, a read-only server, a deadlock...: see
+    :func:`~outbox_inbox.is_infrastructure_error`) before :meth:`~outbox_inbox.Inbox.process`
+    raises :class:`~outbox_inbox.OutageError`, the record unsettled. Those errors are retried
+    with the backoff above and do not count toward ``max_attempts``."""
 
     def __post_init__(self) -> None:
         if not self.consumer:
@@ -66,6 +72,8 @@ class InboxSettings:
             raise ValueError("max_attempts must be at least 1")
         if self.backoff_initial < 0 or self.backoff_max < 0:
             raise ValueError("backoff durations must not be negative")
+        if self.outage_budget < 0:
+            raise ValueError("outage_budget must not be negative")
         # Accept the plain strings "park"/"retry" too.
         object.__setattr__(self, "gap_policy", GapPolicy(self.gap_policy))
 

@@ -184,6 +184,7 @@ def main() -> int:
             max_attempts=int(_env("INBOX_MAX_ATTEMPTS", "3")),
             backoff_initial=int(_env("INBOX_BACKOFF_MS", "50")) / 1000.0,
             backoff_max=1.0,
+            outage_budget=int(_env("INBOX_OUTAGE_BUDGET_MS", "300000")) / 1000.0,
         )
         hooks = Hooks(
             before_commit=_crash_hook("after_handler", *crash),

@@ -7,6 +7,9 @@ import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
+import java.sql.SQLNonTransientConnectionException;
+import java.sql.SQLTransactionRollbackException;
+import java.sql.SQLTransientConnectionException;
 import java.time.Duration;
 import java.util.Objects;
 import java.util.concurrent.ExecutionException;
@@ -38,6 +41,15 @@ import org.slf4j.LoggerFactory;
 public final class Inbox {
   private static final Logger LOG = LoggerFactory.getLogger(Inbox.class);
   private static final int ER_DUP_ENTRY = 1062;
+
+  /**
+   * Server and client error codes that are the infrastructure's, not the record's: lock wait
+   * timeout, deadlock, read-only server, shutdown, connection killed, client disconnected, and the
+   * client codes of a refused or lost connection.
+   */
+  private static final java.util.Set<Integer> INFRASTRUCTURE_CODES =
+      java.util.Set.of(
+          1205, 1213, 1290, 1836, 1053, 1077, 1927, 4031, 2002, 2003, 2006, 2013, 2055);
 
   /** The header naming the record's aggregate type (the version table's key part). */
   public static final String AGGREGATE_TYPE_HEADER = "aggregate_type";
@@ -110,7 +122,14 @@ public final class Inbox {
    * @param record the record (key = aggregate id, headers {@code event_key}, {@code
    *     aggregate_type}, optionally the version header)
    * @param handler the business change
-   * @return the outcome and the number of attempts made
+   *     <p>Handler errors and data errors (a version gap under {@link GapPolicy#RETRY}) count
+   *     toward {@code maxAttempts}; infrastructure errors ({@link #isInfrastructureError}) are
+   *     retried with the same backoff without counting, for at most {@link
+   *     InboxSettings#outageBudget()}.
+   * @return the outcome and the number of attempts made (those ended by an infrastructure error not
+   *     counted)
+   * @throws InboxOutageException the database stayed unreachable longer than the outage budget: the
+   *     record is not settled (stop without committing its offset)
    * @throws InboxException a dead letter could not be produced, or the thread was interrupted
    *     during a backoff: the record is not settled
    */
@@ -143,24 +162,62 @@ public final class Inbox {
     } catch (IllegalArgumentException e) {
       return deadLetter(record, e.getMessage(), 0);
     }
-    String error = null;
-    for (int attempt = 1; attempt <= settings.maxAttempts(); attempt++) {
-      if (attempt > 1) {
-        sleep(settings.backoff(attempt - 1));
-      }
+    int attempt = 0; // attempts that count: not those ended by an infrastructure error
+    long outageSince = 0; // System.nanoTime() of the first infrastructure error in a row
+    int outageRetries = 0;
+    while (true) {
       try {
         Outcome outcome = attempt(record, eventKey, version, handler);
-        return new Result(outcome, attempt);
+        return new Result(outcome, attempt + 1);
       } catch (VersionGap gap) {
+        attempt++;
         if (settings.gapPolicy() == GapPolicy.PARK) {
           Result parked = deadLetter(record, gap.getMessage(), attempt);
           return new Result(Outcome.PARKED, parked.attempts());
         }
         InboxTracing.attemptFailed(gap, attempt);
-        error = gap.getMessage();
+        if (attempt >= settings.maxAttempts()) {
+          return deadLetter(record, gap.getMessage(), attempt);
+        }
       } catch (Exception e) {
+        String error = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
+        if (isInfrastructureError(e)) {
+          // Not an attempt: the record is redone once the database answers.
+          InboxTracing.outageFailed(e, attempt + 1);
+          long now = System.nanoTime();
+          if (outageRetries == 0) {
+            outageSince = now;
+          }
+          Duration down = Duration.ofNanos(now - outageSince);
+          if (down.compareTo(settings.outageBudget()) >= 0) {
+            LOG.error(
+                "{} {}-{}@{}: database outage longer than the outage budget ({}): {}; stopping",
+                eventKey,
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                settings.outageBudget(),
+                error);
+            throw new InboxOutageException(
+                record.topic(), record.partition(), record.offset(), settings.outageBudget(), e);
+          }
+          outageRetries++;
+          Duration wait = settings.backoff(outageRetries);
+          Duration left = settings.outageBudget().minus(down);
+          LOG.warn(
+              "{} {}-{}@{}: infrastructure error (not an attempt; down {}): {}",
+              eventKey,
+              record.topic(),
+              record.partition(),
+              record.offset(),
+              down,
+              error);
+          sleep(wait.compareTo(left) < 0 ? wait : left);
+          continue;
+        }
+        outageRetries = 0;
+        attempt++;
         InboxTracing.attemptFailed(e, attempt);
-        error = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
         LOG.warn(
             "{} {}-{}@{}: attempt {} of {} failed: {}",
             eventKey,
@@ -170,16 +227,62 @@ public final class Inbox {
             attempt,
             settings.maxAttempts(),
             error);
+        if (attempt >= settings.maxAttempts()) {
+          return deadLetter(record, error, attempt);
+        }
+      }
+      sleep(settings.backoff(attempt));
+    }
+  }
+
+  /**
+   * Whether {@code error}, or a cause in its chain (a handler's exception included), means the
+   * database could not do the work rather than that the record is wrong (inbox/CONTRACT.md,
+   * "Attempts and outages"): a {@link SQLException} with error code 1205, 1213, 1290, 1836, 1053,
+   * 1077, 1927, 4031, 2002, 2003, 2006, 2013 or 2055, with an SQLState of class {@code 08}
+   * (connection exception) or {@code 40001} (serialization failure: deadlock), or of the driver's
+   * connection and rollback exception types ({@link SQLTransientConnectionException}, {@link
+   * SQLNonTransientConnectionException}, {@link SQLTransactionRollbackException}; a failure of the
+   * data source to give a connection at all is reported as the first); or a socket error. The first
+   * {@link SQLException} of the chain decides. The inbox retries those without counting them as
+   * attempts, for at most {@link InboxSettings#outageBudget()}.
+   *
+   * @param error an error of an attempt
+   * @return whether it is an infrastructure error
+   */
+  public static boolean isInfrastructureError(Throwable error) {
+    java.util.Set<Throwable> seen =
+        java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+    for (Throwable t = error; t != null && seen.add(t); t = t.getCause()) {
+      if (t instanceof SQLException sql) {
+        String state = sql.getSQLState() == null ? "" : sql.getSQLState();
+        return INFRASTRUCTURE_CODES.contains(sql.getErrorCode())
+            || state.startsWith("08")
+            || state.equals("40001")
+            || sql instanceof SQLTransientConnectionException
+            || sql instanceof SQLNonTransientConnectionException
+            || sql instanceof SQLTransactionRollbackException;
+      }
+      if (t instanceof java.net.SocketException || t instanceof java.io.EOFException) {
+        return true;
       }
     }
-    return deadLetter(record, error, settings.maxAttempts());
+    return false;
   }
 
   /** One attempt in one transaction: PROCESSED, DUPLICATE or STALE, or an exception. */
   private Outcome attempt(
       ConsumerRecord<byte[], byte[]> record, String eventKey, Long version, Handler handler)
       throws Exception {
-    try (Connection tx = dataSource.getConnection()) {
+    Connection connection;
+    try {
+      connection = dataSource.getConnection();
+    } catch (SQLException e) {
+      // No connection at all (refused, pool timeout, ...): the infrastructure's, whatever the code.
+      throw new SQLTransientConnectionException(
+          "cannot get a database connection: " + e.getMessage(), "08001", e);
+    }
+    try (Connection tx = connection) {
       tx.setAutoCommit(false);
       try {
         Outcome outcome = inTransaction(tx, record, eventKey, version, handler);

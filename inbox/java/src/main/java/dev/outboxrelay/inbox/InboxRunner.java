@@ -46,8 +46,10 @@ import org.slf4j.LoggerFactory;
  *
  * <p>{@link #stop()} (from any thread, a signal handler or a listener) lets the record in hand
  * finish, including its retries, then commits and closes. Any other failure (a dead letter that
- * cannot be produced, an exception of a listener or hook) commits what was settled, closes and
- * leaves {@link #run} with an exception.
+ * cannot be produced, a database outage longer than the outage budget ({@link
+ * InboxOutageException}), an exception of a listener or hook) commits what was settled before the
+ * record in hand, closes and leaves {@link #run} with an exception; the record in hand and those
+ * after it are not committed, so a restarted runner resumes with it.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -410,10 +412,12 @@ public final class InboxRunner implements AutoCloseable {
     }
 
     /**
-     * Makes the Kafka clients.
+     * Makes the Kafka clients; with {@link #inbox}, first makes sure the dead-letter topic exists
+     * ({@link DeadLetterTopics#ensure}: created with the broker's defaults when missing).
      *
      * @return the runner
      * @throws IllegalStateException neither or both of {@link #inbox} and {@link #processor}
+     * @throws InboxException the dead-letter topic is missing and the broker refused to create it
      */
     public InboxRunner build() {
       if ((settings == null) == (processor == null)) {
@@ -424,6 +428,8 @@ public final class InboxRunner implements AutoCloseable {
       RecordProcessor p = processor;
       Properties consumerConfig = consumerConfig(kafka, groupId);
       if (settings != null) {
+        // The dead-letter topic exists, is created now, or the runner refuses to start.
+        DeadLetterTopics.ensure(kafka, settings.deadLetterTopic(), Duration.ofSeconds(30));
         producer = new KafkaProducer<>(deadLetterProducerConfig(kafka));
         Inbox inbox =
             new Inbox(

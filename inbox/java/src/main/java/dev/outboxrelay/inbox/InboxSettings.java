@@ -36,6 +36,7 @@ public final class InboxSettings {
   private final int maxAttempts;
   private final Duration backoffInitial;
   private final Duration backoffMax;
+  private final Duration outageBudget;
   private final OpenTelemetry openTelemetry;
   private final TextMapPropagator propagator;
 
@@ -51,6 +52,7 @@ public final class InboxSettings {
     this.maxAttempts = b.maxAttempts;
     this.backoffInitial = b.backoffInitial;
     this.backoffMax = b.backoffMax;
+    this.outageBudget = b.outageBudget;
     this.openTelemetry = b.openTelemetry;
     this.propagator = b.propagator;
   }
@@ -145,6 +147,15 @@ public final class InboxSettings {
   }
 
   /**
+   * @return how long one record may keep failing with infrastructure errors only ({@link
+   *     Inbox#isInfrastructureError}) before {@link Inbox#process} throws {@link
+   *     InboxOutageException}, the record unsettled (default 5 min)
+   */
+  public Duration outageBudget() {
+    return outageBudget;
+  }
+
+  /**
    * The wait after failed attempt {@code attempt}: {@code backoffInitial × 2^(attempt-1)}, capped
    * at {@code backoffMax}.
    *
@@ -217,6 +228,7 @@ public final class InboxSettings {
     private int maxAttempts = 5;
     private Duration backoffInitial = Duration.ofMillis(100);
     private Duration backoffMax = Duration.ofSeconds(10);
+    private Duration outageBudget = Duration.ofMinutes(5);
     private OpenTelemetry openTelemetry;
     private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
 
@@ -333,6 +345,21 @@ public final class InboxSettings {
     }
 
     /**
+     * How long one record may keep failing with infrastructure errors only (the database
+     * unreachable, a lost connection, a read-only server, a deadlock...: {@link
+     * Inbox#isInfrastructureError}). Those errors are retried with the backoff without counting as
+     * attempts; past this budget {@link Inbox#process} throws {@link InboxOutageException} and the
+     * record stays unsettled.
+     *
+     * @param budget the outage budget (default 5 min)
+     * @return this builder
+     */
+    public Builder outageBudget(Duration budget) {
+      this.outageBudget = budget;
+      return this;
+    }
+
+    /**
      * The OpenTelemetry instance for the consumer spans (inbox/CONTRACT.md, "Trace context").
      *
      * @param openTelemetry an instance (e.g. the application's {@code OpenTelemetrySdk}), or {@code
@@ -380,6 +407,9 @@ public final class InboxSettings {
           || backoffInitial.isNegative()
           || backoffMax.compareTo(backoffInitial) < 0) {
         throw new IllegalArgumentException("backoff: need 0 <= backoff_initial <= backoff_max");
+      }
+      if (outageBudget == null || outageBudget.isNegative()) {
+        throw new IllegalArgumentException("outage_budget must not be negative");
       }
       return new InboxSettings(this);
     }

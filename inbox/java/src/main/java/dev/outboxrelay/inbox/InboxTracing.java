@@ -43,6 +43,7 @@ final class InboxTracing {
   static final AttributeKey<String> INBOX_OUTCOME = AttributeKey.stringKey("inbox.outcome");
   static final AttributeKey<Long> INBOX_ATTEMPTS = AttributeKey.longKey("inbox.attempts");
   static final AttributeKey<Long> INBOX_ATTEMPT = AttributeKey.longKey("inbox.attempt");
+  static final AttributeKey<Boolean> INBOX_OUTAGE = AttributeKey.booleanKey("inbox.outage");
 
   /** {@code inbox.outcome} of a record that {@link Inbox#process} could not settle. */
   static final String UNSETTLED = "unsettled";
@@ -104,6 +105,15 @@ final class InboxTracing {
   /** A failed attempt: an exception event with the attempt number. */
   static void attemptFailed(Throwable error, int attempt) {
     Span.current().recordException(error, Attributes.of(INBOX_ATTEMPT, (long) attempt));
+  }
+
+  /**
+   * An attempt ended by an infrastructure error (not counted): an exception event with {@code
+   * inbox.attempt} (the attempt that is redone) and {@code inbox.outage = true}.
+   */
+  static void outageFailed(Throwable error, int attempt) {
+    Span.current()
+        .recordException(error, Attributes.of(INBOX_ATTEMPT, (long) attempt, INBOX_OUTAGE, true));
   }
 
   /** The record goes to the dead-letter topic: span status error with the reason. */

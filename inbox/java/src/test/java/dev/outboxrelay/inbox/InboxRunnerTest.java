@@ -163,6 +163,36 @@ class InboxRunnerTest {
     assertEquals(Map.of(0, 3L), servers.committed(group));
   }
 
+  @Test
+  void createsAMissingDeadLetterTopic() throws Exception {
+    String topic = servers.topic("runner-fresh", 1);
+    String dlq = servers.freshTopicName("runner-fresh-dlq"); // nobody created it
+    servers.produce(topic, 0, "order-x", null, "{}"); // no event_key: dead-lettered at once
+    String group = servers.group("fresh");
+    InboxSettings settings = InboxSettings.builder(group, dlq).build();
+    StopAfter listener = new StopAfter(1);
+    InboxRunner runner = runner(settings, coupon(new ArrayList<>()), Hooks.NONE, listener);
+    runner.run(List.of(topic));
+    assertEquals(List.of("null dead_lettered"), listener.outcomes);
+    List<ConsumerRecord<byte[], byte[]>> letters = servers.readAll(dlq, 1);
+    assertEquals(1, letters.size());
+    assertEquals("missing event_key header", header(letters.get(0), "dlq_reason"));
+  }
+
+  @Test
+  void refusesADeadLetterTopicTheBrokerWillNotCreate() throws Exception {
+    // '/' is not allowed in a topic name. Neither the topic nor the group ever exists.
+    String bad = "inbox-java-bad/dlq-" + java.util.UUID.randomUUID();
+    InboxSettings settings = InboxSettings.builder("inbox-java-bad", bad).build();
+    InboxException e =
+        assertThrows(
+            InboxException.class,
+            () -> runner(settings, coupon(new ArrayList<>()), Hooks.NONE, new StopAfter(1)));
+    assertTrue(
+        e.getMessage().contains(bad) && e.getMessage().contains("kafka-topics.sh --create"),
+        e.getMessage());
+  }
+
   private static boolean joined(Thread t) throws InterruptedException {
     t.join(30_000);
     return !t.isAlive();

@@ -115,6 +115,50 @@ class InboxTest {
         other.process(record("order-1", "dup-1", "{}", null), coupon(runs, 0)).outcome());
   }
 
+  /** Event keys (and aggregate ids) that differ only in case, accent or trailing spaces. */
+  private static final List<String> KEY_TWINS =
+      List.of("evt-a1B", "evt-A1b", "caf\u00e9", "cafe", "k", "k ");
+
+  @Test
+  void keysDifferingInCaseAccentOrTrailingSpacesAreDistinct() throws Exception {
+    Inbox inbox =
+        new Inbox(
+            InboxSettings.builder("keys", "unused").versionHeader("version").build(),
+            servers.dataSource,
+            servers.producer(),
+            null);
+    AtomicInteger runs = new AtomicInteger();
+    // Each key once: a new event each (the aggregate ids are the same strings, version 1 each:
+    // a shared version row would make the twin stale).
+    for (String k : KEY_TWINS) {
+      assertEquals(
+          Outcome.PROCESSED, inbox.process(record(k, k, "{}", "1"), coupon(runs, 0)).outcome(), k);
+    }
+    // Each key again: a duplicate, no second effect.
+    for (String k : KEY_TWINS) {
+      assertEquals(
+          Outcome.DUPLICATE, inbox.process(record(k, k, "{}", "2"), coupon(runs, 0)).outcome(), k);
+    }
+    assertEquals(KEY_TWINS.size(), runs.get());
+    List<String> coupons = new ArrayList<>();
+    for (String k : servers.strings("SELECT event_key FROM coupons ORDER BY id")) {
+      if (KEY_TWINS.contains(k)) {
+        coupons.add(k);
+      }
+    }
+    assertEquals(KEY_TWINS, coupons);
+    assertEquals(
+        KEY_TWINS,
+        servers.strings(
+            "SELECT event_key FROM outbox_inbox WHERE consumer = 'keys' ORDER BY kafka_offset"));
+    List<String> aggregates =
+        servers.strings(
+            "SELECT aggregate_id FROM outbox_inbox_version WHERE consumer = 'keys'"
+                + " AND version = 1");
+    assertEquals(KEY_TWINS.size(), aggregates.size(), aggregates.toString());
+    assertTrue(aggregates.containsAll(KEY_TWINS), aggregates.toString());
+  }
+
   @Test
   void transientHandlerErrorsAreRolledBackAndRetried() throws Exception {
     Inbox inbox =

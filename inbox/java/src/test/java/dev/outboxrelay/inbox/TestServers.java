@@ -109,6 +109,13 @@ final class TestServers {
     return topic;
   }
 
+  /** A topic name {@code inbox-java-<name>-<random>} that is not created, deleted on close. */
+  String freshTopicName(String name) {
+    String topic = "inbox-java-" + name + "-" + UUID.randomUUID().toString().substring(0, 8);
+    topics.add(topic);
+    return topic;
+  }
+
   /** A consumer group id {@code inbox-java-<name>-<random>}, deleted on close. */
   String group(String name) {
     String group = "inbox-java-" + name + "-" + UUID.randomUUID().toString().substring(0, 8);
@@ -194,6 +201,20 @@ final class TestServers {
         return rs.getLong(1);
       }
     }
+  }
+
+  /** The first column of every row of {@code sql}, as text (UTF-8 for binary columns). */
+  List<String> strings(String sql) throws SQLException {
+    List<String> out = new ArrayList<>();
+    try (Connection c = dataSource.getConnection();
+        PreparedStatement ps = c.prepareStatement(sql);
+        ResultSet rs = ps.executeQuery()) {
+      while (rs.next()) {
+        byte[] b = rs.getBytes(1);
+        out.add(b == null ? null : new String(b, StandardCharsets.UTF_8));
+      }
+    }
+    return out;
   }
 
   long coupons(String eventKey) throws SQLException {

@@ -164,6 +164,8 @@ public final class ScenarioConsumer {
             .maxAttempts(Integer.parseInt(orDefault("INBOX_MAX_ATTEMPTS", "3")))
             .backoffInitial(Duration.ofMillis(backoff))
             .backoffMax(Duration.ofMillis(Math.max(backoff, 1000)))
+            .outageBudget(
+                Duration.ofMillis(Long.parseLong(orDefault("INBOX_OUTAGE_BUDGET_MS", "300000"))))
             .versionHeader(versionHeader)
             .gapPolicy(
                 GapPolicy.valueOf(orDefault("INBOX_GAP_POLICY", "park").toUpperCase(Locale.ROOT)))

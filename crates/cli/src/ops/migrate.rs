@@ -1,0 +1,197 @@
+//! `outbox-relay migrate [--outbox]`: creates or upgrades the checkpoint table (and, with
+//! `--outbox`, creates missing outbox tables in the common shape) from the SQL in
+//! `migrations/`, embedded in the binary. Idempotent: the SQL is `CREATE TABLE IF NOT EXISTS`
+//! plus `ALTER TABLE … ADD COLUMN` statements that run only when their column is missing.
+//! Records nothing else (no migration history table).
+
+use std::fmt;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use outbox_relay_core::config::{ColumnMapping, RelayConfig, TableName};
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::outbox::mapping::TableMapping;
+use outbox_relay_mysql::preflight::column_names;
+
+/// `migrations/0001_outbox.sql`: the common outbox shape.
+pub const OUTBOX_SQL: &str = include_str!("../../../../migrations/0001_outbox.sql");
+/// `migrations/0002_checkpoint.sql`: the checkpoint table, idempotent, with upgrades.
+pub const CHECKPOINT_SQL: &str = include_str!("../../../../migrations/0002_checkpoint.sql");
+
+/// What happened to one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It did not exist and was created.
+    Created,
+    /// It existed; these columns were added.
+    Upgraded(Vec<String>),
+    /// It existed with everything; nothing changed.
+    UpToDate,
+}
+
+/// The tables `migrate` looked at.
+#[derive(Debug, Clone)]
+pub struct MigrateReport {
+    /// (`table`, what happened), checkpoint table first.
+    pub tables: Vec<(TableName, Outcome)>,
+}
+
+/// Runs the migrations for `config` (the outbox tables too with `outbox`).
+///
+/// # Errors
+/// [`RelayError::Config`] for a table name the SQL cannot take (only `[A-Za-z0-9_$]`), or an
+/// outbox mapping whose column names differ from the common shape (create such a table
+/// yourself); server errors otherwise (an access error as [`RelayError::Prerequisite`]).
+pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport, RelayError> {
+    let table = config.checkpoint_table()?;
+    let mappings = if outbox {
+        config.table_mappings()?
+    } else {
+        Vec::new()
+    };
+    plain_name(&table)?;
+    for m in &mappings {
+        plain_name(&m.table)?;
+    }
+    let mut conn = super::connect(config).await?;
+    let mut report = MigrateReport { tables: Vec::new() };
+    let before = column_names(&mut conn, &table).await?;
+    run_in(&mut conn, &table.database, &checkpoint_sql(&table.table)).await?;
+    let after = column_names(&mut conn, &table).await?;
+    report.tables.push((table, outcome(&before, &after)));
+    for m in &mappings {
+        let before = column_names(&mut conn, &m.table).await?;
+        if !before.is_empty() {
+            report.tables.push(((*m.table).clone(), Outcome::UpToDate));
+            continue;
+        }
+        common_shape(m)?;
+        run_in(&mut conn, &m.table.database, &outbox_sql(&m.table.table)).await?;
+        report.tables.push(((*m.table).clone(), Outcome::Created));
+    }
+    let _ = conn.disconnect().await;
+    Ok(report)
+}
+
+fn outcome(before: &[String], after: &[String]) -> Outcome {
+    if before.is_empty() {
+        return Outcome::Created;
+    }
+    let added: Vec<String> = after
+        .iter()
+        .filter(|c| !before.iter().any(|b| b.eq_ignore_ascii_case(c)))
+        .cloned()
+        .collect();
+    if added.is_empty() {
+        Outcome::UpToDate
+    } else {
+        Outcome::Upgraded(added)
+    }
+}
+
+/// Runs `sql` (several statements) with `database` as the default database.
+async fn run_in(conn: &mut Conn, database: &str, sql: &str) -> Result<(), RelayError> {
+    conn.query_drop(format!("USE `{}`", database.replace('`', "``")))
+        .await?;
+    conn.query_drop(sql).await?;
+    Ok(())
+}
+
+/// Table names the SQL files can take by substitution.
+fn plain_name(table: &TableName) -> Result<(), RelayError> {
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+    };
+    if ok(&table.database) && ok(&table.table) {
+        Ok(())
+    } else {
+        Err(RelayError::Config(format!(
+            "migrate handles table names of A-Z a-z 0-9 _ $ only; create {table} yourself from \
+             the SQL in migrations/"
+        )))
+    }
+}
+
+/// The checkpoint SQL for a table named `name` (in the default database).
+pub fn checkpoint_sql(name: &str) -> String {
+    CHECKPOINT_SQL
+        .replace("`outbox_relay_checkpoint`", &format!("`{name}`"))
+        .replace("'outbox_relay_checkpoint'", &format!("'{name}'"))
+}
+
+/// The outbox SQL for a table named `name` (in the default database).
+pub fn outbox_sql(name: &str) -> String {
+    OUTBOX_SQL.replace(
+        "CREATE TABLE IF NOT EXISTS outbox (",
+        &format!("CREATE TABLE IF NOT EXISTS `{name}` ("),
+    )
+}
+
+/// `--outbox` creates only tables whose mapping uses the common column names.
+fn common_shape(m: &TableMapping) -> Result<(), RelayError> {
+    let d = ColumnMapping::default();
+    let c = &m.columns;
+    let same = c.id == d.id
+        && c.aggregate_type == d.aggregate_type
+        && c.aggregate_id == d.aggregate_id
+        && c.event_type == d.event_type
+        && c.event_key == d.event_key
+        && c.payload == d.payload
+        && (c.created_at == d.created_at || c.created_at.is_empty())
+        && c.partition.is_empty()
+        && m.additional.is_empty();
+    if same {
+        Ok(())
+    } else {
+        Err(RelayError::Config(format!(
+            "outbox table {} does not exist and its mapping names other columns than the common \
+             shape of migrations/0001_outbox.sql (or extra ones): create it yourself, then run \
+             migrate without --outbox",
+            m.table
+        )))
+    }
+}
+
+impl fmt::Display for MigrateReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (table, outcome)) in self.tables.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            match outcome {
+                Outcome::Created => write!(f, "{table}: created")?,
+                Outcome::Upgraded(cols) => {
+                    write!(f, "{table}: upgraded (added {})", cols.join(", "))?
+                }
+                Outcome::UpToDate => write!(f, "{table}: up to date (unchanged)")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_sql_is_renamed_everywhere() {
+        let sql = checkpoint_sql("relay_state");
+        assert!(!sql.contains("`outbox_relay_checkpoint`"), "{sql}");
+        assert!(!sql.contains("'outbox_relay_checkpoint'"), "{sql}");
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS `relay_state` ("));
+        assert_eq!(
+            sql.matches("ALTER TABLE `relay_state` ADD COLUMN").count(),
+            4
+        );
+        assert_eq!(sql.matches("TABLE_NAME = 'relay_state'").count(), 4);
+        let sql = outbox_sql("events");
+        assert!(
+            sql.contains("CREATE TABLE IF NOT EXISTS `events` ("),
+            "{sql}"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! Reading the server's binlog for `reset`: whether a position is a transaction boundary, the
+//! first boundary at or after a time, where a GTID position starts. Through the same binlog dump
+//! ([`BinlogSource`], registering as replica `mysql.server_id`) and the same transaction
+//! tracking ([`Decoder`], with no outbox table) as `run`, so "a boundary" means exactly what the
+//! relay stores as a checkpoint.
+//!
+//! Only call these while holding the connector's lease or after checking that no instance holds
+//! it: the dump uses the connector's `server_id`.
+
+use std::time::Duration;
+
+use mysql_async::binlog::EventType;
+
+use outbox_relay_core::config::RelayConfig;
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::outbox::mapping::TableMapping;
+use outbox_relay_core::position::gtid::MysqlGtidSet;
+use outbox_relay_core::position::{BinlogPosition, GtidState};
+use outbox_relay_mysql::binlog::source::{report_host, BinlogSource, SourceEvent, StartFrom};
+use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
+use outbox_relay_mysql::server::Flavor;
+
+/// MariaDB GTID event (type 162).
+const MARIADB_GTID_EVENT: u8 = 162;
+/// MySQL tagged GTID event (type 42).
+const GTID_TAGGED_LOG_EVENT: u8 = 42;
+
+/// A binlog dump with transaction tracking.
+pub struct Scanner {
+    source: BinlogSource,
+    decoder: Option<Decoder>,
+    checkpoint_table: outbox_relay_core::config::TableName,
+    /// Outbox tables whose rows are decoded (none for `reset`; `trace` reads them).
+    outbox_tables: Vec<TableMapping>,
+    /// Column layouts to start from when table maps carry no column names (JSON of
+    /// [`outbox_relay_mysql::decode::schema`]).
+    layouts: Option<std::sync::Arc<str>>,
+}
+
+/// One event of a [`Scanner`].
+pub struct Scanned {
+    /// The event and where it ends.
+    pub event: SourceEvent,
+    /// The transaction boundary this event ends, if any.
+    pub boundary: Option<TxBoundary>,
+    /// Outbox rows of this event (only with [`Scanner::with_outbox_tables`]).
+    pub rows: Vec<DecodedRow>,
+    /// `true` after this event while a transaction is open (or a GTID event was just read).
+    pub inside: bool,
+}
+
+impl Scanner {
+    /// Starts a dump at `from` as replica `mysql.server_id` (report host of the connector).
+    ///
+    /// # Errors
+    /// [`RelayError::Binlog`] when the server cannot send from there (error 1236);
+    /// [`RelayError::Mysql`] for connection failures.
+    pub async fn open(
+        config: &RelayConfig,
+        flavor: Flavor,
+        from: &StartFrom,
+    ) -> Result<Self, RelayError> {
+        let source = BinlogSource::connect(
+            super::opts(config)?,
+            config.mysql.server_id,
+            &report_host(&config.connector_name),
+            flavor,
+            from,
+            Duration::from_millis(config.mysql.heartbeat_interval_ms),
+            Duration::from_millis(config.mysql.read_timeout_ms),
+        )
+        .await?;
+        Ok(Self {
+            source,
+            decoder: None,
+            checkpoint_table: config.checkpoint_table()?,
+            outbox_tables: Vec::new(),
+            layouts: None,
+        })
+    }
+
+    /// Decodes the rows of these outbox tables too ([`Scanned::rows`]), starting from
+    /// `layouts` (JSON of [`outbox_relay_mysql::decode::schema`]) when the server's table maps carry no
+    /// column names. Call before the first [`Scanner::next`].
+    #[must_use]
+    pub fn with_outbox_tables(
+        mut self,
+        tables: Vec<TableMapping>,
+        layouts: Option<std::sync::Arc<str>>,
+    ) -> Self {
+        self.outbox_tables = tables;
+        self.layouts = layouts;
+        self
+    }
+
+    fn decoder(&mut self, gtid: Option<GtidState>) -> &mut Decoder {
+        let table = self.checkpoint_table.clone();
+        let tables = &self.outbox_tables;
+        let layouts = self.layouts.as_deref();
+        self.decoder.get_or_insert_with(|| {
+            let mut d = Decoder::new(tables.iter().cloned(), table, gtid)
+                .with_unknown_xa_commit(outbox_relay_core::config::UnknownXaCommit::Skip);
+            if let Some(json) = layouts {
+                // Layouts that do not parse only cost column names: rows then fail to decode
+                // and the caller reports them as not found.
+                let _ = d.restore_layouts(json);
+            }
+            d
+        })
+    }
+
+    /// The next event, decoded for transaction boundaries.
+    ///
+    /// # Errors
+    /// As [`BinlogSource::next`] and [`Decoder::decode`].
+    pub async fn next(&mut self) -> Result<Scanned, RelayError> {
+        let event = self.source.next().await?;
+        let raw = event.event.header().event_type_raw();
+        if raw == EventType::FORMAT_DESCRIPTION_EVENT as u8 || raw == EventType::ROTATE_EVENT as u8
+        {
+            return Ok(Scanned {
+                event,
+                boundary: None,
+                rows: Vec::new(),
+                inside: self.decoder.as_ref().is_some_and(Decoder::in_transaction),
+            });
+        }
+        // MySQL: the GTID set of the file's start, so boundaries carry GTID sets.
+        let start_set = (raw == EventType::PREVIOUS_GTIDS_EVENT as u8)
+            .then(|| MysqlGtidSet::from_previous_gtids_event(&event.event).ok())
+            .flatten();
+        self.decoder(start_set.map(GtidState::MySql));
+        let is_gtid = is_gtid_event(raw);
+        let Self {
+            source, decoder, ..
+        } = self;
+        let decoder = decoder
+            .as_mut()
+            .ok_or_else(|| RelayError::binlog("scanner without a decoder"))?;
+        let decoded = decoder.decode(&event, |id| source.table_map(id))?;
+        let (rows, boundary) = decoded.into_parts();
+        let inside = decoder.in_transaction() || is_gtid;
+        Ok(Scanned {
+            event,
+            boundary,
+            rows,
+            inside,
+        })
+    }
+}
+
+/// `true` for a MySQL or MariaDB GTID event type (a transaction's first event).
+pub(crate) fn is_gtid_event(raw: u8) -> bool {
+    raw == MARIADB_GTID_EVENT
+        || raw == EventType::GTID_EVENT as u8
+        || raw == EventType::ANONYMOUS_GTID_EVENT as u8
+        || raw == GTID_TAGGED_LOG_EVENT
+}
+
+/// Checks that `pos` is a place the relay may resume from: the start of a file (4) or the end of
+/// an event after which no transaction is open. Returns the GTID set there when the scan knows
+/// it (MySQL; MariaDB's comes from `BINLOG_GTID_POS`).
+///
+/// # Errors
+/// [`RelayError::Argument`] saying why it is not; dump errors as [`Scanner::open`].
+pub async fn check_boundary(
+    config: &RelayConfig,
+    flavor: Flavor,
+    pos: &BinlogPosition,
+) -> Result<Option<String>, RelayError> {
+    let mut scanner = Scanner::open(
+        config,
+        flavor,
+        &StartFrom::Position(BinlogPosition::new(pos.file.clone(), 4)),
+    )
+    .await?;
+    let mut gtid: Option<String> = None;
+    if pos.pos == 4 {
+        // Read the file's header events for the GTID set at its start (MySQL).
+        loop {
+            let s = scanner.next().await?;
+            let raw = s.event.event.header().event_type_raw();
+            if raw == EventType::PREVIOUS_GTIDS_EVENT as u8 {
+                gtid = MysqlGtidSet::from_previous_gtids_event(&s.event.event)
+                    .ok()
+                    .map(|g| g.to_string());
+            }
+            if raw != EventType::FORMAT_DESCRIPTION_EVENT as u8 || s.event.position.file != pos.file
+            {
+                return Ok(gtid.filter(|g| !g.is_empty()));
+            }
+        }
+    }
+    // Whether a transaction was open after the previous event: a position before the next
+    // event's end is then inside that transaction. (MariaDB 11.4+ logs no end for the events
+    // inside a transaction, so the dump cannot place `pos` between them.)
+    let mut open_before = false;
+    loop {
+        let s = scanner.next().await?;
+        if let Some(b) = &s.boundary {
+            gtid = b.gtid_set.clone();
+        }
+        let at = &s.event.position;
+        if at.file != pos.file {
+            return Err(not_boundary(pos, "no event of that file ends there"));
+        }
+        if at.pos == pos.pos {
+            if s.inside {
+                return Err(not_boundary(
+                    pos,
+                    "it is inside a transaction (or right after its GTID event, or while an XA \
+                     transaction prepared earlier in the file is undecided)",
+                ));
+            }
+            return Ok(gtid.filter(|g| !g.is_empty()));
+        }
+        if at.pos > pos.pos {
+            if open_before {
+                return Err(not_boundary(
+                    pos,
+                    &format!("it is inside a transaction (its next event ends at {at})"),
+                ));
+            }
+            return Err(not_boundary(
+                pos,
+                &format!("it is inside the event that ends at {at}"),
+            ));
+        }
+        open_before = s.inside;
+    }
+}
+
+fn not_boundary(pos: &BinlogPosition, why: &str) -> RelayError {
+    RelayError::Argument(format!(
+        "{pos} is not a transaction boundary: {why}. Use 4 (a file's start), the End_log_pos of \
+         an Xid event or of a COMMIT query in SHOW BINLOG EVENTS IN '{}', or --to TIMESTAMP",
+        pos.file
+    ))
+}
+
+/// The time (seconds since the epoch) the binlog file `file` was created: the timestamp of its
+/// format description event.
+///
+/// # Errors
+/// As [`Scanner::open`].
+pub async fn file_created(
+    config: &RelayConfig,
+    flavor: Flavor,
+    file: &str,
+) -> Result<u32, RelayError> {
+    let mut scanner = Scanner::open(
+        config,
+        flavor,
+        &StartFrom::Position(BinlogPosition::new(file, 4)),
+    )
+    .await?;
+    let s = scanner.next().await?;
+    Ok(s.event.timestamp)
+}
+
+/// The boundary before the first transaction whose commit event (Xid or COMMIT) has a
+/// timestamp at or after `at` (seconds since the epoch, UTC), scanning from `from` (a file
+/// start, itself a boundary) to `end` (the server's current end, a boundary). `end` when no
+/// transaction committed at or after `at` by then. Returns the position, its GTID set when the
+/// scan knows it (MySQL), and the commit time of the transaction that follows (if any).
+///
+/// # Errors
+/// As [`Scanner::next`].
+pub async fn first_boundary_at(
+    config: &RelayConfig,
+    flavor: Flavor,
+    from: &BinlogPosition,
+    end: &BinlogPosition,
+    at: i64,
+) -> Result<(BinlogPosition, Option<String>, Option<u32>), RelayError> {
+    let mut last = (from.clone(), None::<String>);
+    if from >= end {
+        return Ok((last.0, last.1, None));
+    }
+    let mut scanner = Scanner::open(config, flavor, &StartFrom::Position(from.clone())).await?;
+    loop {
+        let s = scanner.next().await?;
+        if let Some(b) = s.boundary {
+            if i64::from(s.event.timestamp) >= at {
+                return Ok((last.0, last.1, Some(s.event.timestamp)));
+            }
+            last = (b.position, b.gtid_set);
+        }
+        if s.event.position >= *end {
+            return Ok((last.0, last.1, None));
+        }
+    }
+}
+
+/// Where a dump from the GTID position `gtid` starts: the start of the first transaction not in
+/// it. The caller handles a `gtid` equal to the server's current GTID state (nothing to send).
+///
+/// # Errors
+/// [`RelayError::Argument`] when the server does not have those GTIDs (error 1236: purged,
+/// or not of this topology) or sends no transaction within the read timeout; parse errors of
+/// `gtid` as [`RelayError::Argument`].
+pub async fn gtid_start(
+    config: &RelayConfig,
+    flavor: Flavor,
+    gtid: &str,
+) -> Result<BinlogPosition, RelayError> {
+    let start = StartFrom::from(
+        flavor
+            .parse_gtid_state(gtid)
+            .map_err(|e| RelayError::Argument(format!("--to {gtid:?}: {e}")))?,
+    );
+    let refuse = |e: RelayError| {
+        RelayError::Argument(format!(
+            "the server cannot send the binlog from GTID position {gtid}: {e}"
+        ))
+    };
+    let mut scanner = Scanner::open(config, flavor, &start)
+        .await
+        .map_err(refuse)?;
+    loop {
+        let s = scanner.next().await.map_err(refuse)?;
+        let h = s.event.event.header();
+        let raw = h.event_type_raw();
+        if is_gtid_event(raw) && h.log_pos() > 0 {
+            let start = u64::from(h.log_pos()).saturating_sub(u64::from(h.event_size()));
+            return Ok(BinlogPosition::new(s.event.position.file, start));
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! How a record was settled ([`Outcome`], [`Settled`]): what [`crate::Inbox::process`] returns,
+//! the hooks and the runner are told, and the spans record. A leaf: it depends on no other
+//! module of the crate, so `process` and `otel` both use it without depending on each other's
+//! types.
+
+/// How a record was settled. Every outcome lets its offset be committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran and its transaction (with the inbox row) committed.
+    Processed,
+    /// The inbox row existed: processed before; the handler did not run.
+    Duplicate,
+    /// Its version was not newer than the stored one; recorded, the handler did not run.
+    Stale,
+    /// A version gap with [`GapPolicy::Park`](crate::GapPolicy::Park): dead-lettered at once
+    /// with the reason.
+    Parked,
+    /// Failed `max_attempts` times (or could never be processed): dead-lettered.
+    DeadLettered,
+}
+
+impl Outcome {
+    /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `dead_lettered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Processed => "processed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Parked => "parked",
+            Outcome::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// The result of [`Inbox::process`](crate::Inbox::process).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// What happened.
+    pub outcome: Outcome,
+    /// Attempts counted: database transactions that reached a result or failed for the record
+    /// or the handler (0 when the record was dead-lettered before any); those ended by an
+    /// infrastructure error are not counted.
+    pub attempts: u32,
+    /// Why it was dead-lettered or parked (the dead letter's `dlq_reason`).
+    pub reason: Option<String>,
+}

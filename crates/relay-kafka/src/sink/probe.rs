@@ -1,0 +1,58 @@
+//! The readiness probe of Kafka: while the relay streams, a metadata request every third of
+//! `http.ready_kafka_ms`, so `/readyz` notices an unreachable cluster even when no records are
+//! sent (librdkafka only reports a lost broker connection, never its return).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::producer::Producer;
+
+use super::served::ServedProducer;
+use super::KafkaSink;
+
+/// A handle that asks the cluster for metadata on the sink's producer (the same connections).
+#[derive(Clone)]
+pub struct KafkaProbe {
+    producer: Arc<ServedProducer>,
+}
+
+impl KafkaSink {
+    /// The probe of this sink's cluster.
+    pub fn probe(&self) -> KafkaProbe {
+        KafkaProbe {
+            producer: Arc::clone(&self.producer),
+        }
+    }
+}
+
+impl KafkaProbe {
+    /// One metadata request for no topic (the broker list), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// librdkafka's error text when no broker answered in time.
+    pub async fn once(&self, timeout: Duration) -> Result<(), String> {
+        let producer = Arc::clone(&self.producer);
+        // The request blocks its thread until a broker answers or `timeout` passes.
+        tokio::task::spawn_blocking(move || {
+            producer
+                .producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .map(|_| ())
+                .map_err(|e| format!("no broker answered a metadata request: {e}"))
+        })
+        .await
+        .map_err(|e| format!("the probe task failed: {e}"))?
+    }
+
+    /// Probes every `every` until dropped, reporting each outcome to
+    /// [`outbox_relay_core::observe::metrics::Metrics::kafka_probe`].
+    pub async fn run(self, every: Duration) {
+        let metrics = outbox_relay_core::observe::metrics::global();
+        loop {
+            tokio::time::sleep(every).await;
+            let asked = std::time::Instant::now();
+            metrics.kafka_probe(asked, self.once(every).await);
+        }
+    }
+}

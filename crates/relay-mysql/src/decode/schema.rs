@@ -1,0 +1,577 @@
+//! Column layouts of the outbox tables, for table maps that carry no column names.
+//!
+//! With `binlog_row_metadata=FULL` every table map names its columns and nothing here is
+//! needed. Without it (MINIMAL, or servers without the setting) a rows event only says "column
+//! 3"; the names come from the layout in force when the row was written. That layout is read
+//! from `information_schema` once, at a binlog position known to match it (a fresh start), stored
+//! with every checkpoint, and followed through the DDL in the binlog (`ALTER TABLE`, `CREATE`,
+//! `RENAME`, `DROP`; parsed by [`crate::decode::ddl`]). So a relay far behind an ALTER that the server
+//! has long applied still decodes older rows with the older layout.
+//!
+//! A DDL statement on an outbox table that cannot be followed for sure marks the table's layout
+//! unknown: its next rows event without column names stops the relay with the position and the
+//! reason; it never guesses. A table map that does carry names always wins and repairs the
+//! layout.
+//!
+//! Such table maps carry no ENUM labels or SET member names either: a row holds only the
+//! value's index (bit set). The labels of the outbox tables' ENUM and SET columns are read from
+//! `information_schema` together with the names and stored with them ([`Labels`]). A DDL
+//! statement that (re)defines a column (`ADD`, `CHANGE`, `MODIFY`, `CREATE TABLE`) forgets that
+//! column's labels (their new values are not parsed): a mapped ENUM/SET column without labels
+//! stops the relay rather than relaying an index as if it were the label.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::decode::ddl::{self, Ddl, Dialect, QualifiedName};
+use crate::server::Flavor;
+use outbox_relay_core::config::TableName;
+use outbox_relay_core::position::BinlogPosition;
+
+/// A table's layout: its column names in order, or why it is not known.
+pub type Layout = Result<Vec<String>, String>;
+
+/// The labels of a table's ENUM columns (in declaration order) and the member names of its SET
+/// columns, by lower-case column name (column names are case-insensitive).
+pub type Labels = BTreeMap<String, Vec<String>>;
+
+/// One table's entry in the stored JSON: its column names alone (no known ENUM/SET labels; the
+/// only form before labels were stored), or names and labels.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum StoredLayout<'a> {
+    Names(Vec<String>),
+    WithLabels {
+        columns: Vec<String>,
+        #[serde(borrow)]
+        labels: BTreeMap<std::borrow::Cow<'a, str>, Vec<String>>,
+    },
+}
+
+/// The tracked layouts of the outbox tables.
+#[derive(Debug, Clone)]
+pub struct LayoutTracker {
+    /// Outbox tables.
+    outbox: Vec<TableName>,
+    /// Layout per outbox table; absent: never learned.
+    layouts: BTreeMap<TableName, Layout>,
+    /// ENUM/SET labels per outbox table (absent or missing a column: not known).
+    labels: BTreeMap<TableName, Labels>,
+    dialect: Dialect,
+    /// JSON of the known layouts (what a checkpoint stores), rebuilt on change.
+    snapshot: Option<Arc<str>>,
+}
+
+impl LayoutTracker {
+    /// A tracker for `outbox` tables, knowing nothing yet.
+    pub fn new(outbox: impl IntoIterator<Item = TableName>) -> Self {
+        Self {
+            outbox: outbox.into_iter().collect(),
+            layouts: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            dialect: Dialect::new(Flavor::MariaDb, 0),
+            snapshot: None,
+        }
+    }
+
+    /// Sets `table`'s layout (from `information_schema`, a stored checkpoint or a table map with
+    /// names).
+    pub fn set(&mut self, table: &TableName, columns: Vec<String>) {
+        if self.layouts.get(table).and_then(|l| l.as_ref().ok()) != Some(&columns) {
+            self.layouts.insert(table.clone(), Ok(columns));
+            self.refresh();
+        }
+    }
+
+    /// Sets the labels of `table`'s ENUM and SET columns (from `information_schema`, at the same
+    /// point as its layout); column names are lower-cased here.
+    pub fn set_labels(&mut self, table: &TableName, labels: Labels) {
+        let labels: Labels = labels
+            .into_iter()
+            .map(|(c, l)| (c.to_lowercase(), l))
+            .collect();
+        if self.labels.get(table).unwrap_or(&Labels::new()) != &labels {
+            if labels.is_empty() {
+                self.labels.remove(table);
+            } else {
+                self.labels.insert(table.clone(), labels);
+            }
+            self.refresh();
+        }
+    }
+
+    /// The known ENUM/SET labels of `table`'s columns (`None`: none known).
+    pub fn labels(&self, table: &TableName) -> Option<&Labels> {
+        self.labels.get(table)
+    }
+
+    /// `table`'s layout: `None` when never learned.
+    pub fn get(&self, table: &TableName) -> Option<Result<&[String], &str>> {
+        self.layouts
+            .get(table)
+            .map(|l| l.as_ref().map(Vec::as_slice).map_err(String::as_str))
+    }
+
+    /// The server version from the binlog's FORMAT_DESCRIPTION event (how executable comments
+    /// in DDL read).
+    pub fn set_server_version(&mut self, version: &str) {
+        self.dialect = Dialect::new(
+            Flavor::of_version(version),
+            ddl::version_id(version).unwrap_or(0),
+        );
+    }
+
+    /// Follows a statement from a QUERY event whose default database is `default_db`.
+    pub fn observe(&mut self, statement: &str, default_db: &str, position: &BinlogPosition) {
+        let touched: Vec<TableName> = self
+            .outbox
+            .iter()
+            .filter(|t| ddl::mentions(statement, &t.table))
+            .cloned()
+            .collect();
+        if touched.is_empty() {
+            return;
+        }
+        let resolve = |q: &QualifiedName| TableName {
+            database: q.database.clone().unwrap_or_else(|| default_db.to_owned()),
+            table: q.table.clone(),
+        };
+        let unknown = |why: String| -> Layout {
+            Err(format!(
+                "the DDL statement at {position} changed the table in a way the relay cannot \
+                 follow ({why})"
+            ))
+        };
+        let mut changes: Vec<(TableName, Option<Layout>)> = Vec::new();
+        // New labels per table (`None`: forgotten), applied to outbox tables with `changes`.
+        let mut label_changes: Vec<(TableName, Option<Labels>)> = Vec::new();
+        match ddl::parse(statement, &self.dialect) {
+            Err(e) => {
+                for t in touched {
+                    changes.push((t, Some(unknown(e.to_string()))));
+                }
+            }
+            Ok(Ddl::CreateTable {
+                table,
+                columns,
+                if_not_exists,
+            }) => {
+                let t = resolve(&table);
+                if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), None));
+                    changes.push((t, Some(Ok(columns))));
+                }
+            }
+            Ok(Ddl::CreateTableLike {
+                table,
+                like,
+                if_not_exists,
+            }) => {
+                let t = resolve(&table);
+                if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), self.labels.get(&resolve(&like)).cloned()));
+                    let layout = match self.layouts.get(&resolve(&like)) {
+                        Some(Ok(columns)) => Ok(columns.clone()),
+                        _ => unknown(format!(
+                            "CREATE TABLE … LIKE {}, whose layout is not tracked",
+                            like.table
+                        )),
+                    };
+                    changes.push((t, Some(layout)));
+                }
+            }
+            Ok(Ddl::CreateTableSelect {
+                table,
+                if_not_exists,
+            }) => {
+                let t = resolve(&table);
+                if !(if_not_exists && self.layouts.contains_key(&t)) {
+                    label_changes.push((t.clone(), None));
+                    changes.push((t, Some(unknown("CREATE TABLE … SELECT".into()))));
+                }
+            }
+            Ok(Ddl::DropTable { tables }) => {
+                for t in tables {
+                    label_changes.push((resolve(&t), None));
+                    changes.push((resolve(&t), None));
+                }
+            }
+            Ok(Ddl::RenameTable { pairs }) => {
+                for (from, to) in pairs {
+                    let (from, to) = (resolve(&from), resolve(&to));
+                    let layout = self.layouts.get(&from).cloned().unwrap_or_else(|| {
+                        unknown(format!("renamed from {from}, whose layout is not tracked"))
+                    });
+                    label_changes.push((to.clone(), self.labels.get(&from).cloned()));
+                    label_changes.push((from.clone(), None));
+                    changes.push((from, None));
+                    changes.push((to, Some(layout)));
+                }
+            }
+            Ok(Ddl::AlterTable { table, ops, .. }) => {
+                let t = resolve(&table);
+                let layout = match self.layouts.get(&t) {
+                    Some(Ok(columns)) => {
+                        let mut columns = columns.clone();
+                        match ddl::apply(&mut columns, &ops) {
+                            Ok(()) => Ok(columns),
+                            Err(e) => unknown(e),
+                        }
+                    }
+                    Some(Err(e)) => Err(e.clone()),
+                    None => unknown("ALTER TABLE of a table whose layout is not tracked".into()),
+                };
+                let labels = self
+                    .labels
+                    .get(&t)
+                    .map(|labels| altered_labels(labels.clone(), &ops));
+                let renamed = ops.iter().rev().find_map(|op| match op {
+                    ddl::AlterOp::RenameTable { to } => Some(resolve(to)),
+                    _ => None,
+                });
+                match renamed {
+                    Some(to) => {
+                        label_changes.push((t.clone(), None));
+                        label_changes.push((to.clone(), labels));
+                        changes.push((t, None));
+                        changes.push((to, Some(layout)));
+                    }
+                    None => {
+                        label_changes.push((t.clone(), labels));
+                        changes.push((t, Some(layout)));
+                    }
+                }
+            }
+            Ok(Ddl::Truncate { .. } | Ddl::Temporary | Ddl::Other) => {}
+        }
+        let mut changed = false;
+        for (table, labels) in label_changes {
+            if !self.outbox.contains(&table) {
+                continue;
+            }
+            changed = true;
+            match labels {
+                Some(labels) if !labels.is_empty() => {
+                    self.labels.insert(table, labels);
+                }
+                _ => {
+                    self.labels.remove(&table);
+                }
+            }
+        }
+        for (table, layout) in changes {
+            if !self.outbox.contains(&table) {
+                continue;
+            }
+            changed = true;
+            match layout {
+                Some(layout) => {
+                    if let Err(why) = &layout {
+                        tracing::warn!(table = %table, %position, reason = %why,
+                            "outbox table layout unknown after DDL; rows logged without column \
+                             names will stop the relay");
+                    }
+                    self.layouts.insert(table, layout);
+                }
+                None => {
+                    self.layouts.remove(&table);
+                }
+            }
+        }
+        if changed {
+            self.refresh();
+        }
+    }
+
+    /// The known layouts as JSON, for the checkpoint: `{"db.table": ["col", …]}`, or
+    /// `{"db.table": {"columns": ["col", …], "labels": {"col": ["label", …]}}}` for a table with
+    /// known ENUM/SET labels; `None` when nothing is known.
+    pub fn snapshot(&self) -> Option<Arc<str>> {
+        self.snapshot.clone()
+    }
+
+    /// Restores layouts from a checkpoint's JSON.
+    ///
+    /// # Errors
+    /// A message when the JSON is not an object of string arrays.
+    pub fn restore(&mut self, json: &str) -> Result<(), String> {
+        let stored: BTreeMap<String, StoredLayout<'_>> = serde_json::from_str(json)
+            .map_err(|e| format!("the stored table layouts are not valid JSON: {e}"))?;
+        for (name, layout) in stored {
+            let table = TableName::parse(&name, None).map_err(|e| e.to_string())?;
+            let (columns, labels) = match layout {
+                StoredLayout::Names(columns) => (columns, Labels::new()),
+                StoredLayout::WithLabels { columns, labels } => (
+                    columns,
+                    labels
+                        .into_iter()
+                        .map(|(c, l)| (c.to_lowercase(), l))
+                        .collect(),
+                ),
+            };
+            self.layouts.insert(table.clone(), Ok(columns));
+            if labels.is_empty() {
+                self.labels.remove(&table);
+            } else {
+                self.labels.insert(table, labels);
+            }
+        }
+        self.refresh();
+        Ok(())
+    }
+
+    fn refresh(&mut self) {
+        let known: BTreeMap<String, StoredLayout<'_>> = self
+            .layouts
+            .iter()
+            .filter_map(|(t, l)| {
+                let columns = l.as_ref().ok()?.clone();
+                let stored = match self.labels.get(t) {
+                    Some(labels) => StoredLayout::WithLabels {
+                        columns,
+                        labels: labels
+                            .iter()
+                            .map(|(c, l)| (std::borrow::Cow::Borrowed(c.as_str()), l.clone()))
+                            .collect(),
+                    },
+                    None => StoredLayout::Names(columns),
+                };
+                Some((t.to_string(), stored))
+            })
+            .collect();
+        self.snapshot = (!known.is_empty())
+            .then(|| serde_json::to_string(&known).ok().map(Arc::from))
+            .flatten();
+    }
+}
+
+/// `labels` after an `ALTER TABLE`: columns that `ADD`, `CHANGE` or `MODIFY` (re)define lose
+/// their labels (the new definition is not parsed), `RENAME COLUMN` moves them. Clauses name
+/// the columns as before the statement, except `ADD`, which needs no existing column.
+fn altered_labels(mut labels: Labels, ops: &[ddl::AlterOp]) -> Labels {
+    let mut moved = Vec::new();
+    for op in ops {
+        match op {
+            ddl::AlterOp::Add { name, .. } | ddl::AlterOp::Modify { name, .. } => {
+                labels.remove(&name.to_lowercase());
+            }
+            ddl::AlterOp::Change { old, new, .. } => {
+                labels.remove(&old.to_lowercase());
+                labels.remove(&new.to_lowercase());
+            }
+            ddl::AlterOp::RenameColumn { from, to, .. } => {
+                if let Some(l) = labels.remove(&from.to_lowercase()) {
+                    moved.push((to.to_lowercase(), l));
+                }
+            }
+            ddl::AlterOp::Drop { name, .. } => {
+                labels.remove(&name.to_lowercase());
+            }
+            ddl::AlterOp::RenameTable { .. } | ddl::AlterOp::NoLayoutChange => {}
+        }
+    }
+    labels.extend(moved);
+    labels
+}
+
+/// The labels of an ENUM or SET column from its `information_schema.COLUMNS.COLUMN_TYPE`
+/// (`enum('a','b''c')`, `set('x','y')`; quotes doubled or backslash-escaped); `None` for any
+/// other type or text that does not read as such a list.
+pub fn enum_set_labels(column_type: &str) -> Option<Vec<String>> {
+    let lower = column_type.to_ascii_lowercase();
+    let rest = if lower.starts_with("enum(") {
+        &column_type[5..]
+    } else if lower.starts_with("set(") {
+        &column_type[4..]
+    } else {
+        return None;
+    };
+    let mut labels = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        if chars.next()? != '\'' {
+            return None;
+        }
+        let mut label = String::new();
+        loop {
+            match chars.next()? {
+                '\'' if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                    label.push('\'');
+                }
+                '\'' => break,
+                '\\' => label.push(match chars.next()? {
+                    'n' => '\n',
+                    'r' => '\r',
+                    't' => '\t',
+                    '0' => '\0',
+                    'Z' => '\x1a',
+                    c => c,
+                }),
+                c => label.push(c),
+            }
+        }
+        labels.push(label);
+        match chars.next()? {
+            ',' => {}
+            ')' if chars.next().is_none() => return Some(labels),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> TableName {
+        TableName::parse(s, None).expect("table")
+    }
+
+    fn cols(c: &[&str]) -> Vec<String> {
+        c.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn alters_are_followed_and_stored() {
+        let pos = BinlogPosition::new("bin.000001", 100);
+        let mut tracker = LayoutTracker::new([t("shop.outbox")]);
+        tracker.set(&t("shop.outbox"), cols(&["id", "payload"]));
+        tracker.observe(
+            "ALTER TABLE outbox ADD COLUMN tenant INT FIRST, DROP COLUMN payload",
+            "shop",
+            &pos,
+        );
+        assert_eq!(
+            tracker.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["tenant", "id"])[..]))
+        );
+        // Another database's table of the same name is not the outbox.
+        tracker.observe("ALTER TABLE outbox DROP COLUMN id", "other", &pos);
+        assert_eq!(
+            tracker.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["tenant", "id"])[..]))
+        );
+        let json = tracker.snapshot().expect("snapshot");
+        assert_eq!(&*json, r#"{"shop.outbox":["tenant","id"]}"#);
+        let mut restored = LayoutTracker::new([t("shop.outbox")]);
+        restored.restore(&json).expect("restores");
+        assert_eq!(
+            restored.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["tenant", "id"])[..]))
+        );
+    }
+
+    #[test]
+    fn unparseable_ddl_makes_the_layout_unknown_until_a_named_table_map() {
+        let pos = BinlogPosition::new("bin.000007", 4242);
+        let mut tracker = LayoutTracker::new([t("shop.outbox")]);
+        tracker.set(&t("shop.outbox"), cols(&["id"]));
+        tracker.observe("ALTER TABLE outbox FROBNICATE COLUMN id", "shop", &pos);
+        let why = tracker
+            .get(&t("shop.outbox"))
+            .expect("tracked")
+            .expect_err("unknown");
+        assert!(why.contains("bin.000007:4242"), "{why}");
+        assert_eq!(tracker.snapshot(), None, "unknown layouts are not stored");
+        tracker.set(&t("shop.outbox"), cols(&["id", "x"]));
+        assert_eq!(
+            tracker.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["id", "x"])[..]))
+        );
+    }
+
+    #[test]
+    fn create_rename_and_drop() {
+        let pos = BinlogPosition::new("bin.000001", 4);
+        let mut tracker = LayoutTracker::new([t("shop.outbox")]);
+        tracker.observe(
+            "CREATE TABLE shop.outbox_new (id BIGINT, body JSON, KEY (id))",
+            "x",
+            &pos,
+        );
+        assert_eq!(tracker.get(&t("shop.outbox")), None, "not an outbox name");
+        tracker.observe(
+            "CREATE TABLE `outbox` (id BIGINT, body JSON, created DATETIME(6))",
+            "shop",
+            &pos,
+        );
+        assert_eq!(
+            tracker.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["id", "body", "created"])[..]))
+        );
+        tracker.observe("RENAME TABLE outbox TO outbox_old", "shop", &pos);
+        assert_eq!(tracker.get(&t("shop.outbox")), None);
+        tracker.observe("CREATE TABLE outbox LIKE outbox_old", "shop", &pos);
+        assert!(tracker.get(&t("shop.outbox")).expect("known").is_err());
+        tracker.observe("DROP TABLE IF EXISTS shop.outbox", "", &pos);
+        assert_eq!(tracker.get(&t("shop.outbox")), None);
+    }
+
+    #[test]
+    fn enum_and_set_labels_from_column_types() {
+        assert_eq!(
+            enum_set_labels("enum('Created','Paid')"),
+            Some(cols(&["Created", "Paid"]))
+        );
+        assert_eq!(
+            enum_set_labels("SET('a''b','c\\\\d','e,f')"),
+            Some(cols(&["a'b", "c\\d", "e,f"]))
+        );
+        assert_eq!(enum_set_labels("enum('')"), Some(cols(&[""])));
+        assert_eq!(enum_set_labels("varchar(10)"), None);
+        assert_eq!(enum_set_labels("enum('a'"), None);
+        assert_eq!(enum_set_labels("enum('a') x"), None);
+    }
+
+    #[test]
+    fn labels_are_stored_and_forgotten_by_ddl_that_redefines_their_column() {
+        let pos = BinlogPosition::new("bin.000001", 4);
+        let outbox = t("shop.outbox");
+        let mut tracker = LayoutTracker::new([outbox.clone()]);
+        tracker.set(&outbox, cols(&["id", "Kind", "state"]));
+        tracker.set_labels(
+            &outbox,
+            Labels::from([
+                ("Kind".to_owned(), cols(&["Created", "Paid"])),
+                ("state".to_owned(), cols(&["new", "old"])),
+            ]),
+        );
+        let json = tracker.snapshot().expect("snapshot");
+        assert_eq!(
+            &*json,
+            r#"{"shop.outbox":{"columns":["id","Kind","state"],"labels":{"kind":["Created","Paid"],"state":["new","old"]}}}"#
+        );
+        let mut restored = LayoutTracker::new([outbox.clone()]);
+        restored.restore(&json).expect("restores");
+        assert_eq!(restored.labels(&outbox), tracker.labels(&outbox));
+        // The older form (names only) still restores, without labels.
+        let mut old = LayoutTracker::new([outbox.clone()]);
+        old.restore(r#"{"shop.outbox":["id","kind"]}"#)
+            .expect("restores");
+        assert_eq!(old.labels(&outbox), None);
+        // ADD of an unrelated column keeps the labels; MODIFY forgets its column's; RENAME
+        // COLUMN moves them.
+        tracker.observe("ALTER TABLE outbox ADD COLUMN note TEXT", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox).map(|l| l.len()), Some(2));
+        tracker.observe(
+            "ALTER TABLE outbox MODIFY kind ENUM('Created','Paid','Shipped'), \
+             RENAME COLUMN state TO phase",
+            "shop",
+            &pos,
+        );
+        assert_eq!(
+            tracker.labels(&outbox),
+            Some(&Labels::from([("phase".to_owned(), cols(&["new", "old"]))]))
+        );
+        // A RENAME TABLE moves them with the layout; CREATE TABLE starts without.
+        tracker.observe("RENAME TABLE outbox TO outbox_old", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox), None);
+        tracker.observe("CREATE TABLE outbox (id INT, kind ENUM('x'))", "shop", &pos);
+        assert_eq!(tracker.labels(&outbox), None);
+        assert_eq!(
+            tracker.snapshot().as_deref(),
+            Some(r#"{"shop.outbox":["id","kind"]}"#)
+        );
+    }
+}

@@ -1,0 +1,58 @@
+"""The dead-letter topic exists before the first dead letter needs it (inbox/CONTRACT.md)."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+__all__ = ["DeadLetterTopicError", "ensure_topic"]
+
+# librdkafka properties only a consumer takes: left out of the admin client's configuration.
+_CONSUMER_ONLY = {
+    "group.id",
+    "group.instance.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "session.timeout.ms",
+    "max.poll.interval.ms",
+    "isolation.level",
+    "auto.commit.interval.ms",
+    "partition.assignment.strategy",
+    "enable.partition.eof",
+}
+
+
+class DeadLetterTopicError(RuntimeError):
+    """The dead-letter topic is missing and the broker refused to create it (or was not
+    reachable); the message names the topic and the fix."""
+
+
+def ensure_topic(config: dict, topic: str, timeout: float = 30.0) -> None:
+    """Make sure ``topic`` exists: read its metadata and, when the broker does not know it,
+    create it with the broker's defaults (partitions, replication) through the admin
+    CreateTopics request; a topic another client created meanwhile counts as there.
+    ``config``: librdkafka properties (``bootstrap.servers`` at least; consumer-only ones are
+    ignored). Raises :class:`DeadLetterTopicError` naming the topic and the fix when the broker
+    refuses (an invalid name, a creation policy, no CREATE permission) or cannot be asked."""
+    admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
+    try:
+        metadata = admin.list_topics(topic=topic, timeout=timeout)
+        known = metadata.topics.get(topic)
+        if known is not None and known.error is None:
+            return
+        if known is not None and known.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise KafkaException(known.error)
+        future = admin.create_topics([NewTopic(topic)], request_timeout=timeout)[topic]
+        try:
+            future.result(timeout)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    except KafkaException as error:
+        raise DeadLetterTopicError(
+            f"dead-letter topic {topic!r} does not exist and the broker refused to create it: "
+            f"{error}; create it (kafka-topics.sh --create --topic {topic}), grant this client "
+            "CREATE on it, or set dead_letter_topic to an existing topic (a valid name: at most "
+            "249 of [a-zA-Z0-9._-])"
+        ) from error
