@@ -4,11 +4,14 @@
 //! HTTP endpoints, spans, the acknowledgement audit), [`position`] (binlog positions, GTID sets
 //! and their flavors' forms), [`outbox`] (the outbox event and the table mappings), [`sink`] (the
 //! broker-neutral sink interface: records, dead letters, send errors, fatal causes) and [`state`]
-//! (the checkpoint and its one codec: the state table's row, the progress record's JSON).
+//! (the checkpoint and its one codec: the state table's row, the progress record's JSON);
+//! [`debezium`] is the Debezium profile (`[outbox] compat = "debezium"`): Debezium's bytes for
+//! the same rows.
 //!
 //! ARCHITECTURE.md (at the repository root) draws the crates and what each may depend on.
 
 pub mod config;
+pub mod debezium;
 pub mod error;
 pub mod observe;
 pub mod outbox;

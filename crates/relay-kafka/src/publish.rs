@@ -199,7 +199,7 @@ impl<'a> InOrder<'a> {
         for (k, v) in &record.headers {
             headers = headers.insert(Header {
                 key: k.as_ref(),
-                value: Some(v.as_slice()),
+                value: v.as_deref(),
             });
         }
         let mut r = FutureRecord::<[u8], [u8]>::to(&record.topic)

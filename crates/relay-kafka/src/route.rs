@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use outbox_relay_core::config::debezium::DebeziumTimestamp;
 use outbox_relay_core::config::topic::TopicFields;
 pub use outbox_relay_core::config::topic::TopicTemplate;
 use outbox_relay_core::config::{CloudEventsConfig, TimestampRefused};
@@ -41,6 +42,22 @@ impl Router {
 
     /// The topic of `event`: the last one when it renders the same.
     fn topic(&self, event: &OutboxEvent) -> Result<Arc<str>, String> {
+        if let Some(profile) = &event.mapping.debezium {
+            let topic = profile.topic(&event.aggregate_type);
+            if topic.is_empty() {
+                return Err(format!(
+                    "the route.by.field value {:?} routes to an empty topic",
+                    event.aggregate_type
+                ));
+            }
+            let mut last = self.last_topic.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = last.as_ref().filter(|t| ***t == *topic) {
+                return Ok(Arc::clone(t));
+            }
+            let topic: Arc<str> = topic.into();
+            *last = Some(Arc::clone(&topic));
+            return Ok(topic);
+        }
         let template = &event.mapping.topic;
         let mut last = self.last_topic.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(topic) = last
@@ -96,8 +113,45 @@ impl Router {
         Self::record(event, Arc::from(""))
     }
 
+    /// The record of `event` in the Debezium profile (`[outbox] compat = "debezium"`).
+    fn debezium_record(
+        event: OutboxEvent,
+        topic: Arc<str>,
+        profile: &outbox_relay_core::debezium::Profile,
+        columns: &outbox_relay_core::debezium::DebeziumColumns,
+    ) -> Record {
+        let parts = profile.record(
+            columns,
+            &event.aggregate_id,
+            event.id.as_deref(),
+            event.payload.as_deref(),
+            &event.aggregate_type,
+            &event.table,
+        );
+        let timestamp_ms = match profile.timestamp {
+            DebeziumTimestamp::Commit => event.commit_ms,
+            // Debezium's `ts_ms`: when the connector processed the change.
+            DebeziumTimestamp::Processing => chrono::Utc::now().timestamp_millis(),
+        };
+        Record {
+            topic,
+            key: parts.key,
+            value: parts.value,
+            headers: parts.headers,
+            partition: event.partition,
+            timestamp_ms,
+            column_timestamp: false,
+            fallback_ms: None,
+        }
+    }
+
     /// The record of `event` on `topic`: key, value, headers and timestamp moved out of it.
-    fn record(event: OutboxEvent, topic: Arc<str>) -> Record {
+    fn record(mut event: OutboxEvent, topic: Arc<str>) -> Record {
+        if let (Some(profile), Some(columns)) =
+            (event.mapping.debezium.clone(), event.debezium.take())
+        {
+            return Self::debezium_record(event, topic, &profile, &columns);
+        }
         let names = &event.mapping.headers;
         let value = match (&event.payload, event.mapping.has_envelope()) {
             (Some(_), true) => envelope_payload(&event).ok(),
@@ -119,16 +173,21 @@ impl Router {
             ),
         ] {
             if let (false, Some(v)) = (name.is_empty(), value) {
-                headers.push((name.clone(), v));
+                headers.push((name.clone(), Some(v)));
             }
         }
         headers.extend(
             event
                 .extra_headers
                 .into_iter()
-                .map(|(name, value)| (Arc::from(name), value)),
+                .map(|(name, value)| (Arc::from(name), Some(value))),
         );
-        headers.extend(cloudevent.into_iter().flatten());
+        headers.extend(
+            cloudevent
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| (name, Some(value))),
+        );
         Record {
             topic,
             key: event.aggregate_id,
@@ -261,6 +320,7 @@ mod tests {
             column_timestamp: false,
             commit_ms: 1_700_000_000_000,
             position: BinlogPosition::new("bin.000001", 400),
+            debezium: None,
         }
     }
 
@@ -275,7 +335,12 @@ mod tests {
         let h: Vec<(&str, &str)> = record
             .headers
             .iter()
-            .map(|(n, v)| (&**n, std::str::from_utf8(v).expect("utf-8")))
+            .map(|(n, v)| {
+                (
+                    &**n,
+                    std::str::from_utf8(v.as_deref().expect("a value")).expect("utf-8"),
+                )
+            })
             .collect();
         // The standard headers stay; the CloudEvents attributes follow them.
         assert_eq!(
@@ -308,7 +373,7 @@ mod tests {
         assert!(record
             .headers
             .iter()
-            .any(|(n, v)| &**n == "ce_id" && v == b"7"));
+            .any(|(n, v)| &**n == "ce_id" && v.as_deref() == Some(&b"7"[..])));
         assert!(!record.headers.iter().any(|(n, _)| &**n == "content-type"));
         let mut e = event_with("Order", Arc::clone(&m));
         e.event_type = None;
@@ -355,7 +420,7 @@ mod tests {
         assert_eq!(record.value.as_deref(), Some(&br#"{"a":1}"#[..]));
         let names: Vec<_> = record.headers.iter().map(|(n, _)| &**n).collect();
         assert_eq!(names, ["id", "event_key", "event_type", "aggregate_type"]);
-        assert_eq!(record.headers[0].1, b"7");
+        assert_eq!(record.headers[0].1.as_deref(), Some(&b"7"[..]));
         assert_eq!(record.partition, None);
     }
 

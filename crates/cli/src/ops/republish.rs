@@ -221,9 +221,10 @@ pub async fn republish(
                     Ok(None) => {}
                     Ok(Some(event)) => match router.try_route(event) {
                         Ok(mut record) => {
-                            record
-                                .headers
-                                .push((Arc::from(REPUBLISHED_HEADER), stamp.clone().into_bytes()));
+                            record.headers.push((
+                                Arc::from(REPUBLISHED_HEADER),
+                                Some(stamp.clone().into_bytes()),
+                            ));
                             pacer.wait().await;
                             sender.send(&record, &label).await.map_err(|e| {
                                 RelayError::kafka(format!(
@@ -404,6 +405,7 @@ pub(crate) fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxE
                 unsigned: c.flags().contains(ColumnFlags::UNSIGNED_FLAG),
                 labels: None,
                 fixed_len: None,
+                nullable: !c.flags().contains(ColumnFlags::NOT_NULL_FLAG),
             }
         })
         .collect();

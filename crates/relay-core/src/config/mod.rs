@@ -4,6 +4,7 @@
 //! instead of a silently ignored setting. Defaults are the values documented in the README's
 //! configuration reference and on each field below.
 
+pub mod debezium;
 pub mod mysql_tls;
 pub mod secrets;
 pub mod topic;
@@ -57,6 +58,9 @@ pub struct RelayConfig {
     /// The acknowledgement audit (off by default).
     #[serde(default)]
     pub audit: AuditConfig,
+    /// `[debezium]`: the Debezium profile's settings, used with `[outbox] compat = "debezium"`.
+    #[serde(default)]
+    pub debezium: debezium::DebeziumConfig,
 }
 
 /// `[audit]`: a record of what Kafka acknowledged, to be checked against the log
@@ -357,6 +361,11 @@ impl std::fmt::Debug for MysqlConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
+    /// Whose record layout: `relay` (default) or `debezium` (Debezium's outbox event router
+    /// and the worker's converters, set in `[debezium]`; its column names and defaults replace
+    /// `columns`, `headers`, `additional` and `topic`, which must then stay unset).
+    #[serde(default)]
+    pub compat: debezium::Compat,
     /// Outbox tables as `database.table`, mapped with the defaults of this section. Every INSERT
     /// committed on one of them becomes one Kafka record; DELETEs are ignored, UPDATEs follow
     /// `on_update`. Default empty; `tables` and `table` together name at least one table.

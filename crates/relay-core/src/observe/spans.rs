@@ -252,7 +252,7 @@ impl std::fmt::Debug for RowSpan {
 impl RowSpan {
     /// Replaces the `traceparent` / `tracestate` headers with this span's context (W3C), so
     /// the record's consumer continues the trace under this span.
-    pub fn inject(&self, headers: &mut Vec<(Arc<str>, Vec<u8>)>) {
+    pub fn inject(&self, headers: &mut Vec<(Arc<str>, Option<Vec<u8>>)>) {
         headers.retain(|(name, _)| &**name != TRACEPARENT && &**name != TRACESTATE);
         let cx = Context::new().with_remote_span_context(self.0.span_context().clone());
         self.1.inject_context(&cx, &mut HeaderWriter(headers));
@@ -311,13 +311,13 @@ impl<'h, I: Iterator<Item = (&'h str, &'h [u8])> + Clone> Extractor for HeaderRe
     }
 }
 
-struct HeaderWriter<'a>(&'a mut Vec<(Arc<str>, Vec<u8>)>);
+struct HeaderWriter<'a>(&'a mut Vec<(Arc<str>, Option<Vec<u8>>)>);
 
 impl Injector for HeaderWriter<'_> {
     fn set(&mut self, key: &str, value: String) {
         // The propagator writes an empty `tracestate` when there is none: no header then.
         if !value.is_empty() {
-            self.0.push((Arc::from(key), value.into_bytes()));
+            self.0.push((Arc::from(key), Some(value.into_bytes())));
         }
     }
 }
@@ -343,22 +343,27 @@ mod tests {
         }
     }
 
-    fn header<'a>(headers: &'a [(Arc<str>, Vec<u8>)], name: &str) -> Option<&'a str> {
+    fn header<'a>(headers: &'a [(Arc<str>, Option<Vec<u8>>)], name: &str) -> Option<&'a str> {
         headers
             .iter()
             .find(|(n, _)| &**n == name)
-            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
     }
 
     #[test]
     fn the_rows_trace_is_the_parent_and_the_record_carries_the_relays_span() {
         let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let mut headers: Vec<(Arc<str>, Vec<u8>)> = vec![
-            (Arc::from("id"), b"1".to_vec()),
-            (Arc::from("traceparent"), parent.as_bytes().to_vec()),
-            (Arc::from("tracestate"), b"shop=1".to_vec()),
+        let mut headers: Vec<(Arc<str>, Option<Vec<u8>>)> = vec![
+            (Arc::from("id"), Some(b"1".to_vec())),
+            (Arc::from("traceparent"), Some(parent.as_bytes().to_vec())),
+            (Arc::from("tracestate"), Some(b"shop=1".to_vec())),
         ];
-        let span = spans().start_row(&row(), headers.iter().map(|(n, v)| (&**n, v.as_slice())));
+        let span = spans().start_row(
+            &row(),
+            headers
+                .iter()
+                .filter_map(|(n, v)| Some((&**n, v.as_deref()?))),
+        );
         span.inject(&mut headers);
         let sent = header(&headers, "traceparent").expect("a traceparent");
         let parts: Vec<&str> = sent.split('-').collect();
@@ -382,9 +387,16 @@ mod tests {
 
     #[test]
     fn a_row_without_trace_context_starts_a_new_trace() {
-        let mut headers: Vec<(Arc<str>, Vec<u8>)> =
-            vec![(Arc::from("traceparent"), b"not a traceparent".to_vec())];
-        let span = spans().start_row(&row(), headers.iter().map(|(n, v)| (&**n, v.as_slice())));
+        let mut headers: Vec<(Arc<str>, Option<Vec<u8>>)> = vec![(
+            Arc::from("traceparent"),
+            Some(b"not a traceparent".to_vec()),
+        )];
+        let span = spans().start_row(
+            &row(),
+            headers
+                .iter()
+                .filter_map(|(n, v)| Some((&**n, v.as_deref()?))),
+        );
         span.inject(&mut headers);
         let sent = header(&headers, "traceparent").expect("a traceparent");
         assert_eq!(sent.len(), 55, "{sent}");

@@ -7,12 +7,14 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::config::debezium::Compat;
 use crate::config::topic::TopicTemplate;
 use crate::config::{
     AdditionalColumn, BinaryFormat, CloudEventsConfig, ColumnMapping, HeaderNames, KeyFormat,
     NullPayload, OnUpdate, OutboxConfig, Placement, RelayConfig, TableName, TimestampRefused,
     TimestampSource,
 };
+use crate::debezium::{parse_placement, PlacementEntry, Profile};
 use crate::error::RelayError;
 
 /// The field name of the payload inside an envelope.
@@ -47,6 +49,9 @@ pub struct TableMapping {
     pub key_format: KeyFormat,
     /// CloudEvents headers (`[outbox.cloudevents]`), when enabled.
     pub cloudevents: Option<Arc<CloudEventsConfig>>,
+    /// The Debezium profile (`[outbox] compat = "debezium"`): it builds the record's key,
+    /// value, headers and topic instead of the relay's own layout.
+    pub debezium: Option<Arc<Profile>>,
 }
 
 impl TableMapping {
@@ -145,7 +150,8 @@ fn check_columns(c: &ColumnMapping, key: &str) -> Result<(), RelayError> {
         ("event_key", &c.event_key),
         ("payload", &c.payload),
     ] {
-        if value.is_empty() {
+        if value.is_empty() && !(key == DEBEZIUM_KEY && matches!(field, "event_type" | "event_key"))
+        {
             return Err(RelayError::Config(format!(
                 "{key}.{field} must name a column"
             )));
@@ -154,7 +160,101 @@ fn check_columns(c: &ColumnMapping, key: &str) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// The key named in errors about the Debezium profile's columns.
+const DEBEZIUM_KEY: &str = "debezium (table.field.event.*, route.by.field)";
+
+/// `[outbox]` with `compat = "debezium"`: the columns, headers, additional columns and topic
+/// of Debezium's outbox event router with the `[debezium]` settings.
+struct DebeziumLayout {
+    columns: ColumnMapping,
+    headers: HeaderNames,
+    additional: Vec<AdditionalColumn>,
+    topic: TopicTemplate,
+    profile: Arc<Profile>,
+}
+
 impl RelayConfig {
+    /// The Debezium layout, when `[outbox] compat = "debezium"`.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`]: relay-layout settings next to the profile, or a bad
+    /// `[debezium]` setting.
+    fn debezium_layout(&self) -> Result<Option<DebeziumLayout>, RelayError> {
+        let o = &self.outbox;
+        if o.compat != Compat::Debezium {
+            return Ok(None);
+        }
+        let relay_layout = [
+            ("columns", o.columns != ColumnMapping::default()),
+            ("headers", o.headers != HeaderNames::default()),
+            ("additional", !o.additional.is_empty()),
+            ("topic", o.topic != "outbox.event.{aggregate_type}"),
+            (
+                "table.*.columns/headers/additional/topic",
+                o.table.iter().any(|t| {
+                    t.topic.is_some()
+                        || t.additional.is_some()
+                        || t.headers.over(&HeaderNames::default()) != HeaderNames::default()
+                        || t.columns.over(&ColumnMapping::default()) != ColumnMapping::default()
+                }),
+            ),
+        ];
+        if let Some((key, _)) = relay_layout.iter().find(|(_, set)| *set) {
+            return Err(RelayError::Config(format!(
+                "outbox.{key} is set together with outbox.compat = \"debezium\": with the \
+                 Debezium profile, name the columns, headers and topic in [debezium] with the \
+                 event router's settings (table.field.event.id/key/payload, route.by.field, \
+                 table.fields.additional.placement, route.topic.replacement)"
+            )));
+        }
+        let d = &self.debezium;
+        let profile = Arc::new(Profile::new(d)?);
+        let mut columns = ColumnMapping {
+            id: d.field_event_id.clone(),
+            aggregate_type: d.route_by_field.clone(),
+            aggregate_id: d.field_event_key.clone(),
+            event_type: String::new(),
+            event_key: String::new(),
+            payload: d.field_event_payload.clone(),
+            created_at: String::new(),
+            partition: String::new(),
+        };
+        let mut additional = Vec::new();
+        for entry in parse_placement(&d.additional_placement)? {
+            match entry {
+                PlacementEntry::Column(mut c) => {
+                    c.alias.get_or_insert_with(|| c.column.clone());
+                    additional.push(c);
+                }
+                PlacementEntry::Partition(column) => columns.partition = column,
+            }
+        }
+        // Headers are the profile's: none of the relay's standard ones.
+        let headers = HeaderNames {
+            id: "".into(),
+            event_key: "".into(),
+            event_type: "".into(),
+            aggregate_type: "".into(),
+        };
+        // The default regex routes by the whole value: a template says the same, for the
+        // commands that list topics (`check`, `trace`). The profile routes the records.
+        let template = if d.route_topic_regex == "(?<routedByValue>.*)" {
+            d.route_topic_replacement
+                .replace("${routedByValue}", "{aggregate_type}")
+        } else {
+            "{aggregate_type}".to_owned()
+        };
+        check_columns(&columns, DEBEZIUM_KEY)?;
+        check_headers(&headers, &additional, "debezium.additional_placement")?;
+        Ok(Some(DebeziumLayout {
+            columns,
+            headers,
+            additional,
+            topic: TopicTemplate::parse(&template)?,
+            profile,
+        }))
+    }
+
     /// The mapping of every outbox table: `[outbox] tables` with the section's defaults, then
     /// each `[[outbox.table]]` with its overrides.
     ///
@@ -164,8 +264,11 @@ impl RelayConfig {
     pub fn table_mappings(&self) -> Result<Vec<TableMapping>, RelayError> {
         let o: &OutboxConfig = &self.outbox;
         let default_zone = parse_zone(&o.datetime_time_zone, "outbox.datetime_time_zone")?;
-        check_columns(&o.columns, "outbox.columns")?;
-        check_headers(&o.headers, &o.additional, "outbox")?;
+        let debezium = self.debezium_layout()?;
+        if debezium.is_none() {
+            check_columns(&o.columns, "outbox.columns")?;
+            check_headers(&o.headers, &o.additional, "outbox")?;
+        }
         let cloudevents = o
             .cloudevents
             .enabled
@@ -193,6 +296,7 @@ impl RelayConfig {
                 binary_format: o.binary_format,
                 key_format: o.key_format,
                 cloudevents: cloudevents.clone(),
+                debezium: None,
             });
         }
         for t in &o.table {
@@ -225,7 +329,24 @@ impl RelayConfig {
                 binary_format: t.binary_format.unwrap_or(o.binary_format),
                 key_format: t.key_format.unwrap_or(o.key_format),
                 cloudevents: cloudevents.clone(),
+                debezium: None,
             });
+        }
+        if let Some(d) = debezium {
+            for m in &mut out {
+                m.columns = d.columns.clone();
+                m.headers = d.headers.clone();
+                m.additional = d.additional.clone();
+                m.topic = d.topic.clone();
+                m.debezium = Some(Arc::clone(&d.profile));
+                if m.timestamp == TimestampSource::Column {
+                    return Err(RelayError::Config(
+                        "outbox.timestamp = \"column\" with compat = \"debezium\": set \
+                         debezium.timestamp (\"commit\" or \"processing\")"
+                            .into(),
+                    ));
+                }
+            }
         }
         if let Some(m) = out
             .iter()
@@ -300,6 +421,67 @@ binary_format = "hex"
         assert_eq!(m[1].binary_format, BinaryFormat::Hex);
         assert_eq!(m[1].datetime_time_zone, chrono_tz::Europe::Berlin);
         assert_eq!(m[1].additional.len(), 1);
+    }
+
+    #[test]
+    fn the_debezium_profile_takes_the_event_routers_names() {
+        let m = mappings(
+            r#"
+[outbox]
+tables = ["inventory.outbox"]
+compat = "debezium"
+[debezium]
+key_converter = "string"
+value_converter = "json"
+"topic.prefix" = "dbserver1"
+"table.fields.additional.placement" = "type:header:eventType, tenant:envelope, shard:partition"
+"route.topic.replacement" = "events.${routedByValue}"
+"#,
+        )
+        .expect("valid");
+        let c = &m[0].columns;
+        assert_eq!(
+            (
+                c.id.as_str(),
+                c.aggregate_type.as_str(),
+                c.aggregate_id.as_str(),
+                c.payload.as_str()
+            ),
+            ("id", "aggregatetype", "aggregateid", "payload")
+        );
+        assert_eq!((c.event_key.as_str(), c.event_type.as_str()), ("", ""));
+        assert_eq!(c.partition, "shard");
+        assert_eq!(m[0].additional.len(), 2);
+        assert_eq!(m[0].additional[0].alias.as_deref(), Some("eventType"));
+        assert_eq!(m[0].additional[1].alias.as_deref(), Some("tenant"));
+        assert_eq!(m[0].additional[1].placement, Placement::Envelope);
+        let profile = m[0].debezium.as_ref().expect("the profile");
+        assert_eq!(profile.topic("Order"), "events.Order");
+        assert_eq!(
+            m[0].topic.render(&crate::config::topic::TopicFields {
+                aggregate_type: "Order",
+                event_type: None,
+                database: "inventory",
+                table: "outbox",
+            }),
+            Ok("events.Order".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_debezium_profile_refuses_relay_layout_settings() {
+        let err = |outbox: &str| mappings(outbox).expect_err("invalid").to_string();
+        let dbz = "[debezium]\nkey_converter = \"string\"\nvalue_converter = \"json\"\ntopic_prefix = \"p\"\n";
+        assert!(err(&format!(
+            "[outbox]\ntables = [\"a.b\"]\ncompat = \"debezium\"\ntopic = \"x\"\n{dbz}"
+        ))
+        .contains("outbox.topic is set together with outbox.compat"));
+        assert!(err(&format!(
+            "[outbox]\ntables = [\"a.b\"]\ncompat = \"debezium\"\n[outbox.columns]\npayload = \"body\"\n{dbz}"
+        ))
+        .contains("outbox.columns is set"));
+        assert!(err("[outbox]\ntables = [\"a.b\"]\ncompat = \"debezium\"\n")
+            .contains("debezium.key_converter"));
     }
 
     #[test]

@@ -51,4 +51,7 @@ pub struct OutboxEvent {
     pub commit_ms: i64,
     /// End of the rows event that carried the row (for error messages and tracing).
     pub position: BinlogPosition,
+    /// With the Debezium profile: the columns' Connect schemas and the additional columns
+    /// (NULLs included), for [`crate::debezium::Profile::record`].
+    pub debezium: Option<Box<crate::debezium::DebeziumColumns>>,
 }

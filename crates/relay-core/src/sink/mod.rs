@@ -25,8 +25,10 @@ pub struct Record {
     /// Value; `None` produces a tombstone.
     pub value: Option<Vec<u8>>,
     /// Headers in order: the standard ones (`id`, `event_key`, `event_type`, `aggregate_type`
-    /// under their configured names, those not NULL), then the additional header columns.
-    pub headers: Vec<(Arc<str>, Vec<u8>)>,
+    /// under their configured names, those not NULL), then the additional header columns. A
+    /// `None` value is a header with a null value (Kafka allows it; only the Debezium profile
+    /// sends one, for a NULL column, as Debezium does).
+    pub headers: Vec<(Arc<str>, Option<Vec<u8>>)>,
     /// Explicit partition (from the partition column); `None` lets the key choose.
     pub partition: Option<i32>,
     /// Record timestamp (`CreateTime`), ms since the Unix epoch.

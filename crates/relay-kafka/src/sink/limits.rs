@@ -33,6 +33,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
 
+use crate::sink::HeaderValue;
 use outbox_relay_core::config::KafkaConfig;
 
 /// librdkafka's default `message.max.bytes` and `batch.size` (CONFIGURATION.md), bytes.
@@ -57,7 +58,7 @@ pub const RECORD_BATCH_OVERHEAD: u64 = 61;
 ///
 /// Source: Kafka protocol documentation, "Record Batch" and "Record" (message format v2,
 /// KIP-98); the single record has timestamp delta and offset delta 0.
-pub fn batch_size_alone<K: AsRef<str>, V: AsRef<[u8]>>(
+pub fn batch_size_alone<K: AsRef<str>, V: HeaderValue>(
     key: &[u8],
     value: Option<&[u8]>,
     headers: &[(K, V)],
@@ -72,7 +73,11 @@ pub fn batch_size_alone<K: AsRef<str>, V: AsRef<[u8]>>(
         + value.map_or(varint_size(-1), |v| len_field(v.len()))
         + varint_size(i64::try_from(headers.len()).unwrap_or(i64::MAX));
     for (name, value) in headers {
-        body += len_field(name.as_ref().len()) + len_field(value.as_ref().len());
+        // A null value is a length of -1 (Kafka protocol, "Record Header").
+        body += len_field(name.as_ref().len())
+            + value
+                .header_bytes()
+                .map_or(varint_size(-1), |v| len_field(v.len()));
     }
     RECORD_BATCH_OVERHEAD + varint_size(i64::try_from(body).unwrap_or(i64::MAX)) + body
 }
@@ -359,7 +364,7 @@ impl TopicLimits {
     /// Why the broker would refuse a record of this key, value and headers for `topic`, or
     /// `None` when it fits, when the topic's limit is unknown, or when the record is over the
     /// producer's own `message.max.bytes` (librdkafka refuses that one when it is sent).
-    pub fn refusal<K: AsRef<str>, V: AsRef<[u8]>>(
+    pub fn refusal<K: AsRef<str>, V: HeaderValue>(
         &self,
         topic: &str,
         key: &[u8],

@@ -473,7 +473,7 @@ impl KafkaSink {
         for (key, value) in &record.headers {
             headers = headers.insert(Header {
                 key,
-                value: Some(value.as_slice()),
+                value: value.as_deref(),
             });
         }
         if let Some(refused) = &fallback {
@@ -661,7 +661,7 @@ impl KafkaSink {
 
 /// Bytes of a record's key, value and headers (names and values): what counts against
 /// `message.max.bytes`, give or take the record framing.
-pub(crate) fn record_size<K: AsRef<str>, V: AsRef<[u8]>>(
+pub(crate) fn record_size<K: AsRef<str>, V: HeaderValue>(
     key: &[u8],
     value: Option<&[u8]>,
     headers: &[(K, V)],
@@ -670,8 +670,32 @@ pub(crate) fn record_size<K: AsRef<str>, V: AsRef<[u8]>>(
         + value.map_or(0, <[u8]>::len)
         + headers
             .iter()
-            .map(|(k, v)| k.as_ref().len() + v.as_ref().len())
+            .map(|(k, v)| k.as_ref().len() + v.header_bytes().map_or(0, <[u8]>::len))
             .sum::<usize>()
+}
+
+/// A header's value: bytes, or (for a record's null-valued header) none.
+pub trait HeaderValue {
+    /// The value's bytes; `None` for a null value.
+    fn header_bytes(&self) -> Option<&[u8]>;
+}
+
+impl HeaderValue for Vec<u8> {
+    fn header_bytes(&self) -> Option<&[u8]> {
+        Some(self)
+    }
+}
+
+impl HeaderValue for Option<Vec<u8>> {
+    fn header_bytes(&self) -> Option<&[u8]> {
+        self.as_deref()
+    }
+}
+
+impl HeaderValue for &[u8] {
+    fn header_bytes(&self) -> Option<&[u8]> {
+        Some(self)
+    }
 }
 
 /// A client configuration for an admin client on the relay's brokers: `[kafka.properties]`
@@ -989,7 +1013,7 @@ mod tests {
             topic: "t.orders".into(),
             key: b"order-1".to_vec(),
             value: Some(b"{}".to_vec()),
-            headers: vec![("id".into(), b"1".to_vec())],
+            headers: vec![("id".into(), Some(b"1".to_vec()))],
             partition: None,
             timestamp_ms: 1_700_000_000_000,
             column_timestamp: false,

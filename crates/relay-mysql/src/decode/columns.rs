@@ -33,7 +33,21 @@ pub struct ColumnInfo {
     /// table map's column metadata. The binlog drops trailing pad bytes of such values; BINARY
     /// values are padded back with 0x00 to this length, as `SELECT` returns them.
     pub fixed_len: Option<usize>,
+    /// The column accepts NULL (the table map's null bitmap; `true` where not known).
+    pub nullable: bool,
 }
+
+/// The stand-in for an outbox column the mapping leaves out (`event_key = ""` in the
+/// Debezium profile): its value is always NULL.
+pub static UNMAPPED_COLUMN: ColumnInfo = ColumnInfo {
+    name: String::new(),
+    column_type: None,
+    collation: 0,
+    unsigned: false,
+    labels: None,
+    fixed_len: None,
+    nullable: true,
+};
 
 /// Declared byte length of a `MYSQL_TYPE_STRING` column from its 2-byte table-map metadata
 /// (MySQL `Field_string::do_save_field_metadata`: real type, length; lengths above 255 borrow
@@ -48,6 +62,30 @@ pub fn string_column_length(meta: &[u8]) -> Option<usize> {
 }
 
 impl ColumnInfo {
+    /// The Connect schema Debezium's MySQL connector gives this column (default settings:
+    /// `bigint.unsigned.handling.mode=long`): integers as `int16`/`int32`/`int64`, MySQL JSON
+    /// as `io.debezium.data.Json`, everything else as a string of the relay's text form (which
+    /// for temporal, decimal, floating-point and binary columns differs from Debezium's own
+    /// representation: the docs say so).
+    pub fn debezium_schema(&self) -> outbox_relay_core::debezium::ColumnSchema {
+        use outbox_relay_core::debezium::connect::Type;
+        use outbox_relay_core::debezium::ColumnSchema;
+        let optional = self.nullable;
+        match self.column_type {
+            Some(ColumnType::MYSQL_TYPE_JSON) => ColumnSchema::json(optional),
+            Some(ColumnType::MYSQL_TYPE_TINY | ColumnType::MYSQL_TYPE_SHORT) => {
+                ColumnSchema::integer(Type::Int16, optional)
+            }
+            Some(ColumnType::MYSQL_TYPE_INT24) => ColumnSchema::integer(Type::Int32, optional),
+            Some(ColumnType::MYSQL_TYPE_LONG) if self.unsigned => {
+                ColumnSchema::integer(Type::Int64, optional)
+            }
+            Some(ColumnType::MYSQL_TYPE_LONG) => ColumnSchema::integer(Type::Int32, optional),
+            Some(ColumnType::MYSQL_TYPE_LONGLONG) => ColumnSchema::integer(Type::Int64, optional),
+            _ => ColumnSchema::string(optional),
+        }
+    }
+
     fn is_binary(&self) -> bool {
         self.collation == BINARY_COLLATION
             && matches!(

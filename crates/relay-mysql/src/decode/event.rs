@@ -7,9 +7,11 @@
 use std::sync::Arc;
 
 use mysql_async::binlog::value::BinlogValue;
+use mysql_async::consts::ColumnType;
 
 use crate::decode::columns::{raw_bytes, text_form, AdditionalFields, ColumnInfo};
 use outbox_relay_core::config::{KeyFormat, NullPayload};
+use outbox_relay_core::debezium::{AdditionalValue, DebeziumColumns};
 use outbox_relay_core::outbox::mapping::TableMapping;
 use outbox_relay_core::outbox::OutboxEvent;
 use outbox_relay_core::position::BinlogPosition;
@@ -54,6 +56,8 @@ pub struct RowValues {
     pub extra_headers: Vec<(String, Vec<u8>)>,
     /// The additional columns placed in the envelope.
     pub envelope: Vec<(String, Vec<u8>)>,
+    /// With the Debezium profile: the columns' schemas and the additional columns.
+    pub debezium: Option<Box<DebeziumColumns>>,
 }
 
 /// Reads `mapping`'s columns of a row through `take` (in the order id, aggregate_type,
@@ -73,22 +77,77 @@ pub fn row_values<'v, 'i, E>(
         text_form(v, info, mapping.binary_format)
             .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
     };
+    let id = text(take(OutboxColumn::Id)?)?;
+    let aggregate_type = text(take(OutboxColumn::AggregateType)?)?;
+    let (key_value, key_info) = take(OutboxColumn::AggregateId)?;
+    let key_schema = mapping
+        .debezium
+        .is_some()
+        .then(|| key_info.debezium_schema());
+    let aggregate_id = match mapping.key_format {
+        KeyFormat::Text => text((key_value, key_info))?,
+        KeyFormat::Raw => raw_bytes(key_value, key_info)
+            .map_err(|e| fail(format!("column {:?}: {e}", key_info.name)))?,
+    };
     let mut values = RowValues {
-        id: text(take(OutboxColumn::Id)?)?,
-        aggregate_type: text(take(OutboxColumn::AggregateType)?)?,
-        aggregate_id: match mapping.key_format {
-            KeyFormat::Text => text(take(OutboxColumn::AggregateId)?)?,
-            KeyFormat::Raw => {
-                let (v, info) = take(OutboxColumn::AggregateId)?;
-                raw_bytes(v, info).map_err(|e| fail(format!("column {:?}: {e}", info.name)))?
-            }
-        },
+        id,
+        aggregate_type,
+        aggregate_id,
         event_type: text(take(OutboxColumn::EventType)?)?,
         event_key: text(take(OutboxColumn::EventKey)?)?,
         ..RowValues::default()
     };
     let (payload_value, payload_info) = take(OutboxColumn::Payload)?;
     values.payload_is_json = payload_is_json(&payload_value, payload_info);
+    if let Some(key) = key_schema {
+        // The Debezium profile: a MySQL JSON payload in Debezium's JSON text, and every
+        // additional column with its schema, NULLs included (null-valued headers).
+        let mut payload_schema = payload_info.debezium_schema();
+        values.payload = if let BinlogValue::Jsonb(_) = &payload_value {
+            payload_schema = outbox_relay_core::debezium::ColumnSchema::json(payload_info.nullable);
+            Some(
+                crate::decode::json::render_binlog_json_debezium(&payload_value)
+                    .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?,
+            )
+        } else if payload_info.column_type == Some(ColumnType::MYSQL_TYPE_JSON) {
+            // A JSON value read with SQL (`republish`): MySQL's text, read back and written as
+            // Debezium's formatter would (a JSON DECIMAL then prints as a double).
+            payload_schema = outbox_relay_core::debezium::ColumnSchema::json(payload_info.nullable);
+            match raw_bytes(payload_value, payload_info)
+                .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?
+            {
+                Some(text) => {
+                    let node =
+                        outbox_relay_core::debezium::json::parse(&String::from_utf8_lossy(&text))
+                            .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?;
+                    let mut out = Vec::with_capacity(text.len());
+                    outbox_relay_core::debezium::json::write_debezium(&node, &mut out);
+                    Some(out)
+                }
+                None => None,
+            }
+        } else {
+            raw_bytes(payload_value, payload_info)
+                .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?
+        };
+        let mut additional = Vec::with_capacity(mapping.additional.len());
+        for (i, a) in mapping.additional.iter().enumerate() {
+            let (v, info) = take(OutboxColumn::Additional(i))?;
+            let schema = info.debezium_schema();
+            additional.push(AdditionalValue {
+                alias: a.alias.clone().unwrap_or_else(|| a.column.clone()),
+                placement: a.placement,
+                column: schema,
+                text: text((v, info))?,
+            });
+        }
+        values.debezium = Some(Box::new(DebeziumColumns {
+            key,
+            payload: payload_schema,
+            additional,
+        }));
+        return Ok(values);
+    }
     values.payload = raw_bytes(payload_value, payload_info)
         .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?;
     let mut fields = AdditionalFields::default();
@@ -178,5 +237,6 @@ pub fn outbox_event(
         column_timestamp: column_ms.is_some(),
         commit_ms,
         position,
+        debezium: values.debezium,
     }))
 }

@@ -164,13 +164,47 @@ pub fn render_binlog_json(value: &BinlogValue<'_>) -> Result<Vec<u8>, JsonRender
     }
 }
 
+/// The text Debezium's MySQL connector gives a JSON column value from a binlog row
+/// (mysql-binlog-connector-java's `JsonBinary.parseAsString` with `JsonStringFormatter`): no
+/// spaces, strings escaped only where JSON requires it (`\u00XX` in upper case), doubles as
+/// Java's `Double.toString` or, when that has an exponent, their exact plain decimal, dates and
+/// times without zero fractions, other opaque values as plain base64. For the Debezium profile.
+///
+/// # Errors
+/// As [`render_binlog_json`].
+pub fn render_binlog_json_debezium(value: &BinlogValue<'_>) -> Result<Vec<u8>, JsonRenderError> {
+    match value {
+        BinlogValue::Jsonb(v) => {
+            let mut out = Vec::new();
+            render_styled(v, &mut out, MAX_OUTPUT_LEN, Style::Debezium)?;
+            Ok(out)
+        }
+        BinlogValue::JsonDiff(_) => Err(JsonRenderError::PartialUpdate),
+        BinlogValue::Value(_) => Err(JsonRenderError::NotJson),
+    }
+}
+
 fn render_limited(
     value: &jsonb::Value<'_>,
     out: &mut Vec<u8>,
     limit: usize,
 ) -> Result<(), JsonRenderError> {
+    render_styled(value, out, limit, Style::Mysql)
+}
+
+fn render_styled(
+    value: &jsonb::Value<'_>,
+    out: &mut Vec<u8>,
+    limit: usize,
+    style: Style,
+) -> Result<(), JsonRenderError> {
     let start = out.len();
-    let mut renderer = Renderer { out, start, limit };
+    let mut renderer = Renderer {
+        out,
+        start,
+        limit,
+        style,
+    };
     let result = renderer.value(value, 0);
     if result.is_err() {
         out.truncate(start);
@@ -178,10 +212,18 @@ fn render_limited(
     result
 }
 
+/// Whose text: MySQL's (`SELECT`) or Debezium's binlog JSON formatter's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Mysql,
+    Debezium,
+}
+
 struct Renderer<'o> {
     out: &'o mut Vec<u8>,
     start: usize,
     limit: usize,
+    style: Style,
 }
 
 impl Renderer<'_> {
@@ -197,8 +239,11 @@ impl Renderer<'_> {
             jsonb::Value::U16(x) => write_u64(self.out, u64::from(*x)),
             jsonb::Value::U32(x) => write_u64(self.out, u64::from(*x)),
             jsonb::Value::U64(x) => write_u64(self.out, *x),
+            jsonb::Value::F64(x) if self.style == Style::Debezium => self.out.extend_from_slice(
+                outbox_relay_core::debezium::java::debezium_json_double(*x).as_bytes(),
+            ),
             jsonb::Value::F64(x) => write_double(self.out, *x),
-            jsonb::Value::String(s) => write_quoted(self.out, s.str_raw()),
+            jsonb::Value::String(s) => self.quoted(s.str_raw()),
             jsonb::Value::SmallArray(a) => self.array(a.iter(), depth)?,
             jsonb::Value::LargeArray(a) => self.array(a.iter(), depth)?,
             jsonb::Value::SmallObject(o) => self.object(o.iter(), depth)?,
@@ -223,7 +268,7 @@ impl Renderer<'_> {
             let item =
                 item.map_err(|e| JsonRenderError::malformed(e.to_string()).within(&leg()))?;
             if i > 0 {
-                self.out.extend_from_slice(b", ");
+                self.separator();
             }
             self.value(&item, depth).map_err(|e| e.within(&leg()))?;
         }
@@ -242,10 +287,15 @@ impl Renderer<'_> {
             let (key, item) = member
                 .map_err(|e| JsonRenderError::malformed(format!("object member #{i}: {e}")))?;
             if i > 0 {
-                self.out.extend_from_slice(b", ");
+                self.separator();
             }
-            write_quoted(self.out, key.value_raw());
-            self.out.extend_from_slice(b": ");
+            self.quoted(key.value_raw());
+            self.out
+                .extend_from_slice(if self.style == Style::Debezium {
+                    b":"
+                } else {
+                    b": "
+                });
             self.value(&item, depth)
                 .map_err(|e| e.within(&member_leg(key.value_raw())))?;
         }
@@ -253,7 +303,89 @@ impl Renderer<'_> {
         Ok(())
     }
 
+    fn separator(&mut self) {
+        self.out
+            .extend_from_slice(if self.style == Style::Debezium {
+                b","
+            } else {
+                b", "
+            });
+    }
+
+    /// A JSON string: MySQL's `double_quote`, or Debezium's `JsonStringFormatter.appendString`
+    /// (of the bytes read as UTF-8, invalid sequences replaced as Java's `new String` does).
+    fn quoted(&mut self, bytes: &[u8]) {
+        match self.style {
+            Style::Mysql => write_quoted(self.out, bytes),
+            Style::Debezium => {
+                outbox_relay_core::debezium::json::escape_debezium(
+                    &String::from_utf8_lossy(bytes),
+                    self.out,
+                );
+            }
+        }
+    }
+
+    /// An opaque value as Debezium's formatter prints it: DECIMAL as `BigDecimal.toPlainString`
+    /// (MySQL's digits and scale), DATE `YYYY-MM-DD`, TIME `[-]HH:MM:SS[.f]`, DATETIME and
+    /// TIMESTAMP `YYYY-MM-DD HH:MM:SS[.f]` (fraction without trailing zeros, none when 0),
+    /// anything else as a string of plain base64.
+    fn opaque_debezium(&mut self, o: &jsonb::OpaqueValue<'_>) -> Result<(), JsonRenderError> {
+        let data = o.data_raw();
+        let ty = o.value_type();
+        match ty {
+            ColumnType::MYSQL_TYPE_NEWDECIMAL | ColumnType::MYSQL_TYPE_DECIMAL => {
+                write_decimal(self.out, data).map_err(JsonRenderError::malformed)
+            }
+            ColumnType::MYSQL_TYPE_DATE
+            | ColumnType::MYSQL_TYPE_TIME
+            | ColumnType::MYSQL_TYPE_TIME2
+            | ColumnType::MYSQL_TYPE_DATETIME
+            | ColumnType::MYSQL_TYPE_DATETIME2
+            | ColumnType::MYSQL_TYPE_TIMESTAMP
+            | ColumnType::MYSQL_TYPE_TIMESTAMP2 => {
+                let packed = <[u8; 8]>::try_from(data).map_err(|_| {
+                    JsonRenderError::malformed(format!(
+                        "{ty:?} value of {} bytes (a packed temporal value has 8)",
+                        data.len()
+                    ))
+                })?;
+                let mut text = Vec::new();
+                let base = match ty {
+                    ColumnType::MYSQL_TYPE_TIME2 => ColumnType::MYSQL_TYPE_TIME,
+                    ColumnType::MYSQL_TYPE_DATETIME2 | ColumnType::MYSQL_TYPE_TIMESTAMP2 => {
+                        ColumnType::MYSQL_TYPE_DATETIME
+                    }
+                    ty => ty,
+                };
+                write_temporal(&mut text, base, i64::from_le_bytes(packed));
+                // MySQL's form ends in `.ffffff` (but DATE): Debezium trims the fraction.
+                if let Some(dot) = text.iter().rposition(|&b| b == b'.') {
+                    while text.last() == Some(&b'0') {
+                        text.pop();
+                    }
+                    if text.len() == dot + 1 {
+                        text.truncate(dot);
+                    }
+                }
+                self.out.push(b'"');
+                self.out.extend_from_slice(&text);
+                self.out.push(b'"');
+                Ok(())
+            }
+            _ => {
+                self.out.push(b'"');
+                write_base64_plain(self.out, data);
+                self.out.push(b'"');
+                Ok(())
+            }
+        }
+    }
+
     fn opaque(&mut self, o: &jsonb::OpaqueValue<'_>) -> Result<(), JsonRenderError> {
+        if self.style == Style::Debezium {
+            return self.opaque_debezium(o);
+        }
         let data = o.data_raw();
         match o.value_type() {
             ColumnType::MYSQL_TYPE_NEWDECIMAL => {
@@ -659,6 +791,13 @@ fn write_micros(out: &mut Vec<u8>, micros: u64) {
         rest /= 10;
     }
     out.extend_from_slice(&digits);
+}
+
+/// Java's `Base64.getEncoder()`: standard alphabet, `=` padding, no line breaks.
+fn write_base64_plain(out: &mut Vec<u8>, data: &[u8]) {
+    let mut wrapped = Vec::with_capacity(data.len() / 3 * 4 + 8);
+    write_base64(&mut wrapped, data);
+    out.extend(wrapped.into_iter().filter(|&b| b != b'\n'));
 }
 
 /// MySQL's `base64_encode`: standard alphabet, `=` padding, `\n` after every 76 characters
@@ -1221,6 +1360,71 @@ mod tests {
         } else {
             tmp
         }
+    }
+
+    fn debezium(doc: &Doc) -> String {
+        let bytes = encode(doc);
+        let mut out = Vec::new();
+        render_styled(&parse(&bytes), &mut out, MAX_OUTPUT_LEN, Style::Debezium).expect("renders");
+        String::from_utf8(out).expect("UTF-8 output")
+    }
+
+    /// mysql-binlog-connector-java's `JsonStringFormatter`, as Debezium's MySQL connector
+    /// prints a JSON column.
+    #[test]
+    fn debezium_style_is_compact_with_java_numbers_and_minimal_escapes() {
+        let doc = mysql_object(vec![
+            ("s".into(), Doc::Str("é🎉\u{1}\"\\/".into())),
+            (
+                "n".into(),
+                Doc::Arr(vec![
+                    Doc::F64(1e21),
+                    Doc::F64(0.1),
+                    Doc::F64(1.0),
+                    Doc::F64(-0.0),
+                    Doc::F64(12345678.5),
+                    Doc::I64(-9223372036854775808),
+                    Doc::U64(18446744073709551615),
+                    Doc::I16(7),
+                ]),
+            ),
+            ("e".into(), Doc::Obj(vec![])),
+            ("z".into(), Doc::Null),
+        ]);
+        assert_eq!(
+            debezium(&doc),
+            "{\"e\":{},\"n\":[1000000000000000000000,0.1,1.0,-0.0,12345678.5,\
+             -9223372036854775808,18446744073709551615,7],\"s\":\"é🎉\\u0001\\\"\\\\/\",\"z\":null}"
+        );
+        assert_eq!(
+            render_doc(&doc),
+            "{\"e\": {}, \"n\": [1e21, 0.1, 1.0, -0.0, 12345678.5, -9223372036854775808, \
+             18446744073709551615, 7], \"s\": \"é🎉\\u0001\\\"\\\\/\", \"z\": null}",
+            "MySQL's own text is unchanged"
+        );
+        let dt = datetime_packed(2024, 1, 2, 3, 4, 5, 500_000);
+        assert_eq!(
+            debezium(&Doc::Opaque(
+                ColumnType::MYSQL_TYPE_DATETIME as u8,
+                dt.to_le_bytes().to_vec()
+            )),
+            "\"2024-01-02 03:04:05.5\""
+        );
+        let dt = datetime_packed(2024, 1, 2, 3, 4, 5, 0);
+        assert_eq!(
+            debezium(&Doc::Opaque(
+                ColumnType::MYSQL_TYPE_DATETIME as u8,
+                dt.to_le_bytes().to_vec()
+            )),
+            "\"2024-01-02 03:04:05\""
+        );
+        assert_eq!(
+            debezium(&Doc::Opaque(
+                ColumnType::MYSQL_TYPE_BLOB as u8,
+                vec![0xff; 60]
+            )),
+            format!("\"{}\"", "////".repeat(20))
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use mysql_common::binlog::consts::OptionalMetadataFieldType;
 use mysql_common::io::ParseBuf;
 
 use crate::binlog::source::SourceEvent;
-use crate::decode::columns::{string_column_length, ColumnInfo};
+use crate::decode::columns::{string_column_length, ColumnInfo, UNMAPPED_COLUMN};
 use crate::decode::event::{outbox_event, row_values, OutboxColumn, Unbuildable};
 use crate::decode::schema::{Labels, LayoutTracker};
 use outbox_relay_core::config::{OnUpdate, TableName, TimestampSource, UnknownXaCommit};
@@ -920,8 +920,9 @@ struct ColumnLayout {
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
-    event_type: usize,
-    event_key: usize,
+    /// `None`: not mapped (the Debezium profile has no event type or event key column).
+    event_type: Option<usize>,
+    event_key: Option<usize>,
     payload: usize,
     created_at: Option<usize>,
     partition: Option<usize>,
@@ -1218,6 +1219,7 @@ impl ColumnLayout {
                 fixed_len: (column_type == Some(ColumnType::MYSQL_TYPE_STRING))
                     .then(|| string_column_length(column_meta))
                     .flatten(),
+                nullable: tme.null_bitmask().get(i).is_none_or(|b| *b),
             });
             // Pre-5.6 temporal columns carry no metadata: their precision, when known, stands
             // in for it (read_row).
@@ -1263,8 +1265,8 @@ impl ColumnLayout {
             id: find("outbox.columns.id", &m.id)?,
             aggregate_type: find("outbox.columns.aggregate_type", &m.aggregate_type)?,
             aggregate_id: find("outbox.columns.aggregate_id", &m.aggregate_id)?,
-            event_type: find("outbox.columns.event_type", &m.event_type)?,
-            event_key: find("outbox.columns.event_key", &m.event_key)?,
+            event_type: optional("outbox.columns.event_type", &m.event_type)?,
+            event_key: optional("outbox.columns.event_key", &m.event_key)?,
             payload: find("outbox.columns.payload", &m.payload)?,
             created_at: optional("outbox.columns.created_at", &m.created_at)?,
             partition: optional("outbox.columns.partition", &m.partition)?,
@@ -1279,14 +1281,10 @@ impl ColumnLayout {
             in_image,
             image,
         };
-        let mut all: Vec<usize> = vec![
-            layout.id,
-            layout.aggregate_type,
-            layout.aggregate_id,
-            layout.event_type,
-            layout.event_key,
-            layout.payload,
-        ];
+        let mut all: Vec<usize> = vec![layout.id, layout.aggregate_type, layout.aggregate_id];
+        all.extend(layout.event_type);
+        all.extend(layout.event_key);
+        all.push(layout.payload);
         all.extend(layout.created_at);
         all.extend(layout.partition);
         all.extend(layout.additional.iter().copied());
@@ -1463,15 +1461,19 @@ impl ColumnLayout {
         let values = row_values(
             mapping,
             |c| {
-                take(match c {
-                    OutboxColumn::Id => self.id,
-                    OutboxColumn::AggregateType => self.aggregate_type,
-                    OutboxColumn::AggregateId => self.aggregate_id,
+                let idx = match c {
+                    OutboxColumn::Id => Some(self.id),
+                    OutboxColumn::AggregateType => Some(self.aggregate_type),
+                    OutboxColumn::AggregateId => Some(self.aggregate_id),
                     OutboxColumn::EventType => self.event_type,
                     OutboxColumn::EventKey => self.event_key,
-                    OutboxColumn::Payload => self.payload,
-                    OutboxColumn::Additional(i) => self.additional[i],
-                })
+                    OutboxColumn::Payload => Some(self.payload),
+                    OutboxColumn::Additional(i) => Some(self.additional[i]),
+                };
+                match idx {
+                    Some(idx) => take(idx),
+                    None => Ok((BinlogValue::Value(Value::NULL), &UNMAPPED_COLUMN)),
+                }
             },
             fail,
             |v, _| matches!(v, BinlogValue::Jsonb(_)),
@@ -2101,7 +2103,7 @@ mod minimal_metadata_label_tests {
             None,
         )
         .expect("resolves");
-        let kind = &layout.columns[layout.event_type];
+        let kind = &layout.columns[layout.event_type.expect("mapped")];
         let text = text_form(
             BinlogValue::Value(Value::Int(2)),
             kind,

@@ -640,6 +640,7 @@ mod tests {
             column_timestamp: false,
             commit_ms: 0,
             position: BinlogPosition::new("b.000001", u64::from(n)),
+            debezium: None,
         })
     }
 

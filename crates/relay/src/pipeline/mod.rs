@@ -1034,7 +1034,10 @@ impl Reader<'_> {
                     position: position.to_string(),
                     read_at,
                 },
-                record.headers.iter().map(|(n, v)| (&**n, v.as_slice())),
+                record
+                    .headers
+                    .iter()
+                    .filter_map(|(n, v)| Some((&**n, v.as_deref()?))),
             );
             span.inject(&mut record.headers);
             Box::new(span)
@@ -1290,10 +1293,11 @@ fn dead_letter_of(
         key: Some(record.key),
         value_dropped: !keep_value && record.value.is_some(),
         value: if keep_value { record.value } else { None },
+        // A null-valued header (Debezium profile) has no bytes to keep.
         headers: record
             .headers
             .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
+            .filter_map(|(k, v)| Some((k.to_string(), v?)))
             .collect(),
         broker_error: None,
     }
@@ -1302,7 +1306,11 @@ fn dead_letter_of(
 /// Bytes of `record` as counted by `outbox_relay_bytes_produced_total`: key, value, header
 /// names and values.
 fn record_bytes(record: &Record) -> u64 {
-    let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let headers: usize = record
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
     (record.key.len() + record.value.as_ref().map_or(0, Vec::len) + headers) as u64
 }
 
