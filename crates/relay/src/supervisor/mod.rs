@@ -629,7 +629,11 @@ async fn stream<K: RecordSink>(
             .as_deref()
             .and_then(|g| server.flavor.parse_gtid_state(g).ok())
     });
-    let trace_columns = if config.outbox.trace_context {
+    // The Debezium profile writes Debezium's headers only (its own trace SMT is not part of
+    // the event router's output unless configured there).
+    let trace_columns = if config.outbox.trace_context
+        && config.outbox.compat != outbox_relay_core::config::debezium::Compat::Debezium
+    {
         let found = with_timeout(
             io_timeout,
             "reading the outbox tables' trace-context columns",
