@@ -1004,6 +1004,30 @@ mod tests {
         assert_eq!(one.offset.pos, 2);
     }
 
+    /// `testdata/debezium-offsets.dat`: written by Kafka Connect's FileOffsetBackingStore
+    /// (testdata/README.md).
+    #[test]
+    fn reads_an_offset_file_written_by_kafka_connect() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join("debezium-offsets.dat");
+        let found = read_offset_file(&path, Some("inventory-engine"), None).expect("found");
+        assert_eq!(found.topic_prefix, "shop");
+        let o = &found.offset;
+        assert_eq!(
+            (o.file.as_str(), o.pos, o.event, o.row, o.server_id),
+            ("binlog.000003", 1234, 2, 1, Some(1))
+        );
+        assert_eq!(
+            o.gtids.as_deref(),
+            Some("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5")
+        );
+        let e = read_offset_file(&path, Some("old-engine"), None).expect_err("deleted");
+        assert!(e.to_string().contains("was deleted"), "{e}");
+        let e = read_offset_file(&path, None, None).expect_err("two engines");
+        assert!(e.to_string().contains("several source partitions"), "{e}");
+    }
+
     #[test]
     fn keys_parse_in_connects_form() {
         assert_eq!(
