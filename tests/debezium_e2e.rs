@@ -259,6 +259,11 @@ async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Resu
     // The relay sends exactly d, e, f and the later rows.
     let relay = w.spawn()?;
     w.wait_checkpoint_covers(&relay, &end, EXIT).await?;
+    // While the relay runs, the command is refused (its lease).
+    let a = args(&["--yes"]);
+    let (status, out, err) = run(&w.spec, &refs(&a)).await?;
+    expect(&status, 3, &out, &err)?;
+    ensure!(err.contains("lease of connector"), "{err}");
     let topic = w.topic(&rows[0].aggregate_type);
     let records = outbox_relay_testkit::read_all_records(
         &w.spec.bootstrap_servers,
@@ -344,5 +349,92 @@ async fn unusable_offsets_are_refused_with_the_reason() -> Result<()> {
         expect(&status, 2, &out, &err)?;
         ensure!(err.contains(says), "{connector}: {says:?} not in:\n{err}");
     }
+    Ok(())
+}
+
+/// A `FileOffsetBackingStore` file as `ObjectOutputStream.writeObject(HashMap<byte[],byte[]>)`
+/// writes it (the layout of `crates/cli/testdata/debezium-offsets.dat`, which Kafka Connect
+/// itself wrote): one entry.
+fn offset_file(key: &str, value: &str) -> Vec<u8> {
+    let mut b = vec![0xAC, 0xED, 0x00, 0x05, 0x73, 0x72, 0x00, 0x11];
+    b.extend_from_slice(b"java.util.HashMap");
+    b.extend_from_slice(&[
+        0x05, 0x07, 0xDA, 0xC1, 0xC3, 0x16, 0x60, 0xD1, 0x03, 0x00, 0x02,
+    ]);
+    b.extend_from_slice(b"F\x00\x0aloadFactorI\x00\x09threshold\x78\x70");
+    b.extend_from_slice(&[
+        0x3F, 0x40, 0, 0, 0, 0, 0, 0x0C, 0x77, 0x08, 0, 0, 0, 0x10, 0, 0, 0, 1,
+    ]);
+    b.extend_from_slice(&[0x75, 0x72, 0x00, 0x02, b'[', b'B']);
+    b.extend_from_slice(&[
+        0xAC, 0xF3, 0x17, 0xF8, 0x06, 0x08, 0x54, 0xE0, 0x02, 0x00, 0x00, 0x78, 0x70,
+    ]);
+    for (i, part) in [key, value].into_iter().enumerate() {
+        if i == 1 {
+            b.extend_from_slice(&[0x75, 0x71, 0x00, 0x7E, 0x00, 0x02]);
+        }
+        b.extend_from_slice(&u32::try_from(part.len()).unwrap_or(0).to_be_bytes());
+        b.extend_from_slice(part.as_bytes());
+    }
+    b.push(0x78);
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_file_at_a_transaction_boundary_resumes_at_the_next_transaction() -> Result<()> {
+    let w = World::new(bin(), "dbzfile").await?;
+    let mut conn = w.db.conn().await?;
+    let mut gen = RowGen::new(&w.uid, "dbzf", 2);
+    let earlier = gen.rows(2);
+    outbox_relay_testkit::commit_rows(&mut conn, &earlier).await?;
+    // Debezium committed the offset after the earlier transaction's commit: no event/row.
+    let stop = current_binlog_position(&mut conn).await?;
+    let later = gen.rows(3);
+    outbox_relay_testkit::commit_rows(&mut conn, &later).await?;
+    let end = current_binlog_position(&mut conn).await?;
+    let path = std::env::temp_dir().join(format!("dbz-offsets-{}.dat", w.uid));
+    std::fs::write(
+        &path,
+        offset_file(
+            r#"["engine",{"server":"shop"}]"#,
+            &format!(
+                r#"{{"ts_sec":1767323046,"file":"{}","pos":{}}}"#,
+                stop.file, stop.pos
+            ),
+        ),
+    )?;
+    let file = path.to_string_lossy().into_owned();
+    let (status, out, err) = run(
+        &w.spec,
+        &["migrate-from", "debezium", "--offset-file", &file, "--yes"],
+    )
+    .await?;
+    let _ = std::fs::remove_file(&path);
+    expect(&status, 0, &out, &err)?;
+    let cp = w.checkpoint().await?;
+    ensure!(
+        cp.position() == stop && cp.rows_acked == 0,
+        "checkpoint {} rows_acked {}, expected {stop} and 0:\n{out}",
+        cp.position(),
+        cp.rows_acked
+    );
+    let relay = w.spawn()?;
+    w.wait_checkpoint_covers(&relay, &end, EXIT).await?;
+    let records = outbox_relay_testkit::read_all_records(
+        &w.spec.bootstrap_servers,
+        &[w.topic(&later[0].aggregate_type)],
+        EXIT,
+    )
+    .await
+    .with_context(|| relay.stderr_tail())?;
+    outbox_relay_testkit::expect_exit_code(relay.stop(EXIT).await?, 0, &relay)?;
+    let mut keys: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r.header("event_key"))
+        .collect();
+    keys.sort_unstable();
+    let mut expected: Vec<&str> = later.iter().map(|r| r.event_key.as_str()).collect();
+    expected.sort_unstable();
+    ensure!(keys == expected, "records {keys:?}, expected {expected:?}");
     Ok(())
 }
