@@ -102,20 +102,31 @@ async fn produce_offsets(
     Ok(())
 }
 
-/// The Debezium offset for a stop in the middle of the transaction: the transaction's start
-/// (its first event as Debezium's `handleTransactionBegin` sees it), and the index (from that
-/// event, 0-based, Annotate_rows left out) of its `nth` Write_rows event.
-fn debezium_stop(events: &[Shown], mariadb: bool, nth_write: usize) -> Result<(u64, u64)> {
-    let start = events
+/// The Debezium offset for a stop in the middle of the test's transaction (the one that writes
+/// `marker_table`, a table only it writes: other tests write to the server at the same time):
+/// the transaction's start (its first event as Debezium's `handleTransactionBegin` sees it),
+/// and the index (from that event, 0-based, Annotate_rows left out) of its `nth` Write_rows
+/// event.
+fn debezium_stop(
+    events: &[Shown],
+    mariadb: bool,
+    marker_table: &str,
+    nth_write: usize,
+) -> Result<(u64, u64)> {
+    let marker = events
         .iter()
-        .position(|(_, _, kind, _, info)| {
+        .position(|(_, _, kind, _, info)| kind == "Table_map" && info.contains(marker_table))
+        .with_context(|| format!("no table map of {marker_table} among the events"))?;
+    let start = events[..marker]
+        .iter()
+        .rposition(|(_, _, kind, _, info)| {
             if mariadb {
                 kind == "Gtid" && info.starts_with("BEGIN")
             } else {
                 kind == "Query" && info.trim() == "BEGIN"
             }
         })
-        .context("no transaction start among the events")?;
+        .context("no transaction start before the table map")?;
     let tx: Vec<&Shown> = events[start..]
         .iter()
         .filter(|(_, _, kind, _, _)| kind != "Annotate_rows")
@@ -132,8 +143,26 @@ fn debezium_stop(events: &[Shown], mariadb: bool, nth_write: usize) -> Result<(u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Result<()> {
+    resume_inside_a_transaction(false).await
+}
+
+/// The same in exactly-once mode: the command also commits the point to the progress topic
+/// (reset's writer), where such runs resume from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_resumes_where_debezium_stopped_inside_a_transaction() -> Result<()> {
+    resume_inside_a_transaction(true).await
+}
+
+async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
     let mariadb = test_server().is_mariadb();
-    let w = World::new(bin(), "dbzmig").await?;
+    let mut w = World::new(bin(), if exactly_once { "dbzeos" } else { "dbzmig" }).await?;
+    if exactly_once {
+        w.spec.kafka_extra = format!(
+            "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+             transaction_interval_ms = 50\n",
+            w.uid
+        );
+    }
     let mut conn = w.db.conn().await?;
     conn.query_drop("CREATE TABLE other_table (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(20))")
         .await?;
@@ -171,7 +200,12 @@ async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Resu
     let events = events_from(&mut conn, &before_tx).await?;
     // Debezium stopped after emitting c (row 0 of the multi-row event, the 4th Write_rows:
     // a, b, other_table, c-d-e): offset row = 1.
-    let (pos, event) = debezium_stop(&events, mariadb, 3)?;
+    let marker = format!("({}.other_table)", w.db.name());
+    let (pos, event) = debezium_stop(&events, mariadb, &marker, 3)?;
+    ensure!(
+        event == 8,
+        "the stop is event {event}, expected 8: BEGIN/GTID and 4 table map + rows pairs before"
+    );
     let connector = format!("dbz-{}", w.uid);
     let key = format!(r#"["{connector}",{{"server":"shop"}}]"#);
     let boundary_offset = format!(
@@ -242,6 +276,7 @@ async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Resu
     let a = args(&["--yes"]);
     let (status, out, err) = run(&w.spec, &refs(&a)).await?;
     expect(&status, 0, &out, &err)?;
+    println!("--- migrate-from debezium --yes ---\n{out}");
     ensure!(out.contains("next        start the relay"), "{out}");
     let cp = w.checkpoint().await?;
     ensure!(
@@ -265,12 +300,21 @@ async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Resu
     expect(&status, 3, &out, &err)?;
     ensure!(err.contains("lease of connector"), "{err}");
     let topic = w.topic(&rows[0].aggregate_type);
-    let records = outbox_relay_testkit::read_all_records(
-        &w.spec.bootstrap_servers,
-        std::slice::from_ref(&topic),
-        EXIT,
-    )
-    .await
+    let records = if exactly_once {
+        outbox_relay_testkit::read_committed_records(
+            &w.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            EXIT,
+        )
+        .await
+    } else {
+        outbox_relay_testkit::read_all_records(
+            &w.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            EXIT,
+        )
+        .await
+    }
     .with_context(|| relay.stderr_tail())?;
     outbox_relay_testkit::expect_exit_code(relay.stop(EXIT).await?, 0, &relay)?;
     // Sorted: the aggregates spread over partitions (order within one is the relay's own

@@ -625,19 +625,21 @@ pub async fn locate(
             index += 1;
             continue;
         }
-        rows += n.min(offset.row);
-        break;
+        let in_next = n.min(offset.row);
+        let in_events = rows;
+        rows += in_next;
+        return Ok(Located {
+            position,
+            scanned_gtid,
+            rows_acked: rows,
+            how: format!(
+                "inside the transaction starting at {at}: Debezium delivered {rows} of its \
+                 outbox row(s): {in_events} in its first {} event(s) and {in_next} of the \
+                 next event's rows",
+                offset.event
+            ),
+        });
     }
-    Ok(Located {
-        position,
-        scanned_gtid,
-        rows_acked: rows,
-        how: format!(
-            "inside the transaction starting at {at}: {rows} outbox row(s) in its first {} \
-             event(s) plus {} row(s) of the next were delivered by Debezium",
-            offset.event, offset.row
-        ),
-    })
 }
 
 /// What `migrate-from debezium` does (or would do).
