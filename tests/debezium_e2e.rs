@@ -143,17 +143,22 @@ fn debezium_stop(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_resumes_where_debezium_stopped_inside_a_transaction() -> Result<()> {
-    resume_inside_a_transaction(false).await
+    // Stopped after emitting c: row 0 of the three-row event (the 4th rows event), row = 1.
+    resume_inside_a_transaction(false, 3, 1).await
 }
 
 /// The same in exactly-once mode: the command also commits the point to the progress topic
 /// (reset's writer), where such runs resume from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_resumes_where_debezium_stopped_inside_a_transaction() -> Result<()> {
-    resume_inside_a_transaction(true).await
+    // Stopped after emitting f, the last row of the transaction: the three-row event was
+    // handled whole (its rows are skipped with it), then f's event with row = 1 (its count).
+    resume_inside_a_transaction(true, 4, 1).await
 }
 
-async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
+/// Debezium stopped after emitting `row` rows of the transaction's `nth_write` (0-based) rows
+/// event: a, b, other_table, c-d-e, f.
+async fn resume_inside_a_transaction(exactly_once: bool, nth_write: usize, row: u64) -> Result<()> {
     let mariadb = test_server().is_mariadb();
     let mut w = World::new(bin(), if exactly_once { "dbzeos" } else { "dbzmig" }).await?;
     if exactly_once {
@@ -201,11 +206,20 @@ async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
     // Debezium stopped after emitting c (row 0 of the multi-row event, the 4th Write_rows:
     // a, b, other_table, c-d-e): offset row = 1.
     let marker = format!("({}.other_table)", w.db.name());
-    let (pos, event) = debezium_stop(&events, mariadb, &marker, 3)?;
+    let (pos, event) = debezium_stop(&events, mariadb, &marker, nth_write)?;
+    // BEGIN (MySQL) or the GTID event (MariaDB), then a table map and a rows event per INSERT.
+    let expected_event = 2 + 2 * u64::try_from(nth_write)?;
     ensure!(
-        event == 8,
-        "the stop is event {event}, expected 8: BEGIN/GTID and 4 table map + rows pairs before"
+        event == expected_event,
+        "the stop is event {event}, expected {expected_event}"
     );
+    // Outbox rows Debezium delivered: those of the rows events before (other_table's is the
+    // 3rd), then `row` of the stop's.
+    let delivered: usize = match nth_write {
+        3 => 2 + usize::try_from(row)?,
+        4 => 5 + usize::try_from(row)?,
+        _ => anyhow::bail!("no stop planned at rows event {nth_write}"),
+    };
     let connector = format!("dbz-{}", w.uid);
     let key = format!(r#"["{connector}",{{"server":"shop"}}]"#);
     let boundary_offset = format!(
@@ -213,7 +227,7 @@ async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
         before_tx.file, before_tx.pos
     );
     let stop_offset = format!(
-        r#"{{"transaction_id":null,"ts_sec":1767323046,"file":"{}","pos":{pos},"gtids":"{gtids}","row":1,"server_id":{server_id},"event":{event}}}"#,
+        r#"{{"transaction_id":null,"ts_sec":1767323046,"file":"{}","pos":{pos},"gtids":"{gtids}","row":{row},"server_id":{server_id},"event":{event}}}"#,
         before_tx.file
     );
     let offsets_topic = format!("connect-offsets-{}", w.uid);
@@ -255,7 +269,7 @@ async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
     let (status, out, err) = run(&w.spec, &refs(&a)).await?;
     expect(&status, 0, &out, &err)?;
     ensure!(
-        out.contains("rows_acked 3") && out.contains("dry run"),
+        out.contains(&format!("rows_acked {delivered}")) && out.contains("dry run"),
         "{out}"
     );
     ensure!(
@@ -280,8 +294,8 @@ async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
     ensure!(out.contains("next        start the relay"), "{out}");
     let cp = w.checkpoint().await?;
     ensure!(
-        cp.rows_acked == 3,
-        "rows_acked {} (a, b, c delivered):\n{out}",
+        cp.rows_acked == u64::try_from(delivered)?,
+        "rows_acked {}, expected {delivered}:\n{out}",
         cp.rows_acked
     );
     ensure!(
@@ -324,7 +338,7 @@ async fn resume_inside_a_transaction(exactly_once: bool) -> Result<()> {
         .filter_map(|r| r.header("event_key"))
         .collect();
     keys.sort_unstable();
-    let mut expected: Vec<&str> = rows[3..]
+    let mut expected: Vec<&str> = rows[delivered..]
         .iter()
         .chain(later.iter())
         .map(|r| r.event_key.as_str())

@@ -506,10 +506,15 @@ pub struct Located {
 /// [`RelayError::Argument`] when no event starts at the offset's position, the transaction has
 /// fewer events than `event`, or the offset's shape is not one Debezium writes; dump errors
 /// as [`Scanner::open`].
+///
+/// `layouts` (JSON of `outbox_relay_mysql::decode::schema`) are the outbox tables' column
+/// layouts when the server's table maps carry no column names, as the relay takes them at a
+/// start from a checkpoint without layouts.
 pub async fn locate(
     config: &RelayConfig,
     flavor: Flavor,
     offset: &DebeziumOffset,
+    layouts: Option<std::sync::Arc<str>>,
 ) -> Result<Located, RelayError> {
     let at = offset.position();
     if offset.event == 0 && offset.row > 0 {
@@ -526,7 +531,7 @@ pub async fn locate(
         &StartFrom::Position(BinlogPosition::new(at.file.clone(), 4)),
     )
     .await?
-    .with_outbox_tables(config.table_mappings()?, None);
+    .with_outbox_tables(config.table_mappings()?, layouts);
     let mut boundary = (BinlogPosition::new(at.file.clone(), 4), None::<String>);
     let mut gtid: Option<String> = None;
     let inconsistent = |why: String| {
@@ -743,13 +748,37 @@ pub async fn migrate_from(
     if let (Some(g), Flavor::MySql) = (&offset.gtids, server.flavor) {
         check_mysql_gtids(&mut conn, g).await?;
     }
+    // Without column names in the table maps, rows decode with the tables' current layouts
+    // (as the relay's start from this checkpoint does); a row that fails to decode still
+    // counts as one row.
+    let layouts = if server.row_metadata_full {
+        None
+    } else {
+        let tables: Vec<TableName> = config
+            .table_mappings()?
+            .iter()
+            .map(|m| (*m.table).clone())
+            .collect();
+        preflight::current_layouts(&mut conn, &tables)
+            .await
+            .ok()
+            .flatten()
+    };
     let lease = if yes && !dry_run {
         Some(super::reset::take_lease(config, &mut conn, &table, "migrate-from").await?)
     } else {
         None
     };
-    let before = read_state_row(&mut conn, &table, &connector).await?;
-    let located = match locate(config, server.flavor, offset).await {
+    let before = match read_state_row(&mut conn, &table, &connector).await {
+        Ok(b) => b,
+        Err(e) => {
+            if let Some(l) = lease {
+                l.release().await;
+            }
+            return Err(e);
+        }
+    };
+    let located = match locate(config, server.flavor, offset, layouts).await {
         Ok(l) => l,
         Err(e) => {
             if let Some(l) = lease {
