@@ -800,6 +800,23 @@ pub async fn migrate_from(
             return Err(e.into());
         }
     };
+    if let (Some(theirs), Some(ours)) = (&offset.gtids, &gtid_set) {
+        let same = match (
+            server.flavor.parse_gtid_state(theirs),
+            server.flavor.parse_gtid_state(ours),
+        ) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if !same {
+            warnings.push(format!(
+                "Debezium's \"gtids\" {theirs} differ from the server's GTID state at the \
+                 checkpoint ({ours}): expected when Debezium filtered GTID sources \
+                 (gtid.source.includes/excludes); otherwise check that mysql.url is the server \
+                 Debezium read"
+            ));
+        }
+    }
     let checkpoint = Checkpoint {
         position: located.position.clone(),
         rows_acked: located.rows_acked,
