@@ -413,9 +413,63 @@ async fn unusable_offsets_are_refused_with_the_reason() -> Result<()> {
                 Some(format!(r#"{{"file":"{}","pos":4}}"#, now.file)),
             ),
             (r#"["deleted",{"server":"p"}]"#.into(), None),
+            (
+                r#"["elsewhere",{"server":"p"}]"#.into(),
+                Some(format!(
+                    r#"{{"file":"{}","pos":{},"gtids":"00000000-0000-0000-0000-00000000abcd:1-5"}}"#,
+                    now.file, now.pos
+                )),
+            ),
+            (
+                r#"["other-id",{"server":"p"}]"#.into(),
+                Some(format!(
+                    r#"{{"file":"{}","pos":{},"server_id":4242424}}"#,
+                    now.file, now.pos
+                )),
+            ),
         ],
     )
     .await?;
+    // Another server id: a warning only (a replica's events carry their origin's).
+    let (status, out, err) = run(
+        &w.spec,
+        &[
+            "migrate-from",
+            "debezium",
+            "--offsets-topic",
+            &offsets_topic,
+            "--connector",
+            "other-id",
+            "--dry-run",
+        ],
+    )
+    .await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.contains("warning     Debezium's offset has server_id 4242424"),
+        "{out}"
+    );
+    if !test_server().is_mariadb() {
+        // GTIDs this MySQL server never executed: another server.
+        let (status, out, err) = run(
+            &w.spec,
+            &[
+                "migrate-from",
+                "debezium",
+                "--offsets-topic",
+                &offsets_topic,
+                "--connector",
+                "elsewhere",
+                "--yes",
+            ],
+        )
+        .await?;
+        expect(&status, 2, &out, &err)?;
+        ensure!(
+            err.contains("which this server has not all executed"),
+            "{err}"
+        );
+    }
     for (connector, says) in [
         ("snap", "during its INITIAL snapshot"),
         ("purged", "no longer has (or never had) binlog file"),
