@@ -1,5 +1,5 @@
 //! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`, `republish`,
-//! `dlq replay`, `trace`): argument parsing and printing; the work is in `crate::ops`.
+//! `dlq replay`, `trace`, `migrate-from debezium`): argument parsing and printing; the work is in `crate::ops`.
 //! Reports go to stdout, logs to stderr.
 
 use std::path::PathBuf;
@@ -261,6 +261,59 @@ pub enum OpsCommand {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Start the relay where another CDC tool stopped (`migrate-from debezium`).
+    MigrateFrom {
+        #[command(subcommand)]
+        from: MigrateFromCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MigrateFromCommand {
+    /// Write the relay's checkpoint from the committed source offset of a stopped Debezium
+    /// MySQL or MariaDB connector (outbox EventRouter), so the relay starts exactly where it
+    /// stopped: no gap, no duplicate.
+    ///
+    /// Reads the offset from Kafka Connect's offsets topic (--offsets-topic, bootstrap from
+    /// kafka.bootstrap_servers; the last record of the key ["CONNECTOR",{"server":"PREFIX"}]
+    /// wins) or from a Debezium Server / embedded engine offset file (--offset-file, Kafka
+    /// Connect's FileOffsetBackingStore). Its file/pos is the start of the transaction
+    /// Debezium was in; its event/row say how much of it Debezium delivered. The command reads
+    /// the binlog from there with the relay's decoder and counts the outbox rows already
+    /// delivered (rows_acked). Refuses offsets taken during a snapshot, binlog files the server
+    /// no longer has, GTIDs the server does not have, and runs while an instance of the
+    /// connector holds its lease. With --yes it writes as `reset` does (lease, state table,
+    /// exactly-once progress topic).
+    ///
+    /// Exit codes: 0 written (or --dry-run printed); 1 runtime error; 2 configuration error or
+    /// an unusable offset; 3 the lease is held (a relay runs) or the checkpoint table is
+    /// missing; 4 not confirmed (no --yes): the plan was printed, nothing changed.
+    #[command(verbatim_doc_comment)]
+    #[command(group(clap::ArgGroup::new("offset_source").required(true).args(["offsets_topic", "offset_file"])))]
+    Debezium {
+        /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Kafka Connect's offsets topic (the worker's offset.storage.topic, e.g.
+        /// connect-offsets).
+        #[arg(long, value_name = "TOPIC", requires = "connector")]
+        offsets_topic: Option<String>,
+        /// The Debezium connector's name (with --offset-file: only its entries).
+        #[arg(long, value_name = "NAME")]
+        connector: Option<String>,
+        /// The connector's topic.prefix; needed when it has offsets of several.
+        #[arg(long, value_name = "PREFIX")]
+        topic_prefix: Option<String>,
+        /// A Debezium Server / embedded engine offset file (offset.storage.file.filename).
+        #[arg(long, value_name = "PATH", conflicts_with = "offsets_topic")]
+        offset_file: Option<PathBuf>,
+        /// Print what would be written and write nothing (exit code 0).
+        #[arg(long)]
+        dry_run: bool,
+        /// Write the checkpoint (without it: the plan is printed, exit code 4).
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -380,6 +433,50 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 Ok(r) => {
                     println!("{r}");
                     if r.applied {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(ops::EXIT_NOT_CONFIRMED)
+                    }
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        OpsCommand::MigrateFrom {
+            from:
+                MigrateFromCommand::Debezium {
+                    config,
+                    offsets_topic,
+                    connector,
+                    topic_prefix,
+                    offset_file,
+                    dry_run,
+                    yes,
+                },
+        } => {
+            let source = match (offsets_topic, offset_file, connector) {
+                (Some(topic), None, Some(connector)) => ops::debezium::OffsetSource::Topic {
+                    topic,
+                    connector,
+                    topic_prefix,
+                },
+                (None, Some(path), connector) => ops::debezium::OffsetSource::File {
+                    path,
+                    connector,
+                    topic_prefix,
+                },
+                _ => {
+                    return fail(&RelayError::Argument(
+                        "give --offsets-topic TOPIC --connector NAME, or --offset-file PATH".into(),
+                    ))
+                }
+            };
+            let result = load(&config).and_then(|c| {
+                runtime.block_on(ops::debezium::migrate_from(&c, &source, dry_run, yes))
+            });
+            match result {
+                Ok(r) => {
+                    println!("{r}");
+                    if r.applied || dry_run {
                         ExitCode::SUCCESS
                     } else {
                         ExitCode::from(ops::EXIT_NOT_CONFIRMED)

@@ -1,7 +1,8 @@
 //! `outbox-relay`: the command line. It only wires things together: parse arguments, set up
 //! logging, load the config, run the relay until SIGTERM/SIGINT (`run`), replay binlog files
-//! (`replay`), or an operator command (`check`, `status`, `reset`, `migrate`, `prune`: module
-//! `ops`, each documenting its exit codes; `reset` without `--yes` exits 4).
+//! (`replay`), or an operator command (`check`, `status`, `reset`, `migrate`, `prune`,
+//! `migrate-from debezium`, …: module `ops`, each documenting its exit codes; `reset` and
+//! `migrate-from` without `--yes` exit 4).
 //!
 //! Exit codes: 0 stopped on request (final checkpoint written) or replay complete; 1 runtime
 //! error (for `replay` also a truncated or damaged binlog file); 2 usage, configuration or

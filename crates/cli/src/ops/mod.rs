@@ -1,12 +1,15 @@
 //! Operator commands of the `outbox-relay` binary besides `run` and `replay`: [`check`] (every
 //! prerequisite, one line each), [`status`] (checkpoint, lag, lease), [`reset`] (move the
 //! checkpoint), [`migrate`] (create or upgrade the tables), [`prune`] (delete relayed outbox
-//! rows) and [`inbox`] (the consumers' inbox tables: `migrate --inbox`, `prune --inbox`). Each returns a report the command line prints; exit codes are in the README
+//! rows), [`inbox`] (the consumers' inbox tables: `migrate --inbox`, `prune --inbox`) and
+//! [`debezium`] (`migrate-from debezium`: the checkpoint from a stopped Debezium connector's offset). Each returns a report the command line prints; exit codes are in the README
 //! ("Operations").
 
 pub mod check;
+pub mod debezium;
 pub mod dlq;
 pub mod inbox;
+pub mod java_stream;
 pub mod migrate;
 pub mod prune;
 pub mod republish;

@@ -138,21 +138,7 @@ pub async fn reset(
         return Err(lease_held(config, &mut conn, &table, Some(holder)).await);
     }
     let lease = if yes {
-        match Lease::try_acquire(
-            super::opts(config)?,
-            &table,
-            &connector,
-            &format!(
-                "{} (outbox-relay reset)",
-                outbox_relay_mysql::state::lease::instance_name()
-            ),
-            Duration::from_millis(config.mysql.read_timeout_ms),
-        )
-        .await?
-        {
-            Ok(l) => Some(l),
-            Err(holder) => return Err(lease_held(config, &mut conn, &table, holder).await),
-        }
+        Some(take_lease(config, &mut conn, &table, "reset").await?)
     } else {
         None
     };
@@ -190,15 +176,7 @@ pub async fn reset(
             // current ones from information_schema at its next start.
             table_layouts: None,
         };
-        let mut written = store.fenced(token).save(&point).await;
-        if written.is_ok() && config.kafka.delivery == Delivery::ExactlyOnce {
-            // Exactly-once runs resume from the progress topic: the new point goes there too,
-            // committed by the connector's own transactional producer while reset holds the
-            // lease (which also ends any transaction a crashed relay left open).
-            written = commit_progress(config, &point).await;
-        }
-        lease.release().await;
-        written?;
+        write_point(config, &store, lease, &point).await?;
         report.applied = true;
         report.lease_token = Some(token);
     }
@@ -207,13 +185,67 @@ pub async fn reset(
     Ok(report)
 }
 
+/// Takes the connector's lease for an operator command (`command` names it in `lease_owner`),
+/// refused while an instance holds it. Taking it bumps `lease_token`, so an instance that lost
+/// its lease can never write over what the command writes under it.
+///
+/// # Errors
+/// [`RelayError::Prerequisite`] naming the holder while the lease is held; [`RelayError::Mysql`]
+/// otherwise.
+pub(crate) async fn take_lease(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    table: &TableName,
+    command: &str,
+) -> Result<Lease, RelayError> {
+    match Lease::try_acquire(
+        super::opts(config)?,
+        table,
+        &config.connector_name,
+        &format!(
+            "{} (outbox-relay {command})",
+            outbox_relay_mysql::state::lease::instance_name()
+        ),
+        Duration::from_millis(config.mysql.read_timeout_ms),
+    )
+    .await?
+    {
+        Ok(l) => Ok(l),
+        Err(holder) => Err(lease_held(config, conn, table, holder).await),
+    }
+}
+
+/// Writes `point` as the connector's checkpoint under `lease` (the state table row, fenced by
+/// the lease token; in exactly-once mode also the progress topic, where such runs resume
+/// from), then releases the lease, also when a write failed. Returns the lease token.
+///
+/// # Errors
+/// The store's or the transactional producer's.
+pub(crate) async fn write_point(
+    config: &RelayConfig,
+    store: &MysqlCheckpointStore,
+    lease: Lease,
+    point: &Checkpoint,
+) -> Result<u64, RelayError> {
+    let token = lease.token();
+    let mut written = store.fenced(token).save(point).await;
+    if written.is_ok() && config.kafka.delivery == Delivery::ExactlyOnce {
+        // Exactly-once runs resume from the progress topic: the new point goes there too,
+        // committed by the connector's own transactional producer while the command holds the
+        // lease (which also ends any transaction a crashed relay left open).
+        written = commit_progress(config, point).await;
+    }
+    lease.release().await;
+    written.map(|()| token)
+}
+
 /// Commits `point` to the progress topic with the connector's transactional producer.
 async fn commit_progress(config: &RelayConfig, point: &Checkpoint) -> Result<(), RelayError> {
     let sink = TransactionalSink::start(config).await?;
     sink.commit(point).await
 }
 
-async fn lease_held(
+pub(crate) async fn lease_held(
     config: &RelayConfig,
     conn: &mut mysql_async::Conn,
     table: &TableName,
@@ -232,9 +264,10 @@ async fn lease_held(
             "held by connection {} (lease_owner {owner})",
             holder.map_or_else(|| "?".into(), |h| h.to_string())
         ),
-        fix: "stop every instance of this connector (SIGTERM), then run reset again; a relay \
-              started while reset runs waits for it"
-            .into(),
+        fix:
+            "stop every instance of this connector (SIGTERM), then run the command again; a relay \
+              started while it runs waits for it"
+                .into(),
     }
 }
 
