@@ -31,9 +31,12 @@ pub const MYSQL_CONNECTOR: &str = "io.debezium.connector.mysql.MySqlConnector";
 /// The class of Debezium's MariaDB connector.
 pub const MARIADB_CONNECTOR: &str = "io.debezium.connector.mariadb.MariaDbConnector";
 
-/// The log line of the binlog connectors once the binlog client is connected
-/// (`BinlogStreamingChangeEventSource`): rows committed after it are streamed.
-pub const STREAMING_LINE: &str = "Connected to binlog at";
+/// The log lines that say the connector streams the binlog: Debezium's own
+/// (`BinlogStreamingChangeEventSource`, through SLF4J) or, when SLF4J has no binding (Debezium
+/// 3.6's slf4j-api 1.7 with slf4j-simple 2.0 log nothing), its binlog client's
+/// (`BinaryLogClient#connect`, java.util.logging), written once the dump request is sent from
+/// the position the snapshot took: rows committed after it are streamed.
+pub const STREAMING_LINES: [&str; 2] = ["Connected to binlog at", "INFO: Connected to "];
 
 /// The repository's root.
 fn repo_root() -> PathBuf {
@@ -479,7 +482,7 @@ impl DebeziumProcess {
         .await
     }
 
-    /// Waits until the connector streams the binlog ([`STREAMING_LINE`] in its log, after
+    /// Waits until the connector streams the binlog (one of [`STREAMING_LINES`] in its log, after
     /// `STARTED`): rows committed from then on reach it. `snapshot.mode=no_data` takes the
     /// binlog end during the task's snapshot, which runs after `STARTED`.
     ///
@@ -489,7 +492,7 @@ impl DebeziumProcess {
         self.wait_line(
             "the Debezium connector to stream the binlog",
             timeout,
-            |t| t.lines().any(|l| l == "STARTED") && t.contains(STREAMING_LINE),
+            |t| t.lines().any(|l| l == "STARTED") && STREAMING_LINES.iter().any(|s| t.contains(s)),
         )
         .await
     }
