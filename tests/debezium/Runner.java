@@ -17,6 +17,9 @@
 //   test.stop_after=N          after N routed records are produced and committed: close the
 //                              engine (offsets flushed), print STOPPED, exit 0. Without it the
 //                              runner runs until SIGTERM, then closes the engine.
+//   test.convert_errors=skip   a record a converter cannot serialize is left out of that output
+//                              (CONVERT_FAILED line) instead of failing the run as a Connect
+//                              worker does (errors.tolerance=none).
 //   test.mariadb.offsets=true  the MySQL connector on MariaDB: commit the position after the
 //                              last complete rows event instead of the connector's offset (see
 //                              handleBatch).
@@ -109,6 +112,18 @@ public class Runner {
         }
     }
 
+    /** A schema with its fields, for error messages. */
+    static String describe(org.apache.kafka.connect.data.Schema schema) {
+        if (schema == null) return "null";
+        StringBuilder b = new StringBuilder(schema.type() + (schema.name() == null ? "" : "(" + schema.name() + ")"));
+        if (schema.type() == org.apache.kafka.connect.data.Schema.Type.STRUCT) {
+            b.append('{');
+            for (org.apache.kafka.connect.data.Field f : schema.fields()) b.append(f.name()).append(':').append(describe(f.schema())).append(',');
+            b.append('}');
+        }
+        return b.toString();
+    }
+
     public static void main(String[] args) throws Exception {
         Properties props = new Properties();
         try (FileInputStream in = new FileInputStream(args[0])) { props.load(in); }
@@ -124,6 +139,7 @@ public class Runner {
         }
         if (outputs.isEmpty()) throw new IllegalArgumentException("test.outputs names no output");
         long stopAfter = Long.parseLong(props.getProperty("test.stop_after", "-1"));
+        boolean skipConvertErrors = props.getProperty("test.convert_errors", "fail").equals("skip");
         boolean mariaOffsets = Boolean.parseBoolean(props.getProperty("test.mariadb.offsets", "false"));
 
         Properties p = new Properties();
@@ -165,7 +181,28 @@ public class Runner {
                     SourceRecord sr = r.record();
                     if (sr.topic() != null && !sr.topic().startsWith("__debezium")) {
                         if (stopAfter >= 0 && produced[0] >= stopAfter) { reachedStop = true; break; }
-                        for (Output o : outputs) sent.add(producer.send(o.convert(sr)));
+                        for (Output o : outputs) {
+                            ProducerRecord<byte[], byte[]> pr;
+                            try {
+                                pr = o.convert(sr);
+                            } catch (RuntimeException e) {
+                                // A Connect worker fails the task here (errors.tolerance=none):
+                                // so does the runner, after naming the record, unless
+                                // test.convert_errors=skip (the record is left out of that output).
+                                Header idHeader = sr.headers().lastWithName("id");
+                                System.out.println("CONVERT_FAILED output=" + o.name
+                                    + " id=" + (idHeader == null ? null : idHeader.value())
+                                    + " topic=" + sr.topic()
+                                    + " key=" + sr.key() + " headers=" + sr.headers()
+                                    + " valueSchema=" + describe(sr.valueSchema())
+                                    + " value=" + sr.value() + " (" + (sr.value() == null ? "null" : sr.value().getClass().getName())
+                                    + "): " + e);
+                                System.out.flush();
+                                if (skipConvertErrors) continue;
+                                throw e;
+                            }
+                            sent.add(producer.send(pr));
+                        }
                         produced[0]++;
                     }
                     routed.add(r);

@@ -191,6 +191,10 @@ pub struct DebeziumSpec {
     pub outputs: Vec<Output>,
     /// `test.stop_after`: stop after this many routed records.
     pub stop_after: Option<u64>,
+    /// `test.convert_errors=skip`: a record a converter cannot serialize is left out of that
+    /// output (see [`DebeziumProcess::convert_failures`]) instead of failing the run as a
+    /// Connect worker does.
+    pub skip_convert_errors: bool,
     /// Scratch folder (properties, schema history, file offsets, the log).
     pub dir: PathBuf,
 }
@@ -219,6 +223,7 @@ impl DebeziumSpec {
             extra: Vec::new(),
             outputs: Vec::new(),
             stop_after: None,
+            skip_convert_errors: false,
             dir,
         })
     }
@@ -298,6 +303,9 @@ impl DebeziumSpec {
         }
         if let Some(n) = self.stop_after {
             set("test.stop_after", &n.to_string());
+        }
+        if self.skip_convert_errors {
+            set("test.convert_errors", "skip");
         }
         // The MySQL connector on MariaDB: the runner rewrites its offsets (Runner.java).
         let maria_offsets = self.server.is_mariadb() && class == MYSQL_CONNECTOR;
@@ -421,6 +429,30 @@ impl DebeziumProcess {
     /// Waiting on the child failed.
     pub fn try_exit_status(&self) -> Result<Option<ExitStatus>> {
         Ok(self.child().try_wait()?)
+    }
+
+    /// The records a converter could not serialize so far: (output name, `id` header), from
+    /// the runner's `CONVERT_FAILED` lines (the whole line is printed by the runner).
+    pub fn convert_failures(&self) -> Vec<(String, String)> {
+        self.log_text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("CONVERT_FAILED "))
+            .filter_map(|l| {
+                let mut words = l.split(' ');
+                let output = words.next()?.strip_prefix("output=")?;
+                let id = words.next()?.strip_prefix("id=")?;
+                Some((output.to_owned(), id.to_owned()))
+            })
+            .collect()
+    }
+
+    /// The runner's `CONVERT_FAILED` lines.
+    pub fn convert_failure_lines(&self) -> Vec<String> {
+        self.log_text()
+            .lines()
+            .filter(|l| l.starts_with("CONVERT_FAILED "))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// `Ok` while the runner runs and its engine has not failed.
