@@ -402,6 +402,42 @@ fn compare(
     Ok(())
 }
 
+/// Port of the private MariaDB that reports a MySQL version for Debezium's MySQL connector
+/// (`DEBEZIUM_SERVER_PORT`; see `outbox_relay_testkit::debezium::mariadb_masquerade`).
+fn debezium_server_port() -> u16 {
+    std::env::var("DEBEZIUM_SERVER_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(match test_server().name() {
+            "mariadb10" => 3496,
+            _ => 3506,
+        })
+}
+
+/// The server the test runs on: the shared test server, or on MariaDB with the MySQL
+/// connector a private one of the same flavor whose version string the connector accepts
+/// (held by the returned handle). Returns the handle, the database (`TestDb`) and the port.
+async fn debezium_db(
+    prefix: &str,
+) -> Result<(
+    Option<std::sync::Arc<outbox_relay_testkit::PrivateService>>,
+    TestDb,
+    u16,
+)> {
+    let port = debezium_server_port();
+    let service = tokio::task::spawn_blocking(move || {
+        outbox_relay_testkit::debezium::mariadb_masquerade(port)
+    })
+    .await??;
+    match service {
+        Some(service) => {
+            let db = TestDb::create_on(&format!("mysql://root@127.0.0.1:{port}"), prefix).await?;
+            Ok((Some(service), db, port))
+        }
+        None => Ok((None, TestDb::create(prefix).await?, test_server().port())),
+    }
+}
+
 /// The value of `[debezium] connector` for the connector class Debezium runs with.
 fn connector_kind(libs_class: &str) -> &'static str {
     if libs_class == MARIADB_CONNECTOR {
@@ -477,7 +513,7 @@ fn relay_toml(
 /// One comparison: Debezium with `router` (`transforms.outbox.*`) fanned out to the three
 /// converter pairs, and a relay per pair with the same settings, over [`rows`].
 async fn compare_with_debezium(name: &str, router: Vec<(String, String)>) -> Result<()> {
-    let db = TestDb::create(&format!("dbz_{name}")).await?;
+    let (_server, db, port) = debezium_db(&format!("dbz_{name}")).await?;
     let mut conn = db.conn().await?;
     conn.query_drop("DROP TABLE outbox").await?;
     for sql in TABLES_SQL {
@@ -490,6 +526,7 @@ async fn compare_with_debezium(name: &str, router: Vec<(String, String)>) -> Res
     ];
     let base = format!("t_{}", unique_suffix());
     let mut spec = DebeziumSpec::new(name, next_server_id(), db.name(), tables.clone())?;
+    spec.port = port;
     spec.router = router.clone();
     spec.skip_convert_errors = true;
     for conv in ConverterKind::ALL {
@@ -794,7 +831,7 @@ async fn migrate_from_debezium_mid_transaction_loses_and_repeats_nothing() -> Re
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    let db = TestDb::create("dbz_migrate").await?;
+    let (_server, db, port) = debezium_db("dbz_migrate").await?;
     let mut conn = db.conn().await?;
     conn.query_drop("DROP TABLE outbox").await?;
     conn.query_drop(TABLES_SQL[0]).await?;
@@ -815,6 +852,7 @@ async fn migrate_from_debezium_mid_transaction_loses_and_repeats_nothing() -> Re
     const STOP_AFTER: u64 = 23;
     let router = router(false, "type:header:eventType,tenant:header:tenant");
     let mut spec = DebeziumSpec::new("migrate", next_server_id(), db.name(), tables.clone())?;
+    spec.port = port;
     spec.router = router.clone();
     spec.offsets = OffsetStore::Kafka {
         topic: offsets_topic.clone(),

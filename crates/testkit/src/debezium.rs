@@ -102,6 +102,44 @@ pub fn connector_class(libs: &Path) -> String {
         .unwrap_or_else(|_| MYSQL_CONNECTOR.into())
 }
 
+/// The version string a MariaDB server must report for Debezium's MySQL connector (when
+/// Maven Central does not serve the MariaDB connector), as `make bench` does
+/// (tests/bench/bench.sh): the connector takes MariaDB 10.11 for MySQL >= 8.4 and fails on
+/// `SHOW BINARY LOG STATUS`, and its JDBC driver asks for `@@transaction_isolation` from 8.0.3
+/// on. `8.0.2-MariaDB-log` still says MariaDB to the relay and to the binlog client.
+pub const MARIADB_VERSION_FOR_MYSQL_CONNECTOR: &str = "8.0.2-MariaDB-log";
+
+/// A private server of the test server's flavor for Debezium, when the test server is MariaDB
+/// and the resolved connector is the MySQL one: `tests/services/server.sh` on `port` with
+/// `MARIADB_VERSION_STRING` = [`MARIADB_VERSION_FOR_MYSQL_CONNECTOR`] (the shared server keeps
+/// its own version). `None` when the shared test server serves as it is (MySQL, or the
+/// MariaDB connector). The handle keeps it running; the last one dropped stops it.
+///
+/// # Errors
+/// The jars do not resolve or the server does not start.
+pub fn mariadb_masquerade(port: u16) -> Result<Option<std::sync::Arc<crate::PrivateService>>> {
+    let server = TestServer::current();
+    if !server.is_mariadb() || connector_class(&resolve_libs(server)?) != MYSQL_CONNECTOR {
+        return Ok(None);
+    }
+    let service = crate::PrivateService::acquire(
+        crate::ServiceSpec {
+            name: format!("{}-debezium", server.name()),
+            script: "server.sh".into(),
+            args: vec![server.name().into()],
+            env: vec![
+                (server.port_var().into(), port.to_string()),
+                (
+                    "MARIADB_VERSION_STRING".into(),
+                    MARIADB_VERSION_FOR_MYSQL_CONNECTOR.into(),
+                ),
+            ],
+        },
+        |_| Ok(()),
+    )?;
+    Ok(Some(service))
+}
+
 /// A Kafka Connect converter, as the relay's `[debezium]` `key_converter` / `value_converter`
 /// name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,8 +213,11 @@ pub struct DebeziumSpec {
     pub topic_prefix: String,
     /// `database.server.id`.
     pub server_id: u32,
-    /// The server (its port, and whether it is MariaDB).
+    /// The server's flavor (MariaDB or MySQL).
     pub server: TestServer,
+    /// The server's port on 127.0.0.1 (the test server's, or a private server's of its
+    /// flavor: see [`mariadb_masquerade`]).
+    pub port: u16,
     /// `database.include.list`.
     pub database: String,
     /// `table.include.list` (`db.table`).
@@ -216,6 +257,7 @@ impl DebeziumSpec {
             topic_prefix: format!("dbz_{uid}"),
             server_id,
             server: TestServer::current(),
+            port: TestServer::current().port(),
             database: database.to_owned(),
             tables,
             offsets: OffsetStore::File(dir.join("offsets.dat")),
@@ -239,7 +281,7 @@ impl DebeziumSpec {
         set("connector.class", &class);
         set("tasks.max", "1");
         set("database.hostname", crate::env::SERVICES_HOST);
-        set("database.port", &self.server.port().to_string());
+        set("database.port", &self.port.to_string());
         set("database.user", "root");
         set("database.password", "");
         set("database.ssl.mode", "disabled");
