@@ -145,7 +145,7 @@ fn rows() -> Vec<Row> {
                 aggregate_id: ids[n % ids.len()].to_owned(),
                 event_type: format!("{aggregate_type}Event{}", n % 2),
                 payload,
-                tenant: (n % 3 != 0).then(|| format!("tenant-{}", n % 4)),
+                tenant: (!n.is_multiple_of(3)).then(|| format!("tenant-{}", n % 4)),
                 label: format!("{table}/{label}"),
             });
             n += 1;
@@ -802,7 +802,7 @@ fn spawn_writer(
                         format!("{agg}-{}", n % 7),
                         format!("{agg}Changed"),
                         format!("{{\"n\":{n}}}"),
-                        (n % 2 == 0).then_some("t"),
+                        n.is_multiple_of(2).then_some("t"),
                     ),
                 )
                 .await?;
