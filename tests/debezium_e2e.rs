@@ -991,3 +991,58 @@ async fn migrate_from_debezium_mid_transaction_loses_and_repeats_nothing() -> Re
     db.drop_database().await?;
     Ok(())
 }
+
+/// The comparison itself: equal records pass (the run id may differ, both UUID-shaped); a
+/// value, a header and a partition that differ are each named, with the first differing byte.
+#[test]
+fn comparison_names_each_difference() -> Result<()> {
+    let record = |topic: &str, value: &[u8], run_id: &str, tenant: Option<&[u8]>| Record {
+        topic: topic.into(),
+        partition: 1,
+        offset: 0,
+        key: Some(b"o-1".to_vec()),
+        value: Some(value.to_vec()),
+        headers: vec![
+            (RUN_ID_HEADER.into(), Some(run_id.as_bytes().to_vec())),
+            ("id".into(), Some(b"1".to_vec())),
+            ("tenant".into(), tenant.map(<[u8]>::to_vec)),
+        ],
+        timestamp_ms: Some(1),
+    };
+    let d = record(
+        "d.outbox.event.Order",
+        b"{\"a\":1}",
+        "01a24090-7c19-7bf9-b352-ce6826fd0ac4",
+        None,
+    );
+    let same = record(
+        "r.outbox.event.Order",
+        b"{\"a\":1}",
+        "01a24090-7c19-7bf9-b352-ce6826fd0ac5",
+        None,
+    );
+    compare("same", std::slice::from_ref(&d), "d.", &[same], "r.")?;
+
+    let mut other = record(
+        "r.outbox.event.Order",
+        b"{\"a\":2}",
+        "not-a-uuid",
+        Some(b"t"),
+    );
+    other.partition = 2;
+    let diffs = record_differences(&d, &other);
+    assert_eq!(diffs.len(), 4, "{diffs:#?}");
+    assert!(
+        diffs[0].starts_with("partition: debezium 1 / relay 2"),
+        "{diffs:#?}"
+    );
+    assert!(
+        diffs[1].starts_with("value differs at byte 5") && diffs[1].contains("hex from 5: 31 7d"),
+        "{diffs:#?}"
+    );
+    assert!(diffs[2].contains("runId is not UUID-shaped"), "{diffs:#?}");
+    assert_eq!(diffs[3], "header tenant: debezium null / relay \"t\"");
+    let err = compare("other", &[d], "d.", &[other], "r.").unwrap_err();
+    assert!(format!("{err:#}").contains("outbox.event.Order[1] record 0: only Debezium has"));
+    Ok(())
+}
