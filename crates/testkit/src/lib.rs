@@ -24,6 +24,7 @@ pub mod binlog;
 mod binlog_tests;
 pub mod checkpoint;
 pub mod db;
+pub mod debezium;
 pub mod env;
 pub mod http;
 pub mod kafka;
