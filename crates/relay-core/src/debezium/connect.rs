@@ -199,6 +199,86 @@ pub fn json_converter(schema: &Schema, value: &Data, with_schema: bool) -> Vec<u
     out
 }
 
+/// `value.toString()` in Java, what `StringConverter` writes for a value: a string as it is,
+/// numbers and booleans as Java prints them, a list as `[a, b]`, a struct as Connect's
+/// `Struct.toString()` (`Struct{name=value,…}`, null fields left out).
+pub fn java_to_string(value: &Data) -> String {
+    match value {
+        Data::Null => "null".into(),
+        Data::Bool(b) => b.to_string(),
+        Data::Int(v) => v.to_string(),
+        Data::Float64(d) => crate::debezium::java::double_to_string(*d),
+        Data::Str(s) => s.clone(),
+        Data::Array(items) => format!(
+            "[{}]",
+            items
+                .iter()
+                .map(java_to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Data::Struct(_) => "Struct{}".into(),
+    }
+}
+
+/// `Struct.toString()` of `value` under `schema`: `Struct{` + the non-null fields as
+/// `name=value`, comma-separated + `}` (Kafka Connect `org.apache.kafka.connect.data.Struct`).
+pub fn struct_to_string(schema: &Schema, value: &Data) -> String {
+    let Data::Struct(values) = value else {
+        return java_to_string(value);
+    };
+    let mut out = String::from("Struct{");
+    let mut first = true;
+    for ((name, s), v) in schema.fields.iter().zip(values) {
+        if matches!(v, Data::Null) {
+            continue;
+        }
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(name);
+        out.push('=');
+        match v {
+            Data::Struct(_) => out.push_str(&struct_to_string(s, v)),
+            Data::Array(items) => {
+                let item_schema = s.items.as_deref();
+                let parts: Vec<String> = items
+                    .iter()
+                    .map(|i| match (i, item_schema) {
+                        (Data::Struct(_), Some(is)) => struct_to_string(is, i),
+                        _ => java_to_string(i),
+                    })
+                    .collect();
+                out.push('[');
+                out.push_str(&parts.join(", "));
+                out.push(']');
+            }
+            other => out.push_str(&java_to_string(other)),
+        }
+    }
+    out.push('}');
+    out
+}
+
+/// `JsonConverter.fromConnectData(topic, null, value)` for a string value without schema
+/// (after a payload expansion that left no schema): the JSON string, or with schemas
+/// `{"schema":null,"payload":"…"}`.
+pub fn json_converter_without_schema(value: &str, with_schema: bool) -> Vec<u8> {
+    let payload = Node::String(value.to_owned());
+    let node = if with_schema {
+        Node::Object(vec![
+            ("schema".into(), Node::Null),
+            ("payload".into(), payload),
+        ])
+    } else {
+        payload
+    };
+    let mut out = Vec::new();
+    json::write_jackson(&node, &mut out);
+    out
+}
+
 /// What JSON `null` members become in an expanded payload
 /// (`table.json.payload.null.behavior`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -212,6 +292,26 @@ pub enum NullBehavior {
 
 /// Why a payload cannot be expanded (Debezium then logs "JSON expansion failed").
 pub type ExpandError = String;
+
+/// A payload that does not expand: why, and whether Debezium had already replaced the
+/// payload's schema by none (an empty top-level array has no schema: Debezium then sends the
+/// string with no schema, `{"schema":null,"payload":"[]"}` under JsonConverter with schemas).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpandFailure {
+    /// Why.
+    pub reason: ExpandError,
+    /// The payload's schema became null before the failure.
+    pub schema_dropped: bool,
+}
+
+impl From<ExpandError> for ExpandFailure {
+    fn from(reason: ExpandError) -> Self {
+        Self {
+            reason,
+            schema_dropped: false,
+        }
+    }
+}
 
 /// Debezium's expansion of a JSON payload string (`table.expand.json.payload=true`): the
 /// struct schema named `field` (the payload column's name) and its value. Only an object
@@ -227,18 +327,24 @@ pub fn expand(
     field: &str,
     payload: &str,
     nulls: NullBehavior,
-) -> Result<(Schema, Data), ExpandError> {
+) -> Result<(Schema, Data), ExpandFailure> {
     if !(payload.starts_with('{') || payload.starts_with('[')) {
         let first = payload.chars().next().map(String::from).unwrap_or_default();
-        return Err(format!("Unable to parse payload starting with '{first}'"));
+        return Err(format!("Unable to parse payload starting with '{first}'").into());
     }
     let node = json::parse(payload)?;
     let expander = Expander { nulls };
-    let schema = expander
-        .schema(Some(field), &node)?
-        .ok_or_else(|| "the payload has no schema".to_string())?;
+    let Some(schema) = expander.schema(Some(field), &node)? else {
+        return Err(ExpandFailure {
+            reason: "the payload has no schema (an empty array)".into(),
+            schema_dropped: true,
+        });
+    };
     if schema.ty != Type::Struct {
-        return Err("Not a struct schema: a top-level array cannot expand into a struct".into());
+        return Err(ExpandError::from(
+            "Not a struct schema: a top-level array cannot expand into a struct",
+        )
+        .into());
     }
     let value = struct_value(&node, &schema)?;
     Ok((schema, value))
@@ -503,6 +609,20 @@ mod tests {
         }
         let (schema, value) = expand("payload", "{}", NullBehavior::Ignore).expect("valid");
         assert_eq!(text(json_converter(&schema, &value, false)), "{}");
+    }
+
+    #[test]
+    fn string_converter_prints_structs_as_java_does() {
+        let (schema, value) = expand(
+            "payload",
+            r#"{"a":1,"b":null,"c":{"d":"x","e":[1,2]},"g":1.5,"h":[{"i":true}]}"#,
+            NullBehavior::Ignore,
+        )
+        .expect("valid");
+        assert_eq!(
+            struct_to_string(&schema, &value),
+            "Struct{a=1,c=Struct{d=x,e=[1, 2]},g=1.5,h=[Struct{i=true}]}"
+        );
     }
 
     #[test]

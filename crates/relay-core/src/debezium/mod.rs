@@ -122,6 +122,10 @@ pub struct Profile {
     topic_prefix: String,
     /// Whether some additional column goes into the envelope.
     has_envelope: bool,
+    /// The envelope schema's name per payload schema, as Debezium caches it
+    /// (`EventRouterDelegate.payloadSchemaCache`): named after the first row seen with that
+    /// payload schema (its table and routing value), then reused for every later row.
+    envelope_names: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 /// `RegexRouter`: the whole value matched against `route.topic.regex`, the topic its
@@ -237,9 +241,8 @@ impl Profile {
     ///
     /// # Errors
     /// [`RelayError::Config`] naming the key: a converter not set, a route regex or
-    /// replacement that does not parse, context headers without `topic_prefix`, a connector
-    /// other than `mysql`/`mariadb`, or a string value converter with a value Debezium would
-    /// turn into a Java `Struct.toString()` (expanded payload or envelope fields).
+    /// replacement that does not parse, context headers without `topic_prefix`, or a connector
+    /// other than `mysql`/`mariadb`.
     pub fn new(config: &DebeziumConfig) -> Result<Self, RelayError> {
         let need = |c: Option<Converter>, key: &str| {
             c.ok_or_else(|| {
@@ -257,15 +260,6 @@ impl Profile {
         let has_envelope = parse_placement(&config.additional_placement)?
             .iter()
             .any(|p| matches!(p, PlacementEntry::Column(c) if c.placement == Placement::Envelope));
-        if value_converter == Converter::String && (config.expand_json_payload || has_envelope) {
-            return Err(RelayError::Config(
-                "debezium.value_converter = \"string\" with an expanded payload or envelope \
-                 fields: Debezium would write Java's Struct.toString() (\"Struct{payload=…}\"), \
-                 which is not a format; use \"json\" or \"json_schemas\", or turn \
-                 table.expand.json.payload and envelope placements off"
-                    .into(),
-            ));
-        }
         if !matches!(config.connector.as_str(), "mysql" | "mariadb") {
             return Err(RelayError::Config(format!(
                 "debezium.connector = {:?}: \"mysql\" (io.debezium.connector.mysql.MySqlConnector) \
@@ -320,6 +314,7 @@ impl Profile {
             payload_field: config.field_event_payload.clone(),
             topic_prefix,
             has_envelope,
+            envelope_names: Default::default(),
         })
     }
 
@@ -376,6 +371,7 @@ impl Profile {
         }
         let mut schema = columns.payload.schema.clone();
         let mut data = columns.payload.data(payload);
+        let mut schema_dropped = false;
         if let (Some(nulls), Some(text)) = (self.expand, payload) {
             let text = String::from_utf8_lossy(text);
             match connect::expand(&self.payload_field, &text, nulls) {
@@ -383,13 +379,26 @@ impl Profile {
                     schema = s;
                     data = d;
                 }
-                Err(reason) => {
-                    tracing::warn!(table = %table, %reason,
+                Err(failure) => {
+                    schema_dropped = failure.schema_dropped;
+                    tracing::warn!(table = %table, reason = %failure.reason,
                         "JSON expansion failed: the payload is sent as a string (Debezium logs the same warning)");
                 }
             }
         }
+        if let (true, false, Some(text), Converter::Json | Converter::JsonSchemas) = (
+            schema_dropped,
+            self.has_envelope,
+            payload,
+            self.value_converter,
+        ) {
+            return Some(connect::json_converter_without_schema(
+                &String::from_utf8_lossy(text),
+                self.value_converter == Converter::JsonSchemas,
+            ));
+        }
         if self.has_envelope {
+            let payload_key = format!("{schema:?}");
             let mut fields = vec![(
                 crate::outbox::mapping::ENVELOPE_PAYLOAD_FIELD.to_owned(),
                 schema,
@@ -403,14 +412,34 @@ impl Profile {
                 fields.push((a.alias.clone(), a.column.schema.clone()));
                 values.push(a.column.data(a.text.as_deref()));
             }
-            let name = format!(
-                "{}.{}.{}.{routed_by}.Value",
-                self.topic_prefix, table.database, table.table
-            );
+            let name = {
+                let mut names = self
+                    .envelope_names
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // Debezium's cache holds 10,000 schemas (LRU); a relay's payload schemas are few.
+                if names.len() >= 10_000 {
+                    names.clear();
+                }
+                names
+                    .entry(payload_key)
+                    .or_insert_with(|| {
+                        format!(
+                            "{}.{}.{}.{routed_by}.Value",
+                            self.topic_prefix, table.database, table.table
+                        )
+                    })
+                    .clone()
+            };
             schema = Schema::structure(Some(name), false, fields);
             data = Data::Struct(values);
         }
         match self.value_converter {
+            // StringConverter writes `value.toString()`: a struct (expanded payload, envelope)
+            // as Connect's `Struct.toString()`.
+            Converter::String if matches!(data, Data::Struct(_)) => {
+                Some(connect::struct_to_string(&schema, &data).into_bytes())
+            }
             Converter::String => payload.map(<[u8]>::to_vec),
             c => Some(connect::json_converter(
                 &schema,
@@ -631,10 +660,6 @@ mod tests {
     fn bad_settings_are_named() {
         for (extra, needle) in [
             ("value_converter = \"json\"\n", "key_converter"),
-            (
-                "key_converter = \"string\"\nvalue_converter = \"string\"\nexpand_json_payload = true\ntopic_prefix = \"p\"\n",
-                "Struct.toString",
-            ),
             (
                 "key_converter = \"string\"\nvalue_converter = \"json\"\n",
                 "topic_prefix",
