@@ -534,6 +534,9 @@ pub async fn locate(
     .with_outbox_tables(config.table_mappings()?, layouts);
     let mut boundary = (BinlogPosition::new(at.file.clone(), 4), None::<String>);
     let mut gtid: Option<String> = None;
+    // Outbox rows between the last boundary and the offset's position: delivered, when the
+    // position lies inside a transaction (the connector resumes there, after them).
+    let mut rows_before = 0u64;
     let inconsistent = |why: String| {
         RelayError::Argument(format!(
             "Debezium's offset {at} (event {}, row {}) does not fit this server's binlog: {why}. \
@@ -565,8 +568,11 @@ pub async fn locate(
                     at.file, at.pos
                 )));
             }
-            if !s.inside {
+            if s.inside {
+                rows_before += u64::try_from(s.rows.len()).unwrap_or(u64::MAX);
+            } else {
                 boundary = (end.clone(), gtid.clone());
+                rows_before = 0;
             }
             if end.pos == at.pos {
                 break;
@@ -585,11 +591,16 @@ pub async fn locate(
         return Ok(Located {
             position,
             scanned_gtid,
-            rows_acked: 0,
+            rows_acked: rows_before,
             how: if at_boundary {
                 "a transaction boundary (no \"event\"/\"row\"): nothing of the next transaction \
                  was delivered"
                     .into()
+            } else if rows_before > 0 {
+                format!(
+                    "inside a transaction (no \"event\"/\"row\"): the connector resumes there, \
+                     so its {rows_before} outbox row(s) before that point were delivered"
+                )
             } else {
                 "before a transaction's first event (no \"event\"/\"row\"): nothing of it was \
                  delivered"
@@ -597,8 +608,9 @@ pub async fn locate(
             },
         });
     }
-    // From the offset's position: the transaction's events, the first one counted as event 0.
-    let mut rows = 0u64;
+    // From the offset's position: the transaction's events, the first one counted as event 0
+    // (outbox rows of the same transaction before the position were delivered too).
+    let mut rows = rows_before;
     let mut index = 0u64;
     loop {
         let s = scanner.next().await?;
