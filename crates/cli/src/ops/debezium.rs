@@ -510,6 +510,21 @@ pub struct Located {
 /// `layouts` (JSON of `outbox_relay_mysql::decode::schema`) are the outbox tables' column
 /// layouts when the server's table maps carry no column names, as the relay takes them at a
 /// start from a checkpoint without layouts.
+/// MySQL's TRANSACTION_PAYLOAD event (`binlog_transaction_compression=ON`).
+const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
+
+/// The refusal of an offset at or inside a compressed transaction.
+fn compressed(at: &BinlogPosition, boundary: &BinlogPosition) -> RelayError {
+    RelayError::Argument(format!(
+        "Debezium's offset {at} is at or inside a compressed transaction \
+         (binlog_transaction_compression=ON): Debezium counts the events inside the compressed \
+         payload, which this command does not resolve yet. Move the checkpoint to the \
+         boundary before it with `outbox-relay reset --config <file> --to {boundary} --yes` \
+         instead: rows of that transaction Debezium already sent are then sent again \
+         (duplicates, which the inbox drops by event id)"
+    ))
+}
+
 pub async fn locate(
     config: &RelayConfig,
     flavor: Flavor,
@@ -562,6 +577,9 @@ pub async fn locate(
                 gtid.clone_from(&b.gtid_set);
             }
             let end = &s.event.position;
+            if raw == TRANSACTION_PAYLOAD_EVENT && end.pos >= at.pos {
+                return Err(compressed(&at, &boundary.0));
+            }
             if end.file != at.file {
                 return Err(inconsistent(format!(
                     "the file {} ends before position {}",
@@ -622,6 +640,9 @@ pub async fn locate(
                     || raw == EventType::FORMAT_DESCRIPTION_EVENT as u8))
         {
             continue;
+        }
+        if index == 0 && raw == TRANSACTION_PAYLOAD_EVENT {
+            return Err(compressed(&at, &position));
         }
         if index == 0 && !s.inside {
             return Err(inconsistent(format!(

@@ -59,9 +59,29 @@ struct Stream<'a> {
     at: usize,
     handles: Vec<Handle>,
     arrays: Vec<Vec<u8>>,
+    /// Bytes of keys and values handed out so far: references to one array could otherwise
+    /// multiply a small file into any amount of memory.
+    produced: usize,
 }
 
+/// The most key and value bytes an offset file may hold: Debezium's offsets are a few hundred
+/// bytes per connector.
+const MAX_PRODUCED: usize = 64 << 20;
+
 impl<'a> Stream<'a> {
+    /// Counts `n` more bytes handed out, refusing more than [`MAX_PRODUCED`].
+    fn produce(&mut self, n: usize, at: usize) -> Result<(), String> {
+        self.produced = self.produced.saturating_add(n);
+        if self.produced > MAX_PRODUCED {
+            return Err(format!(
+                "the entries reach more than {} MiB at byte {at}: not an offset file of \
+                 Debezium (its offsets are a few hundred bytes per connector)",
+                MAX_PRODUCED >> 20
+            ));
+        }
+        Ok(())
+    }
+
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(n).filter(|e| *e <= self.bytes.len());
         let Some(end) = end else {
@@ -212,6 +232,7 @@ impl<'a> Stream<'a> {
                 let len = usize::try_from(i32::from_be_bytes(len.to_be_bytes()))
                     .map_err(|_| format!("negative array length at byte {len_at}"))?;
                 let b = self.take(len, what)?.to_vec();
+                self.produce(b.len(), at)?;
                 self.arrays.push(b.clone());
                 let index = self.arrays.len() - 1;
                 self.assign(Handle::Array(index));
@@ -220,7 +241,9 @@ impl<'a> Stream<'a> {
             TC_REFERENCE => match self.handle(what)? {
                 Handle::Array(i) => {
                     let i = *i;
-                    Ok(self.arrays.get(i).cloned())
+                    let b = self.arrays.get(i).cloned();
+                    self.produce(b.as_ref().map_or(0, Vec::len), at)?;
+                    Ok(b)
                 }
                 _ => Err(format!(
                     "{what} at byte {at} refers to an object that is not a byte[]"
@@ -244,6 +267,7 @@ pub fn read_offset_file(bytes: &[u8]) -> Result<Vec<(Bytes, Bytes)>, String> {
         at: 0,
         handles: Vec::new(),
         arrays: Vec::new(),
+        produced: 0,
     };
     let magic = s.u16("the stream magic")?;
     let version = s.u16("the stream version")?;
@@ -368,6 +392,30 @@ pub(crate) mod tests {
         let bytes = write_offset_file(&entries);
         assert_eq!(read_offset_file(&bytes), Ok(entries));
         assert_eq!(read_offset_file(&write_offset_file(&[])), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn references_cannot_multiply_a_small_file() {
+        // One 1 MiB array, then 100 entries whose key and value refer back to it: a file of
+        // about 1 MiB that would hand out 200 MiB.
+        let big = vec![b'x'; 1 << 20];
+        let mut b = write_offset_file(&[(Some(big), Some(b"v".to_vec()))]);
+        let end = b.pop();
+        assert_eq!(end, Some(TC_ENDBLOCKDATA));
+        let size_at = b
+            .windows(2)
+            .position(|w| w == [TC_BLOCKDATA, 8])
+            .expect("block data")
+            + 2
+            + 4;
+        b[size_at..size_at + 4].copy_from_slice(&101i32.to_be_bytes());
+        for _ in 0..200 {
+            b.push(TC_REFERENCE);
+            b.extend_from_slice(&(BASE_HANDLE + 3).to_be_bytes());
+        }
+        b.push(TC_ENDBLOCKDATA);
+        let e = read_offset_file(&b).expect_err("too much");
+        assert!(e.contains("not an offset file of Debezium"), "{e}");
     }
 
     #[test]

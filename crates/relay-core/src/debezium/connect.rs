@@ -460,6 +460,8 @@ fn first_element(items: &[Node]) -> Result<&Node, ExpandError> {
 /// `mergeSchema`: `left`'s fields, then `right`'s new ones (a `bytes` field of `left` gives way
 /// to `right`'s other type).
 fn merge(left: Schema, right: Schema) -> Schema {
+    // `SchemaUtil.copySchemaBasics` copies name, version, doc and parameters, not
+    // `optional`: the merged schema is required.
     let mut fields = left.fields.clone();
     for (name, s) in right.fields {
         match fields.iter_mut().find(|(n, _)| *n == name) {
@@ -471,7 +473,11 @@ fn merge(left: Schema, right: Schema) -> Schema {
             }
         }
     }
-    Schema { fields, ..left }
+    Schema {
+        fields,
+        optional: false,
+        ..left
+    }
 }
 
 /// `jsonNodeToStructInternal`: the struct of `node` (an object) under `schema`.
@@ -499,6 +505,10 @@ fn field_value(node: &Node, schema: &Schema) -> Result<Data, ExpandError> {
         ))
     };
     Ok(match node {
+        // Connect's `Struct.put` refuses null for a required schema (a merged array item).
+        Node::Null if !schema.optional => {
+            return Err("Conversion error: null value for field that is required".into())
+        }
         Node::Null => Data::Null,
         Node::String(s) if schema.ty == Type::String => Data::Str(s.clone()),
         Node::Bool(b) if schema.ty == Type::Boolean => Data::Bool(*b),
@@ -609,6 +619,32 @@ mod tests {
         }
         let (schema, value) = expand("payload", "{}", NullBehavior::Ignore).expect("valid");
         assert_eq!(text(json_converter(&schema, &value, false)), "{}");
+    }
+
+    #[test]
+    fn merged_object_items_are_required() {
+        let (schema, _) = expand(
+            "payload",
+            r#"{"items":[{"a":1},{"b":2}]}"#,
+            NullBehavior::Ignore,
+        )
+        .expect("valid");
+        let items = schema.fields[0].1.items.as_deref().expect("items");
+        assert!(!items.optional);
+        assert!(expand(
+            "payload",
+            r#"{"items":[{"a":1},{"b":2},null]}"#,
+            NullBehavior::Ignore
+        )
+        .is_err());
+        // One shape: no merge, the element schema stays optional.
+        let (schema, _) = expand(
+            "payload",
+            r#"{"items":[{"a":1},{"a":2},null]}"#,
+            NullBehavior::Ignore,
+        )
+        .expect("valid");
+        assert!(schema.fields[0].1.items.as_deref().expect("items").optional);
     }
 
     #[test]

@@ -54,8 +54,19 @@ impl ColumnSchema {
         }
     }
 
-    /// The value of this column's text form `text` as Connect data (integers parsed, the rest
-    /// as strings).
+    /// An integer column with a logical name (`io.debezium.time.Year`).
+    pub fn named_integer(ty: Type, name: &str, optional: bool) -> Self {
+        Self {
+            schema: Schema {
+                name: Some(name.into()),
+                ..Schema::primitive(ty, optional)
+            },
+        }
+    }
+
+    /// The value of this column's text form `text` as Connect data (integers parsed; a BIGINT
+    /// UNSIGNED above 2^63 wraps to a negative long, as Debezium's default
+    /// `bigint.unsigned.handling.mode=long` sends it; the rest as strings).
     fn data(&self, text: Option<&[u8]>) -> Data {
         let Some(text) = text else {
             return Data::Null;
@@ -64,7 +75,10 @@ impl ColumnSchema {
         match self.schema.ty {
             Type::Int16 | Type::Int32 | Type::Int64 => match s.parse::<i64>() {
                 Ok(v) => Data::Int(v),
-                Err(_) => Data::Str(s.into_owned()),
+                Err(_) => match s.parse::<u64>() {
+                    Ok(v) => Data::Int(v as i64),
+                    Err(_) => Data::Str(s.into_owned()),
+                },
             },
             _ => Data::Str(s.into_owned()),
         }
@@ -342,12 +356,20 @@ impl Profile {
             .iter()
             .filter(|a| a.placement == Placement::Header)
         {
-            headers.push((Arc::from(a.alias.as_str()), a.text.clone()));
+            // SimpleHeaderConverter writes `value.toString()`: integers as Java longs.
+            let value = match a.column.data(a.text.as_deref()) {
+                Data::Int(v) => Some(v.to_string().into_bytes()),
+                _ => a.text.clone(),
+            };
+            headers.push((Arc::from(a.alias.as_str()), value));
         }
         let key_data = columns.key.data(Some(key));
-        let key = match self.key_converter {
-            Converter::String => key.to_vec(),
-            c => {
+        let key = match (self.key_converter, &key_data) {
+            // `Long.toString()`: a BIGINT UNSIGNED above 2^63 as the negative long Debezium
+            // holds.
+            (Converter::String, Data::Int(v)) => v.to_string().into_bytes(),
+            (Converter::String, _) => key.to_vec(),
+            (c, _) => {
                 connect::json_converter(&columns.key.schema, &key_data, c == Converter::JsonSchemas)
             }
         };
@@ -365,7 +387,8 @@ impl Profile {
         routed_by: &str,
         table: &TableName,
     ) -> Option<Vec<u8>> {
-        let empty = payload.is_none_or(|p| String::from_utf8_lossy(p).trim().is_empty());
+        // Java's `String.trim()`: every character up to U+0020 is blank, nothing else is.
+        let empty = payload.is_none_or(|p| p.iter().all(|&b| b <= b' '));
         if empty && self.tombstone_on_empty {
             return None;
         }

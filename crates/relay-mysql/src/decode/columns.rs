@@ -73,8 +73,16 @@ impl ColumnInfo {
         let optional = self.nullable;
         match self.column_type {
             Some(ColumnType::MYSQL_TYPE_JSON) => ColumnSchema::json(optional),
+            // SMALLINT UNSIGNED does not fit int16 (Debezium's BinlogValueConverters: int32).
+            Some(ColumnType::MYSQL_TYPE_SHORT) if self.unsigned => {
+                ColumnSchema::integer(Type::Int32, optional)
+            }
             Some(ColumnType::MYSQL_TYPE_TINY | ColumnType::MYSQL_TYPE_SHORT) => {
                 ColumnSchema::integer(Type::Int16, optional)
+            }
+            // `io.debezium.time.Year`, an int32.
+            Some(ColumnType::MYSQL_TYPE_YEAR) => {
+                ColumnSchema::named_integer(Type::Int32, "io.debezium.time.Year", optional)
             }
             Some(ColumnType::MYSQL_TYPE_INT24) => ColumnSchema::integer(Type::Int32, optional),
             Some(ColumnType::MYSQL_TYPE_LONG) if self.unsigned => {
@@ -84,6 +92,23 @@ impl ColumnInfo {
             Some(ColumnType::MYSQL_TYPE_LONGLONG) => ColumnSchema::integer(Type::Int64, optional),
             _ => ColumnSchema::string(optional),
         }
+    }
+
+    /// A character column (CHAR, VARCHAR, TEXT) in a character set, not binary.
+    pub fn is_text(&self) -> bool {
+        !self.is_binary()
+            && matches!(
+                self.column_type,
+                Some(
+                    ColumnType::MYSQL_TYPE_STRING
+                        | ColumnType::MYSQL_TYPE_VAR_STRING
+                        | ColumnType::MYSQL_TYPE_VARCHAR
+                        | ColumnType::MYSQL_TYPE_BLOB
+                        | ColumnType::MYSQL_TYPE_TINY_BLOB
+                        | ColumnType::MYSQL_TYPE_MEDIUM_BLOB
+                        | ColumnType::MYSQL_TYPE_LONG_BLOB
+                )
+            )
     }
 
     fn is_binary(&self) -> bool {

@@ -84,8 +84,17 @@ pub fn row_values<'v, 'i, E>(
         .debezium
         .is_some()
         .then(|| key_info.debezium_schema());
+    // The Debezium profile: a JSON value of any mapped column in Debezium's JSON text.
+    let text_of = |(v, info): (BinlogValue<'v>, &'i ColumnInfo)| {
+        if mapping.debezium.is_some() && matches!(v, BinlogValue::Jsonb(_)) {
+            return crate::decode::json::render_binlog_json_debezium(&v)
+                .map(Some)
+                .map_err(|e| fail(format!("column {:?}: {e}", info.name)));
+        }
+        text((v, info))
+    };
     let aggregate_id = match mapping.key_format {
-        KeyFormat::Text => text((key_value, key_info))?,
+        KeyFormat::Text => text_of((key_value, key_info))?,
         KeyFormat::Raw => raw_bytes(key_value, key_info)
             .map_err(|e| fail(format!("column {:?}: {e}", key_info.name)))?,
     };
@@ -126,6 +135,9 @@ pub fn row_values<'v, 'i, E>(
                 }
                 None => None,
             }
+        } else if payload_info.is_text() {
+            // Debezium decodes a text column from its character set: UTF-8 here too.
+            text((payload_value, payload_info))?
         } else {
             raw_bytes(payload_value, payload_info)
                 .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?
@@ -138,7 +150,7 @@ pub fn row_values<'v, 'i, E>(
                 alias: a.alias.clone().unwrap_or_else(|| a.column.clone()),
                 placement: a.placement,
                 column: schema,
-                text: text((v, info))?,
+                text: text_of((v, info))?,
             });
         }
         values.debezium = Some(Box::new(DebeziumColumns {
