@@ -36,6 +36,25 @@ async fn run(spec: &RelayConfigSpec, args: &[&str]) -> Result<(ExitStatus, Strin
     Ok((status, p.stdout_text(), p.stderr_text()))
 }
 
+/// `migrate-from debezium --offsets-topic TOPIC --connector CONNECTOR FLAG`.
+async fn from_offsets_topic(
+    spec: &RelayConfigSpec,
+    topic: &str,
+    connector: &str,
+    flag: &str,
+) -> Result<(ExitStatus, String, String)> {
+    let args = [
+        "migrate-from",
+        "debezium",
+        "--offsets-topic",
+        topic,
+        "--connector",
+        connector,
+        flag,
+    ];
+    run(spec, &args).await
+}
+
 fn refs(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
 }
@@ -431,19 +450,8 @@ async fn unusable_offsets_are_refused_with_the_reason() -> Result<()> {
     )
     .await?;
     // Another server id: a warning only (a replica's events carry their origin's).
-    let (status, out, err) = run(
-        &w.spec,
-        &[
-            "migrate-from",
-            "debezium",
-            "--offsets-topic",
-            &offsets_topic,
-            "--connector",
-            "other-id",
-            "--dry-run",
-        ],
-    )
-    .await?;
+    let (status, out, err) =
+        from_offsets_topic(&w.spec, &offsets_topic, "other-id", "--dry-run").await?;
     expect(&status, 0, &out, &err)?;
     ensure!(
         out.contains("warning     Debezium's offset has server_id 4242424"),
@@ -451,19 +459,8 @@ async fn unusable_offsets_are_refused_with_the_reason() -> Result<()> {
     );
     if !test_server().is_mariadb() {
         // GTIDs this MySQL server never executed: another server.
-        let (status, out, err) = run(
-            &w.spec,
-            &[
-                "migrate-from",
-                "debezium",
-                "--offsets-topic",
-                &offsets_topic,
-                "--connector",
-                "elsewhere",
-                "--yes",
-            ],
-        )
-        .await?;
+        let (status, out, err) =
+            from_offsets_topic(&w.spec, &offsets_topic, "elsewhere", "--yes").await?;
         expect(&status, 2, &out, &err)?;
         ensure!(
             err.contains("which this server has not all executed"),
@@ -476,19 +473,8 @@ async fn unusable_offsets_are_refused_with_the_reason() -> Result<()> {
         ("deleted", "was deleted"),
         ("nobody", "holds no offset of connector"),
     ] {
-        let (status, out, err) = run(
-            &w.spec,
-            &[
-                "migrate-from",
-                "debezium",
-                "--offsets-topic",
-                &offsets_topic,
-                "--connector",
-                connector,
-                "--yes",
-            ],
-        )
-        .await?;
+        let (status, out, err) =
+            from_offsets_topic(&w.spec, &offsets_topic, connector, "--yes").await?;
         expect(&status, 2, &out, &err)?;
         ensure!(err.contains(says), "{connector}: {says:?} not in:\n{err}");
     }
