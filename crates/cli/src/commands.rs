@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::ops::republish::{RepublishOptions, Selection};
 use crate::ops::{self, dlq::ReplayOptions, prune::PruneOptions, reset::Target};
 use clap::Subcommand;
+use outbox_relay_core::config::process::ProcessConfig;
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
 use outbox_relay_mysql::binlog::replay::parse_datetime;
@@ -382,8 +383,60 @@ fn parse_target(s: &str) -> Result<Target, String> {
     })
 }
 
-fn load(config: &std::path::Path) -> Result<RelayConfig, RelayError> {
-    RelayConfig::load(config)
+/// The source selected by `--source` (`OUTBOX_RELAY_SOURCE`) for the operator commands, set
+/// once by `main` before a command runs.
+static SOURCE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Selects the source of a many-source configuration the operator commands act on.
+pub fn select_source(name: Option<String>) {
+    let _ = SOURCE.set(name);
+}
+
+/// The configuration of the source an operator command acts on: a single-source file's one
+/// source, or the one `--source` names in a file with `[[source]]` tables or `sources_dir`.
+///
+/// # Errors
+/// As [`ProcessConfig::load`]; [`RelayError::Argument`] when a many-source file is given
+/// without `--source`, or `--source` names no source of it (the message lists them).
+pub(crate) fn load(config: &std::path::Path) -> Result<RelayConfig, RelayError> {
+    let process = ProcessConfig::load(config)?;
+    let wanted = SOURCE.get().cloned().flatten();
+    let names = || {
+        process
+            .sources
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match wanted {
+        None if process.multi => Err(RelayError::Argument(format!(
+            "{} configures many sources ({}): name the one to act on with --source NAME (or \
+             OUTBOX_RELAY_SOURCE)",
+            config.display(),
+            names()
+        ))),
+        None => process
+            .sources
+            .into_iter()
+            .next()
+            .map(|s| s.config)
+            .ok_or_else(|| RelayError::Config("the configuration has no source".into())),
+        Some(name) => {
+            let list = names();
+            process
+                .sources
+                .into_iter()
+                .find(|s| s.name == name)
+                .map(|s| s.config)
+                .ok_or_else(|| {
+                    RelayError::Argument(format!(
+                        "--source {name:?}: {} has no such source (it has: {list})",
+                        config.display()
+                    ))
+                })
+        }
+    }
 }
 
 fn fail(e: &RelayError) -> ExitCode {

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use outbox_relay_core::config::RelayConfig;
+use outbox_relay_core::config::process::ProcessConfig;
 use outbox_relay_core::error::RelayError;
 use outbox_relay_mysql::binlog::replay::{parse_datetime, ReplayRange};
 use tokio::sync::watch;
@@ -42,6 +42,10 @@ struct Cli {
     /// Log format on stderr. Level via RUST_LOG (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// With a configuration of many sources (`[[source]]` tables or `sources_dir`): the source
+    /// an operator command acts on (`status`, `check`, `reset`, …). `run` runs them all.
+    #[arg(long, global = true, env = "OUTBOX_RELAY_SOURCE", value_name = "NAME")]
+    source: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -136,6 +140,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    commands::select_source(cli.source);
     let result = match cli.command {
         Command::Ops(command) => return commands::run(command, &runtime),
         Command::Run { config } => runtime.block_on(run(config)),
@@ -180,7 +185,13 @@ fn main() -> ExitCode {
 }
 
 async fn run(config_path: PathBuf) -> Result<(), RelayError> {
-    let config = RelayConfig::load(&config_path)?;
+    let process = ProcessConfig::load(&config_path)?;
+    if process.multi {
+        return run_sources(process, config_path).await;
+    }
+    let Some(config) = process.sources.into_iter().next().map(|s| s.config) else {
+        return Err(RelayError::Config("the configuration has no source".into()));
+    };
     tracing::info!(
         connector = %config.connector_name,
         mysql = %outbox_relay_core::error::redact_url(&config.mysql.url),
@@ -197,13 +208,46 @@ async fn run(config_path: PathBuf) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// `run` with `[[source]]` tables or `sources_dir`: every source in this process, the
+/// configuration read again on SIGHUP (and every `sources_poll_ms`).
+async fn run_sources(process: ProcessConfig, config_path: PathBuf) -> Result<(), RelayError> {
+    tracing::info!(
+        sources = ?process.sources.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        "starting outbox-relay {} with {} sources", env!("CARGO_PKG_VERSION"), process.sources.len()
+    );
+    let stop_rx = stop_on_signal(
+        "signal received: stopping every source (waiting for Kafka to acknowledge what was \
+         sent, then writing the checkpoints)",
+    );
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!(
+                "cannot listen for SIGHUP: the configuration is read again only \
+                every sources_poll_ms"
+            );
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if reload_tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    let loader = move || ProcessConfig::load(&config_path);
+    outbox_relay_engine::run_sources(process, loader, reload_rx, stop_rx).await?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
 /// `replay`: `Ok(true)` when the whole range was replayed, `Ok(false)` when a signal stopped it.
 async fn replay(
     config_path: PathBuf,
     binlogs: Vec<PathBuf>,
     range: ReplayRange,
 ) -> Result<bool, RelayError> {
-    let config = RelayConfig::load(&config_path)?;
+    let config = commands::load(&config_path)?;
     tracing::info!(
         kafka = %config.kafka.bootstrap_servers,
         tables = ?config.outbox.tables,

@@ -62,7 +62,8 @@ async fn a_stored_record_is_proven_and_a_missing_offset_is_not() {
         bootstrap_servers: bootstrap(),
         ..KafkaConfig::default()
     };
-    let read_back = ReadBack::start(&kafka);
+    let metrics = Arc::new(outbox_relay_core::observe::metrics::Metrics::new());
+    let read_back = ReadBack::start(&kafka, Arc::clone(&metrics));
     assert!(read_back.needs_proof(&topic, partition), "a new partition");
     assert!(
         !read_back.needs_proof(&topic, partition),
@@ -94,4 +95,11 @@ async fn a_stored_record_is_proven_and_a_missing_offset_is_not() {
         read_back.needs_proof(&topic, partition),
         "after a failed read-back the partition is proven again"
     );
+    let text = metrics.render();
+    for line in [
+        "outbox_relay_read_backs_total{result=\"stored\"} 1\n",
+        "outbox_relay_read_backs_total{result=\"missing\"} 1\n",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
 }

@@ -94,6 +94,8 @@ pub struct Cutover {
     stats: CutoverStats,
     /// The first transaction after `until` was read (for the log line, once).
     window_ended: bool,
+    /// The source's metrics, if any.
+    metrics: Option<std::sync::Arc<metrics::Metrics>>,
 }
 
 impl Cutover {
@@ -118,7 +120,16 @@ impl Cutover {
             id_columns,
             stats: CutoverStats::default(),
             window_ended: false,
+            metrics: None,
         })
+    }
+
+    /// The same filter, counting what it checks and skips in `metrics`.
+    pub fn with_metrics(self, metrics: std::sync::Arc<metrics::Metrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
+        }
     }
 
     /// What the filter did so far (all runs of this process).
@@ -243,7 +254,9 @@ impl Cutover {
         }
         let skipped = skip.iter().filter(|s| **s).count() as u64;
         self.stats.skipped += skipped;
-        metrics::global().cutover_skipped(skipped);
+        if let Some(m) = &self.metrics {
+            m.cutover_skipped(skipped);
+        }
         Ok(skip)
     }
 
@@ -292,7 +305,9 @@ impl Cutover {
             Ok::<_, Attempt>(found)
         };
         self.stats.queries += 1;
-        metrics::global().cutover_check();
+        if let Some(m) = &self.metrics {
+            m.cutover_check();
+        }
         let found = attempt
             .retry(
                 ExponentialBuilder::default()

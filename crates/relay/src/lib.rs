@@ -8,4 +8,4 @@
 pub mod pipeline;
 pub mod supervisor;
 
-pub use crate::supervisor::{replay, run};
+pub use crate::supervisor::{replay, run, run_sources, Reload};

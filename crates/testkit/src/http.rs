@@ -33,15 +33,50 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     .await?
 }
 
-/// The value of one series (`name{labels}` exactly as exposed) in a Prometheus text page.
+/// The value of one series (`name{labels}` as exposed, labels in the order exposed) in a
+/// Prometheus text page, the `source` label (each source's series carry one) left out of the
+/// comparison: for a relay of one source.
 pub fn metric(page: &str, series: &str) -> Option<f64> {
     page.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
+        let (name, _, value) = split_source(l)?;
+        (name == series).then(|| value.parse().ok())?
     })
+}
+
+/// The value of `series` (as in [`metric`], without the `source` label) of source `source`.
+pub fn source_metric(page: &str, source: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| {
+        let (name, of, value) = split_source(l)?;
+        (name == series && of.as_deref() == Some(source)).then(|| value.parse().ok())?
+    })
+}
+
+/// A sample line as (series without its `source` label, that label's value, value text).
+fn split_source(line: &str) -> Option<(String, Option<String>, &str)> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let (series, value) = line.rsplit_once(' ')?;
+    let Some((name, labels)) = series.split_once('{') else {
+        return Some((series.to_owned(), None, value.trim()));
+    };
+    let labels = labels.strip_suffix('}')?;
+    let mut source = None;
+    let mut kept = Vec::new();
+    // Label values here never hold `",` (topic, table and source names).
+    for label in labels.split("\",").filter(|l| !l.is_empty()) {
+        let label = label.strip_suffix('"').unwrap_or(label);
+        match label.strip_prefix("source=\"") {
+            Some(v) => source = Some(v.to_owned()),
+            None => kept.push(format!("{label}\"")),
+        }
+    }
+    let series = if kept.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{}}}", kept.join(","))
+    };
+    Some((series, source, value.trim()))
 }
 
 /// Waits until `GET path` answers `status`; returns the body. Fails at once if the relay exits.
@@ -75,4 +110,33 @@ pub async fn wait_for_status(
             relay.stderr_tail()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_match_without_their_source_label() {
+        let page = "# TYPE x counter\n\
+            outbox_relay_in_flight{source=\"a\"} 3\n\
+            outbox_relay_rows_total{table=\"db.t\",source=\"a\"} 5\n\
+            outbox_relay_rows_total{table=\"db.t\",source=\"b\"} 7\n\
+            outbox_relay_build_info{version=\"1\"} 1\n";
+        assert_eq!(metric(page, "outbox_relay_in_flight"), Some(3.0));
+        assert_eq!(
+            metric(page, "outbox_relay_rows_total{table=\"db.t\"}"),
+            Some(5.0)
+        );
+        assert_eq!(
+            source_metric(page, "b", "outbox_relay_rows_total{table=\"db.t\"}"),
+            Some(7.0)
+        );
+        assert_eq!(source_metric(page, "c", "outbox_relay_in_flight"), None);
+        assert_eq!(
+            metric(page, "outbox_relay_build_info{version=\"1\"}"),
+            Some(1.0)
+        );
+        assert_eq!(metric(page, "outbox_relay_rows"), None);
+    }
 }

@@ -53,7 +53,7 @@ pub use env::{
     jaeger_otlp_endpoint, jaeger_query_port, kafka_bootstrap, kafka_port, mysql_port, mysql_url,
     test_server, TestServer,
 };
-pub use http::{http_get, metric, wait_for_status};
+pub use http::{http_get, metric, source_metric, wait_for_status};
 pub use kafka::{
     collect_records, collect_until, create_topic, deleted_record_count, high_watermark_total,
     list_topics, read_all_records, read_committed_records, Record,

@@ -142,6 +142,23 @@ impl RelayConfigSpec {
         self.topic.replace("{aggregate_type}", aggregate_type)
     }
 
+    /// This config as one source of a many-source process: a file of a `sources_dir` (its
+    /// `name` instead of `connector_name`; no `[http]` or `[tracing]`, which are the
+    /// process's).
+    pub fn to_source_toml(&self) -> String {
+        let single = Self {
+            http_listen: None,
+            tracing_extra: String::new(),
+            ..self.clone()
+        }
+        .to_toml();
+        let body = single
+            .strip_suffix("\n[http]\nenabled = false\n")
+            .unwrap_or(&single);
+        let body = body.split_once('\n').map_or(body, |(_, rest)| rest);
+        format!("name = {}\n{body}", toml_str(&self.connector_name))
+    }
+
     /// The config file's TOML.
     pub fn to_toml(&self) -> String {
         let tables = self
@@ -398,6 +415,14 @@ impl RelayProcess {
     /// The signal could not be sent (the process is already reaped).
     pub fn sigterm(&self) -> Result<()> {
         self.signal(Signal::SIGTERM)
+    }
+
+    /// Sends SIGHUP (a many-source relay reads its configuration again).
+    ///
+    /// # Errors
+    /// As [`RelayProcess::sigterm`].
+    pub fn sighup(&self) -> Result<()> {
+        self.signal(Signal::SIGHUP)
     }
 
     /// Sends SIGINT (graceful stop, as Ctrl-C).

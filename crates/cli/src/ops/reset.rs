@@ -241,7 +241,11 @@ pub(crate) async fn write_point(
 
 /// Commits `point` to the progress topic with the connector's transactional producer.
 async fn commit_progress(config: &RelayConfig, point: &Checkpoint) -> Result<(), RelayError> {
-    let sink = TransactionalSink::start(config).await?;
+    let sink = TransactionalSink::start(
+        config,
+        std::sync::Arc::new(outbox_relay_core::observe::metrics::Metrics::new()),
+    )
+    .await?;
     sink.commit(point).await
 }
 

@@ -6,6 +6,7 @@
 
 pub mod debezium;
 pub mod mysql_tls;
+pub mod process;
 pub mod secrets;
 pub mod topic;
 
@@ -212,6 +213,17 @@ fn default_connector_name() -> String {
     "outbox-relay".to_owned()
 }
 
+/// The replica `server_id` of a connector that sets none: `2^31 + crc32(name) mod 2^31`, in
+/// `2147483648..=4294967295` (far above the small ids people give servers by hand), the same
+/// on every start and in every process. A connector streams from one process at a time (its
+/// lease), so one id per connector is unique among the relay's connections; if a frozen
+/// process's dump connection is still open when another takes over, the server drops it on
+/// the newer registration with the same id (MySQL and MariaDB kill a replica's older dump
+/// thread of the same `server_id`).
+pub fn derived_server_id(connector_name: &str) -> u32 {
+    0x8000_0000 | (crc32fast::hash(connector_name.as_bytes()) & 0x7FFF_FFFF)
+}
+
 /// `[mysql]`: the source server.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -242,7 +254,9 @@ pub struct MysqlConfig {
     pub tls_key: Option<PathBuf>,
     /// The `server_id` this relay registers with as a replica (COM_REGISTER_SLAVE). Must differ
     /// from every server and replica in the topology: the server drops an older connection that
-    /// uses the same id.
+    /// uses the same id. Default (absent or 0): derived from the connector name
+    /// ([`derived_server_id`]), stable across restarts and processes.
+    #[serde(default)]
     pub server_id: u32,
     /// Heartbeat period the server is asked for (`@master_heartbeat_period`), in ms. The server
     /// sends a heartbeat when it has had nothing else to send for this long. Default 5000.
@@ -1046,7 +1060,7 @@ impl RelayConfig {
         Self::from_figment(Figment::from(Toml::string(toml)))
     }
 
-    fn from_figment(figment: Figment) -> Result<Self, RelayError> {
+    pub(crate) fn from_figment(figment: Figment) -> Result<Self, RelayError> {
         let mut config: Self = figment
             .merge(Env::prefixed(ENV_PREFIX).split("__"))
             .extract()
@@ -1060,6 +1074,9 @@ impl RelayConfig {
                 )
             })?;
         config.resolve_secrets()?;
+        if config.mysql.server_id == 0 {
+            config.mysql.server_id = derived_server_id(&config.connector_name);
+        }
         config.validate()?;
         Ok(config)
     }

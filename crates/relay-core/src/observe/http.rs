@@ -6,16 +6,20 @@
 //!   heartbeat was read within `http.ready_stall_ms` and a Kafka broker answered the relay's
 //!   metadata probe within `http.ready_kafka_ms` (also while no rows flow); otherwise `503 not
 //!   ready: <reason>` (starting, waiting for the lease, connecting, retrying after an error,
-//!   stalled, Kafka unreachable, stopping).
+//!   stalled, Kafka unreachable, stopping). A process of many sources answers for all of them,
+//!   one line `<source>: ready: …` / `<source>: not ready: …` each, by the rule of
+//!   [`crate::observe::hub`]; `GET /readyz?source=<name>` for one (404 for an unknown name).
 //!
 //! The listener is bound before the relay connects anywhere, so a port already in use is a
 //! configuration error at start-up, and `/healthz` answers while MySQL is unreachable. The
 //! server stops with the relay ([`HttpServer::stop`]).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -25,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::HttpConfig;
 use crate::error::RelayError;
-use crate::observe::metrics::Metrics;
+use crate::observe::hub::Hub;
 
 /// Content type of the Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,11 +39,9 @@ const TEXT: &str = "text/plain; charset=utf-8";
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// What the handlers read.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Endpoints {
-    metrics: &'static Metrics,
-    ready_stall: Duration,
-    ready_kafka: Duration,
+    hub: Arc<Hub>,
 }
 
 /// A running HTTP server.
@@ -50,17 +52,14 @@ pub struct HttpServer {
     task: JoinHandle<()>,
 }
 
-/// Binds `config.listen` and serves the endpoints of `metrics` until [`HttpServer::stop`];
-/// `Ok(None)` when `http.enabled = false`.
+/// Binds `config.listen` and serves the endpoints of `hub`'s sources until
+/// [`HttpServer::stop`]; `Ok(None)` when `http.enabled = false`.
 ///
 /// # Errors
 /// [`RelayError::Config`] when `http.listen` is not an `IP:port` address or cannot be bound
 /// (already in use, not an address of this host, a privileged port), naming the key and the
 /// fix.
-pub async fn start(
-    config: &HttpConfig,
-    metrics: &'static Metrics,
-) -> Result<Option<HttpServer>, RelayError> {
+pub async fn start(config: &HttpConfig, hub: Arc<Hub>) -> Result<Option<HttpServer>, RelayError> {
     if !config.enabled {
         return Ok(None);
     }
@@ -77,11 +76,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .map_err(|e| bind_error(&config.listen, &e))?;
-    let state = Endpoints {
-        metrics,
-        ready_stall: Duration::from_millis(config.ready_stall_ms),
-        ready_kafka: Duration::from_millis(config.ready_kafka_ms),
-    };
+    let state = Endpoints { hub };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
@@ -150,7 +145,7 @@ impl HttpServer {
 async fn metrics_handler(State(s): State<Endpoints>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        s.metrics.render(),
+        s.hub.render(),
     )
 }
 
@@ -158,24 +153,54 @@ async fn healthz() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, TEXT)], "ok\n")
 }
 
-async fn readyz(State(s): State<Endpoints>) -> impl IntoResponse {
-    match s.metrics.readiness(s.ready_stall, s.ready_kafka) {
-        Ok(what) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, TEXT)],
-            format!("ready: {what}\n"),
-        ),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::CONTENT_TYPE, TEXT)],
-            format!("not ready: {why}\n"),
-        ),
+async fn readyz(
+    State(s): State<Endpoints>,
+    Query(query): Query<HashMap<String, String>>,
+) -> impl IntoResponse {
+    let line = |r: &Result<String, String>| match r {
+        Ok(what) => format!("ready: {what}"),
+        Err(why) => format!("not ready: {why}"),
+    };
+    if let Some(name) = query.get("source") {
+        return match s.hub.source_readiness(name) {
+            Some(r) => (
+                status(r.is_ok()),
+                [(header::CONTENT_TYPE, TEXT)],
+                format!("{}\n", line(&r)),
+            ),
+            None => (
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, TEXT)],
+                format!("this process runs no source named {name:?}\n"),
+            ),
+        };
+    }
+    let all = s.hub.readiness();
+    let ready = all.iter().all(|(_, r)| r.is_ok());
+    let body = if !s.hub.is_multi() && all.len() == 1 {
+        format!("{}\n", line(&all[0].1))
+    } else if all.is_empty() {
+        "ready: this process runs no source\n".to_owned()
+    } else {
+        all.iter()
+            .map(|(name, r)| format!("{name}: {}\n", line(r)))
+            .collect()
+    };
+    (status(ready), [(header::CONTENT_TYPE, TEXT)], body)
+}
+
+fn status(ready: bool) -> StatusCode {
+    if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::hub::ReadyLimits;
     use crate::observe::metrics::State as RelayState;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -207,8 +232,15 @@ mod tests {
 
     #[tokio::test]
     async fn serves_metrics_health_and_readiness_then_stops() {
-        let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-        let server = start(&config("127.0.0.1:0"), metrics)
+        let hub = Hub::new(false);
+        let metrics = hub.add(
+            "shop",
+            ReadyLimits {
+                stall: Duration::from_secs(30),
+                kafka: Duration::from_secs(30),
+            },
+        );
+        let server = start(&config("127.0.0.1:0"), hub)
             .await
             .expect("binds")
             .expect("enabled");
@@ -229,10 +261,17 @@ mod tests {
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(
-            body.contains("outbox_relay_outbox_rows_read_total{table=\"db.outbox\"} 1\n"),
+            body.contains(
+                "outbox_relay_outbox_rows_read_total{table=\"db.outbox\",source=\"shop\"} 1\n"
+            ),
             "{body}"
         );
         assert_eq!(get(addr, "/nope").await.0, 404);
+        assert_eq!(
+            get(addr, "/readyz?source=shop").await,
+            (200, "ready: streaming\n".into())
+        );
+        assert_eq!(get(addr, "/readyz?source=other").await.0, 404);
 
         server.stop().await;
         assert!(
@@ -245,8 +284,9 @@ mod tests {
     async fn a_port_in_use_is_a_configuration_error() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let listen = taken.local_addr().expect("addr").to_string();
-        let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-        let err = start(&config(&listen), metrics).await.expect_err("in use");
+        let err = start(&config(&listen), Hub::new(false))
+            .await
+            .expect_err("in use");
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
         assert!(
@@ -260,13 +300,13 @@ mod tests {
 
     #[tokio::test]
     async fn disabled_serves_nothing_and_bad_addresses_are_refused() {
-        let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        let hub = Hub::new(false);
         let off = HttpConfig {
             enabled: false,
             ..config("127.0.0.1:0")
         };
-        assert!(start(&off, metrics).await.expect("ok").is_none());
-        let err = start(&config("localhost"), metrics)
+        assert!(start(&off, hub.clone()).await.expect("ok").is_none());
+        let err = start(&config("localhost"), hub)
             .await
             .expect_err("no port")
             .to_string();

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
@@ -35,6 +35,10 @@ use prometheus::{
 use super::names;
 use crate::error::RelayError;
 use crate::position::BinlogPosition;
+
+/// The label every series of a source's metrics carries ([`Metrics::for_source`]): its
+/// connector name.
+pub const SOURCE_LABEL: &str = "source";
 
 /// Most distinct `topic` label values; records of further topics count under
 /// [`OTHER_TOPICS`].
@@ -83,6 +87,13 @@ pub enum State {
     },
     /// A stop was requested or the relay gave up.
     Stopping,
+    /// One source of many stopped on an error that retrying cannot fix (configuration, a
+    /// server prerequisite, a purged binlog, `retry.max_attempts`); the process and the other
+    /// sources go on. It starts again on the next reload (SIGHUP or a changed config).
+    Failed {
+        /// The error (already free of passwords).
+        error: String,
+    },
 }
 
 /// Which row the dead-letter topic received, by why it could not be relayed
@@ -159,6 +170,8 @@ struct Live {
 /// The relay's metrics registry and health state. See the module documentation.
 pub struct Metrics {
     registry: Registry,
+    /// The `source` label's value (empty: none).
+    source: String,
     binlog_events: IntCounter,
     heartbeats: IntCounter,
     unproven_acks: IntCounter,
@@ -168,6 +181,7 @@ pub struct Metrics {
     bytes_produced: IntCounterVec,
     dead_lettered: IntCounterVec,
     in_flight: IntGauge,
+    failed: IntGauge,
     checkpoint_file: IntGauge,
     checkpoint_pos: IntGauge,
     checkpoint_age: Gauge,
@@ -236,11 +250,54 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+/// The process's own metrics (not a source's): `outbox_relay_build_info` and
+/// `outbox_relay_config_reloads_total`.
+#[derive(Clone)]
+pub struct ProcessMetrics {
+    reloads: IntCounterVec,
+}
 
-/// The process-wide metrics (one relay per process).
-pub fn global() -> &'static Metrics {
-    &GLOBAL
+impl ProcessMetrics {
+    /// Registers them in `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        register_build_info(registry);
+        let reloads = counter_vec(
+            registry,
+            names::CONFIG_RELOADS,
+            "Reloads of a many-source configuration (SIGHUP, or a change found by \
+             sources_poll_ms), by result: applied (sources added, changed, removed as the \
+             configuration says; also when nothing changed) or failed (the new configuration is \
+             invalid; the sources go on as before, the error is logged).",
+            "result",
+        );
+        for result in ["applied", "failed"] {
+            reloads.with_label_values(&[result]);
+        }
+        Self { reloads }
+    }
+
+    /// A reload was applied (`true`) or refused (`false`).
+    pub fn config_reloaded(&self, applied: bool) {
+        self.reloads
+            .with_label_values(&[if applied { "applied" } else { "failed" }])
+            .inc();
+    }
+}
+
+/// Registers the `outbox_relay_build_info` gauge (one per process) in `registry`.
+fn register_build_info(registry: &Registry) {
+    let info = reg(
+        registry,
+        IntGaugeVec::new(
+            Opts::new(
+                names::BUILD_INFO,
+                "Always 1; the label names the outbox-relay version.",
+            ),
+            &["version"],
+        )
+        .expect("valid gauge definition"),
+    );
+    info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
 }
 
 /// Registers `metric` in `registry`; the definitions are constants, so a failure is a bug
@@ -304,22 +361,32 @@ fn file_sequence(file: &str) -> Option<i64> {
 }
 
 impl Metrics {
-    /// A fresh registry with every metric at zero (state [`State::Starting`]).
+    /// A fresh registry with every metric at zero (state [`State::Starting`]) and
+    /// `outbox_relay_build_info`, without a `source` label: for tests and one-off tools.
     pub fn new() -> Self {
         let r = Registry::new();
-        let info = reg(
-            &r,
-            IntGaugeVec::new(
-                Opts::new(
-                    names::BUILD_INFO,
-                    "Always 1; the label names the outbox-relay version.",
-                ),
-                &["version"],
-            )
-            .expect("valid gauge definition"),
-        );
-        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        ProcessMetrics::register(&r);
+        Self::in_registry(r, String::new())
+    }
+
+    /// The metrics of one source: every series carries the label `source="<name>"` (the
+    /// source's connector name). [`crate::observe::hub::Hub`] serves them with the other
+    /// sources' and the process's `outbox_relay_build_info`.
+    pub fn for_source(name: &str) -> Self {
+        let labels = HashMap::from([(SOURCE_LABEL.to_owned(), name.to_owned())]);
+        let r = Registry::new_custom(None, Some(labels))
+            .expect("a constant label name and any value are valid");
+        Self::in_registry(r, name.to_owned())
+    }
+
+    /// The source these metrics belong to (empty for [`Metrics::new`]).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn in_registry(r: Registry, source: String) -> Self {
         Self {
+            source,
             binlog_events: counter(
                 &r,
                 names::BINLOG_EVENTS_READ,
@@ -377,6 +444,14 @@ impl Metrics {
                  mapped), route (no valid topic), producer (refused when queued, e.g. too \
                  large), broker (refused by the broker for good).",
                 "kind",
+            ),
+            failed: gauge(
+                &r,
+                names::SOURCE_FAILED,
+                "1 while the source is stopped on an error that retrying cannot fix (a \
+                 configuration error, an unmet server prerequisite, a purged binlog, \
+                 retry.max_attempts reached); the process and its other sources go on. The \
+                 error is in the log and /readyz; a reload (SIGHUP) starts the source again.",
             ),
             in_flight: gauge(
                 &r,
@@ -547,6 +622,14 @@ impl Metrics {
     /// The Prometheus text exposition of every metric, after updating the gauges computed at
     /// scrape time (lag, checkpoint age).
     pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.gather())
+            .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
+    }
+
+    /// Every metric family, after updating the gauges computed at scrape time (lag,
+    /// checkpoint age), for [`crate::observe::hub::Hub::render`].
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
         {
             let live = self.live();
             self.lag.set(lag_of(&live, now_unix()));
@@ -558,9 +641,7 @@ impl Metrics {
                     .map_or(0.0, |(since, _)| since.elapsed().as_secs_f64()),
             );
         }
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
+        self.registry.gather()
     }
 
     /// `Ok(text)` when the relay is streaming, has read an event or heartbeat within `stall`,
@@ -593,6 +674,13 @@ impl Metrics {
                 ))
             }
             State::Stopping => return Err("stopping".into()),
+            State::Failed { error } => {
+                return Err(format!(
+                    "failed: {}. Fix the cause, then reload the configuration (SIGHUP) to \
+                     start this source again",
+                    crate::error::redact_error(error)
+                ))
+            }
         }
         if let Some((since, error)) = &live.kafka_down {
             let down = since.elapsed();
@@ -707,6 +795,11 @@ impl Metrics {
         self.transactions_aborted.inc();
     }
 
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.live().state.clone()
+    }
+
     /// Sets the state; any state but [`State::Streaming`] means the stream is not connected.
     pub fn set_state(&self, state: State) {
         let mut live = self.live();
@@ -716,6 +809,8 @@ impl Metrics {
             live.kafka_down = None;
         }
         self.connected.set(i64::from(state == State::Streaming));
+        self.failed
+            .set(i64::from(matches!(state, State::Failed { .. })));
         live.state = state;
     }
 
@@ -916,17 +1011,19 @@ fn lag_of(live: &Live, now: f64) -> f64 {
 /// lags behind the source (catching up after a pause or a restart).
 #[derive(Debug)]
 pub struct ProgressLog {
+    metrics: std::sync::Arc<Metrics>,
     since: Instant,
     rows_read: u64,
     records_acked: u64,
 }
 
 impl ProgressLog {
-    /// Counting from now, with `records_acked` acknowledged so far.
-    pub fn new(records_acked: u64) -> Self {
+    /// Counting from now, with `records_acked` acknowledged so far, from `metrics`'s rows read.
+    pub fn new(metrics: std::sync::Arc<Metrics>, records_acked: u64) -> Self {
         Self {
             since: Instant::now(),
-            rows_read: global().rows_read_total(),
+            rows_read: metrics.rows_read_total(),
+            metrics,
             records_acked,
         }
     }
@@ -934,9 +1031,8 @@ impl ProgressLog {
     /// Logs the progress since the last call if rows were read, records acknowledged, or the
     /// relay is at least 1 s behind. `position`: the acknowledged checkpoint.
     pub fn log(&mut self, records_acked: u64, position: &BinlogPosition) {
-        let metrics = global();
-        let rows_read = metrics.rows_read_total();
-        let lag = metrics.lag_seconds();
+        let rows_read = self.metrics.rows_read_total();
+        let lag = self.metrics.lag_seconds();
         let secs = self.since.elapsed().as_secs_f64().max(0.001);
         let rows = rows_read.saturating_sub(self.rows_read);
         let acked = records_acked.saturating_sub(self.records_acked);
@@ -951,11 +1047,9 @@ impl ProgressLog {
                 "progress"
             );
         }
-        *self = Self {
-            since: Instant::now(),
-            rows_read,
-            records_acked,
-        };
+        self.since = Instant::now();
+        self.rows_read = rows_read;
+        self.records_acked = records_acked;
     }
 }
 

@@ -2,10 +2,20 @@
 //! are the relay's external contract (dashboards, alerts and the README's "Metrics" section
 //! use them): every metric is registered under one of these constants, and [`ALL`] lists them
 //! (a unit test checks that the registry holds exactly these). The help texts, buckets and
-//! label values are in [`super::metrics`].
+//! label values are in [`super::metrics`]. Every series of a source's metrics also carries the
+//! label `source` (its connector name); `outbox_relay_build_info` and
+//! `outbox_relay_config_reloads_total` are the process's and have none.
 
-/// Gauge, always 1; label `version`: the outbox-relay version.
+/// Gauge, always 1; label `version`: the outbox-relay version. A process metric: no `source`
+/// label.
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
+
+/// Counter (reloads), label `result` (`applied`, `failed`): reloads of a many-source
+/// configuration. A process metric: no `source` label.
+pub const CONFIG_RELOADS: &str = "outbox_relay_config_reloads_total";
+
+/// Gauge, no labels: 1 while the source is stopped on an error retrying cannot fix.
+pub const SOURCE_FAILED: &str = "outbox_relay_source_failed";
 
 /// Counter (events), no labels: binlog events read from the source, heartbeats not included.
 pub const BINLOG_EVENTS_READ: &str = "outbox_relay_binlog_events_read_total";
@@ -119,6 +129,8 @@ pub const LAST_STABLE_OFFSET_STUCK: &str = "outbox_relay_last_stable_offset_stuc
 
 /// Every metric name above, each once.
 pub const ALL: &[&str] = &[
+    CONFIG_RELOADS,
+    SOURCE_FAILED,
     BUILD_INFO,
     BINLOG_EVENTS_READ,
     BINLOG_HEARTBEATS,

@@ -16,7 +16,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
 use outbox_relay_core::config::KafkaConfig;
-use outbox_relay_core::observe::metrics;
 
 /// Longest wait for one watermark or metadata answer.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,6 +25,7 @@ pub struct LsoMonitor {
     topics: Arc<Mutex<std::collections::HashSet<String>>>,
     progress_topic: String,
     config: ClientConfig,
+    metrics: Arc<outbox_relay_core::observe::metrics::Metrics>,
 }
 
 impl LsoMonitor {
@@ -33,11 +33,13 @@ impl LsoMonitor {
         topics: Arc<Mutex<std::collections::HashSet<String>>>,
         progress_topic: String,
         kafka: &KafkaConfig,
+        metrics: Arc<outbox_relay_core::observe::metrics::Metrics>,
     ) -> Self {
         Self {
             topics,
             progress_topic,
             config: super::transactional::consumer_config(kafka),
+            metrics,
         }
     }
 
@@ -100,7 +102,7 @@ impl LsoMonitor {
                     oldest = Some((key.0, key.1, age));
                 }
             }
-            metrics::global().last_stable_offset(total, oldest);
+            self.metrics.last_stable_offset(total, oldest);
         }
     }
 }

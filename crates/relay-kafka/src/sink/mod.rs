@@ -33,7 +33,7 @@ use rdkafka::ClientConfig;
 
 use outbox_relay_core::config::KafkaConfig;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::observe::metrics;
+use outbox_relay_core::observe::metrics::Metrics;
 use outbox_relay_core::sink::{DeadLetter, Delivered, Deliveries, FatalCause, Record, SendError};
 
 mod limits;
@@ -57,13 +57,25 @@ pub use transactional::{point_label, TransactionalSink};
 
 /// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
 /// per [`LOG_REPEAT`]: an unreachable broker otherwise floods the log with the same lines.
-#[derive(Default)]
 pub struct RelayKafkaContext {
     last_logged: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// The last SASL/SSL authentication failure librdkafka reported (its reason text).
     auth_failure: AuthFailure,
     /// Where delivery reports go.
     deliveries: Arc<Deliveries>,
+    /// The source's metrics (unproven acknowledgements).
+    metrics: Arc<Metrics>,
+}
+
+impl RelayKafkaContext {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            last_logged: Default::default(),
+            auth_failure: Default::default(),
+            deliveries: Default::default(),
+            metrics,
+        }
+    }
 }
 
 impl ProducerContext for RelayKafkaContext {
@@ -71,6 +83,9 @@ impl ProducerContext for RelayKafkaContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        if matches!(result, Ok(msg) if msg.offset() < 0) {
+            self.metrics.unproven_ack(); // see `acked`
+        }
         self.deliveries.file((seq as u64, delivery_outcome(result)));
     }
 }
@@ -191,6 +206,8 @@ pub struct KafkaSink {
     fallback_topics: Arc<Mutex<HashSet<String>>>,
     /// Topics found missing (auto-creation off) or not authorized: when, and the refusal.
     missing_topics: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>>,
+    /// The source's metrics.
+    metrics: Arc<Metrics>,
 }
 
 /// How long a topic found missing (auto-creation off) or not authorized stays so before its
@@ -223,11 +240,14 @@ impl KafkaSink {
     ///
     /// # Errors
     /// [`RelayError::Config`] when librdkafka rejects a property.
+    /// `metrics`: the source's metrics (timestamp fallbacks, unproven acknowledgements, the
+    /// readiness probe's outcomes).
     pub fn new(
         config: &KafkaConfig,
         dead_letter_topic: Option<String>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, RelayError> {
-        Self::with_properties(config, dead_letter_topic, &[])
+        Self::with_properties(config, dead_letter_topic, &[], metrics)
     }
 
     /// [`KafkaSink::new`] with more producer properties set after the user's (the
@@ -239,6 +259,7 @@ impl KafkaSink {
         config: &KafkaConfig,
         dead_letter_topic: Option<String>,
         extra: &[(&str, String)],
+        metrics: Arc<Metrics>,
     ) -> Result<Self, RelayError> {
         let mut client = producer_config(config);
         // A failed batch that would leave a gap in a partition is a fatal producer error (the
@@ -247,7 +268,7 @@ impl KafkaSink {
         for (key, value) in extra {
             client.set(*key, value);
         }
-        let context = RelayKafkaContext::default();
+        let context = RelayKafkaContext::new(Arc::clone(&metrics));
         let auth_failure = context.auth_failure.clone();
         let deliveries = Arc::clone(&context.deliveries);
         let producer: BaseProducer<RelayKafkaContext> =
@@ -265,6 +286,7 @@ impl KafkaSink {
             topic_limits: Arc::new(TopicLimits::new(config)),
             fallback_topics: Arc::new(Mutex::new(HashSet::new())),
             missing_topics: Arc::default(),
+            metrics,
         })
     }
 
@@ -525,7 +547,7 @@ impl KafkaSink {
                 "{problem}; its commit time is refused too: {also}. Fix: {COMMIT_TIMESTAMP_FIX}"
             )));
         }
-        metrics::global().timestamp_fallback();
+        self.metrics.timestamp_fallback();
         if self.first_fallback(&record.topic) {
             tracing::warn!(topic = %record.topic, "{problem}: sending the record with its \
                 transaction's commit time instead, with header timestamp_fallback (logged once \
@@ -872,7 +894,6 @@ fn opaque(seq: u64) -> usize {
 /// the open transaction, so the resend is not a duplicate for `read_committed` readers.
 fn acked(topic: &str, partition: i32, offset: i64) -> Result<Delivered, RelayError> {
     if offset < 0 {
-        outbox_relay_core::observe::metrics::global().unproven_ack();
         return Err(RelayError::kafka(format!(
             "Kafka acknowledged a record of {topic} partition {partition} without an offset \
              (the broker answered DUPLICATE_SEQUENCE_NUMBER, or librdkafka lost the offset): \
@@ -1008,7 +1029,7 @@ mod tests {
             properties: [("message.timeout.ms".to_owned(), "300".to_owned())].into(),
             ..KafkaConfig::default()
         };
-        let sink = KafkaSink::new(&config, None).expect("producer");
+        let sink = KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer");
         let record = Record {
             topic: "t.orders".into(),
             key: b"order-1".to_vec(),

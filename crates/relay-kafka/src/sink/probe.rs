@@ -14,6 +14,7 @@ use super::KafkaSink;
 #[derive(Clone)]
 pub struct KafkaProbe {
     producer: Arc<ServedProducer>,
+    metrics: Arc<outbox_relay_core::observe::metrics::Metrics>,
 }
 
 impl KafkaSink {
@@ -21,6 +22,7 @@ impl KafkaSink {
     pub fn probe(&self) -> KafkaProbe {
         KafkaProbe {
             producer: Arc::clone(&self.producer),
+            metrics: Arc::clone(&self.metrics),
         }
     }
 }
@@ -46,9 +48,9 @@ impl KafkaProbe {
     }
 
     /// Probes every `every` until dropped, reporting each outcome to
-    /// [`outbox_relay_core::observe::metrics::Metrics::kafka_probe`].
+    /// [`outbox_relay_core::observe::metrics::Metrics::kafka_probe`] of the sink's metrics.
     pub async fn run(self, every: Duration) {
-        let metrics = outbox_relay_core::observe::metrics::global();
+        let metrics = Arc::clone(&self.metrics);
         loop {
             tokio::time::sleep(every).await;
             let asked = std::time::Instant::now();

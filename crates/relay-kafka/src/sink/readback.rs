@@ -30,7 +30,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::Notify;
 
 use outbox_relay_core::config::KafkaConfig;
-use outbox_relay_core::observe::metrics;
+use outbox_relay_core::observe::metrics::Metrics;
 
 /// Longest wait for one record to be read back before it counts as not stored.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
@@ -70,8 +70,8 @@ impl std::fmt::Debug for ReadBack {
 
 impl ReadBack {
     /// Starts the read-back thread with a consumer on `kafka`'s brokers (the user's client
-    /// properties, TLS and SASL included).
-    pub fn start(kafka: &KafkaConfig) -> Self {
+    /// properties, TLS and SASL included), counting its verdicts in `metrics`.
+    pub fn start(kafka: &KafkaConfig, metrics: Arc<Metrics>) -> Self {
         let (tx, rx) = mpsc::channel::<ReadBackRequest>();
         let results = Arc::new(Mutex::new(Vec::new()));
         let ready = Arc::new(Notify::new());
@@ -102,7 +102,9 @@ impl ReadBack {
                 while let Ok(request) = rx.recv() {
                     let verdict = match &consumer {
                         Some(c) if !unreadable.contains(&request.topic) => {
-                            read_back(c, &request, &mut unreadable)
+                            let verdict = read_back(c, &request, &mut unreadable);
+                            metrics.read_back(verdict.is_ok());
+                            verdict
                         }
                         _ => Ok(()),
                     };
@@ -222,14 +224,12 @@ fn read_back(
     };
     let _ = consumer.unassign();
     // Deleted since (retention, DeleteRecords) is stored all the same.
-    let verdict = verdict.or_else(|why| {
+    verdict.or_else(|why| {
         match consumer.fetch_watermarks(&request.topic, request.partition, READ_TIMEOUT) {
             Ok((low, _)) if low > request.offset => Ok(()),
             _ => Err(why),
         }
-    });
-    metrics::global().read_back(verdict.is_ok());
-    verdict
+    })
 }
 
 fn is_not_authorized(e: &KafkaError) -> bool {

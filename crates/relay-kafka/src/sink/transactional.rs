@@ -25,7 +25,7 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use super::{admin_client_config, record_size, KafkaSink, RelayKafkaContext};
 use outbox_relay_core::config::RelayConfig;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::observe::metrics;
+use outbox_relay_core::observe::metrics::Metrics;
 use outbox_relay_core::sink::{
     expired, fenced, DeadLetter, Deliveries, DeliveryMode, FatalCause, Record, RecordSink,
     SendError,
@@ -105,7 +105,9 @@ impl TransactionalSink {
     /// [`RelayError::Kafka`] when no broker answers or the transaction coordinator cannot be
     /// reached in time; [`RelayError::Config`] when the broker refuses transactions for this
     /// `transactional.id` (no `TransactionalId` ACL) or the producer configuration is invalid.
-    pub async fn start(config: &RelayConfig) -> Result<Self, RelayError> {
+    ///
+    /// `metrics`: the source's metrics (transactions, the last stable offsets).
+    pub async fn start(config: &RelayConfig, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
         let k = &config.kafka;
         let transactional_id = k.transactional_id_for(&config.connector_name);
         let dead_letter = config
@@ -135,6 +137,7 @@ impl TransactionalSink {
                 // guarantee is the idempotent producer's and does not apply here.
                 ("enable.gapless.guarantee", "false".into()),
             ],
+            Arc::clone(&metrics),
         )?;
         inner
             .check_reachable(&k.bootstrap_servers, Duration::from_secs(10))
@@ -151,8 +154,7 @@ impl TransactionalSink {
             }
         }
         ensure_progress_topic(config).await?;
-        metrics::global()
-            .set_transaction_stall(Duration::from_millis(k.transaction_timeout_ms / 2));
+        metrics.set_transaction_stall(Duration::from_millis(k.transaction_timeout_ms / 2));
         let sink = Self {
             inner,
             transactional_id,
@@ -206,6 +208,7 @@ impl TransactionalSink {
             Arc::clone(&self.inner.ready_topics),
             self.progress_topic.clone(),
             kafka,
+            Arc::clone(&self.inner.metrics),
         )
     }
 
@@ -305,7 +308,7 @@ impl TransactionalSink {
         };
         *self.unfinished.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), SystemTime::now()));
-        metrics::global().transaction_opened();
+        self.inner.metrics.transaction_opened();
         Ok(())
     }
 
@@ -319,7 +322,7 @@ impl TransactionalSink {
     fn close(&self) -> (Duration, u64) {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let closed = std::mem::take(&mut *open);
-        metrics::global().transaction_closed();
+        self.inner.metrics.transaction_closed();
         (
             closed.since.map_or(Duration::ZERO, |s| s.elapsed()),
             closed.records,
@@ -469,7 +472,9 @@ impl RecordSink for TransactionalSink {
             Ok(()) => {
                 self.finished();
                 let (age, records) = self.close();
-                metrics::global().transaction_committed(age, records, started.elapsed());
+                self.inner
+                    .metrics
+                    .transaction_committed(age, records, started.elapsed());
                 tracing::debug!(records, age_ms = age.as_millis() as u64,
                     flush_ms = flushed.as_millis() as u64,
                     end_ms = (started.elapsed() - flushed).as_millis() as u64, position = %point.position,
@@ -492,7 +497,7 @@ impl RecordSink for TransactionalSink {
                         or aborts it, and the relay resumes from the progress topic's last \
                         committed point");
                     self.close();
-                    metrics::global().transaction_aborted();
+                    self.inner.metrics.transaction_aborted();
                     if let RelayError::Kafka(_) = error {
                         return Err(RelayError::CommitUnknown {
                             detail: format!(
@@ -514,7 +519,7 @@ impl RecordSink for TransactionalSink {
         let timeout = self.op_timeout;
         let result = self.blocking(move |p| p.abort_transaction(timeout)).await;
         self.close();
-        metrics::global().transaction_aborted();
+        self.inner.metrics.transaction_aborted();
         if result.is_ok() {
             self.finished();
         }

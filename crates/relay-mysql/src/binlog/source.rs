@@ -185,6 +185,8 @@ pub struct BinlogSource {
     /// Whether anything (an event or a heartbeat) arrived on this dump: a MariaDB GTID dump
     /// that closes before its first event may be one whose start the server purged.
     received: bool,
+    /// The source's metrics (heartbeats), if any.
+    metrics: Option<std::sync::Arc<outbox_relay_core::observe::metrics::Metrics>>,
 }
 
 /// `LOG_EVENT_ARTIFICIAL_F`: the event was made up by the dump thread, not read from the file
@@ -192,6 +194,17 @@ pub struct BinlogSource {
 const LOG_EVENT_ARTIFICIAL_F: u16 = 0x20;
 
 impl BinlogSource {
+    /// The same dump, counting heartbeats in `metrics`.
+    pub fn with_metrics(
+        self,
+        metrics: std::sync::Arc<outbox_relay_core::observe::metrics::Metrics>,
+    ) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
+        }
+    }
+
     /// Connects, registers as replica `server_id` (with `report_host`, shown by `SHOW SLAVE
     /// HOSTS`; see [`report_host`]) and starts the dump at `start`.
     ///
@@ -267,6 +280,7 @@ impl BinlogSource {
             opts,
             flavor,
             received: false,
+            metrics: None,
         })
     }
 
@@ -315,7 +329,9 @@ impl BinlogSource {
             let header = event.header();
             let raw_type = header.event_type_raw();
             if raw_type == EventType::HEARTBEAT_EVENT as u8 {
-                outbox_relay_core::observe::metrics::global().heartbeat();
+                if let Some(m) = &self.metrics {
+                    m.heartbeat();
+                }
                 continue;
             }
             // Before a ROTATE changes the file name: an error names the payload's file.

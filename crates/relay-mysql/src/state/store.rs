@@ -11,6 +11,7 @@ use mysql_async::{Conn, Pool, Row};
 
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::metrics::Metrics;
 use outbox_relay_core::state::checkpoint::{Checkpoint, CheckpointStore};
 use outbox_relay_core::state::codec::{self, StateRow};
 
@@ -24,6 +25,8 @@ pub struct MysqlCheckpointStore {
     lease_token: Option<u64>,
     /// The table has the `table_layouts` column (found by [`MysqlCheckpointStore::verify`]).
     layouts_column: Arc<AtomicBool>,
+    /// The source's metrics (checkpoint gauges), if any.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl MysqlCheckpointStore {
@@ -35,6 +38,15 @@ impl MysqlCheckpointStore {
             connector,
             lease_token: None,
             layouts_column: Arc::new(AtomicBool::new(false)),
+            metrics: None,
+        }
+    }
+
+    /// The same store, reporting what it loads and stores to `metrics` (the checkpoint gauges).
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
         }
     }
 
@@ -138,8 +150,9 @@ impl CheckpointStore for MysqlCheckpointStore {
         if checkpoint.position.pos < 4 {
             return Err(bad("binlog position"));
         }
-        outbox_relay_core::observe::metrics::global()
-            .checkpoint_stored(&checkpoint.position, false);
+        if let Some(m) = &self.metrics {
+            m.checkpoint_stored(&checkpoint.position, false);
+        }
         Ok(Some(checkpoint))
     }
 
@@ -167,7 +180,9 @@ impl CheckpointStore for MysqlCheckpointStore {
                 self.connector
             )));
         }
-        outbox_relay_core::observe::metrics::global().checkpoint_stored(&checkpoint.position, true);
+        if let Some(m) = &self.metrics {
+            m.checkpoint_stored(&checkpoint.position, true);
+        }
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::{refused_too, Ack, RowRef};
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::audit::AckAudit;
-use outbox_relay_core::observe::metrics::{self, DeadLetterKind};
+use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics};
 use outbox_relay_core::observe::spans::RowSpan;
 use outbox_relay_core::position::BinlogPosition;
 use outbox_relay_core::sink::{
@@ -87,6 +87,8 @@ enum Entry {
 
 /// The acknowledgement queue of one pipeline run. See the module documentation.
 pub(super) struct AckQueue {
+    /// The source's metrics.
+    metrics: Arc<Metrics>,
     entries: VecDeque<Entry>,
     /// Sequence number of `entries[0]`.
     first_seq: u64,
@@ -126,8 +128,10 @@ impl AckQueue {
         sink: &impl RecordSink,
         audit: Option<Arc<AckAudit>>,
         read_back: Option<Arc<ReadBack>>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
+            metrics,
             entries: VecDeque::new(),
             first_seq: 0,
             deliveries: Arc::clone(sink.deliveries()),
@@ -343,11 +347,11 @@ impl AckQueue {
                             // By content: the router makes a new Arc when the topic changes back.
                             Some((topic, c)) if *topic == info.topic => c,
                             _ => {
-                                let c = metrics::global().topic_counters(&info.topic);
+                                let c = self.metrics.topic_counters(&info.topic);
                                 &self.topic_counters.insert((Arc::clone(&info.topic), c)).1
                             }
                         };
-                        metrics::global().record_acked_on(
+                        self.metrics.record_acked_on(
                             counters,
                             info.bytes,
                             info.event_time,
@@ -432,7 +436,7 @@ impl AckQueue {
                             value_dropped,
                         };
                         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "record refused by Kafka; sent to the dead-letter topic");
-                        metrics::global().dead_lettered(DeadLetterKind::Broker);
+                        self.metrics.dead_lettered(DeadLetterKind::Broker);
                         *entry = Entry::DeadLetter {
                             done: done.clone(),
                             dl: Box::new(dl),

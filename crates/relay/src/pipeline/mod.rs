@@ -52,7 +52,7 @@ use outbox_relay_mysql::cutover::{self, Cutover};
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::audit::AckAudit;
-use outbox_relay_core::observe::metrics::{self, DeadLetterKind, ProgressLog};
+use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics, ProgressLog};
 use outbox_relay_core::observe::spans::{RowSpan, RowSpans, RowStart};
 use outbox_relay_core::outbox::OutboxEvent;
 use outbox_relay_core::sink::{DeadLetter, DeliveryMode, Record, RecordSink, SendError};
@@ -167,6 +167,8 @@ pub struct PipelineSettings {
     /// Reads back the first acknowledgement of each partition new to the process before the
     /// checkpoint may pass it (`kafka/sink/readback.rs`); `None`: acknowledgements trusted.
     pub read_back: Option<Arc<ReadBack>>,
+    /// The source's metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Counters of one run, for logs.
@@ -208,6 +210,8 @@ struct Progress<'s, S> {
     stats: RunStats,
     /// `@@server_id` and `@@server_uuid` of the server this run reads.
     server: (u32, Option<String>),
+    /// The source's metrics.
+    metrics: Arc<Metrics>,
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
@@ -278,7 +282,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             self.mirrored = Some(self.stored.clone());
             self.last_write = Instant::now();
         }
-        metrics::global().checkpoint_current();
+        self.metrics.checkpoint_current();
         Ok(())
     }
 
@@ -317,7 +321,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
         }
         if !(self.dirty || force) {
             if self.store.is_some() {
-                metrics::global().checkpoint_current();
+                self.metrics.checkpoint_current();
             }
             return Ok(());
         }
@@ -341,7 +345,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
         }
         self.dirty = false;
         self.last_write = Instant::now();
-        metrics::global().checkpoint_current();
+        self.metrics.checkpoint_current();
         Ok(())
     }
 
@@ -456,8 +460,14 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
             settings.source_server_id,
             settings.source_server_uuid.clone(),
         ),
+        metrics: Arc::clone(&settings.metrics),
     };
-    let mut inflight = AckQueue::new(sink, settings.ack_audit.clone(), settings.read_back.clone());
+    let mut inflight = AckQueue::new(
+        sink,
+        settings.ack_audit.clone(),
+        settings.read_back.clone(),
+        Arc::clone(&settings.metrics),
+    );
     let mut reader = Reader {
         tx_base: Arc::clone(&progress.acked_base),
         rows_in_tx: 0,
@@ -545,7 +555,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         other => other,
     };
     // What was not drained is no longer waited for.
-    metrics::global().set_in_flight(0);
+    settings.metrics.set_in_flight(0);
     RunOutcome {
         acked: progress.resume_point(),
         result,
@@ -683,7 +693,7 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         if matches!(ack, Ack::Record(_)) {
             self.records_in_flight -= 1;
-            metrics::global().set_in_flight(self.records_in_flight);
+            self.settings.metrics.set_in_flight(self.records_in_flight);
         }
         progress.on_ack(ack)?;
         if queue_empty {
@@ -722,7 +732,10 @@ impl Reader<'_> {
             metrics::PROGRESS_LOG_INTERVAL,
         );
         progress_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut progress_log = ProgressLog::new(progress.stats.records_acked);
+        let mut progress_log = ProgressLog::new(
+            Arc::clone(&self.settings.metrics),
+            progress.stats.records_acked,
+        );
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -776,7 +789,7 @@ impl Reader<'_> {
                         tracing::debug!("the source has no more events");
                         return Ok(());
                     };
-                    metrics::global().event_read(event.dated_at());
+                    self.settings.metrics.event_read(event.dated_at());
                     self.event_time = event.timestamp;
                     self.read_at = Instant::now();
                     let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
@@ -921,7 +934,7 @@ impl Reader<'_> {
         self.produce(row, router, sink, done, progress, inflight)
             .await?;
         self.records_in_flight += 1;
-        metrics::global().set_in_flight(self.records_in_flight);
+        self.settings.metrics.set_in_flight(self.records_in_flight);
         if std::mem::take(&mut self.drain_after) {
             // Sent alone: nothing more is sent before its report.
             self.drain(sink, progress, inflight).await?;
@@ -958,7 +971,7 @@ impl Reader<'_> {
                     } => (position.clone(), table.as_str()),
                     _ => (self.tx_base.position.clone(), ""),
                 };
-                metrics::global().row_read(table);
+                self.settings.metrics.row_read(table);
                 (position, Arc::from(table))
             }
         };
@@ -1138,11 +1151,11 @@ impl Reader<'_> {
             Some(t) if Arc::ptr_eq(&t.0, table) => t,
             _ => {
                 let label: Arc<str> = table.to_string().into();
-                let rows = metrics::global().table_rows(&label);
+                let rows = self.settings.metrics.table_rows(&label);
                 self.table.insert((Arc::clone(table), label, rows))
             }
         };
-        metrics::global().row_read_in(rows);
+        self.settings.metrics.row_read_in(rows);
         Arc::clone(label)
     }
 
@@ -1167,7 +1180,7 @@ impl Reader<'_> {
         }
         tracing::warn!(reason = %dl.reason, position = %dl.position, table = %dl.table, "row sent to the dead-letter topic");
         progress.stats.dead_lettered += 1;
-        metrics::global().dead_lettered(kind);
+        self.settings.metrics.dead_lettered(kind);
         sink.ensure_dead_letter_topic().await?;
         match self
             .send_with_backpressure(sink, progress, inflight, |s, seq| {
@@ -1360,6 +1373,7 @@ mod tests {
             mirrored: None,
             stats: RunStats::default(),
             server: (server.0, server.1.map(str::to_owned)),
+            metrics: Arc::new(Metrics::new()),
         }
     }
 

@@ -6,11 +6,13 @@
 
 mod replay;
 mod retry;
+mod sources;
 mod start;
 
 pub use replay::replay;
 use replay::{new_decoder, new_router, new_sink};
 use retry::{wait_or_stop, Retry};
+pub use sources::{run_sources, Reload};
 use start::{forget_rows_acked_on_another_server, prepare, store_first_start};
 
 use std::sync::Arc;
@@ -23,7 +25,8 @@ use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use outbox_relay_core::config::{Delivery, RelayConfig};
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::audit::AckAudit;
-use outbox_relay_core::observe::metrics::State;
+use outbox_relay_core::observe::hub::{Hub, ReadyLimits};
+use outbox_relay_core::observe::metrics::{Metrics, State};
 use outbox_relay_core::observe::spans::RowSpans;
 use outbox_relay_core::sink::RecordSink;
 use outbox_relay_core::state::checkpoint::Checkpoint;
@@ -37,7 +40,7 @@ use outbox_relay_mysql::state::store::MysqlCheckpointStore;
 use crate::pipeline;
 use outbox_relay_core::config::mysql_tls;
 use outbox_relay_core::error::with_timeout;
-use outbox_relay_core::observe::{http, metrics};
+use outbox_relay_core::observe::http;
 use outbox_relay_mysql::binlog::source;
 use outbox_relay_mysql::preflight;
 use outbox_relay_mysql::state::lease::instance_name;
@@ -66,10 +69,11 @@ const MAX_QUICK_EXPIRIES: usize = 3;
 /// `retry.max_attempts` consecutive failures. [`RelayError::Config`] when `http.listen` cannot
 /// be bound.
 pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
-    let metrics = metrics::global();
+    let hub = Hub::new(false);
+    let metrics = hub.add(&config.connector_name, ready_limits(&config));
     let spans = RowSpans::start(&config.tracing)?;
-    let server = http::start(&config.http, metrics).await?;
-    let result = supervise(config, shutdown, &spans).await;
+    let server = http::start(&config.http, hub).await?;
+    let result = supervise(config, shutdown, &spans, Arc::clone(&metrics)).await;
     metrics.set_state(State::Stopping);
     if let Some(server) = server {
         server.stop().await;
@@ -84,13 +88,22 @@ pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result
 /// On a stop, the longest wait for the OTLP receiver to take the spans still queued.
 const SPANS_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// [`run`] without the HTTP endpoints and the span exporter.
-async fn supervise(
+/// The `/readyz` thresholds of `config`'s source.
+pub(crate) fn ready_limits(config: &RelayConfig) -> ReadyLimits {
+    ReadyLimits {
+        stall: Duration::from_millis(config.http.ready_stall_ms),
+        kafka: Duration::from_millis(config.http.ready_kafka_ms),
+    }
+}
+
+/// [`run`] without the HTTP endpoints and the span exporter: one source, its state and
+/// counters in `metrics`.
+pub(crate) async fn supervise(
     config: RelayConfig,
     mut shutdown: watch::Receiver<bool>,
     spans: &Option<RowSpans>,
+    metrics: Arc<Metrics>,
 ) -> Result<(), RelayError> {
-    let metrics = metrics::global();
     let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
         return Ok(());
     };
@@ -99,7 +112,8 @@ async fn supervise(
         pool.clone(),
         config.checkpoint_table()?,
         config.connector_name.clone(),
-    );
+    )
+    .with_metrics(Arc::clone(&metrics));
     let router = new_router(&config)?;
     let owner = instance_name();
     let address = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
@@ -112,9 +126,12 @@ async fn supervise(
     let mut resume: Option<Checkpoint> = None;
     // What runs learnt about records the brokers refuse for good (see pipeline.rs).
     let mut refusals = Refusals::default();
-    let mut cutover = new_cutover(&config, &pool)?;
+    let mut cutover = new_cutover(&config, &pool)?.map(|c| c.with_metrics(Arc::clone(&metrics)));
     let ack_audit = ack_audit(&config)?;
-    let read_back = Some(Arc::new(ReadBack::start(&config.kafka)));
+    let read_back = Some(Arc::new(ReadBack::start(
+        &config.kafka,
+        Arc::clone(&metrics),
+    )));
 
     let result = loop {
         let mut streamed = None;
@@ -159,6 +176,7 @@ async fn supervise(
                     spans,
                     ack_audit: &ack_audit,
                     read_back: &read_back,
+                    metrics: &metrics,
                 };
                 let attempt = run_once(
                     &parts,
@@ -424,6 +442,8 @@ struct Parts<'a> {
     ack_audit: &'a Option<Arc<AckAudit>>,
     /// The read-back of first acknowledgements of new partitions.
     read_back: &'a Option<Arc<ReadBack>>,
+    /// The source's metrics.
+    metrics: &'a Arc<Metrics>,
 }
 
 /// The acknowledgement audit of `config` (`[audit] acks_file`), opened once per process.
@@ -453,9 +473,10 @@ async fn run_once(
         config,
         pool,
         store,
+        metrics,
         ..
     } = *parts;
-    metrics::global().set_state(State::Connecting);
+    metrics.set_state(State::Connecting);
     if let Err(e) = lease.verify().await {
         return Attempt::before_streaming(resume, Err(e));
     }
@@ -482,7 +503,12 @@ async fn run_once(
                 Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
             }
         }
-        let sink = match unless_stopped(shutdown, TransactionalSink::start(config)).await {
+        let sink = match unless_stopped(
+            shutdown,
+            TransactionalSink::start(config, Arc::clone(metrics)),
+        )
+        .await
+        {
             None => return Attempt::before_streaming(resume, Ok(())),
             Some(Ok(s)) => s,
             Some(Err(e)) => return Attempt::before_streaming(resume, Err(e)),
@@ -552,7 +578,7 @@ async fn run_once(
         )
         .await;
     }
-    let sink = match unless_stopped(shutdown, new_sink(config)).await {
+    let sink = match unless_stopped(shutdown, new_sink(config, Arc::clone(metrics))).await {
         None => return Attempt::before_streaming(Some(prepared.start), Ok(())),
         Some(Ok(s)) => s,
         Some(Err(e)) => return Attempt::before_streaming(Some(prepared.start), Err(e)),
@@ -596,6 +622,7 @@ async fn stream<K: RecordSink>(
         pool,
         store,
         router,
+        metrics,
         ..
     } = *parts;
     let Prepared {
@@ -619,7 +646,7 @@ async fn stream<K: RecordSink>(
     .await;
     let mut source = match connected {
         None => return Attempt::before_streaming(Some(start), Ok(())),
-        Some(Ok(s)) => s,
+        Some(Ok(s)) => s.with_metrics(Arc::clone(metrics)),
         Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
     };
     // By position, the decoder still keeps the checkpoint's GTID state up to date.
@@ -685,6 +712,7 @@ async fn stream<K: RecordSink>(
         spans: parts.spans.clone(),
         ack_audit: parts.ack_audit.clone(),
         read_back: parts.read_back.clone(),
+        metrics: Arc::clone(metrics),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
@@ -696,7 +724,7 @@ async fn stream<K: RecordSink>(
         lease: Some(lease),
         cutover,
     };
-    metrics::global().set_state(State::Streaming);
+    metrics.set_state(State::Streaming);
     let streaming_since = Instant::now();
     // Aborted when the run ends: the probe only speaks for a streaming relay.
     let probe = AbortOnDrop(tokio::spawn(
@@ -710,7 +738,7 @@ async fn stream<K: RecordSink>(
     let outcome = pipeline::run(stages, &settings, start, shutdown, refusals).await;
     drop(probe);
     drop(monitor);
-    metrics::global().set_state(State::Connecting);
+    metrics.set_state(State::Connecting);
     tracing::info!(
         records_acked = outcome.stats.records_acked,
         dead_lettered = outcome.stats.dead_lettered,

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use crate::pipeline::{PipelineSettings, Refusals, Stages};
 use outbox_relay_core::config::{RelayConfig, TableName};
 use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::metrics::Metrics;
 use outbox_relay_core::position::GtidState;
 use outbox_relay_core::state::checkpoint::Checkpoint;
 use outbox_relay_kafka::route::Router;
@@ -57,12 +58,15 @@ pub(super) fn new_decoder(
 
 /// The Kafka producer of `config` (with its dead-letter topic when enabled), once a broker
 /// answers (shared by [`run`] and [`replay()`]).
-pub(super) async fn new_sink(config: &RelayConfig) -> Result<KafkaSink, RelayError> {
+pub(super) async fn new_sink(
+    config: &RelayConfig,
+    metrics: std::sync::Arc<Metrics>,
+) -> Result<KafkaSink, RelayError> {
     let dead_letter = config
         .dead_letter
         .enabled
         .then(|| config.dead_letter.topic.clone());
-    let sink = KafkaSink::new(&config.kafka, dead_letter)?;
+    let sink = KafkaSink::new(&config.kafka, dead_letter, metrics)?;
     sink.check_reachable(&config.kafka.bootstrap_servers, Duration::from_secs(10))
         .await?;
     Ok(sink)
@@ -110,7 +114,9 @@ pub async fn replay(
         ),
         _ => tracing::warn!("no whole transaction of the files is in the selected range"),
     }
-    let sink = new_sink(&config).await?;
+    // Not served anywhere (a replay has no HTTP endpoints); its summary is logged.
+    let metrics = std::sync::Arc::new(Metrics::new());
+    let sink = new_sink(&config, std::sync::Arc::clone(&metrics)).await?;
     let mut source = ReplaySource::new(&plan);
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
@@ -123,8 +129,12 @@ pub async fn replay(
         spans: None,
         ack_audit: super::ack_audit(&config)?,
         read_back: Some(std::sync::Arc::new(
-            outbox_relay_kafka::sink::ReadBack::start(&config.kafka),
+            outbox_relay_kafka::sink::ReadBack::start(
+                &config.kafka,
+                std::sync::Arc::clone(&metrics),
+            ),
         )),
+        metrics,
     };
     let start = Checkpoint {
         position: plan
