@@ -125,6 +125,14 @@ bench: inbox
 	tests/bench/bench.sh
 	tests/bench/inbox-bench.sh
 
+## Many idle sources in one process (also a step of `make bench`): start time and resident
+## memory of BENCH_SOURCES (100) sources against one, on OUTBOX_TEST_SERVER's server
+## (crates/bench/src/sources.rs; README, "Many sources in one process").
+.PHONY: bench-sources
+bench-sources: services-up
+	$(CARGO) build --release -p outbox-relay -p outbox-relay-bench
+	target/release/outbox-relay-bench sources
+
 ## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
 ## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
 ## (tests/bench/inbox-bench.sh; README, "Benchmark").

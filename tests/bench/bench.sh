@@ -87,4 +87,6 @@ done
 files=()
 for server in "${servers[@]}"; do files+=("$runs/$server.json"); done
 target/release/outbox-relay-bench report "${files[@]}"
+log "many idle sources in one process (on ${servers[0]})"
+OUTBOX_TEST_SERVER="${servers[0]}" target/release/outbox-relay-bench sources || failed+=("sources")
 [ ${#failed[@]} -eq 0 ] || die "the bench failed on: ${failed[*]}"

@@ -30,6 +30,7 @@ mod kafka;
 mod polling;
 mod procs;
 mod report;
+mod sources;
 mod workload;
 
 use std::path::PathBuf;
@@ -1025,6 +1026,9 @@ async fn main() -> Result<()> {
             std::fs::write(&args[1], serde_json::to_string_pretty(&one)? + "\n")
                 .with_context(|| format!("writing {}", args[1]))?;
         }
+        Some("sources") if args.len() == 1 => {
+            sources::measure(&s.relay_bin, &s.out, s.readme.as_deref()).await?;
+        }
         Some("report") if args.len() > 1 => {
             let mut runs = Vec::new();
             for file in &args[1..] {
@@ -1036,7 +1040,7 @@ async fn main() -> Result<()> {
             print!("{}", report::markdown_all(&all, ""));
         }
         _ => anyhow::bail!(
-            "usage: outbox-relay-bench [measure FILE | report FILE...] (see crates/bench/src/main.rs)"
+            "usage: outbox-relay-bench [measure FILE | report FILE... | sources] (see crates/bench/src/main.rs)"
         ),
     }
     Ok(())
