@@ -1,0 +1,108 @@
+{{/* Chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "outbox-relay.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release fullname: <release>-<chart> unless the release name already contains the chart's. */}}
+{{- define "outbox-relay.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "outbox-relay.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "outbox-relay.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "outbox-relay.labels" -}}
+helm.sh/chart: {{ include "outbox-relay.chart" . }}
+{{ include "outbox-relay.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "outbox-relay.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "outbox-relay.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap mounted at /etc/outbox-relay: the chart's, or existingConfigMap. */}}
+{{- define "outbox-relay.configMapName" -}}
+{{- default (include "outbox-relay.fullname" .) .Values.existingConfigMap }}
+{{- end }}
+
+{{/*
+relay.toml, rendered from values as one map with mustToToml (valid TOML by construction: the
+encoder writes a table's scalar keys before its sub-tables and arrays of tables):
+  - config.shared: the top-level (shared) settings; the chart sets http.listen;
+  - sources: each one [[source]] table (one MySQL server/outbox; `name` is the connector name);
+  - fleet.enabled: a [fleet] table (group_id, control_topic, instance_id = ${env:POD_NAME}).
+Numbers in values are YAML numbers (float64 in Helm): a whole number would be written `5001.0`,
+which the relay's integer keys refuse, so `= N.0` at the end of a line is written `= N`.
+*/}}
+{{- define "outbox-relay.config" -}}
+{{- $shared := deepCopy (.Values.config.shared | default dict) -}}
+{{- range $k := list "source" "fleet" -}}
+{{- if hasKey $shared $k -}}
+{{- fail (printf "config.shared.%s: use the chart's `%s` value instead" $k (ternary "sources" "fleet" (eq $k "source"))) -}}
+{{- end -}}
+{{- end -}}
+{{- $http := dict -}}
+{{- if hasKey $shared "http" -}}
+{{- $http = get $shared "http" -}}
+{{- end -}}
+{{- if and (hasKey $http "enabled") (not $http.enabled) -}}
+{{- fail "config.shared.http.enabled = false: the chart's probes and Service need /healthz, /readyz and /metrics" -}}
+{{- end -}}
+{{- $_ := set $http "listen" (printf "0.0.0.0:%d" (int .Values.containerPort)) -}}
+{{- $_ := set $shared "http" $http -}}
+{{- $names := dict -}}
+{{- range $i, $src := .Values.sources -}}
+{{- if not (kindIs "map" $src) -}}
+{{- fail (printf "sources[%d]: must be a map (one [[source]] table)" $i) -}}
+{{- end -}}
+{{- $name := toString (get $src "name" | default "") | trim -}}
+{{- if not $name -}}
+{{- fail (printf "sources[%d]: `name` is required and must not be empty (it is the connector name: it keys the source's checkpoint row and lease)" $i) -}}
+{{- end -}}
+{{- if hasKey $names $name -}}
+{{- fail (printf "sources[%d]: name %q is used by sources[%v] too: source names must be unique" $i $name (get $names $name)) -}}
+{{- end -}}
+{{- $_ := set $names $name $i -}}
+{{- range $k := list "http" "tracing" -}}
+{{- if hasKey $src $k -}}
+{{- fail (printf "sources[%d] (%s): [%s] is process-wide; set it in config.shared" $i $name $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.sources -}}
+{{- $_ := set $shared "source" .Values.sources -}}
+{{- end -}}
+{{- if .Values.fleet.enabled -}}
+{{- if not .Values.sources -}}
+{{- fail "fleet.enabled: the fleet shares the `sources` among the replicas; list them in `sources`" -}}
+{{- end -}}
+{{- $fullname := include "outbox-relay.fullname" . -}}
+{{- $_ := set $shared "fleet" (dict
+      "enabled" true
+      "group_id" (default $fullname .Values.fleet.groupId)
+      "control_topic" (default (printf "%s.fleet" $fullname) .Values.fleet.controlTopic)
+      "instance_id" "${env:POD_NAME}") -}}
+{{- end -}}
+{{- regexReplaceAll "(?m)^([ \\t]*[^ \\t#\\[][^=\\n]*= -?[0-9]+)\\.0$" (mustToToml $shared) "${1}" -}}
+{{- end }}
