@@ -52,9 +52,36 @@ encoder writes a table's scalar keys before its sub-tables and arrays of tables)
   - config.shared: the top-level (shared) settings; the chart sets http.listen;
   - sources: each one [[source]] table (one MySQL server/outbox; `name` is the connector name);
   - fleet.enabled: a [fleet] table (group_id, control_topic, instance_id = ${env:POD_NAME}).
-Numbers in values are YAML numbers (float64 in Helm): a whole number would be written `5001.0`,
-which the relay's integer keys refuse, so `= N.0` at the end of a line is written `= N`.
+Numbers from values files reach templates as float64: toToml would write 5001 as `5001.0` and
+67108864 as `6.7108864e+07`, which the relay's integer keys refuse. "outbox-relay.wholeNumbers"
+turns every whole float64 into an int64 first (a float key such as tracing.sample_ratio accepts
+an integer).
 */}}
+
+{{/* In place: whole float64 values of the map (and of maps and lists inside it) become int64. */}}
+{{- define "outbox-relay.wholeNumbers" -}}
+{{- $m := . -}}
+{{- range $k, $v := $m -}}
+{{- if and (kindIs "float64" $v) (eq (float64 (int64 $v)) $v) -}}
+{{- $_ := set $m $k (int64 $v) -}}
+{{- else if kindIs "map" $v -}}
+{{- include "outbox-relay.wholeNumbers" $v -}}
+{{- else if kindIs "slice" $v -}}
+{{- $items := list -}}
+{{- range $item := $v -}}
+{{- if and (kindIs "float64" $item) (eq (float64 (int64 $item)) $item) -}}
+{{- $items = append $items (int64 $item) -}}
+{{- else -}}
+{{- if kindIs "map" $item -}}
+{{- include "outbox-relay.wholeNumbers" $item -}}
+{{- end -}}
+{{- $items = append $items $item -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $m $k $items -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
 {{- define "outbox-relay.config" -}}
 {{- $shared := deepCopy (.Values.config.shared | default dict) -}}
 {{- range $k := list "source" "fleet" -}}
@@ -91,7 +118,7 @@ which the relay's integer keys refuse, so `= N.0` at the end of a line is writte
 {{- end -}}
 {{- end -}}
 {{- if .Values.sources -}}
-{{- $_ := set $shared "source" .Values.sources -}}
+{{- $_ := set $shared "source" (deepCopy .Values.sources) -}}
 {{- end -}}
 {{- if .Values.fleet.enabled -}}
 {{- if not .Values.sources -}}
@@ -104,5 +131,6 @@ which the relay's integer keys refuse, so `= N.0` at the end of a line is writte
       "control_topic" (default (printf "%s.fleet" $fullname) .Values.fleet.controlTopic)
       "instance_id" "${env:POD_NAME}") -}}
 {{- end -}}
-{{- regexReplaceAll "(?m)^([ \\t]*[^ \\t#\\[][^=\\n]*= -?[0-9]+)\\.0$" (mustToToml $shared) "${1}" -}}
+{{- include "outbox-relay.wholeNumbers" $shared -}}
+{{- mustToToml $shared -}}
 {{- end }}
