@@ -56,7 +56,7 @@ helm-lint:
 	"$$helm" template outbox-relay $(HELM_CHART) | deploy/helm/check-rendered.py "default values"; \
 	for f in $(HELM_EXAMPLES); do "$$helm" template outbox-relay $(HELM_CHART) -f "$$f" | deploy/helm/check-rendered.py "$$f"; done; \
 	for bad in 'sources=[{"name":"a"},{"name":"a"}]' 'sources=[{"name":""}]' 'sources=[{"mysql":{}}]' \
-	    'sources=[{"name":"a","http":{}}]' 'fleet={"enabled":true}' 'config.shared.http={"enabled":false}'; do \
+	    'sources=[{"name":"a","http":{}}]' 'sources=[{"name":"a","connector_name":"b"}]' 'fleet={"enabled":true}' 'config.shared.http={"enabled":false}'; do \
 	  if "$$helm" template outbox-relay $(HELM_CHART) --set-json "$$bad" >/dev/null 2>&1; then \
 	    echo "helm-lint: the chart accepted $$bad" >&2; exit 1; fi; \
 	done; echo "helm-lint: OK (helm $$("$$helm" version --template '{{.Version}}'))"

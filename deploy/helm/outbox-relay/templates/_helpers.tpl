@@ -111,6 +111,9 @@ an integer).
 {{- fail (printf "sources[%d]: name %q is used by sources[%v] too: source names must be unique" $i $name (get $names $name)) -}}
 {{- end -}}
 {{- $_ := set $names $name $i -}}
+{{- if hasKey $src "connector_name" -}}
+{{- fail (printf "sources[%d] (%s): the source's connector name is its `name`; remove connector_name" $i $name) -}}
+{{- end -}}
 {{- range $k := list "http" "tracing" -}}
 {{- if hasKey $src $k -}}
 {{- fail (printf "sources[%d] (%s): [%s] is process-wide; set it in config.shared" $i $name $k) -}}
@@ -118,6 +121,9 @@ an integer).
 {{- end -}}
 {{- end -}}
 {{- if .Values.sources -}}
+{{- if hasKey $shared "connector_name" -}}
+{{- fail "config.shared.connector_name: with `sources` each source's connector name is its `name`; remove config.shared.connector_name" -}}
+{{- end -}}
 {{- $_ := set $shared "source" (deepCopy .Values.sources) -}}
 {{- end -}}
 {{- if .Values.fleet.enabled -}}
