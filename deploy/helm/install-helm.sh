@@ -21,6 +21,8 @@ fi
 
 command -v go >/dev/null 2>&1 || { echo "install-helm.sh: go not found (helm is built with go install)" >&2; exit 1; }
 mkdir -p "$bin"
+# go install refuses to replace a file that is not a Go binary (a wrapper script, a broken file).
+rm -f "$helm"
 echo "install-helm.sh: go install $HELM_MODULE/cmd/helm@$HELM_VERSION into $bin" >&2
 # helm's version is an -ldflags variable (its Makefile sets it); without it `helm version` says
 # the module's default. Set it so the check above can recognise the pinned build.
