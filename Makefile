@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo demo-inbox test lint fmt services-up services-down clean bench fuzz inbox
+.PHONY: all build release demo demo-inbox test lint helm-lint fmt services-up services-down clean bench fuzz inbox
 
 all: build
 
@@ -31,15 +31,35 @@ test: services-up inbox
 	$(CARGO) build --workspace --all-targets
 	tests/run.sh
 
-## Formatting and lints, as CI runs them: Rust (rustfmt, clippy) and the consumer helpers in
+## Formatting and lints, as CI runs them: Rust (rustfmt, clippy), the consumer helpers in
 ## inbox/ (Go: gofmt, go vet, staticcheck; Python: ruff format, ruff check; Java: Spotless
-## with google-java-format, javac -Xlint -Werror).
-lint: inbox
+## with google-java-format, javac -Xlint -Werror) and the Helm chart (helm-lint).
+lint: inbox helm-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd inbox/go && test -z "$$(gofmt -l .)" && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	cd inbox/python && .venv/bin/ruff format --check . && .venv/bin/ruff check .
 	cd inbox/java && mvn -q -B spotless:check
+
+## The Helm chart deploy/helm/outbox-relay, without a cluster: helm (pinned; built once from the
+## Go module proxy into .tools/bin by deploy/helm/install-helm.sh, a few minutes), `helm lint
+## --strict` with the default values and each deploy/helm/examples/*-values.yaml, `helm template`
+## of each with every rendered relay.toml parsed as TOML (deploy/helm/check-rendered.py), and
+## values the chart must refuse (duplicate or empty source names, [http] in a source, fleet
+## without sources, http.enabled = false).
+HELM_CHART := deploy/helm/outbox-relay
+HELM_EXAMPLES := $(sort $(wildcard deploy/helm/examples/*-values.yaml))
+helm-lint:
+	@set -euo pipefail; helm="$$(deploy/helm/install-helm.sh)"; \
+	"$$helm" lint --strict --quiet $(HELM_CHART); \
+	for f in $(HELM_EXAMPLES); do "$$helm" lint --strict --quiet $(HELM_CHART) -f "$$f"; done; \
+	"$$helm" template outbox-relay $(HELM_CHART) | deploy/helm/check-rendered.py "default values"; \
+	for f in $(HELM_EXAMPLES); do "$$helm" template outbox-relay $(HELM_CHART) -f "$$f" | deploy/helm/check-rendered.py "$$f"; done; \
+	for bad in 'sources=[{"name":"a"},{"name":"a"}]' 'sources=[{"name":""}]' 'sources=[{"mysql":{}}]' \
+	    'sources=[{"name":"a","http":{}}]' 'sources=[{"name":"a","connector_name":"b"}]' 'fleet={"enabled":true}' 'config.shared.http={"enabled":false}'; do \
+	  if "$$helm" template outbox-relay $(HELM_CHART) --set-json "$$bad" >/dev/null 2>&1; then \
+	    echo "helm-lint: the chart accepted $$bad" >&2; exit 1; fi; \
+	done; echo "helm-lint: OK (helm $$("$$helm" version --template '{{.Version}}'))"
 
 ## The consumer helpers (inbox/CONTRACT.md) and their scenario consumers, as the tests run them:
 ## Python in a venv (inbox/python/.venv), Go (inbox/go/bin/scenario-consumer), Java (mvn package
