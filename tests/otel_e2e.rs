@@ -112,8 +112,14 @@ fn service_of<'p>(span: &Value, processes: &'p Value) -> Option<&'p str> {
     processes[span["processID"].as_str()?]["serviceName"].as_str()
 }
 
-/// Checks the messaging attributes of `span` against the record `r` the test consumed.
-fn ensure_record_span(span: &Value, r: &Record, event_key: &str, table: &str) -> Result<()> {
+/// Checks the messaging attributes of `span` against the record `r` the test consumed, of
+/// `table` relayed by connector `source`.
+fn ensure_record_span(
+    span: &Value,
+    r: &Record,
+    event_key: &str,
+    (table, source): (&str, &str),
+) -> Result<()> {
     let describe = || format!("span {span}\nrecord {}", describe_record(r));
     ensure!(
         span["operationName"] == format!("send {}", r.topic).as_str(),
@@ -131,6 +137,7 @@ fn ensure_record_span(span: &Value, r: &Record, event_key: &str, table: &str) ->
             && tag_str(span, "messaging.kafka.message.key") == r.key_str()
             && tag_str(span, "outbox.event_key") == Some(event_key)
             && tag_str(span, "outbox.table") == Some(table)
+            && tag_str(span, "outbox.source") == Some(source)
             && tag_str(span, "outbox.binlog.position").is_some_and(|p| p.contains(':'))
             && tag_str(span, "otel.status_code") == Some("OK"),
         "attributes: {}",
@@ -246,7 +253,7 @@ async fn spans_of_relayed_rows_reach_jaeger_as_children_of_the_rows_trace() -> R
         service_of(&span, &processes) == Some(service.as_str()),
         "service name: {processes}"
     );
-    ensure_record_span(&span, r1, &k(1), &table)?;
+    ensure_record_span(&span, r1, &k(1), (&table, world.connector()))?;
 
     // Row 2: no traceparent, a new trace rooted at the relay's span.
     let r2 = by_key(2)?;
@@ -262,7 +269,7 @@ async fn spans_of_relayed_rows_reach_jaeger_as_children_of_the_rows_trace() -> R
         parent_of(&span).is_none(),
         "row 2: a root span expected: {span}"
     );
-    ensure_record_span(&span, r2, &k(2), &table)?;
+    ensure_record_span(&span, r2, &k(2), (&table, world.connector()))?;
 
     // Row 3: dead-lettered; its span (in the row's trace) has status error.
     let r3 = by_key(3)?;
@@ -385,7 +392,7 @@ async fn a_clean_stop_exports_the_queued_spans() -> Result<()> {
         &span,
         &records[0],
         &format!("{}-flush", world.uid),
-        &world.db.outbox_table(),
+        (&world.db.outbox_table(), world.connector()),
     )?;
     drop(conn);
     world.db.drop_database().await?;

@@ -15,9 +15,10 @@ use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::*;
 use outbox_relay_testkit::state::lease_lock_name;
 use outbox_relay_testkit::{
-    commit_rows, compare_positions, current_binlog_position, free_local_port, high_watermark_total,
-    http_get, kafka_bootstrap, metric, source_metric, unique_suffix, wait_for_status, wait_until,
-    BinlogPosition, RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    commit_rows, compare_positions, current_binlog_position, ensure_exactly_once, free_local_port,
+    high_watermark_total, http_get, kafka_bootstrap, metric, source_metric, unique_suffix,
+    wait_for_status, wait_until, BinlogPosition, RelayProcess, RowGen, World,
+    DEFAULT_CHECKPOINT_TABLE,
 };
 
 /// The relay binary under test (built on first use).
@@ -380,8 +381,14 @@ async fn source_tables_are_read_again_on_sighup() -> Result<()> {
     a.wait_for_keys(&[a.topic("Order")], &keys_a, Some(&relay), RELAY_WAIT)
         .await?;
 
-    // A valid edit adding b, and SIGHUP: b starts, a goes on untouched.
-    write(&path, &format!("{head}{}\n{}", table(&a), table(&b)))?;
+    // A valid edit adding b (exactly-once, its own transactional producer), and SIGHUP: b
+    // starts, a goes on untouched.
+    let b_eos = format!(
+        "[source.kafka]\ndelivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+         transaction_interval_ms = 50\n",
+        b.uid
+    );
+    write(&path, &format!("{head}{}\n{}{b_eos}", table(&a), table(&b)))?;
     relay.sighup()?;
     let b_name = b.connector().to_owned();
     wait_readyz(&relay, port, "b to stream", |status, body| {
@@ -391,8 +398,10 @@ async fn source_tables_are_read_again_on_sighup() -> Result<()> {
     let mut gen_b = RowGen::new(&b.uid, "b", 3);
     let (keys_b, _) = write_rows(&b, &mut gen_b, 10).await?;
     let (more_a, _) = write_rows(&a, &mut gen_a, 10).await?;
-    b.wait_for_keys(&[b.topic("Order")], &keys_b, Some(&relay), RELAY_WAIT)
+    let records_b = b
+        .wait_for_keys(&[b.topic("Order")], &keys_b, Some(&relay), RELAY_WAIT)
         .await?;
+    ensure_exactly_once(&records_b, &keys_b)?;
     a.wait_for_keys(&[a.topic("Order")], &more_a, Some(&relay), RELAY_WAIT)
         .await?;
     let (_, page) = http_get(port, "/metrics").await?;

@@ -96,7 +96,10 @@ async fn run(relay: &Path, dir: &Path, dbs: &[TestDb], n: usize, idle: Duration)
     let pid = child.id();
     let ready = loop {
         if let Some(status) = child.try_wait()? {
-            anyhow::bail!("the relay exited ({status}) before all sources streamed; see {}", log_path.display());
+            anyhow::bail!(
+                "the relay exited ({status}) before all sources streamed; see {}",
+                log_path.display()
+            );
         }
         if let Ok((200, _)) = http_get(port, "/readyz").await {
             break started.elapsed();
@@ -111,7 +114,10 @@ async fn run(relay: &Path, dir: &Path, dbs: &[TestDb], n: usize, idle: Duration)
     tokio::time::sleep(idle).await;
     let (rss_mb, threads) = rss_and_threads(pid)?;
     let (_, body) = http_get(port, "/readyz").await?;
-    let ready_lines = body.lines().filter(|l| l.contains(": ready: streaming")).count();
+    let ready_lines = body
+        .lines()
+        .filter(|l| l.contains(": ready: streaming"))
+        .count();
     ensure!(
         ready_lines == n,
         "after the idle time {ready_lines} of {n} sources stream:\n{body}"
@@ -136,7 +142,9 @@ async fn run(relay: &Path, dir: &Path, dbs: &[TestDb], n: usize, idle: Duration)
 }
 
 fn nix_kill(pid: u32) -> Result<()> {
-    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
     ensure!(status.success(), "kill -TERM {pid} failed");
     Ok(())
 }
@@ -148,7 +156,9 @@ pub async fn measure(relay: &Path, out: &Path, readme: Option<&Path>) -> Result<
         "{} does not exist: build it with `cargo build --release -p outbox-relay`",
         relay.display()
     );
-    let n: usize = env_or("BENCH_SOURCES", "100").parse().context("BENCH_SOURCES")?;
+    let n: usize = env_or("BENCH_SOURCES", "100")
+        .parse()
+        .context("BENCH_SOURCES")?;
     ensure!(n >= 2, "BENCH_SOURCES must be at least 2");
     let idle = Duration::from_secs(
         env_or("BENCH_SOURCES_IDLE_SECS", "15")
@@ -166,12 +176,17 @@ pub async fn measure(relay: &Path, out: &Path, readme: Option<&Path>) -> Result<
         .query_first("SELECT @@global.max_connections")
         .await?
         .context("no max_connections")?;
-    let wanted = (n as u64) * 4 + 100;
+    // The relay's ~3 per source, plus the pools of the test databases (`TestDb`) this
+    // harness keeps open.
+    let wanted = (n as u64) * 8 + 200;
     if max_conn < wanted {
         conn.query_drop(format!("SET GLOBAL max_connections = {wanted}"))
             .await?;
     }
-    log(format!("creating {n} databases on {} ({version})", server.name()));
+    log(format!(
+        "creating {n} databases on {} ({version})",
+        server.name()
+    ));
     let mut dbs = Vec::with_capacity(n);
     for _ in 0..n {
         dbs.push(TestDb::create("bsrc").await?);
@@ -192,8 +207,10 @@ pub async fn measure(relay: &Path, out: &Path, readme: Option<&Path>) -> Result<
             .await
             .ok();
     }
+    let (one, all) = result.with_context(|| {
+        format!("the relay's logs are kept in {}", dir.display())
+    })?;
     std::fs::remove_dir_all(&dir).ok();
-    let (one, all) = result?;
     let per_source = (all.rss_mb - one.rss_mb) / (all.sources - one.sources) as f64;
     let figures = json!({
         "server": server.name(),
@@ -211,7 +228,10 @@ pub async fn measure(relay: &Path, out: &Path, readme: Option<&Path>) -> Result<
     });
     let table = markdown(&figures);
     std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("sources.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
+    std::fs::write(
+        out.join("sources.json"),
+        serde_json::to_string_pretty(&figures)? + "\n",
+    )?;
     std::fs::write(out.join("sources.md"), &table)?;
     if let Some(readme) = readme {
         write_readme(readme, &table)?;
@@ -261,10 +281,17 @@ fn write_readme(readme: &Path, table: &str) -> Result<()> {
     let (start, end) = ("<!-- sources-bench:start -->", "<!-- sources-bench:end -->");
     let text = std::fs::read_to_string(readme)?;
     let (Some(a), Some(b)) = (text.find(start), text.find(end)) else {
-        log(format!("{} has no {start} block: not updated", readme.display()));
+        log(format!(
+            "{} has no {start} block: not updated",
+            readme.display()
+        ));
         return Ok(());
     };
-    let updated = format!("{}{start}\n{table}{end}{}", &text[..a], &text[b + end.len()..]);
+    let updated = format!(
+        "{}{start}\n{table}{end}{}",
+        &text[..a],
+        &text[b + end.len()..]
+    );
     std::fs::write(readme, updated)?;
     Ok(())
 }

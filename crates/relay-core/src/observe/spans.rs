@@ -189,6 +189,7 @@ impl RowSpans {
             attributes.push(KeyValue::new("messaging.kafka.message.tombstone", true));
         }
         attributes.push(KeyValue::new("outbox.table", row.table.to_owned()));
+        attributes.push(KeyValue::new("outbox.source", row.source.to_owned()));
         if let Some(key) = row.event_key {
             attributes.push(KeyValue::new(
                 "outbox.event_key",
@@ -229,6 +230,8 @@ pub struct RowStart<'a> {
     pub tombstone: bool,
     /// `database.table` of the outbox.
     pub table: &'a str,
+    /// The source (connector name) that relays it.
+    pub source: &'a str,
     /// The row's `event_key` column.
     pub event_key: Option<&'a [u8]>,
     /// The binlog position of the row's event (`file:pos`).
@@ -337,6 +340,7 @@ mod tests {
             key: b"42",
             tombstone: false,
             table: "shop.outbox",
+            source: "orders",
             event_key: Some(b"e-1"),
             position: "binlog.000001:1234".into(),
             read_at: Instant::now(),
