@@ -438,16 +438,31 @@ pub fn enum_set_labels(column_type: &str) -> Option<Vec<String>> {
     }
 }
 
-/// `true` when `statement` may be a DDL statement on a table (`CREATE`, `ALTER`, `RENAME`,
-/// `DROP`, or text starting with a comment, which may hide one): a cheap test before parsing
-/// every such statement for table patterns.
+/// `true` when `statement` may be a DDL statement on a table: its first word after comments
+/// (`-- …`, `# …`, `/* … */`, which servers keep in the binlog) is `CREATE`, `ALTER`, `RENAME`
+/// or `DROP`, or it starts with an executable comment (`/*! … */`, which may hide one). A cheap
+/// test before parsing every such statement for table patterns.
 fn may_be_table_ddl(statement: &str) -> bool {
-    let s = statement.trim_start();
-    s.starts_with("/*")
-        || ["create", "alter", "rename", "drop"].iter().any(|k| {
-            s.get(..k.len()).is_some_and(|w| w.eq_ignore_ascii_case(k))
-                && !s[k.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
-        })
+    let mut s = statement.trim_start();
+    loop {
+        if s.starts_with("/*!") || s.starts_with("/*M!") {
+            return true;
+        }
+        if s.starts_with("--") || s.starts_with('#') {
+            s = s.split_once('\n').map_or("", |(_, rest)| rest).trim_start();
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            s = rest
+                .split_once("*/")
+                .map_or("", |(_, rest)| rest)
+                .trim_start();
+        } else {
+            break;
+        }
+    }
+    ["create", "alter", "rename", "drop"].iter().any(|k| {
+        s.get(..k.len()).is_some_and(|w| w.eq_ignore_ascii_case(k))
+            && !s[k.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+    })
 }
 
 #[cfg(test)]
@@ -639,5 +654,12 @@ mod tests {
         assert!(!may_be_table_ddl("created_at"));
         assert!(may_be_table_ddl("  create table x (a int)"));
         assert!(may_be_table_ddl("/*!40000 ALTER TABLE x */"));
+        // MySQL 8.0 keeps a statement's leading comments in the binlog.
+        assert!(may_be_table_ddl(
+            "-- the outbox\n# shape\n/* c */ CREATE TABLE x (a int)"
+        ));
+        assert!(!may_be_table_ddl(
+            "-- CREATE TABLE x\nINSERT INTO x VALUES (1)"
+        ));
     }
 }
