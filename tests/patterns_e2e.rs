@@ -333,3 +333,72 @@ async fn a_pattern_matching_nothing_at_start_warns_then_picks_up_the_table() -> 
     f.drop_schemas(&[late]).await?;
     f.drop_database().await
 }
+
+/// Tenant isolation: one tenant's topic refuses its records (here `max.message.bytes` below
+/// the record's size, known to the relay before sending); with dead letters on, that tenant's
+/// rows go to the dead-letter topic and the other tenants' records keep flowing, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_refused_topic_does_not_stop_the_others() -> Result<()> {
+    let mut f = Fixture::with_pattern("isolate", "{db}_t*.outbox").await?;
+    let dlq = format!("{}.dlq", f.topic_prefix());
+    f.spec.dead_letter_topic = Some(dlq.clone());
+    let mut schemas = Vec::new();
+    for n in 1..=3 {
+        schemas.push(f.create_schema(&format!("_t{n}"), &["outbox"]).await?);
+    }
+    outbox_relay_testkit::create_topic(&f.spec.bootstrap_servers, &f.topic_of(&schemas[1]), 100)
+        .await?;
+    let (relay, _) = f.start(STARTUP).await?;
+    let mut gen = RowGen::new(&f.uid, "isolate", 3);
+    let mut per_tenant: Vec<Vec<OutboxRow>> = vec![Vec::new(); 3];
+    for _ in 0..3 {
+        for (i, s) in schemas.iter().enumerate() {
+            let rows = gen.rows(2);
+            f.commit_into(s, "outbox", &rows).await?;
+            per_tenant[i].extend(rows);
+        }
+    }
+    let good = [f.topic_of(&schemas[0]), f.topic_of(&schemas[2])];
+    let mut topics = good.to_vec();
+    topics.push(dlq.clone());
+    let wanted: HashSet<String> = per_tenant.iter().flat_map(|r| keys(r)).collect();
+    let seen = collect_until(
+        &f.spec.bootstrap_servers,
+        &topics,
+        RELAY_WAIT,
+        all_seen(wanted),
+    )
+    .await?;
+    relay.ensure_running()?;
+    for (i, topic) in [(0, &good[0]), (2, &good[1])] {
+        let on_topic: Vec<Record> = seen.iter().filter(|r| r.topic == *topic).cloned().collect();
+        ensure_relayed(&on_topic, topic, &per_tenant[i])?;
+        let order: HashMap<String, usize> = per_tenant[i]
+            .iter()
+            .enumerate()
+            .map(|(n, r)| (r.event_key.clone(), n))
+            .collect();
+        ensure_per_key_order(&on_topic, &order)?;
+    }
+    let dead: Vec<&Record> = seen.iter().filter(|r| r.topic == dlq).collect();
+    let refused_table = format!("{}.outbox", schemas[1]);
+    ensure!(
+        dead.len() == per_tenant[1].len(),
+        "{} dead letters",
+        dead.len()
+    );
+    for r in &dead {
+        ensure!(
+            r.header("dlq_table") == Some(refused_table.as_str()),
+            "{r:?}"
+        );
+    }
+    let status = relay.stop(STOP).await?;
+    ensure!(
+        status.success(),
+        "relay exit: {status:?}\n{}",
+        relay.stderr_tail()
+    );
+    f.drop_schemas(&schemas).await?;
+    f.drop_database().await
+}
