@@ -579,6 +579,18 @@ pub async fn current_layouts(
     Ok(tracker.snapshot())
 }
 
+/// `binlog_row_metadata=FULL` on the server (table maps name their columns); `false` where the
+/// server has no such setting.
+///
+/// # Errors
+/// The query fails.
+async fn row_metadata_full(conn: &mut Conn) -> Result<bool, RelayError> {
+    let vars = binlog_variables(conn).await?;
+    Ok(vars.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("binlog_row_metadata") && v.eq_ignore_ascii_case("FULL")
+    }))
+}
+
 /// The current binlog position (as [`current_position`]) together with the outbox tables'
 /// column layouts (names, and the labels of ENUM and SET columns) from `information_schema`, read so that they belong together: the position is
 /// read before and after the layouts, and the read is repeated until nothing was logged in
@@ -592,6 +604,19 @@ pub async fn position_with_layouts(
     flavor: Flavor,
     tables: &[TableName],
 ) -> Result<(BinlogPosition, Option<String>, Option<std::sync::Arc<str>>), RelayError> {
+    // The layouts of a pattern's tables are only needed when table maps carry no column names:
+    // with FULL they are left out, so a checkpoint does not carry one per tenant.
+    let tables: Vec<TableName> =
+        if tables.iter().any(pattern::is_pattern) && row_metadata_full(conn).await? {
+            tables
+                .iter()
+                .filter(|t| !pattern::is_pattern(t))
+                .cloned()
+                .collect()
+        } else {
+            tables.to_vec()
+        };
+    let tables = &tables[..];
     for _ in 0..20 {
         let (before, executed) = current_position(conn, flavor).await?;
         let layouts = current_layouts(conn, tables).await?;

@@ -611,7 +611,7 @@ impl Decoder {
                 None if !is_state_table => self.match_pattern(&name, tme),
                 None => None,
             };
-            if mapping.is_some() {
+            if mapping.is_some() && self.layouts.follows(&name) {
                 if let Some(names) = table_map_names(tme) {
                     // Column names in the table map are the truth: they repair a tracked layout.
                     self.layouts.set(&name, names);
@@ -719,7 +719,7 @@ impl Decoder {
             .map(|bits| bits.iter().map(|b| *b).collect());
         // A DDL may have changed the tracked layout since the table map was first seen: names
         // in the table map repair it again.
-        if let Some(names) = table_map_names(tme) {
+        if let Some(names) = table_map_names(tme).filter(|_| self.layouts.follows(name)) {
             self.layouts.set(name, names);
         }
         let tracked = self.layouts.get(name);
@@ -2491,6 +2491,11 @@ mod pattern_tests {
             d.table_map_info(id, &tme);
         }
         assert_eq!(d.outbox_tables.len(), 2, "only the matching tables");
+        assert_eq!(
+            d.layouts.snapshot(),
+            None,
+            "with names in the table maps, no tenant's layout is kept for the checkpoint"
+        );
         assert!(d.table_maps.len() <= TABLE_MAP_CACHE_LIMIT);
         assert_eq!(
             d.layouts.get(&TableName::parse("db7.t", None).expect("t")),

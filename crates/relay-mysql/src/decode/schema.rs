@@ -128,6 +128,15 @@ impl LayoutTracker {
         );
     }
 
+    /// `true` when table maps with column names should set `table`'s layout: a table named
+    /// exactly, or a table of a pattern whose layout is already tracked (learned from
+    /// `information_schema` or its `CREATE TABLE`, which only happens without FULL metadata).
+    /// With names in every table map, nothing is kept per tenant, and a checkpoint's
+    /// `table_layouts` does not grow with the number of tenants.
+    pub fn follows(&self, table: &TableName) -> bool {
+        self.outbox.contains(table) || self.layouts.contains_key(table)
+    }
+
     /// `true` when `table` is an outbox table: named exactly, or matching a pattern.
     fn is_outbox(&self, table: &TableName) -> bool {
         self.outbox.contains(table) || self.patterns.iter().any(|p| p.matches(table))
