@@ -18,7 +18,9 @@
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty: leave it),
-//! `BENCH_PHASES` (`drain,steady`: run one for profiling), `BENCH_DRAIN_REPEAT` (5: relay drains,
+//! `BENCH_PHASES` (`drain,steady,tenants`: run one for profiling; `tenants`, with the mariadb10
+//! server's run only, is the table-pattern phase of [`tenants`]: its own private MariaDB on
+//! `BENCH_TENANTS_PORT` (3596), `BENCH_TENANTS` schemas (1000) × `BENCH_TENANT_TABLES` (10)), `BENCH_DRAIN_REPEAT` (5: relay drains,
 //! each after its own bare-produce measurement, the median reported; with `relay_eos`, each is
 //! followed by an exactly-once drain and the ratio is the median pair's), `OUTBOX_TEST_SERVER`
 //! and the server's port variable, `KAFKA_PORT`. tests/bench/bench.sh adds `BENCH_SERVERS`
@@ -31,6 +33,7 @@ mod polling;
 mod procs;
 mod report;
 mod sources;
+mod tenants;
 mod workload;
 
 use std::path::PathBuf;
@@ -83,6 +86,8 @@ struct Settings {
     systems: Vec<System>,
     drain: bool,
     steady: bool,
+    /// The `tenants` phase ([`tenants`]): pattern relay start-up and memory on many schemas.
+    tenants: bool,
     drain_repeat: usize,
     relay_bin: PathBuf,
     debezium_libs: Option<PathBuf>,
@@ -127,12 +132,16 @@ impl Settings {
             "BENCH_README",
             &root.join("README.md").display().to_string(),
         );
-        let phases = env_or("BENCH_PHASES", "drain,steady");
+        let phases = env_or("BENCH_PHASES", "drain,steady,tenants");
         let phases: Vec<&str> = phases.split(',').map(str::trim).collect();
-        if let Some(p) = phases.iter().find(|p| !["drain", "steady"].contains(p)) {
-            anyhow::bail!("BENCH_PHASES: unknown phase {p:?} (drain, steady)");
+        if let Some(p) = phases
+            .iter()
+            .find(|p| !["drain", "steady", "tenants"].contains(p))
+        {
+            anyhow::bail!("BENCH_PHASES: unknown phase {p:?} (drain, steady, tenants)");
         }
         Ok(Self {
+            tenants: phases.contains(&"tenants"),
             drain: phases.contains(&"drain"),
             drain_repeat: env_or("BENCH_DRAIN_REPEAT", "5")
                 .parse()
@@ -1087,12 +1096,19 @@ async fn measure(s: Settings) -> Result<Value> {
         } else {
             Vec::new()
         };
-        anyhow::Ok((drain, steady))
+        // The tenants phase runs its own private MariaDB 10.11: once per bench, with the
+        // mariadb10 server's run.
+        let tenants = if b.s.tenants && server == TestServer::MariaDb10 {
+            tenants::measure(&b.s.relay_bin, &b.s.bootstrap).await?
+        } else {
+            Value::Null
+        };
+        anyhow::Ok((drain, steady, tenants))
     }
     .await;
     kafka::delete_topics(&b.s.bootstrap, &b.topics).await;
     std::fs::remove_dir_all(&b.scratch).ok();
-    let (drain, steady) = result?;
+    let (drain, steady, tenants) = result?;
 
     let f = |v: &Value| v.as_f64();
     let relay_rate = f(&drain["relay"]["rows_per_s"]);
@@ -1122,6 +1138,7 @@ async fn measure(s: Settings) -> Result<Value> {
         },
         "drain": drain,
         "steady": steady,
+        "tenants": tenants,
         "duration_s": started.elapsed().as_secs_f64(),
     });
     for (k, v) in summary.as_object().into_iter().flatten() {

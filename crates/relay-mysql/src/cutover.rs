@@ -39,6 +39,7 @@ use crate::decode::DecodedRow;
 use outbox_relay_core::config::{CutoverConfig, TableName};
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::metrics;
+use outbox_relay_core::outbox::pattern::TablePattern;
 use outbox_relay_core::outbox::OutboxEvent;
 
 /// Most ids in one `IN (…)` list.
@@ -89,7 +90,9 @@ pub struct Cutover {
     until_ms: i64,
     until: String,
     io_timeout: Duration,
-    /// The `id` column of each outbox table (its mapping's `columns.id`).
+    /// The `id` column of each outbox table (its mapping's `columns.id`); a pattern's entry
+    /// (`tenant_*.outbox`) stands for its matching tables, whose rows name their id column in
+    /// their mapping.
     id_columns: HashMap<TableName, String>,
     stats: CutoverStats,
     /// The first transaction after `until` was read (for the log line, once).
@@ -151,7 +154,25 @@ impl Cutover {
             self.pool.get_conn(),
         )
         .await??;
-        for (table, column) in &self.id_columns {
+        // A pattern (`tenant_*.outbox`) stands for the tables that match it now; one created
+        // later is checked by its first query (a refusal then stops the relay, as for a table
+        // changed since start-up).
+        let mut tables: Vec<(TableName, &String)> = Vec::new();
+        for (name, column) in &self.id_columns {
+            match TablePattern::of(name) {
+                None => tables.push((name.clone(), column)),
+                Some(pattern) => {
+                    let found = outbox_relay_core::error::with_timeout(
+                        self.io_timeout,
+                        "listing the tables of an outbox table pattern",
+                        crate::preflight::matching_tables(&mut conn, &pattern),
+                    )
+                    .await??;
+                    tables.extend(found.into_iter().map(|t| (t, column)));
+                }
+            }
+        }
+        for (table, column) in &tables {
             let data_type: Option<String> = outbox_relay_core::error::with_timeout(
                 self.io_timeout,
                 "reading the outbox id column's type",
@@ -222,6 +243,7 @@ impl Cutover {
         let mut skip = vec![false; rows.len()];
         // Per table, the rows to look up: (index in `rows`, id text).
         let mut lookups: HashMap<Arc<TableName>, Vec<(usize, &[u8])>> = HashMap::new();
+        let mut pattern_id_columns: HashMap<Arc<TableName>, String> = HashMap::new();
         for (i, (_, row)) in rows.iter().enumerate() {
             let Ok(event) = row else { continue };
             let Some(id) = event.id.as_deref() else {
@@ -240,11 +262,20 @@ impl Cutover {
                     .entry(Arc::clone(&event.table))
                     .or_default()
                     .push((i, id));
+                // A table of a pattern is not in `id_columns`: its mapping names its id column.
+                if !self.id_columns.contains_key(&*event.table)
+                    && !event.mapping.columns.id.is_empty()
+                {
+                    pattern_id_columns
+                        .entry(Arc::clone(&event.table))
+                        .or_insert_with(|| event.mapping.columns.id.clone());
+                }
             }
         }
         for (table, ids) in lookups {
+            let column = pattern_id_columns.get(&table).cloned();
             for chunk in ids.chunks(MAX_IDS_PER_QUERY) {
-                let sent = self.sent_ids(&table, chunk).await?;
+                let sent = self.sent_ids(&table, column.as_deref(), chunk).await?;
                 for (i, id) in chunk {
                     if sent.contains(*id) {
                         skip[*i] = true;
@@ -261,13 +292,20 @@ impl Cutover {
     }
 
     /// The ids (text form) among `ids` whose rows match `skip_if` now, retrying lost
-    /// connections and lock waits.
+    /// connections and lock waits. `pattern_column`: the id column of a table that a pattern
+    /// matched (not in `id_columns`).
     async fn sent_ids(
         &mut self,
         table: &TableName,
+        pattern_column: Option<&str>,
         ids: &[(usize, &[u8])],
     ) -> Result<HashSet<Vec<u8>>, RelayError> {
-        let (Some(cond), Some(column)) = (&self.skip_if, self.id_columns.get(table)) else {
+        let column = self
+            .id_columns
+            .get(table)
+            .map(String::as_str)
+            .or(pattern_column);
+        let (Some(cond), Some(column)) = (&self.skip_if, column) else {
             return Ok(HashSet::new());
         };
         let column = format!("`{}`", column.replace('`', "``"));

@@ -9,7 +9,8 @@ use crate::server::flavor::{BINLOG_STATUS, ER_PARSE_ERROR};
 use crate::server::Flavor;
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::outbox::mapping::TableMapping;
+use outbox_relay_core::outbox::mapping::{mapping_of, TableMapping};
+use outbox_relay_core::outbox::pattern::{self, TablePattern};
 use outbox_relay_core::position::BinlogPosition;
 
 /// What the relay learned about the source server.
@@ -343,9 +344,148 @@ pub async fn current_position(
     }
 }
 
+/// The rows of `information_schema.COLUMNS` for `tables`, in table and column order, each with
+/// its table: `SELECT TABLE_SCHEMA, TABLE_NAME, {select} … {and}`. An exact name is one query on
+/// its name, as before patterns; a pattern (`tenant_*.outbox`) one query filtered in SQL with
+/// `LIKE` on both parts (so the server reads the columns of candidate tables only, never every
+/// table's), whose rows are then kept only for tables the pattern matches
+/// ([`TablePattern::matches`], which decides case and the literal `_` and `%`).
+async fn column_rows(
+    conn: &mut Conn,
+    tables: &[TableName],
+    select: &str,
+    and: &str,
+) -> Result<Vec<(TableName, Row)>, RelayError> {
+    let mut out = Vec::new();
+    for table in tables {
+        match TablePattern::of(table) {
+            None => {
+                let rows: Vec<Row> = conn
+                    .exec(
+                        format!(
+                            "SELECT TABLE_SCHEMA, TABLE_NAME, {select} \
+                             FROM information_schema.COLUMNS \
+                             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? {and} \
+                             ORDER BY ORDINAL_POSITION"
+                        ),
+                        (&table.database, &table.table),
+                    )
+                    .await?;
+                out.extend(rows.into_iter().map(|r| (table.clone(), r)));
+            }
+            Some(pattern) => {
+                let e = pattern::LIKE_ESCAPE;
+                let rows: Vec<Row> = conn
+                    .exec(
+                        format!(
+                            "SELECT TABLE_SCHEMA, TABLE_NAME, {select} \
+                             FROM information_schema.COLUMNS \
+                             WHERE TABLE_SCHEMA LIKE ? ESCAPE '{e}' \
+                             AND TABLE_NAME LIKE ? ESCAPE '{e}' {and} \
+                             ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION"
+                        ),
+                        (pattern.like_database(), pattern.like_table()),
+                    )
+                    .await?;
+                for row in rows {
+                    let (Some(database), Some(name)) =
+                        (row.get::<String, _>(0), row.get::<String, _>(1))
+                    else {
+                        continue;
+                    };
+                    let name = TableName {
+                        database,
+                        table: name,
+                    };
+                    if pattern.matches(&name) {
+                        out.push((name, row));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The tables `names` stand for on the server now, sorted: each exact name as it is (whether
+/// it exists or not), each pattern's matching base tables (`information_schema.TABLES`, one
+/// query per pattern filtered with `LIKE`, then [`TablePattern::matches`]). For the commands
+/// that need the concrete tables (`cutover`, `prune`, `republish`, `trace`, `check`).
+///
+/// # Errors
+/// The query fails.
+pub async fn resolve_tables(
+    conn: &mut Conn,
+    names: &[TableName],
+) -> Result<Vec<TableName>, RelayError> {
+    let mut out = std::collections::BTreeSet::new();
+    for name in names {
+        match TablePattern::of(name) {
+            None => {
+                out.insert(name.clone());
+            }
+            Some(pattern) => out.extend(matching_tables(conn, &pattern).await?),
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// The base tables that match `pattern` now, sorted.
+///
+/// # Errors
+/// The query fails.
+pub async fn matching_tables(
+    conn: &mut Conn,
+    pattern: &TablePattern,
+) -> Result<Vec<TableName>, RelayError> {
+    let e = pattern::LIKE_ESCAPE;
+    let rows: Vec<(String, String)> = conn
+        .exec(
+            format!(
+                "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA LIKE ? ESCAPE '{e}' AND TABLE_NAME LIKE ? ESCAPE '{e}' \
+                 AND TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME"
+            ),
+            (pattern.like_database(), pattern.like_table()),
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(database, table)| TableName { database, table })
+        .filter(|t| pattern.matches(t))
+        .collect())
+}
+
+/// The mappings of the tables `mappings` stand for on the server now: each exact name's
+/// mapping, and for each pattern one mapping per matching table ([`mapping_of`]: an exact name
+/// wins over a pattern, the first pattern over later ones), each table once.
+///
+/// # Errors
+/// The query fails.
+pub async fn resolve_mappings(
+    conn: &mut Conn,
+    mappings: &[TableMapping],
+) -> Result<Vec<TableMapping>, RelayError> {
+    let mut out: Vec<TableMapping> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for m in mappings {
+        let tables = match &m.pattern {
+            None => vec![(*m.table).clone()],
+            Some(p) => matching_tables(conn, p).await?,
+        };
+        for table in tables {
+            if seen.insert(table.clone()) {
+                out.extend(mapping_of(mappings, &table));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The fractional-second precision of each DATETIME, TIME and TIMESTAMP column of `tables`
 /// (lower-case column name → `DATETIME_PRECISION`), for the decoder's pre-5.6 temporal formats
-/// ([`crate::decode::Decoder::set_temporal_decimals`]).
+/// ([`crate::decode::Decoder::set_temporal_decimals`]). A pattern among `tables` stands for its
+/// matching tables ([`column_rows`]); tables without such columns are left out.
 ///
 /// # Errors
 /// The query fails.
@@ -353,27 +493,32 @@ pub async fn temporal_decimals(
     conn: &mut Conn,
     tables: &[TableName],
 ) -> Result<Vec<(TableName, std::collections::HashMap<String, u8>)>, RelayError> {
-    let mut out = Vec::with_capacity(tables.len());
-    for table in tables {
-        let rows: Vec<(String, Option<u64>)> = conn
-            .exec(
-                "SELECT COLUMN_NAME, DATETIME_PRECISION FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
-                 AND DATA_TYPE IN ('datetime', 'time', 'timestamp')",
-                (&table.database, &table.table),
-            )
-            .await?;
-        let decimals = rows
-            .into_iter()
-            .map(|(name, p)| (name.to_lowercase(), p.unwrap_or(0).min(6) as u8))
+    let rows = column_rows(
+        conn,
+        tables,
+        "COLUMN_NAME, DATETIME_PRECISION",
+        "AND DATA_TYPE IN ('datetime', 'time', 'timestamp')",
+    )
+    .await?;
+    let mut out: std::collections::BTreeMap<TableName, std::collections::HashMap<String, u8>> =
+        tables
+            .iter()
+            .filter(|t| TablePattern::of(t).is_none())
+            .map(|t| (t.clone(), std::collections::HashMap::new()))
             .collect();
-        out.push((table.clone(), decimals));
+    for (table, row) in rows {
+        let name: String = row.get(2).unwrap_or_default();
+        let precision: Option<u64> = row.get::<Option<u64>, _>(3).flatten();
+        out.entry(table)
+            .or_default()
+            .insert(name.to_lowercase(), precision.unwrap_or(0).min(6) as u8);
     }
-    Ok(out)
+    Ok(out.into_iter().collect())
 }
 
 /// The W3C trace-context columns (`traceparent`, `tracestate`, any case, in table order) of
-/// each outbox table that has some, for `outbox.trace_context`.
+/// each outbox table that has some, for `outbox.trace_context`. A pattern among `tables` stands
+/// for its matching tables ([`column_rows`]).
 ///
 /// # Errors
 /// The query fails.
@@ -381,20 +526,19 @@ pub async fn trace_context_columns(
     conn: &mut Conn,
     tables: &[TableName],
 ) -> Result<std::collections::HashMap<TableName, Vec<String>>, RelayError> {
-    let mut out = std::collections::HashMap::new();
-    for table in tables {
-        let columns: Vec<String> = conn
-            .exec(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
-                 AND LOWER(COLUMN_NAME) IN ('traceparent', 'tracestate') \
-                 ORDER BY ORDINAL_POSITION",
-                (&table.database, &table.table),
-            )
-            .await?;
-        if !columns.is_empty() {
-            out.insert(table.clone(), columns);
-        }
+    let mut out: std::collections::HashMap<TableName, Vec<String>> =
+        std::collections::HashMap::new();
+    let rows = column_rows(
+        conn,
+        tables,
+        "COLUMN_NAME",
+        "AND LOWER(COLUMN_NAME) IN ('traceparent', 'tracestate')",
+    )
+    .await?;
+    for (table, row) in rows {
+        out.entry(table)
+            .or_default()
+            .push(row.get(2).unwrap_or_default());
     }
     Ok(out)
 }
@@ -402,6 +546,7 @@ pub async fn trace_context_columns(
 /// The outbox tables' column layouts as `information_schema.COLUMNS` has them now (names in
 /// ordinal order, ENUM/SET labels), in the checkpoint's `table_layouts` form
 /// ([`crate::decode::schema::LayoutTracker::snapshot`]); tables that do not exist are left out.
+/// A pattern among `tables` stands for its matching tables ([`column_rows`]).
 ///
 /// # Errors
 /// The query fails.
@@ -410,28 +555,40 @@ pub async fn current_layouts(
     tables: &[TableName],
 ) -> Result<Option<std::sync::Arc<str>>, RelayError> {
     let mut tracker = crate::decode::schema::LayoutTracker::new(tables.iter().cloned());
-    for table in tables {
-        // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without
-        // optional metadata lack too.
-        let rows: Vec<(String, String)> = conn
-            .exec(
-                "SELECT COLUMN_NAME, CAST(COLUMN_TYPE AS CHAR) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
-                (&table.database, &table.table),
-            )
-            .await?;
-        if !rows.is_empty() {
-            let labels: crate::decode::schema::Labels = rows
-                .iter()
-                .filter_map(|(name, ty)| {
-                    Some((name.clone(), crate::decode::schema::enum_set_labels(ty)?))
-                })
-                .collect();
-            tracker.set(table, rows.into_iter().map(|(name, _)| name).collect());
-            tracker.set_labels(table, labels);
-        }
+    // COLUMN_TYPE holds the labels of ENUM and SET columns, which table maps without optional
+    // metadata lack too.
+    let rows = column_rows(conn, tables, "COLUMN_NAME, CAST(COLUMN_TYPE AS CHAR)", "").await?;
+    let mut by_table: std::collections::BTreeMap<TableName, Vec<(String, String)>> =
+        std::collections::BTreeMap::new();
+    for (table, row) in rows {
+        by_table.entry(table).or_default().push((
+            row.get(2).unwrap_or_default(),
+            row.get(3).unwrap_or_default(),
+        ));
+    }
+    for (table, rows) in by_table {
+        let labels: crate::decode::schema::Labels = rows
+            .iter()
+            .filter_map(|(name, ty)| {
+                Some((name.clone(), crate::decode::schema::enum_set_labels(ty)?))
+            })
+            .collect();
+        tracker.set(&table, rows.into_iter().map(|(name, _)| name).collect());
+        tracker.set_labels(&table, labels);
     }
     Ok(tracker.snapshot())
+}
+
+/// `binlog_row_metadata=FULL` on the server (table maps name their columns); `false` where the
+/// server has no such setting.
+///
+/// # Errors
+/// The query fails.
+async fn row_metadata_full(conn: &mut Conn) -> Result<bool, RelayError> {
+    let vars = binlog_variables(conn).await?;
+    Ok(vars.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("binlog_row_metadata") && v.eq_ignore_ascii_case("FULL")
+    }))
 }
 
 /// The current binlog position (as [`current_position`]) together with the outbox tables'
@@ -447,6 +604,19 @@ pub async fn position_with_layouts(
     flavor: Flavor,
     tables: &[TableName],
 ) -> Result<(BinlogPosition, Option<String>, Option<std::sync::Arc<str>>), RelayError> {
+    // The layouts of a pattern's tables are only needed when table maps carry no column names:
+    // with FULL they are left out, so a checkpoint does not carry one per tenant.
+    let tables: Vec<TableName> =
+        if tables.iter().any(pattern::is_pattern) && row_metadata_full(conn).await? {
+            tables
+                .iter()
+                .filter(|t| !pattern::is_pattern(t))
+                .cloned()
+                .collect()
+        } else {
+            tables.to_vec()
+        };
+    let tables = &tables[..];
     for _ in 0..20 {
         let (before, executed) = current_position(conn, flavor).await?;
         let layouts = current_layouts(conn, tables).await?;
@@ -524,7 +694,9 @@ pub async fn column_names(
         .await?)
 }
 
-/// Checks that each outbox table exists and has the mapped columns.
+/// Checks that each outbox table exists and has the mapped columns. A pattern
+/// (`tenant_*.outbox`) may match no table yet (a warning: its tables are relayed once created);
+/// each table it matches now is checked with its mapping ([`mapping_of`]).
 ///
 /// # Errors
 /// [`RelayError::Prerequisite`] naming the table and the missing columns.
@@ -532,11 +704,75 @@ pub async fn check_outbox_tables(
     conn: &mut Conn,
     mappings: &[TableMapping],
 ) -> Result<(), RelayError> {
-    for mapping in mappings {
-        let have = column_names(conn, &mapping.table).await?;
-        first_failure(vec![evaluate_outbox_columns(mapping, &have)])?;
+    for check in outbox_table_checks(conn, mappings).await? {
+        if check.level == Level::Warn {
+            tracing::warn!(check = %check.name, found = %check.found, fix = %check.fix,
+                "start-up check");
+        }
+        first_failure(vec![check])?;
     }
     Ok(())
+}
+
+/// The checks of [`check_outbox_tables`], one per exact name, per table a pattern matches, and
+/// a warning per pattern that matches none (or that has capital letters on a server with
+/// `lower_case_table_names` 1, whose names are all lower case).
+///
+/// # Errors
+/// [`RelayError::Mysql`] when a query fails.
+pub async fn outbox_table_checks(
+    conn: &mut Conn,
+    mappings: &[TableMapping],
+) -> Result<Vec<Check>, RelayError> {
+    let mut checks = Vec::new();
+    for mapping in mappings {
+        let Some(pattern) = &mapping.pattern else {
+            let have = column_names(conn, &mapping.table).await?;
+            checks.push(evaluate_outbox_columns(mapping, &have));
+            continue;
+        };
+        let rows =
+            column_rows(conn, std::slice::from_ref(&pattern.name), "COLUMN_NAME", "").await?;
+        let mut by_table: std::collections::BTreeMap<TableName, Vec<String>> =
+            std::collections::BTreeMap::new();
+        for (table, row) in rows {
+            by_table
+                .entry(table)
+                .or_default()
+                .push(row.get(2).unwrap_or_default());
+        }
+        if by_table.is_empty() {
+            let lower: Option<u64> = conn
+                .query_first("SELECT @@lower_case_table_names")
+                .await
+                .ok()
+                .flatten();
+            let upper = pattern.name.to_string().chars().any(char::is_uppercase);
+            checks.push(Check::not_met(
+                Level::Warn,
+                format!("outbox table pattern {pattern}"),
+                "matching tables (or none yet)",
+                "no matching table yet",
+                if upper && lower == Some(1) {
+                    "the server has lower_case_table_names=1 and stores names in lower case: \
+                     write the pattern in lower case"
+                        .to_owned()
+                } else {
+                    "none needed if its tables are created later: they are relayed from their \
+                     first INSERT; otherwise fix the pattern (case-sensitive; `*` any run of \
+                     characters, `?` one, within the database or the table name)"
+                        .to_owned()
+                },
+            ));
+            continue;
+        }
+        for (table, have) in by_table {
+            if let Some(m) = mapping_of(mappings, &table) {
+                checks.push(evaluate_outbox_columns(&m, &have));
+            }
+        }
+    }
+    Ok(checks)
 }
 
 /// Checks that `position` is in a binlog file the server still has and not past its end.

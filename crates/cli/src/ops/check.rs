@@ -224,6 +224,20 @@ async fn mysql_checks(
     };
     // Tables.
     let mappings = config.table_mappings()?;
+    for p in mappings.iter().filter_map(|m| m.pattern.as_ref()) {
+        if preflight::matching_tables(conn, p).await?.is_empty() {
+            out.push(Check::not_met(
+                Level::Warn,
+                format!("outbox table pattern {p}"),
+                "matching tables (or none yet)",
+                "no matching table yet",
+                "none needed if its tables are created later (run relays them from their first \
+                 INSERT); else fix the pattern (case-sensitive, `*` and `?` within one name)",
+            ));
+        }
+    }
+    // Patterns stand for the tables that match them now.
+    let mappings = preflight::resolve_mappings(conn, &mappings).await?;
     for m in &mappings {
         out.extend(outbox_table_checks(conn, m).await?);
     }

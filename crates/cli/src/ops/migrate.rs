@@ -40,7 +40,8 @@ pub struct MigrateReport {
 /// Runs the migrations for `config` (the outbox tables too with `outbox`).
 ///
 /// # Errors
-/// [`RelayError::Config`] for a table name the SQL cannot take (only `[A-Za-z0-9_$]`), or an
+/// [`RelayError::Config`] for a table name the SQL cannot take (only `[A-Za-z0-9_$]`), a table
+/// pattern with `outbox` (it names no table to create), or an
 /// outbox mapping whose column names differ from the common shape (create such a table
 /// yourself); server errors otherwise (an access error as [`RelayError::Prerequisite`]).
 pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport, RelayError> {
@@ -51,6 +52,14 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
         Vec::new()
     };
     plain_name(&table)?;
+    if let Some(p) = mappings.iter().find_map(|m| m.pattern.as_ref()) {
+        return Err(RelayError::Config(format!(
+            "migrate --outbox cannot create the outbox tables of the pattern {p}: a pattern names \
+             no table to create. Create each matching table yourself (migrations/0001_outbox.sql \
+             has the common shape; the relay picks it up while running), or run `migrate` \
+             without --outbox for the checkpoint table only"
+        )));
+    }
     for m in &mappings {
         plain_name(&m.table)?;
     }

@@ -71,26 +71,37 @@ pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>, RelayErr
 }
 
 /// The table mappings of the outbox tables, or only of `table` (`database.table`, a
-/// command's `--table`).
+/// command's `--table`). A pattern (`tenant_*.outbox`) stands for the tables that match it on
+/// the server now (one mapping each); `--table` names one table, an exact outbox table or one a
+/// pattern matches.
 ///
 /// # Errors
-/// [`RelayError::Argument`] when `table` is not one of `outbox.tables`; mapping errors as
-/// [`RelayConfig::table_mappings`].
-pub fn selected_mappings(
+/// [`RelayError::Argument`] when `table` is a pattern or not an outbox table; mapping errors as
+/// [`RelayConfig::table_mappings`]; [`RelayError::Mysql`] when the tables of a pattern cannot be
+/// listed.
+pub async fn selected_mappings(
+    conn: &mut Conn,
     config: &RelayConfig,
     table: Option<&str>,
 ) -> Result<Vec<outbox_relay_core::outbox::mapping::TableMapping>, RelayError> {
-    let mut mappings = config.table_mappings()?;
-    if let Some(only) = table {
-        let wanted = TableName::parse(only, None)?;
-        mappings.retain(|m| *m.table == wanted);
-        if mappings.is_empty() {
-            return Err(RelayError::Argument(format!(
-                "--table {only} is not one of the outbox tables in outbox.tables"
-            )));
-        }
+    let mappings = config.table_mappings()?;
+    let Some(only) = table else {
+        return outbox_relay_mysql::preflight::resolve_mappings(conn, &mappings).await;
+    };
+    let wanted = TableName::parse(only, None)?;
+    if outbox_relay_core::outbox::pattern::is_pattern(&wanted) {
+        return Err(RelayError::Argument(format!(
+            "--table {only} is a pattern: --table names one table (leave it out for every \
+             table the configured patterns match now)"
+        )));
     }
-    Ok(mappings)
+    match outbox_relay_core::outbox::mapping::mapping_of(&mappings, &wanted) {
+        Some(m) => Ok(vec![m]),
+        None => Err(RelayError::Argument(format!(
+            "--table {only} is not one of the outbox tables in outbox.tables (nor matches one \
+             of its patterns)"
+        ))),
+    }
 }
 
 /// Bytes of binlog from `from` to `to` (`to` at or after `from`), from the file sizes of `logs`

@@ -88,7 +88,7 @@ pub struct PruneReport {
     pub dry_run: bool,
 }
 
-/// Prunes every outbox table of `config`.
+/// Prunes every outbox table of `config` (a pattern's: each table that matches it now).
 ///
 /// # Errors
 /// [`RelayError::Config`] when a table's mapping has no `created_at`; [`RelayError::Prerequisite`]
@@ -113,6 +113,8 @@ pub async fn prune(config: &RelayConfig, opts: &PruneOptions) -> Result<PruneRep
     let table = config.checkpoint_table()?;
     let mut conn = super::connect(config).await?;
     let server = preflight::server_identity(&mut conn).await?;
+    // Patterns (`tenant_*.outbox`) stand for the tables that match them now.
+    let mappings = preflight::resolve_mappings(&mut conn, &mappings).await?;
     let mut report = PruneReport {
         tables: Vec::new(),
         dry_run: opts.dry_run,

@@ -141,8 +141,9 @@ pub async fn republish(
     config: &RelayConfig,
     opts: &RepublishOptions,
 ) -> Result<RepublishReport, RelayError> {
-    let mappings = super::selected_mappings(config, opts.table.as_deref())?;
+    config.table_mappings()?;
     let mut conn = super::connect(config).await?;
+    let mappings = super::selected_mappings(&mut conn, config, opts.table.as_deref()).await?;
     let producer = if opts.yes {
         Some(Producer::new(&config.kafka, "republish")?)
     } else {

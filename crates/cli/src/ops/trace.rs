@@ -293,21 +293,25 @@ impl TraceReport {
 /// the row was found (binlog purged, Kafka unreachable, a topic missing) is a note of the row,
 /// not an error.
 pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceReport, RelayError> {
-    let mut mappings = super::selected_mappings(config, opts.table.as_deref())?;
-    mappings.retain(|m| !m.columns.event_key.is_empty());
-    if mappings.is_empty() {
+    if config
+        .table_mappings()?
+        .iter()
+        .all(|m| m.columns.event_key.is_empty())
+    {
         return Err(RelayError::Config(
             "no outbox table maps an event_key column (outbox.columns.event_key): trace finds \
              rows by it"
                 .into(),
         ));
     }
+    let mut conn = super::connect(config).await?;
+    let mut mappings = super::selected_mappings(&mut conn, config, opts.table.as_deref()).await?;
+    mappings.retain(|m| !m.columns.event_key.is_empty());
     let mut report = TraceReport {
         event_key: opts.event_key.clone(),
         tables: mappings.iter().map(|m| m.table.to_string()).collect(),
         rows: Vec::new(),
     };
-    let mut conn = super::connect(config).await?;
     let mut found: Vec<(Arc<TableMapping>, Option<Record>, Option<i64>)> = Vec::new();
     for m in mappings {
         let m = Arc::new(m);

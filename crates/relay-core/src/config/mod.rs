@@ -383,6 +383,9 @@ pub struct OutboxConfig {
     /// Outbox tables as `database.table`, mapped with the defaults of this section. Every INSERT
     /// committed on one of them becomes one Kafka record; DELETEs are ignored, UPDATEs follow
     /// `on_update`. Default empty; `tables` and `table` together name at least one table.
+    /// A name with `*` (any run of characters) or `?` (one character) in a part is a pattern
+    /// (`tenant_*.outbox`): every matching table, also one created while the relay runs
+    /// ([`crate::outbox::pattern`]).
     #[serde(default)]
     pub tables: Vec<String>,
     /// `[[outbox.table]]`: outbox tables with their own mapping (overrides of this section).
@@ -391,8 +394,8 @@ pub struct OutboxConfig {
     /// Column mapping (defaults follow the common outbox shape).
     #[serde(default)]
     pub columns: ColumnMapping,
-    /// Topic template. `{aggregate_type}`, `{event_type}`, `{database}` and `{table}` are
-    /// replaced by the row's values; a template without placeholders is a fixed topic. Default
+    /// Topic template. `{aggregate_type}`, `{event_type}`, `{database}` (alias `{schema}`) and
+    /// `{table}` are replaced by the row's values; a template without placeholders is a fixed topic. Default
     /// `outbox.event.{aggregate_type}` (the naming of Debezium's outbox event router).
     #[serde(default = "default_topic")]
     pub topic: String,
@@ -504,7 +507,7 @@ fn default_zone() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxTableConfig {
-    /// `database.table`.
+    /// `database.table`, or a pattern of them (see [`OutboxConfig::tables`]).
     pub name: String,
     /// Column names that differ from `[outbox.columns]`.
     #[serde(default)]

@@ -11,7 +11,7 @@ pub struct TopicFields<'a> {
     pub aggregate_type: &'a str,
     /// `{event_type}`: the column's bytes (must be UTF-8 to be rendered); `None` when NULL.
     pub event_type: Option<&'a [u8]>,
-    /// `{database}` of the outbox table.
+    /// `{database}` (or `{schema}`) of the outbox table.
     pub database: &'a str,
     /// `{table}`: the outbox table's name.
     pub table: &'a str,
@@ -36,8 +36,8 @@ enum Part {
 }
 
 impl TopicTemplate {
-    /// Parses a template. Placeholders: `{aggregate_type}`, `{event_type}`, `{database}`,
-    /// `{table}`.
+    /// Parses a template. Placeholders: `{aggregate_type}`, `{event_type}`, `{database}` (alias
+    /// `{schema}`, for table patterns such as `tenant_*.outbox`), `{table}`.
     ///
     /// # Errors
     /// [`RelayError::Config`] for an unknown placeholder, an unclosed brace, or literal text with
@@ -53,12 +53,14 @@ impl TopicTemplate {
                     parts.push(match &rest[1..end] {
                         "aggregate_type" => Part::AggregateType,
                         "event_type" => Part::EventType,
-                        "database" => Part::Database,
+                        // `{schema}`: the same value, the name used with table patterns.
+                        "database" | "schema" => Part::Database,
                         "table" => Part::Table,
                         other => {
                             return Err(bad(format!(
                                 "unknown placeholder {{{other}}}; use {{aggregate_type}}, \
-                                 {{event_type}}, {{database}} or {{table}}"
+                                 {{event_type}}, {{database}} (or its alias {{schema}}) or \
+                                 {{table}}"
                             )))
                         }
                     });

@@ -16,6 +16,23 @@ use crate::config::{
 };
 use crate::debezium::{parse_placement, PlacementEntry, Profile};
 use crate::error::RelayError;
+use crate::outbox::pattern::TablePattern;
+
+/// The mapping `mappings` give `table`: the mapping of its exact name if it has one, else the
+/// first pattern (in configuration order: `outbox.tables`, then `[[outbox.table]]`) it matches,
+/// as [`TableMapping::for_table`] makes it. `None`: not an outbox table.
+pub fn mapping_of(mappings: &[TableMapping], table: &TableName) -> Option<TableMapping> {
+    mappings
+        .iter()
+        .find(|m| m.pattern.is_none() && *m.table == *table)
+        .cloned()
+        .or_else(|| {
+            mappings
+                .iter()
+                .find(|m| m.pattern.as_ref().is_some_and(|p| p.matches(table)))
+                .map(|m| m.for_table(table.clone()))
+        })
+}
 
 /// The field name of the payload inside an envelope.
 pub const ENVELOPE_PAYLOAD_FIELD: &str = "payload";
@@ -23,8 +40,16 @@ pub const ENVELOPE_PAYLOAD_FIELD: &str = "payload";
 /// How one outbox table's rows become records.
 #[derive(Debug, Clone)]
 pub struct TableMapping {
-    /// The outbox table.
+    /// The outbox table; for a pattern's mapping ([`TableMapping::pattern`]), the pattern as
+    /// written (`tenant_*.outbox`), until [`TableMapping::for_table`] names a matching table.
     pub table: Arc<TableName>,
+    /// `Some` when the configured name is a pattern (`tenant_*.outbox`): the mapping is then a
+    /// template for every matching table ([`TableMapping::for_table`]), not one table's.
+    pub pattern: Option<TablePattern>,
+    /// `outbox.trace_context` in effect (not with the Debezium profile): a pattern's matching
+    /// table discovered while streaming gets its `traceparent`/`tracestate` columns as header
+    /// columns from its layout, as `run` finds them for the other tables at start-up.
+    pub trace_context: bool,
     /// Column names.
     pub columns: ColumnMapping,
     /// Topic template.
@@ -55,6 +80,24 @@ pub struct TableMapping {
 }
 
 impl TableMapping {
+    /// This pattern mapping's mapping of `table`, one of its matching tables (the mapping
+    /// itself, named `table`, with no pattern).
+    pub fn for_table(&self, table: TableName) -> TableMapping {
+        TableMapping {
+            table: Arc::new(table),
+            pattern: None,
+            ..self.clone()
+        }
+    }
+
+    /// `true` when this mapping is `table`'s: its exact name, or a pattern `table` matches.
+    pub fn covers(&self, table: &TableName) -> bool {
+        match &self.pattern {
+            Some(p) => p.matches(table),
+            None => *self.table == *table,
+        }
+    }
+
     /// `true` when some additional column goes into an envelope (the value is then JSON).
     pub fn has_envelope(&self) -> bool {
         self.additional
@@ -256,10 +299,13 @@ impl RelayConfig {
     }
 
     /// The mapping of every outbox table: `[outbox] tables` with the section's defaults, then
-    /// each `[[outbox.table]]` with its overrides.
+    /// each `[[outbox.table]]` with its overrides. A name with `*` or `?` is a pattern
+    /// ([`crate::outbox::pattern`]): its mapping has [`TableMapping::pattern`] set and stands for
+    /// every matching table ([`mapping_of`]).
     ///
     /// # Errors
-    /// [`RelayError::Config`] naming the key: a table named twice or malformed, an invalid topic
+    /// [`RelayError::Config`] naming the key: a table named twice or malformed, a pattern that
+    /// matches the checkpoint table's name, an invalid topic
     /// template or time zone, an empty required column name, duplicate header or envelope names.
     pub fn table_mappings(&self) -> Result<Vec<TableMapping>, RelayError> {
         let o: &OutboxConfig = &self.outbox;
@@ -273,6 +319,7 @@ impl RelayConfig {
             .cloudevents
             .enabled
             .then(|| Arc::new(o.cloudevents.clone()));
+        let trace_context = o.trace_context && debezium.is_none();
         let mut out: Vec<TableMapping> = Vec::new();
         let mut seen = HashSet::new();
         for name in &o.tables {
@@ -283,6 +330,8 @@ impl RelayConfig {
                 )));
             }
             out.push(TableMapping {
+                pattern: TablePattern::of(&table),
+                trace_context,
                 table: Arc::new(table),
                 columns: o.columns.clone(),
                 topic: TopicTemplate::parse(&o.topic)?,
@@ -313,6 +362,8 @@ impl RelayConfig {
             let additional = t.additional.clone().unwrap_or_else(|| o.additional.clone());
             check_headers(&headers, &additional, &key)?;
             out.push(TableMapping {
+                pattern: TablePattern::of(&table),
+                trace_context,
                 table: Arc::new(table),
                 columns,
                 topic: TopicTemplate::parse(t.topic.as_deref().unwrap_or(&o.topic))?,
@@ -358,6 +409,20 @@ impl RelayConfig {
                  for the transaction's commit time",
                 m.table
             )));
+        }
+        if let Ok(state) = self.checkpoint_table() {
+            if let Some(p) = out
+                .iter()
+                .filter_map(|m| m.pattern.as_ref())
+                .find(|p| p.matches_table_part(&state.table))
+            {
+                return Err(RelayError::Config(format!(
+                    "outbox table pattern {p} matches the checkpoint table's name {:?} \
+                     (checkpoint.table): the state table is never an outbox; narrow the \
+                     pattern (e.g. {}.outbox) or rename the checkpoint table",
+                    state.table, p.name.database
+                )));
+            }
         }
         if out.is_empty() {
             return Err(RelayError::Config(
@@ -508,5 +573,54 @@ value_converter = "json"
             err("[[outbox.table]]\nname = \"a.b\"\ncolumns = { payload = \"\" }\n")
                 .contains("columns.payload must name a column")
         );
+    }
+
+    #[test]
+    fn patterns_map_their_matching_tables_and_exact_names_win() {
+        let m = mappings(
+            r#"
+[outbox]
+tables = ["tenant_*.outbox", "tenant_7.outbox"]
+topic = "{schema}.{aggregate_type}"
+[[outbox.table]]
+name = "*.outbox"
+topic = "other.{database}"
+"#,
+        )
+        .expect("valid");
+        assert!(m[0].pattern.is_some() && m[1].pattern.is_none() && m[2].pattern.is_some());
+        let t = |s: &str| TableName::parse(s, None).expect("name");
+        let of = |s: &str| mapping_of(&m, &t(s)).map(|x| (x.table.to_string(), x.topic.clone()));
+        let fields = |db: &'static str| crate::config::topic::TopicFields {
+            aggregate_type: "Order",
+            event_type: None,
+            database: db,
+            table: "outbox",
+        };
+        let (name, topic) = of("tenant_1.outbox").expect("matches");
+        assert_eq!(name, "tenant_1.outbox");
+        assert_eq!(
+            topic.render(&fields("tenant_1")),
+            Ok("tenant_1.Order".to_owned())
+        );
+        assert_eq!(of("tenant_7.outbox").expect("exact").0, "tenant_7.outbox");
+        assert!(mapping_of(&m, &t("tenant_7.outbox"))
+            .expect("exact")
+            .pattern
+            .is_none());
+        let (_, topic) = of("shop.outbox").expect("the second pattern");
+        assert_eq!(topic.render(&fields("shop")), Ok("other.shop".to_owned()));
+        assert!(of("tenant_1.outbox_old").is_none());
+        assert!(m[0].trace_context);
+    }
+
+    #[test]
+    fn a_pattern_may_not_match_the_checkpoint_table() {
+        let err = |outbox: &str| mappings(outbox).expect_err("invalid").to_string();
+        assert!(err("[outbox]\ntables = [\"shop.*\"]\n")
+            .contains("matches the checkpoint table's name \"outbox_relay_checkpoint\""));
+        assert!(err("[[outbox.table]]\nname = \"*.outbox_relay_*\"\n").contains("checkpoint"));
+        assert!(mappings("[outbox]\ntables = [\"shop.outbox_?\"]\n").is_ok());
+        assert!(err("[outbox]\ntables = [\"a_*.outbox\", \"a_*.outbox\"]\n").contains("twice"));
     }
 }

@@ -9,6 +9,7 @@ use crate::outbox::mapping::TableMapping;
 use crate::position::BinlogPosition;
 
 pub mod mapping;
+pub mod pattern;
 
 /// One committed INSERT on an outbox table, owned and typed.
 #[derive(Debug, Clone)]

@@ -139,7 +139,14 @@ const FL_PREPARED_XA: u8 = 64;
 /// Per-stream decoding state: where in a transaction we are and what it touched.
 #[derive(Debug)]
 pub struct Decoder {
+    /// The mappings of the outbox tables by name: those named exactly, and each table matching a
+    /// pattern once its first table map was seen (only matching tables: the map grows with the
+    /// outbox tables, never with the other tables of the server).
     outbox_tables: HashMap<TableName, Arc<TableMapping>>,
+    /// The mappings of table patterns (`tenant_*.outbox`), in configuration order: a table map
+    /// of a table not in `outbox_tables` is matched against them once (its result cached with
+    /// the table map, [`TableMapInfo`]).
+    patterns: Vec<TableMapping>,
     /// Column layouts known from `information_schema` and DDL tracking, for table maps
     /// without column names.
     layouts: LayoutTracker,
@@ -211,13 +218,21 @@ impl Decoder {
         checkpoint_table: TableName,
         gtid: Option<GtidState>,
     ) -> Self {
-        let outbox_tables: HashMap<TableName, Arc<TableMapping>> = outbox_tables
+        let (patterns, exact): (Vec<TableMapping>, Vec<TableMapping>) =
+            outbox_tables.into_iter().partition(|m| m.pattern.is_some());
+        let outbox_tables: HashMap<TableName, Arc<TableMapping>> = exact
             .into_iter()
             .map(|m| ((*m.table).clone(), Arc::new(m)))
             .collect();
-        let layouts = LayoutTracker::new(outbox_tables.keys().cloned());
+        let layouts = LayoutTracker::new(
+            outbox_tables
+                .keys()
+                .chain(patterns.iter().map(|m| &*m.table))
+                .cloned(),
+        );
         Self {
             outbox_tables,
+            patterns,
             layouts,
             checkpoint_table,
             gtid,
@@ -442,10 +457,9 @@ impl Decoder {
         default_db: &str,
         ev: &SourceEvent,
     ) -> Option<Box<RowFailure>> {
-        let table = self
-            .outbox_tables
-            .keys()
-            .find(|t| statement_writes_table(stmt, default_db, t))?;
+        let table = statement_target(stmt, default_db).filter(|t| {
+            self.outbox_tables.contains_key(t) || self.patterns.iter().any(|p| p.covers(t))
+        })?;
         let (file, pos) = (&ev.position.file, ev.position.pos);
         Some(Box::new(RowFailure {
             error: RelayError::Row {
@@ -591,8 +605,13 @@ impl Decoder {
                 database: tme.database_name().into_owned(),
                 table: tme.table_name().into_owned(),
             };
-            let mapping = self.outbox_tables.get(&name).cloned();
-            if mapping.is_some() {
+            let is_state_table = name.table == self.checkpoint_table.table;
+            let mapping = match self.outbox_tables.get(&name) {
+                Some(m) => Some(Arc::clone(m)),
+                None if !is_state_table => self.match_pattern(&name, tme),
+                None => None,
+            };
+            if mapping.is_some() && self.layouts.follows(&name) {
                 if let Some(names) = table_map_names(tme) {
                     // Column names in the table map are the truth: they repair a tracked layout.
                     self.layouts.set(&name, names);
@@ -602,13 +621,60 @@ impl Decoder {
                 table_id,
                 TableMapInfo {
                     tme: tme.clone(),
-                    is_state_table: name.table == self.checkpoint_table.table,
+                    is_state_table,
                     mapping,
                     layout: None,
                 },
             );
         }
         &self.table_maps[&table_id]
+    }
+
+    /// The mapping of `name`, a table not named exactly, from the first pattern it matches
+    /// (kept in `outbox_tables` from then on); `None` when it matches none. With
+    /// `outbox.trace_context`, the table's `traceparent`/`tracestate` columns (from the table
+    /// map's names, else its tracked layout) become header columns, as `run` does at start-up
+    /// for the tables named exactly.
+    fn match_pattern(
+        &mut self,
+        name: &TableName,
+        tme: &TableMapEvent<'static>,
+    ) -> Option<Arc<TableMapping>> {
+        let pattern = self.patterns.iter().find(|p| p.covers(name))?;
+        let mut mapping = pattern.for_table(name.clone());
+        if mapping.trace_context {
+            let columns = table_map_names(tme)
+                .or_else(|| {
+                    self.layouts
+                        .get(name)
+                        .and_then(|l| l.ok())
+                        .map(<[_]>::to_vec)
+                })
+                .unwrap_or_default();
+            for column in columns.iter().filter(|c| {
+                c.eq_ignore_ascii_case("traceparent") || c.eq_ignore_ascii_case("tracestate")
+            }) {
+                if !mapping
+                    .additional
+                    .iter()
+                    .any(|a| a.column.eq_ignore_ascii_case(column))
+                {
+                    mapping
+                        .additional
+                        .push(outbox_relay_core::config::AdditionalColumn {
+                            column: column.clone(),
+                            placement: outbox_relay_core::config::Placement::Header,
+                            alias: Some(column.to_ascii_lowercase()),
+                        });
+                }
+            }
+        }
+        tracing::info!(table = %name, pattern = %pattern.table,
+            "outbox table found by pattern: relaying its INSERTs");
+        let mapping = Arc::new(mapping);
+        self.outbox_tables
+            .insert(name.clone(), Arc::clone(&mapping));
+        Some(mapping)
     }
 
     /// The column layout of an outbox rows event: the cached one while the table map, the
@@ -653,7 +719,7 @@ impl Decoder {
             .map(|bits| bits.iter().map(|b| *b).collect());
         // A DDL may have changed the tracked layout since the table map was first seen: names
         // in the table map repair it again.
-        if let Some(names) = table_map_names(tme) {
+        if let Some(names) = table_map_names(tme).filter(|_| self.layouts.follows(name)) {
             self.layouts.set(name, names);
         }
         let tracked = self.layouts.get(name);
@@ -770,16 +836,21 @@ impl Decoder {
 
 /// `true` when `stmt` is an INSERT, REPLACE or LOAD DATA whose target is `table` (qualified, or
 /// unqualified with `default_db` being the table's database).
+#[cfg(test)]
 fn statement_writes_table(stmt: &str, default_db: &str, table: &TableName) -> bool {
+    statement_target(stmt, default_db).is_some_and(|t| t == *table)
+}
+
+/// The target table of `stmt` when it is an INSERT, REPLACE or LOAD DATA (qualified, or in
+/// `default_db`).
+fn statement_target(stmt: &str, default_db: &str) -> Option<TableName> {
     let tokens = sql_tokens(stmt);
-    let Some(first) = tokens.first() else {
-        return false;
-    };
+    let first = tokens.first()?;
     if !["insert", "replace", "load"]
         .iter()
         .any(|k| first.eq_ignore_ascii_case(k))
     {
-        return false;
+        return None;
     }
     // The target follows INTO (INSERT/REPLACE … INTO t, LOAD DATA … INTO TABLE t) or, for
     // INSERT without INTO, the first identifier after the modifiers.
@@ -810,9 +881,12 @@ fn statement_writes_table(stmt: &str, default_db: &str, table: &TableName) -> bo
     let (db, name) = match (tokens.get(i), tokens.get(i + 1), tokens.get(i + 2)) {
         (Some(db), Some(dot), Some(name)) if dot == "." => (db.as_str(), name.as_str()),
         (Some(name), _, _) => (default_db, name.as_str()),
-        _ => return false,
+        _ => return None,
     };
-    db == table.database && name == table.table
+    Some(TableName {
+        database: db.to_owned(),
+        table: name.to_owned(),
+    })
 }
 
 /// Identifiers (backticks removed), quoted strings (kept with their quote) and punctuation of a
@@ -2309,5 +2383,138 @@ mod damaged_table_map_tests {
         // The same layouts with sound metadata decode.
         let ok = decode_rows(&[246], &[5, 1], &["c"], &[0, 0x80, 0x0c, 5]);
         assert!(ok.contains("aggregate_type: \"12.5\""), "{ok}");
+    }
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    //! Table patterns (`outbox.tables = ["tenant_*.outbox"]`): a table map of a table not
+    //! named exactly is matched once; only matching tables are kept.
+    use super::*;
+    use mysql_async::binlog::events::{Event, FormatDescriptionEvent};
+    use mysql_async::binlog::BinlogVersion;
+
+    fn event(type_code: u8, body: &[u8], end: u64) -> SourceEvent {
+        let size = u32::try_from(19 + body.len()).expect("small event");
+        let mut bytes = vec![0, 0, 0, 0, type_code, 1, 0, 0, 0];
+        bytes.extend_from_slice(&size.to_le_bytes());
+        bytes.extend_from_slice(&(end as u32).to_le_bytes());
+        bytes.extend_from_slice(&[0, 0]);
+        bytes.extend_from_slice(body);
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        SourceEvent {
+            event: Event::read(&fde, &bytes[..]).expect("event"),
+            position: BinlogPosition::new("mysql-bin.000001", end),
+            timestamp: 0,
+            in_payload: false,
+        }
+    }
+
+    /// A table map (table id `id`, one BIGINT column `c`, with its name: FULL metadata) of
+    /// `db.table`, and a WRITE_ROWS event of one row (`value`) on it.
+    fn table_map_and_row(id: u8, db: &str, table: &str, value: u8) -> (SourceEvent, SourceEvent) {
+        let mut tm = vec![id, 0, 0, 0, 0, 0, 1, 0];
+        for name in [db, table] {
+            tm.push(name.len() as u8);
+            tm.extend_from_slice(name.as_bytes());
+            tm.push(0);
+        }
+        tm.extend_from_slice(&[1, 8, 0, 0xff]); // one LONGLONG, no metadata, nullable
+        tm.extend_from_slice(&[4, 2, 1, b'c']); // COLUMN_NAME: "c"
+        let mut wr = vec![id, 0, 0, 0, 0, 0, 1, 0, 2, 0, 1, 0xff, 0];
+        wr.extend_from_slice(&[value, 0, 0, 0, 0, 0, 0, 0]);
+        (event(19, &tm, 100), event(30, &wr, 200))
+    }
+
+    fn decoder() -> Decoder {
+        let outbox = "tables = [\"tenant_*.outbox\"]\n[outbox.columns]\nid = \"c\"\n\
+                      aggregate_type = \"c\"\naggregate_id = \"c\"\nevent_type = \"c\"\n\
+                      event_key = \"c\"\npayload = \"c\"\ncreated_at = \"\"\n";
+        Decoder::new(
+            super::fixture_tests::mappings(outbox),
+            TableName::parse("none.outbox_relay_checkpoint", None).expect("table"),
+            None,
+        )
+    }
+
+    /// The rows `decoder` decodes from one row written to `db.table`: (table, aggregate id).
+    fn rows(decoder: &mut Decoder, id: u8, db: &str, table: &str) -> Vec<(String, String)> {
+        let (tm, wr) = table_map_and_row(id, db, table, id);
+        let Ok(Some(EventData::TableMapEvent(tme))) = tm.event.read_data() else {
+            panic!("table map");
+        };
+        let tme = tme.into_owned();
+        let table_map = |i: u64| (i == tme.table_id()).then_some(&tme);
+        decoder.decode(&tm, table_map).expect("table map decodes");
+        let (rows, _) = decoder
+            .decode(&wr, table_map)
+            .expect("rows decode")
+            .into_parts();
+        rows.into_iter()
+            .map(|r| {
+                let e = r.expect("a row");
+                (
+                    e.table.to_string(),
+                    String::from_utf8(e.aggregate_id).expect("text"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_matching_table_is_relayed_from_its_first_table_map_and_others_are_not_kept() {
+        let mut d = decoder();
+        assert_eq!(
+            rows(&mut d, 1, "tenant_1", "outbox"),
+            vec![("tenant_1.outbox".to_owned(), "1".to_owned())]
+        );
+        assert_eq!(rows(&mut d, 2, "tenant_1", "orders"), vec![]);
+        assert_eq!(rows(&mut d, 3, "shop", "outbox"), vec![]);
+        assert_eq!(
+            rows(&mut d, 4, "tenantX1", "outbox"),
+            vec![],
+            "_ is literal"
+        );
+        assert_eq!(
+            rows(&mut d, 5, "tenant_2", "outbox"),
+            vec![("tenant_2.outbox".to_owned(), "5".to_owned())]
+        );
+        // Thousands of other tables keep nothing but the bounded table-map cache.
+        for i in 0..3000u32 {
+            let (tm, _) = table_map_and_row(9, &format!("db{i}"), "t", 0);
+            let Ok(Some(EventData::TableMapEvent(tme))) = tm.event.read_data() else {
+                panic!("table map");
+            };
+            let tme = tme.into_owned();
+            // Each its own table id, as the server gives them.
+            let id = 100 + u64::from(i);
+            d.table_map_info(id, &tme);
+        }
+        assert_eq!(d.outbox_tables.len(), 2, "only the matching tables");
+        assert_eq!(
+            d.layouts.snapshot(),
+            None,
+            "with names in the table maps, no tenant's layout is kept for the checkpoint"
+        );
+        assert!(d.table_maps.len() <= TABLE_MAP_CACHE_LIMIT);
+        assert_eq!(
+            d.layouts.get(&TableName::parse("db7.t", None).expect("t")),
+            None
+        );
+    }
+
+    #[test]
+    fn an_insert_logged_as_a_statement_on_a_matching_table_is_a_failure() {
+        let d = decoder();
+        let ev = table_map_and_row(1, "x", "y", 0).0;
+        assert!(d
+            .statement_on_outbox("INSERT INTO outbox VALUES (1)", "tenant_9", &ev)
+            .is_some());
+        assert!(d
+            .statement_on_outbox("INSERT INTO tenant_9.outbox VALUES (1)", "x", &ev)
+            .is_some());
+        assert!(d
+            .statement_on_outbox("INSERT INTO outbox VALUES (1)", "shop", &ev)
+            .is_none());
     }
 }

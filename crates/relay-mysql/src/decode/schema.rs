@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::decode::ddl::{self, Ddl, Dialect, QualifiedName};
 use crate::server::Flavor;
 use outbox_relay_core::config::TableName;
+use outbox_relay_core::outbox::pattern::{self, TablePattern};
 use outbox_relay_core::position::BinlogPosition;
 
 /// A table's layout: its column names in order, or why it is not known.
@@ -51,8 +52,10 @@ enum StoredLayout<'a> {
 /// The tracked layouts of the outbox tables.
 #[derive(Debug, Clone)]
 pub struct LayoutTracker {
-    /// Outbox tables.
+    /// Outbox tables named exactly.
     outbox: Vec<TableName>,
+    /// Outbox table patterns (`tenant_*.outbox`): every matching table is followed too.
+    patterns: Vec<TablePattern>,
     /// Layout per outbox table; absent: never learned.
     layouts: BTreeMap<TableName, Layout>,
     /// ENUM/SET labels per outbox table (absent or missing a column: not known).
@@ -63,10 +66,14 @@ pub struct LayoutTracker {
 }
 
 impl LayoutTracker {
-    /// A tracker for `outbox` tables, knowing nothing yet.
+    /// A tracker for `outbox` tables (exact names, and patterns such as `tenant_*.outbox`,
+    /// [`outbox_relay_core::outbox::pattern`]), knowing nothing yet.
     pub fn new(outbox: impl IntoIterator<Item = TableName>) -> Self {
+        let (patterns, outbox): (Vec<TableName>, Vec<TableName>) =
+            outbox.into_iter().partition(pattern::is_pattern);
         Self {
-            outbox: outbox.into_iter().collect(),
+            outbox,
+            patterns: patterns.iter().filter_map(TablePattern::of).collect(),
             layouts: BTreeMap::new(),
             labels: BTreeMap::new(),
             dialect: Dialect::new(Flavor::MariaDb, 0),
@@ -121,15 +128,35 @@ impl LayoutTracker {
         );
     }
 
+    /// `true` when table maps with column names should set `table`'s layout: a table named
+    /// exactly, or a table of a pattern whose layout is already tracked (learned from
+    /// `information_schema` or its `CREATE TABLE`, which only happens without FULL metadata).
+    /// With names in every table map, nothing is kept per tenant, and a checkpoint's
+    /// `table_layouts` does not grow with the number of tenants.
+    pub fn follows(&self, table: &TableName) -> bool {
+        self.outbox.contains(table) || self.layouts.contains_key(table)
+    }
+
+    /// `true` when `table` is an outbox table: named exactly, or matching a pattern.
+    fn is_outbox(&self, table: &TableName) -> bool {
+        self.outbox.contains(table) || self.patterns.iter().any(|p| p.matches(table))
+    }
+
     /// Follows a statement from a QUERY event whose default database is `default_db`.
+    ///
+    /// With patterns, every table DDL statement is parsed (a new table's name is only known
+    /// from it); one that cannot be parsed marks only the already tracked tables it mentions
+    /// unknown: a new matching table it created stays unknown (never learned), so its first
+    /// rows event without column names stops the relay rather than guess.
     pub fn observe(&mut self, statement: &str, default_db: &str, position: &BinlogPosition) {
         let touched: Vec<TableName> = self
             .outbox
             .iter()
+            .chain(self.layouts.keys().filter(|t| !self.outbox.contains(t)))
             .filter(|t| ddl::mentions(statement, &t.table))
             .cloned()
             .collect();
-        if touched.is_empty() {
+        if touched.is_empty() && (self.patterns.is_empty() || !may_be_table_ddl(statement)) {
             return;
         }
         let resolve = |q: &QualifiedName| TableName {
@@ -246,7 +273,7 @@ impl LayoutTracker {
         }
         let mut changed = false;
         for (table, labels) in label_changes {
-            if !self.outbox.contains(&table) {
+            if !self.is_outbox(&table) {
                 continue;
             }
             changed = true;
@@ -260,7 +287,7 @@ impl LayoutTracker {
             }
         }
         for (table, layout) in changes {
-            if !self.outbox.contains(&table) {
+            if !self.is_outbox(&table) {
                 continue;
             }
             changed = true;
@@ -420,6 +447,33 @@ pub fn enum_set_labels(column_type: &str) -> Option<Vec<String>> {
     }
 }
 
+/// `true` when `statement` may be a DDL statement on a table: its first word after comments
+/// (`-- …`, `# …`, `/* … */`, which servers keep in the binlog) is `CREATE`, `ALTER`, `RENAME`
+/// or `DROP`, or it starts with an executable comment (`/*! … */`, which may hide one). A cheap
+/// test before parsing every such statement for table patterns.
+fn may_be_table_ddl(statement: &str) -> bool {
+    let mut s = statement.trim_start();
+    loop {
+        if s.starts_with("/*!") || s.starts_with("/*M!") {
+            return true;
+        }
+        if s.starts_with("--") || s.starts_with('#') {
+            s = s.split_once('\n').map_or("", |(_, rest)| rest).trim_start();
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            s = rest
+                .split_once("*/")
+                .map_or("", |(_, rest)| rest)
+                .trim_start();
+        } else {
+            break;
+        }
+    }
+    ["create", "alter", "rename", "drop"].iter().any(|k| {
+        s.get(..k.len()).is_some_and(|w| w.eq_ignore_ascii_case(k))
+            && !s[k.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,5 +627,48 @@ mod tests {
             tracker.snapshot().as_deref(),
             Some(r#"{"shop.outbox":["id","kind"]}"#)
         );
+    }
+
+    #[test]
+    fn patterns_follow_tables_created_later_and_nothing_else() {
+        let pos = BinlogPosition::new("bin.000001", 4);
+        let mut tracker = LayoutTracker::new([t("tenant_*.outbox")]);
+        tracker.observe("CREATE DATABASE tenant_9", "", &pos);
+        tracker.observe(
+            "CREATE TABLE outbox (id BIGINT, payload JSON)",
+            "tenant_9",
+            &pos,
+        );
+        tracker.observe("CREATE TABLE tenant_9.orders (id BIGINT)", "", &pos);
+        tracker.observe("CREATE TABLE shop.outbox (id BIGINT)", "", &pos);
+        assert_eq!(
+            tracker.get(&t("tenant_9.outbox")),
+            Some(Ok(&cols(&["id", "payload"])[..]))
+        );
+        assert_eq!(tracker.get(&t("tenant_9.orders")), None);
+        assert_eq!(tracker.get(&t("shop.outbox")), None);
+        tracker.observe("ALTER TABLE tenant_9.outbox ADD COLUMN x INT", "", &pos);
+        assert_eq!(
+            tracker.get(&t("tenant_9.outbox")),
+            Some(Ok(&cols(&["id", "payload", "x"])[..]))
+        );
+        // A statement the parser does not follow marks the tracked table it mentions unknown.
+        tracker.observe("ALTER TABLE tenant_9.outbox FROBNICATE x", "", &pos);
+        assert!(tracker
+            .get(&t("tenant_9.outbox"))
+            .is_some_and(|l| l.is_err()));
+        tracker.observe("DROP TABLE tenant_9.outbox", "", &pos);
+        assert_eq!(tracker.get(&t("tenant_9.outbox")), None);
+        assert!(!may_be_table_ddl("INSERT INTO outbox VALUES (1)"));
+        assert!(!may_be_table_ddl("created_at"));
+        assert!(may_be_table_ddl("  create table x (a int)"));
+        assert!(may_be_table_ddl("/*!40000 ALTER TABLE x */"));
+        // MySQL 8.0 keeps a statement's leading comments in the binlog.
+        assert!(may_be_table_ddl(
+            "-- the outbox\n# shape\n/* c */ CREATE TABLE x (a int)"
+        ));
+        assert!(!may_be_table_ddl(
+            "-- CREATE TABLE x\nINSERT INTO x VALUES (1)"
+        ));
     }
 }
