@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS `outbox_relay_checkpoint` (
   source_server_uuid VARCHAR(64)     NULL,
   lease_token        BIGINT UNSIGNED NOT NULL DEFAULT 0,
   lease_owner        VARCHAR(255)    NULL,
-  table_layouts      TEXT            NULL,
+  table_layouts      MEDIUMTEXT      NULL,
   updated_at         TIMESTAMP(6)    NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),
   PRIMARY KEY (connector_name)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
@@ -53,9 +53,20 @@ DEALLOCATE PREPARE outbox_relay_stmt;
 
 -- Upgrade: the column for the outbox tables' column layouts (see 0003_checkpoint_layouts.sql).
 SET @outbox_relay_ddl = (SELECT IF(COUNT(*) = 0,
-  'ALTER TABLE `outbox_relay_checkpoint` ADD COLUMN table_layouts TEXT NULL AFTER lease_owner',
+  'ALTER TABLE `outbox_relay_checkpoint` ADD COLUMN table_layouts MEDIUMTEXT NULL AFTER lease_owner',
   'DO 0') FROM information_schema.COLUMNS
   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_relay_checkpoint' AND COLUMN_NAME = 'table_layouts');
+PREPARE outbox_relay_stmt FROM @outbox_relay_ddl;
+EXECUTE outbox_relay_stmt;
+DEALLOCATE PREPARE outbox_relay_stmt;
+
+-- Upgrade: table_layouts as MEDIUMTEXT (16 MB; TEXT holds 64 KB, which the layouts of a few
+-- hundred tables matched by a pattern outgrow).
+SET @outbox_relay_ddl = (SELECT IF(COUNT(*) = 1,
+  'ALTER TABLE `outbox_relay_checkpoint` MODIFY COLUMN table_layouts MEDIUMTEXT NULL',
+  'DO 0') FROM information_schema.COLUMNS
+  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_relay_checkpoint' AND COLUMN_NAME = 'table_layouts'
+    AND DATA_TYPE IN ('tinytext', 'text'));
 PREPARE outbox_relay_stmt FROM @outbox_relay_ddl;
 EXECUTE outbox_relay_stmt;
 DEALLOCATE PREPARE outbox_relay_stmt;

@@ -207,9 +207,8 @@ pub async fn measure(relay: &Path, out: &Path, readme: Option<&Path>) -> Result<
             .await
             .ok();
     }
-    let (one, all) = result.with_context(|| {
-        format!("the relay's logs are kept in {}", dir.display())
-    })?;
+    let (one, all) =
+        result.with_context(|| format!("the relay's logs are kept in {}", dir.display()))?;
     std::fs::remove_dir_all(&dir).ok();
     let per_source = (all.rss_mb - one.rss_mb) / (all.sources - one.sources) as f64;
     let figures = json!({

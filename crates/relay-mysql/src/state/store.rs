@@ -3,7 +3,7 @@
 //! ([`crate::state::lease`]); and the operator commands' reads of a connector's whole row
 //! ([`read_state_row`]) and of who holds its lease ([`lease_holder`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
@@ -25,6 +25,9 @@ pub struct MysqlCheckpointStore {
     lease_token: Option<u64>,
     /// The table has the `table_layouts` column (found by [`MysqlCheckpointStore::verify`]).
     layouts_column: Arc<AtomicBool>,
+    /// The most bytes `table_layouts` holds (its `CHARACTER_OCTET_LENGTH`, found by
+    /// [`MysqlCheckpointStore::verify`]; 0: unknown).
+    layouts_capacity: Arc<AtomicU64>,
     /// The source's metrics (checkpoint gauges), if any.
     metrics: Option<Arc<Metrics>>,
 }
@@ -38,6 +41,7 @@ impl MysqlCheckpointStore {
             connector,
             lease_token: None,
             layouts_column: Arc::new(AtomicBool::new(false)),
+            layouts_capacity: Arc::new(AtomicU64::new(0)),
             metrics: None,
         }
     }
@@ -86,13 +90,20 @@ impl MysqlCheckpointStore {
     /// [`RelayError::Prerequisite`] naming the table and the migration that creates it.
     pub async fn verify(&self) -> Result<(), RelayError> {
         let mut conn = self.pool.get_conn().await?;
-        let columns: Vec<String> = conn
+        let described: Vec<(String, Option<u64>)> = conn
             .exec(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                "SELECT COLUMN_NAME, CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS \
                  WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
                 (&self.table.database, &self.table.table),
             )
             .await?;
+        let capacity = described
+            .iter()
+            .find(|(c, _)| c.eq_ignore_ascii_case(codec::columns::TABLE_LAYOUTS))
+            .and_then(|(_, bytes)| *bytes)
+            .unwrap_or(0);
+        self.layouts_capacity.store(capacity, Ordering::Relaxed);
+        let columns: Vec<String> = described.into_iter().map(|(c, _)| c).collect();
         let missing: Vec<&str> = codec::REQUIRED_COLUMNS
             .iter()
             .copied()
@@ -157,6 +168,27 @@ impl CheckpointStore for MysqlCheckpointStore {
     }
 
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), RelayError> {
+        // A value the column cannot hold would fail (strict SQL mode) or be cut short (not
+        // strict) at every write: stop with the fix instead of retrying forever.
+        let capacity = self.layouts_capacity.load(Ordering::Relaxed);
+        if let Some(layouts) = checkpoint.table_layouts.as_deref() {
+            if self.stores_layouts() && capacity > 0 && layouts.len() as u64 > capacity {
+                return Err(RelayError::Prerequisite {
+                    setting: format!("checkpoint table {} column table_layouts", self.table),
+                    expected: format!(
+                        "room for the outbox tables' column layouts ({} bytes)",
+                        layouts.len()
+                    ),
+                    found: format!("a column of at most {capacity} bytes"),
+                    fix: format!(
+                        "run `outbox-relay migrate` (migrations/0002_checkpoint.sql makes it \
+                         MEDIUMTEXT), or ALTER TABLE {} MODIFY table_layouts MEDIUMTEXT NULL; \
+                         with binlog_row_metadata=FULL no layouts are stored",
+                        self.table.quoted()
+                    ),
+                });
+            }
+        }
         let mut conn = self.pool.get_conn().await?;
         let Some(token) = self.lease_token else {
             return Err(RelayError::LeaseLost(
