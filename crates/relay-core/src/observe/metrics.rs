@@ -47,6 +47,13 @@ pub const MAX_TOPIC_LABELS: usize = 100;
 /// The `topic` label value of records beyond [`MAX_TOPIC_LABELS`] distinct topics.
 pub const OTHER_TOPICS: &str = "_other";
 
+/// Most distinct `table` label values of `outbox_relay_outbox_rows_read_total`; rows of
+/// further tables count under [`OTHER_TABLES`].
+pub const MAX_TABLE_LABELS: usize = 100;
+
+/// The `table` label value of rows beyond [`MAX_TABLE_LABELS`] distinct tables.
+pub const OTHER_TABLES: &str = "_other";
+
 /// Interval of the progress log line while records flow or the relay lags behind.
 pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -856,14 +863,16 @@ impl Metrics {
     /// The `outbox_rows_read_total` counter of `table`, for [`Metrics::row_read_in`].
     pub fn table_rows(&self, table: &str) -> TableRows {
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
-        let c = match tables.get(table) {
-            Some(c) => c.clone(),
-            None => {
-                let c = self.rows_read.with_label_values(&[table]);
-                tables.insert(table.to_owned(), c.clone());
-                c
-            }
-        };
+        if let Some(c) = tables.get(table) {
+            return TableRows(c.clone());
+        }
+        // Tables matched by a pattern (one per tenant) can be many: as for topics, the first
+        // MAX_TABLE_LABELS get their own value, the others share OTHER_TABLES's.
+        if tables.len() >= MAX_TABLE_LABELS {
+            return TableRows(self.rows_read.with_label_values(&[OTHER_TABLES]));
+        }
+        let c = self.rows_read.with_label_values(&[table]);
+        tables.insert(table.to_owned(), c.clone());
         TableRows(c)
     }
 
@@ -1235,6 +1244,30 @@ mod tests {
             .filter(|l| l.starts_with("outbox_relay_records_produced_total{"))
             .count();
         assert_eq!(series, MAX_TOPIC_LABELS + 1);
+    }
+
+    #[test]
+    fn table_labels_are_capped() {
+        let m = Metrics::new();
+        for i in 0..MAX_TABLE_LABELS + 7 {
+            m.row_read(&format!("tenant_{i}.outbox"));
+        }
+        m.row_read("tenant_0.outbox");
+        let text = m.render();
+        let series = |name: &str| {
+            value(
+                &text,
+                &format!("outbox_relay_outbox_rows_read_total{{table=\"{name}\"}}"),
+            )
+        };
+        assert_eq!(series("_other"), Some(7.0));
+        assert_eq!(series("tenant_0.outbox"), Some(2.0));
+        let count = text
+            .lines()
+            .filter(|l| l.starts_with("outbox_relay_outbox_rows_read_total{"))
+            .count();
+        assert_eq!(count, MAX_TABLE_LABELS + 1);
+        assert_eq!(m.rows_read_total(), MAX_TABLE_LABELS as u64 + 8);
     }
 
     #[test]
