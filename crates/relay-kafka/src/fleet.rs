@@ -235,7 +235,11 @@ impl Drop for Membership {
 }
 
 fn admin(kafka: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, RelayError> {
-    crate::sink::admin_client_config(kafka)
+    let mut client = crate::sink::admin_client_config(kafka);
+    // A metadata request for the missing control topic must not have the broker create it
+    // with its default partition count (auto.create.topics.enable).
+    client.set("allow.auto.create.topics", "false");
+    client
         .create()
         .map_err(|e| RelayError::Config(format!("kafka.properties (fleet admin client): {e}")))
 }
