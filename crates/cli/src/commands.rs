@@ -1,5 +1,5 @@
 //! The operator subcommands (`check`, `status`, `reset`, `migrate`, `prune`, `republish`,
-//! `dlq replay`, `trace`, `migrate-from debezium`): argument parsing and printing; the work is in `crate::ops`.
+//! `dlq replay`, `trace`, `migrate-from debezium`, `fleet status`): argument parsing and printing; the work is in `crate::ops`.
 //! Reports go to stdout, logs to stderr.
 
 use std::path::PathBuf;
@@ -267,6 +267,33 @@ pub enum OpsCommand {
         #[command(subcommand)]
         from: MigrateFromCommand,
     },
+    /// A fleet of processes sharing the sources of a `[fleet]` configuration (`fleet status`).
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum FleetCommand {
+    /// List every source of the configuration: its control-topic partition, the process that
+    /// owns it (the consumer group's member assigned that partition), the lease holder and
+    /// token, the last checkpoint and its age, the lag, and its state (running, waiting for
+    /// lease, unowned, unknown), plus the spread of sources over the members. Needs no running
+    /// process of its own; changes nothing.
+    ///
+    /// Exit codes: 0 printed; 1 Kafka cannot be reached; 2 configuration error (or no
+    /// [fleet] section).
+    #[command(verbatim_doc_comment)]
+    Status {
+        /// TOML config file (with [fleet]); `OUTBOX_RELAY__SECTION__KEY` environment variables
+        /// override it.
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Print one JSON object (keys in the README, "Fleet") instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -463,6 +490,23 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(3)
+            }
+        }
+        OpsCommand::Fleet {
+            command: FleetCommand::Status { config, json },
+        } => {
+            let result = ProcessConfig::load(&config)
+                .and_then(|p| runtime.block_on(ops::fleet::fleet_status(&p)));
+            match result {
+                Ok(s) if json => {
+                    println!("{}", s.to_json());
+                    ExitCode::SUCCESS
+                }
+                Ok(s) => {
+                    print!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
             }
         }
         OpsCommand::Status { config, json } => {

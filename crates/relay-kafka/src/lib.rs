@@ -6,10 +6,12 @@
 //! The operator commands' clients: [`admin`] (metadata and configurations for `check`),
 //! [`reader`] (reading topics, offsets, watermarks and groups' committed offsets for `dlq
 //! replay`, `trace` and `prune --inbox`), [`publish`] (the producers of `dlq replay` and
-//! `republish`, `check`'s trial of transactions).
+//! `republish`, `check`'s trial of transactions); [`fleet`]: a fleet's membership (which
+//! sources this process runs, from a consumer group's assignment) and its description.
 
 pub mod admin;
 pub mod features;
+pub mod fleet;
 pub mod publish;
 pub mod reader;
 pub mod route;

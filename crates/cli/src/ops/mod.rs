@@ -2,12 +2,14 @@
 //! prerequisite, one line each), [`status`] (checkpoint, lag, lease), [`reset`] (move the
 //! checkpoint), [`migrate`] (create or upgrade the tables), [`prune`] (delete relayed outbox
 //! rows), [`inbox`] (the consumers' inbox tables: `migrate --inbox`, `prune --inbox`) and
+//! [`fleet`] (`fleet status`: a fleet's sources, owners and leases),
 //! [`debezium`] (`migrate-from debezium`: the checkpoint from a stopped Debezium connector's offset). Each returns a report the command line prints; exit codes are in the README
 //! ("Operations").
 
 pub mod check;
 pub mod debezium;
 pub mod dlq;
+pub mod fleet;
 pub mod inbox;
 pub mod java_stream;
 pub mod migrate;

@@ -27,6 +27,10 @@
 //! `[outbox]`, …); its `name` defaults to the file name without `.toml`. Files whose name starts
 //! with `.` are skipped (Kubernetes mounts a ConfigMap through `..data` links). The
 //! `OUTBOX_RELAY__SECTION__KEY` environment overrides apply to the shared settings.
+//!
+//! A top-level `[fleet]` table ([`FleetConfig`], many-source files only, the process's own like
+//! `[http]`) makes the process one member of a fleet: processes that share the file's sources,
+//! each running the sources of the control topic's partitions Kafka assigns it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -35,14 +39,196 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
 
-use super::{HttpConfig, RelayConfig, TracingConfig, ENV_PREFIX};
+use serde::Deserialize;
+
+use super::{HttpConfig, KafkaConfig, RelayConfig, TracingConfig, ENV_PREFIX};
 use crate::error::RelayError;
 
 /// Top-level keys of a many-source file that are not shared settings of its sources.
 const PROCESS_KEYS: [&str; 3] = ["source", "sources_dir", "sources_poll_ms"];
 
 /// Sections that belong to the process, not to a source.
-const PROCESS_SECTIONS: [&str; 2] = ["http", "tracing"];
+const PROCESS_SECTIONS: [&str; 3] = ["http", "tracing", "fleet"];
+
+/// `[fleet]` as written (every key optional; see [`FleetConfig`] for the defaults).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetWritten {
+    enabled: Option<bool>,
+    group_id: Option<String>,
+    control_topic: Option<String>,
+    partitions: Option<i64>,
+    instance_id: Option<String>,
+    session_timeout_ms: Option<u64>,
+    heartbeat_interval_ms: Option<u64>,
+    lease_ttl_ms: Option<u64>,
+}
+
+/// `[fleet]`: many processes share the file's sources. Each process joins Kafka consumer group
+/// `group_id` on `control_topic` (`cooperative-sticky` assignment) and runs exactly the sources
+/// whose partition (`murmur2(name) & 0x7fffffff % partitions`, Kafka's default partitioner) it
+/// is assigned. Fencing stays the MySQL lease, given a time to live (`lease_ttl_ms`) so that a
+/// frozen or partitioned process neither blocks a source nor produces after losing it.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The consumer group of the fleet's processes (`group_id`, default `outbox-relay`).
+    pub group_id: String,
+    /// The topic whose partitions stand for the sources (`control_topic`, default
+    /// `outbox-relay.fleet`); created with `partitions` partitions when missing. No record is
+    /// ever written to it.
+    pub control_topic: String,
+    /// Partitions of a control topic created by the relay (`partitions`, default 64, 1 to
+    /// 10000). An existing topic's own count is what the processes use.
+    pub partitions: i32,
+    /// This process's name in the group (`instance_id`, default `<hostname>:<pid>`; may be
+    /// `${env:POD_NAME}`), shown by `fleet status` as a partition's owner; Kafka's `client.id`.
+    pub instance_id: String,
+    /// Kafka's `session.timeout.ms` of the membership (default 6000, the brokers' lowest by
+    /// default): a process silent this long loses its sources.
+    pub session_timeout_ms: u64,
+    /// Kafka's `heartbeat.interval.ms` (default 1500, below `session_timeout_ms`).
+    pub heartbeat_interval_ms: u64,
+    /// The lease's time to live in ms (default 8000, at least 2000): the lease connection's
+    /// `wait_timeout` is `ceil(lease_ttl_ms / 1000)` s, a keeper confirms the lease every
+    /// `lease_ttl_ms / 4`, and no record is handed to the producer unless the lease was
+    /// confirmed within `lease_ttl_ms / 2`.
+    pub lease_ttl_ms: u64,
+    /// The shared `[kafka]` section (bootstrap servers, security properties), secrets resolved.
+    pub kafka: KafkaConfig,
+}
+
+/// Defaults of `[fleet]`.
+pub const DEFAULT_FLEET_GROUP: &str = "outbox-relay";
+/// Default `fleet.control_topic`.
+pub const DEFAULT_FLEET_TOPIC: &str = "outbox-relay.fleet";
+/// Default `fleet.partitions`.
+pub const DEFAULT_FLEET_PARTITIONS: i32 = 64;
+
+impl FleetConfig {
+    /// `[fleet]` from its written value; `root` holds the shared `[kafka]`. `None` when
+    /// `enabled = false`.
+    fn from_written(value: &Value, root: &Dict) -> Result<Option<Self>, RelayError> {
+        let w: FleetWritten = value.deserialize().map_err(|e| {
+            config_error(format!(
+                "[fleet]: {}",
+                e.to_string().replace("\"default.", "\"")
+            ))
+        })?;
+        if w.enabled == Some(false) {
+            return Ok(None);
+        }
+        let bad = |key: &str, why: &str| config_error(format!("fleet.{key} {why}"));
+        let group_id = w.group_id.unwrap_or_else(|| DEFAULT_FLEET_GROUP.into());
+        if group_id.trim().is_empty() {
+            return Err(bad("group_id", "must not be empty"));
+        }
+        let control_topic = w
+            .control_topic
+            .unwrap_or_else(|| DEFAULT_FLEET_TOPIC.into());
+        if control_topic.is_empty()
+            || control_topic.len() > 249
+            || control_topic == "."
+            || control_topic == ".."
+            || !control_topic
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(bad(
+                "control_topic",
+                &format!(
+                    "{control_topic:?} is not a valid Kafka topic name (1 to 249 of \
+                     [a-zA-Z0-9._-])"
+                ),
+            ));
+        }
+        let partitions = w.partitions.unwrap_or(DEFAULT_FLEET_PARTITIONS.into());
+        let partitions = i32::try_from(partitions)
+            .ok()
+            .filter(|p| (1..=10_000).contains(p))
+            .ok_or_else(|| {
+                bad(
+                    "partitions",
+                    &format!("must be 1 to 10000, not {partitions}"),
+                )
+            })?;
+        let instance_id = match w.instance_id {
+            Some(id) => super::secrets::resolve("fleet.instance_id", &id)?,
+            None => instance_name(),
+        };
+        if instance_id.trim().is_empty() || instance_id.len() > 249 {
+            return Err(bad(
+                "instance_id",
+                "must be 1 to 249 characters (an empty ${env:…} variable?)",
+            ));
+        }
+        let session_timeout_ms = w.session_timeout_ms.unwrap_or(6_000);
+        if !(1_000..=3_600_000).contains(&session_timeout_ms) {
+            return Err(bad(
+                "session_timeout_ms",
+                "must be 1000 to 3600000 (and within the brokers' group.min/max.session.timeout.ms)",
+            ));
+        }
+        let heartbeat_interval_ms = w.heartbeat_interval_ms.unwrap_or(1_500);
+        if heartbeat_interval_ms == 0 || heartbeat_interval_ms >= session_timeout_ms {
+            return Err(bad(
+                "heartbeat_interval_ms",
+                &format!(
+                    "must be above 0 and below fleet.session_timeout_ms ({session_timeout_ms}); \
+                     a third of it is usual"
+                ),
+            ));
+        }
+        let lease_ttl_ms = w.lease_ttl_ms.unwrap_or(8_000);
+        if !(2_000..=3_600_000).contains(&lease_ttl_ms) {
+            return Err(bad(
+                "lease_ttl_ms",
+                "must be 2000 to 3600000 (MySQL's wait_timeout counts whole seconds)",
+            ));
+        }
+        let shared = Figment::from(Serialized::defaults(root.clone()));
+        if !root.contains_key("kafka") {
+            return Err(config_error(
+                "[fleet] needs the shared [kafka] section (bootstrap_servers): the fleet's \
+                 membership is a Kafka consumer group"
+                    .into(),
+            ));
+        }
+        let mut kafka: KafkaConfig = shared.extract_inner("kafka").map_err(figment_error)?;
+        for (key, value) in kafka.properties.iter_mut() {
+            *value = super::secrets::resolve(&format!("kafka.properties.{key:?}"), value)?;
+        }
+        Ok(Some(Self {
+            group_id,
+            control_topic,
+            partitions,
+            instance_id,
+            session_timeout_ms,
+            heartbeat_interval_ms,
+            lease_ttl_ms,
+            kafka,
+        }))
+    }
+
+    /// The lease's time to live.
+    pub fn lease_ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.lease_ttl_ms)
+    }
+}
+
+/// `host:pid`: this process's default name (the lease owner stored in the state row, the
+/// default `fleet.instance_id`).
+pub fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
+}
 
 /// Default `sources_poll_ms`.
 pub const DEFAULT_SOURCES_POLL_MS: u64 = 2_000;
@@ -80,6 +266,8 @@ pub struct ProcessConfig {
     /// SIGHUP, in ms (`sources_poll_ms`, many-source files only; default 2000; 0: only on
     /// SIGHUP).
     pub poll_ms: u64,
+    /// `[fleet]`, when present and enabled: this process runs only its share of the sources.
+    pub fleet: Option<FleetConfig>,
 }
 
 fn config_error(msg: String) -> RelayError {
@@ -116,6 +304,13 @@ impl ProcessConfig {
             || Figment::from(Toml::file_exact(path)).merge(Env::prefixed(ENV_PREFIX).split("__"));
         let root: Dict = base().extract().map_err(figment_error)?;
         if !PROCESS_KEYS.iter().any(|k| root.contains_key(*k)) {
+            if root.contains_key("fleet") {
+                return Err(config_error(
+                    "[fleet] shares the sources of a many-source file among processes: write \
+                     the sources as [[source]] tables or in a sources_dir"
+                        .into(),
+                ));
+            }
             let config = RelayConfig::from_figment(base())?;
             let fingerprint = fingerprint(&root, &config);
             return Ok(Self {
@@ -129,6 +324,7 @@ impl ProcessConfig {
                 }],
                 sources_dir: None,
                 poll_ms: 0,
+                fleet: None,
             });
         }
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -161,6 +357,10 @@ impl ProcessConfig {
             Some(v) => v.deserialize::<u64>().map_err(|_| {
                 config_error("sources_poll_ms must be a whole number of ms (0: SIGHUP only)".into())
             })?,
+        };
+        let fleet = match root.remove("fleet") {
+            None => None,
+            Some(v) => FleetConfig::from_written(&v, &root)?,
         };
         if root.contains_key("connector_name") {
             return Err(config_error(
@@ -256,6 +456,7 @@ impl ProcessConfig {
             sources,
             sources_dir,
             poll_ms,
+            fleet,
         })
     }
 }
@@ -523,5 +724,106 @@ tables = [\"pay.outbox\", \"pay.outbox2\"]
             .expect_err("no folder")
             .to_string();
         assert!(err.contains("cannot read the folder"), "{err}");
+    }
+
+    #[test]
+    fn fleet_defaults_and_the_helm_chart_form() {
+        let dir = temp_dir("fleet");
+        let path = write(
+            &dir,
+            "plain.toml",
+            &format!("{SHARED}\n[fleet]\n\n[[source]]\nname = \"a\"\n"),
+        );
+        let p = ProcessConfig::load(&path).expect("valid");
+        let f = p.fleet.expect("[fleet] present: enabled");
+        assert_eq!(f.group_id, "outbox-relay");
+        assert_eq!(f.control_topic, "outbox-relay.fleet");
+        assert_eq!(f.partitions, 64);
+        assert_eq!(f.instance_id, instance_name());
+        assert_eq!(
+            (
+                f.session_timeout_ms,
+                f.heartbeat_interval_ms,
+                f.lease_ttl_ms
+            ),
+            (6000, 1500, 8000)
+        );
+        assert_eq!(f.kafka.bootstrap_servers, "127.0.0.1:9092");
+
+        // Exactly what the Helm chart renders.
+        std::env::set_var("OUTBOX_RELAY_TEST_POD_NAME", "relay-7f9c-x2");
+        let path = write(
+            &dir,
+            "helm.toml",
+            &format!(
+                "{SHARED}\n[fleet]\nenabled = true\ngroup_id = \"shop-relays\"\ncontrol_topic = \
+                 \"shop.fleet\"\ninstance_id = \"${{env:OUTBOX_RELAY_TEST_POD_NAME}}\"\n\n\
+                 [[source]]\nname = \"a\"\n"
+            ),
+        );
+        let f = ProcessConfig::load(&path)
+            .expect("valid")
+            .fleet
+            .expect("enabled");
+        assert_eq!(f.group_id, "shop-relays");
+        assert_eq!(f.control_topic, "shop.fleet");
+        assert_eq!(f.instance_id, "relay-7f9c-x2");
+
+        let path = write(
+            &dir,
+            "off.toml",
+            &format!("{SHARED}\n[fleet]\nenabled = false\n[[source]]\nname = \"a\"\n"),
+        );
+        assert!(ProcessConfig::load(&path).expect("valid").fleet.is_none());
+        let path = write(
+            &dir,
+            "none.toml",
+            &format!("{SHARED}\n[[source]]\nname = \"a\"\n"),
+        );
+        assert!(ProcessConfig::load(&path).expect("valid").fleet.is_none());
+    }
+
+    #[test]
+    fn fleet_mistakes_name_the_key() {
+        let dir = temp_dir("fleet-mistakes");
+        let cases = [
+            ("partitions = 0", "fleet.partitions must be 1 to 10000, not 0"),
+            ("partitions = 20000", "fleet.partitions must be 1 to 10000"),
+            ("control_topic = \"a b\"", "fleet.control_topic \"a b\" is not a valid Kafka topic name"),
+            ("group_id = \" \"", "fleet.group_id must not be empty"),
+            ("heartbeat_interval_ms = 6000", "fleet.heartbeat_interval_ms must be above 0 and below fleet.session_timeout_ms (6000)"),
+            ("lease_ttl_ms = 500", "fleet.lease_ttl_ms must be 2000 to 3600000"),
+            ("session_timeout_ms = 10", "fleet.session_timeout_ms must be 1000"),
+            ("instance_id = \"${env:OUTBOX_RELAY_TEST_UNSET_VAR}\"", "fleet.instance_id"),
+            ("groupid = \"x\"", "[fleet]: unknown field: found `groupid`"),
+        ];
+        for (i, (line, expected)) in cases.iter().enumerate() {
+            let path = write(
+                &dir,
+                &format!("f{i}.toml"),
+                &format!("{SHARED}\n[fleet]\n{line}\n[[source]]\nname = \"a\"\n"),
+            );
+            let err = ProcessConfig::load(&path).expect_err(line).to_string();
+            assert!(err.contains(expected), "{line}: {err}");
+        }
+        let path = write(
+            &dir,
+            "single.toml",
+            &format!("connector_name = \"one\"\n{SHARED}\n[fleet]\n"),
+        );
+        let err = ProcessConfig::load(&path).expect_err("single").to_string();
+        assert!(
+            err.contains("[fleet] shares the sources of a many-source file"),
+            "{err}"
+        );
+        let path = write(
+            &dir,
+            "insource.toml",
+            &format!("{SHARED}\n[[source]]\nname = \"a\"\n[source.fleet]\ngroup_id = \"x\"\n"),
+        );
+        let err = ProcessConfig::load(&path)
+            .expect_err("in source")
+            .to_string();
+        assert!(err.contains("[fleet] is the process's own"), "{err}");
     }
 }

@@ -61,7 +61,7 @@ use outbox_relay_kafka::route::Router;
 use outbox_relay_kafka::sink::ReadBack;
 pub use outbox_relay_mysql::binlog::EventSource;
 use outbox_relay_mysql::decode::{DecodedRow, Decoder, RowFailure};
-use outbox_relay_mysql::state::lease::Lease;
+use outbox_relay_mysql::state::lease::{Lease, LeaseClock};
 
 /// What leaves the acknowledgement queue, in binlog order.
 enum Ack {
@@ -484,6 +484,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         cutover,
         held: Vec::new(),
         cutover_over: false,
+        lease_clock: lease.as_ref().and_then(|l| l.clock()),
     };
     let result = reader
         .stream(
@@ -597,6 +598,9 @@ struct Reader<'a> {
     /// This run read a transaction committed after `cutover.until`: the binlog is in commit
     /// order, so no later one is checked (nor held).
     cutover_over: bool,
+    /// A lease with a time to live (fleets): no record is handed to the producer unless the
+    /// lease was confirmed recently enough (relay-mysql's `state::lease`).
+    lease_clock: Option<LeaseClock>,
 }
 
 impl Reader<'_> {
@@ -1230,6 +1234,10 @@ impl Reader<'_> {
         send: impl Fn(&K, u64) -> Result<(), SendError>,
     ) -> Result<(), Refusal> {
         loop {
+            if let Some(clock) = &self.lease_clock {
+                // Checked before every hand-over: a process resumed after a freeze stops here.
+                clock.check().map_err(Refusal::Failed)?;
+            }
             match send(sink, inflight.next_seq()) {
                 Ok(()) => return Ok(()),
                 Err(SendError::Permanent(reason)) => {

@@ -73,7 +73,7 @@ pub async fn run(config: RelayConfig, shutdown: watch::Receiver<bool>) -> Result
     let metrics = hub.add(&config.connector_name, ready_limits(&config));
     let spans = RowSpans::start(&config.tracing)?;
     let server = http::start(&config.http, hub).await?;
-    let result = supervise(config, shutdown, &spans, Arc::clone(&metrics)).await;
+    let result = supervise(config, shutdown, &spans, Arc::clone(&metrics), None).await;
     metrics.set_state(State::Stopping);
     if let Some(server) = server {
         server.stop().await;
@@ -97,12 +97,14 @@ pub(crate) fn ready_limits(config: &RelayConfig) -> ReadyLimits {
 }
 
 /// [`run`] without the HTTP endpoints and the span exporter: one source, its state and
-/// counters in `metrics`.
+/// counters in `metrics`. `lease_ttl`: the lease's time to live (a fleet's `lease_ttl_ms`, see
+/// relay-mysql's `state::lease`); `None`: the lease lives as long as its session.
 pub(crate) async fn supervise(
     config: RelayConfig,
     mut shutdown: watch::Receiver<bool>,
     spans: &Option<RowSpans>,
     metrics: Arc<Metrics>,
+    lease_ttl: Option<Duration>,
 ) -> Result<(), RelayError> {
     let Some(opts) = mysql_opts(&config, &mut shutdown).await? else {
         return Ok(());
@@ -151,6 +153,7 @@ pub(crate) async fn supervise(
                     &config.connector_name,
                     &owner,
                     Duration::from_millis(config.mysql.read_timeout_ms),
+                    lease_ttl,
                     &mut shutdown,
                 )
                 .await

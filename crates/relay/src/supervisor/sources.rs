@@ -10,8 +10,17 @@
 //! the new settings, the others are not touched. A source that failed for good starts again
 //! on the next SIGHUP (or when its settings change). An invalid new configuration changes
 //! nothing (logged, `outbox_relay_config_reloads_total{result="failed"}`).
+//!
+//! # A fleet (`[fleet]`)
+//! With `[fleet]` the process joins the fleet's consumer group (relay-kafka's
+//! [`Membership`]) and runs only the sources whose control-topic partition it is assigned (its
+//! share): an assignment starts them; a revocation stops them and waits until they have
+//! stopped (checkpoint written, lease released) before the revocation completes, so the
+//! partition's next owner finds the lease free. Sources that keep their owner are not touched
+//! (cooperative rebalancing). Reloads apply to the assigned share. Leases get the fleet's time
+//! to live (`fleet.lease_ttl_ms`, relay-mysql's `state::lease`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +35,7 @@ use outbox_relay_core::observe::http;
 use outbox_relay_core::observe::hub::Hub;
 use outbox_relay_core::observe::metrics::{Metrics, State};
 use outbox_relay_core::observe::spans::RowSpans;
+use outbox_relay_kafka::fleet::{source_partition, FleetEvent, Membership};
 
 use super::{ready_limits, supervise, SPANS_FLUSH_TIMEOUT};
 
@@ -64,6 +74,8 @@ struct Sources {
     hub: Arc<Hub>,
     spans: Arc<Option<RowSpans>>,
     running: BTreeMap<String, Running>,
+    /// The leases' time to live (a fleet's), or `None`.
+    lease_ttl: Option<Duration>,
 }
 
 impl Sources {
@@ -89,12 +101,20 @@ impl Sources {
         let span = tracing::info_span!("source", source = %name);
         let (task_metrics, task_removed) = (Arc::clone(&metrics), Arc::clone(&removed));
         let task_name = name.clone();
+        let lease_ttl = self.lease_ttl;
         let task = tokio::spawn(
             async move {
                 if let Some(previous) = previous {
                     let _ = previous.await;
                 }
-                run_source(source, stop_rx, &spans, Arc::clone(&task_metrics)).await;
+                run_source(
+                    source,
+                    stop_rx,
+                    &spans,
+                    Arc::clone(&task_metrics),
+                    lease_ttl,
+                )
+                .await;
                 if task_removed.load(Ordering::SeqCst) {
                     hub.remove(&task_name, &task_metrics);
                 }
@@ -113,8 +133,8 @@ impl Sources {
         );
     }
 
-    /// Stops source `name` (in the background) and forgets it.
-    fn remove(&mut self, name: &str) -> Option<JoinHandle<()>> {
+    /// Stops source `name` (in the background) and forgets it; `why` is logged.
+    fn remove(&mut self, name: &str, why: &str) -> Option<JoinHandle<()>> {
         let old = self.running.remove(name)?;
         old.removed.store(true, Ordering::SeqCst);
         let _ = old.stop.send(true);
@@ -123,7 +143,7 @@ impl Sources {
             // ends from now on sees `removed` set and does it.)
             self.hub.remove(name, &old.metrics);
         }
-        tracing::info!(source = %name, "source removed from the configuration: stopping it");
+        tracing::info!(source = %name, "source {why}: stopping it");
         Some(old.task)
     }
 
@@ -142,7 +162,7 @@ impl Sources {
             .cloned()
             .collect();
         for name in gone {
-            if let Some(task) = self.remove(&name) {
+            if let Some(task) = self.remove(&name, "removed from the configuration") {
                 // The hub entry goes when the task ends (see run_source); nothing waits here.
                 drop(task);
             }
@@ -187,6 +207,7 @@ async fn run_source(
     stop: watch::Receiver<bool>,
     spans: &Option<RowSpans>,
     metrics: Arc<Metrics>,
+    lease_ttl: Option<Duration>,
 ) {
     let name = source.name.clone();
     tracing::info!(
@@ -198,7 +219,8 @@ async fn run_source(
     // A panic would be a bug; it must still not take the other sources down.
     let (spans, run_metrics) = (spans.clone(), Arc::clone(&metrics));
     let run = tokio::spawn(
-        async move { supervise(source.config, stop, &spans, run_metrics).await }.in_current_span(),
+        async move { supervise(source.config, stop, &spans, run_metrics, lease_ttl).await }
+            .in_current_span(),
     );
     let result = match run.await {
         Ok(r) => r,
@@ -245,13 +267,34 @@ pub async fn run_sources(
         "starting the sources"
     );
     let (http_config, tracing_config) = (config.http.clone(), config.tracing.clone());
+    let fleet_config = config.fleet.clone();
     let poll = (config.poll_ms > 0).then(|| Duration::from_millis(config.poll_ms));
     let mut sources = Sources {
         hub: Arc::clone(&hub),
         spans: Arc::clone(&spans),
         running: BTreeMap::new(),
+        lease_ttl: fleet_config.as_ref().map(|f| f.lease_ttl()),
     };
-    sources.apply(config, false);
+    let (mut fleet, mut events) = match &fleet_config {
+        None => (None, None),
+        Some(f) => match join_fleet(f, &config, &mut shutdown).await? {
+            None => {
+                if let Some(server) = server {
+                    server.stop().await;
+                }
+                return Ok(());
+            }
+            Some((membership, events)) => (
+                Some(Share {
+                    membership,
+                    assigned: BTreeSet::new(),
+                }),
+                Some(events),
+            ),
+        },
+    };
+    let mut current = config.clone();
+    sources.apply(share_of(config, fleet.as_ref()), false);
     let mut last_error: Option<String> = None;
     let mut tick = tokio::time::interval(poll.unwrap_or(Duration::from_secs(3600)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -268,6 +311,14 @@ pub async fn run_sources(
                 true
             }
             _ = tick.tick(), if poll.is_some() => false,
+            event = next_event(&mut events) => {
+                let (Some(event), Some(share)) = (event, fleet.as_mut()) else {
+                    events = None;
+                    continue;
+                };
+                on_fleet_event(event, share, &mut sources, &current).await;
+                continue;
+            }
         };
         match loader.load() {
             Ok(new) => {
@@ -291,7 +342,14 @@ pub async fn run_sources(
                 if signalled {
                     tracing::info!("SIGHUP: configuration read again");
                 }
-                sources.apply(new, signalled);
+                if format!("{:?}", new.fleet) != format!("{fleet_config:?}") {
+                    tracing::warn!(
+                        "[fleet] changed: it applies after a restart of the process; the \
+                        sources' changes apply now (to this process's share)"
+                    );
+                }
+                current = new.clone();
+                sources.apply(share_of(new, fleet.as_ref()), signalled);
                 hub.process_metrics().config_reloaded(true);
             }
             Err(e) => {
@@ -311,6 +369,10 @@ pub async fn run_sources(
         its checkpoint)"
     );
     sources.stop_all().await;
+    if let Some(share) = fleet {
+        // Only now: the next owners find every lease free.
+        share.membership.leave().await;
+    }
     if let Some(server) = server {
         server.stop().await;
     }
@@ -318,4 +380,120 @@ pub async fn run_sources(
         spans.shutdown(SPANS_FLUSH_TIMEOUT).await;
     }
     Ok(())
+}
+
+/// This process's part of a fleet.
+struct Share {
+    membership: Membership,
+    /// The control-topic partitions assigned to this process.
+    assigned: BTreeSet<i32>,
+}
+
+impl Share {
+    fn owns(&self, source: &str) -> bool {
+        self.assigned
+            .contains(&source_partition(source, self.membership.partitions()))
+    }
+}
+
+/// The sources of `config` this process runs: all of them, or a fleet's share.
+fn share_of(mut config: ProcessConfig, share: Option<&Share>) -> ProcessConfig {
+    if let Some(share) = share {
+        config.sources.retain(|s| share.owns(&s.name));
+    }
+    config
+}
+
+/// The next assignment change, or never without a fleet.
+async fn next_event(
+    events: &mut Option<mpsc::UnboundedReceiver<FleetEvent>>,
+) -> Option<FleetEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Applies an assignment change: assigned partitions' sources start; revoked ones' stop, and
+/// the revocation is answered once they have stopped.
+async fn on_fleet_event(
+    event: FleetEvent,
+    share: &mut Share,
+    sources: &mut Sources,
+    current: &ProcessConfig,
+) {
+    match event {
+        FleetEvent::Assigned(partitions) => {
+            share.assigned.extend(partitions);
+            sources.apply(share_of(current.clone(), Some(share)), false);
+        }
+        FleetEvent::Revoked {
+            partitions,
+            lost,
+            done,
+        } => {
+            for p in &partitions {
+                share.assigned.remove(p);
+            }
+            let moving: Vec<String> = sources
+                .running
+                .keys()
+                .filter(|name| !share.owns(name))
+                .cloned()
+                .collect();
+            let why = if lost {
+                "lost with this process's fleet membership (its session expired)"
+            } else {
+                "moved to another process of the fleet"
+            };
+            let tasks: Vec<JoinHandle<()>> = moving
+                .iter()
+                .filter_map(|name| sources.remove(name, why))
+                .collect();
+            for task in tasks {
+                let _ = task.await;
+            }
+            tracing::info!(?partitions, sources = ?moving, "fleet: revoked sources stopped");
+            let _ = done.send(());
+        }
+    }
+    let running: Vec<&String> = sources.running.keys().collect();
+    tracing::info!(assigned = ?share.assigned, sources = ?running, "fleet: this process's share");
+}
+
+/// Joins the fleet's group, retrying while Kafka cannot be reached; `None` when asked to
+/// stop first.
+async fn join_fleet(
+    fleet: &outbox_relay_core::config::process::FleetConfig,
+    config: &ProcessConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<(Membership, mpsc::UnboundedReceiver<FleetEvent>)>, RelayError> {
+    // A revocation waits for its sources' graceful stop (Kafka's acknowledgements, the final
+    // checkpoint, the lease's release).
+    let revoke_wait = config
+        .sources
+        .iter()
+        .map(|s| {
+            Duration::from_millis(
+                s.config.retry.stop_timeout_ms + 2 * s.config.mysql.read_timeout_ms,
+            )
+        })
+        .max()
+        .unwrap_or_default()
+        + Duration::from_secs(5);
+    loop {
+        let e = tokio::select! {
+            joined = Membership::join(&fleet.kafka, fleet, revoke_wait) => match joined {
+                Ok(m) => return Ok(Some(m)),
+                Err(e) if e.is_retriable() => e,
+                Err(e) => return Err(e),
+            },
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+        };
+        tracing::warn!(error = %e, retry_in_ms = 5000, "fleet: cannot join the group yet; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+        }
+    }
 }
