@@ -196,7 +196,12 @@ mod tests {
             sql.matches("ALTER TABLE `relay_state` ADD COLUMN").count(),
             4
         );
-        assert_eq!(sql.matches("TABLE_NAME = 'relay_state'").count(), 4);
+        assert_eq!(
+            sql.matches("ALTER TABLE `relay_state` MODIFY COLUMN table_layouts MEDIUMTEXT")
+                .count(),
+            1
+        );
+        assert_eq!(sql.matches("TABLE_NAME = 'relay_state'").count(), 5);
         let sql = outbox_sql("events");
         assert!(
             sql.contains("CREATE TABLE IF NOT EXISTS `events` ("),
