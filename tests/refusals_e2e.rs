@@ -213,8 +213,7 @@ async fn a_refused_created_at_falls_back_to_the_commit_time() -> Result<()> {
     );
     let page = http_get(port, "/metrics").await?;
     ensure!(
-        page.lines()
-            .any(|l| l.starts_with("outbox_relay_timestamp_fallbacks_total 1")),
+        outbox_relay_testkit::metric(&page, "outbox_relay_timestamp_fallbacks_total") == Some(1.0),
         "no fallback counted:\n{page}"
     );
     ensure!(
