@@ -665,7 +665,7 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
         ("source_server_uuid", "varchar(64)"),
         ("lease_token", "bigint(20) unsigned"),
         ("lease_owner", "varchar(255)"),
-        ("table_layouts", "text"),
+        ("table_layouts", "mediumtext"),
         ("updated_at", "timestamp(6)"),
     ]
     .map(|(a, b)| (a.to_owned(), column_type_as_shown(b)))
@@ -751,6 +751,22 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
     let (status, out, err) = run(&spec, &["migrate"]).await?;
     expect(&status, 0, &out, &err)?;
     has(&out, "up to date (unchanged)")?;
+
+    // A state table of the releases before MEDIUMTEXT layouts is widened in place.
+    admin
+        .query_drop(format!(
+            "ALTER TABLE `{db}`.outbox_relay_checkpoint MODIFY table_layouts TEXT NULL"
+        ))
+        .await?;
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim()
+            == format!("{db}.outbox_relay_checkpoint: upgraded (widened table_layouts mediumtext)"),
+        "{out}"
+    );
+    let have = columns(&mut admin, &db, "outbox_relay_checkpoint").await?;
+    ensure!(have == expected_cp, "{have:?}, expected {expected_cp:?}");
     admin.query_drop(format!("DROP DATABASE `{db}`")).await?;
     Ok(())
 }

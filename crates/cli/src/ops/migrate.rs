@@ -24,8 +24,14 @@ pub const CHECKPOINT_SQL: &str = include_str!("../../../../migrations/0002_check
 pub enum Outcome {
     /// It did not exist and was created.
     Created,
-    /// It existed; these columns were added.
-    Upgraded(Vec<String>),
+    /// It existed; these columns were added (`added`) or given a larger type (`widened`, as
+    /// `column type`: the state table's `table_layouts` from `TEXT` to `MEDIUMTEXT`).
+    Upgraded {
+        /// Columns added.
+        added: Vec<String>,
+        /// Columns whose type was widened, with the new type.
+        widened: Vec<String>,
+    },
     /// It existed with everything; nothing changed.
     UpToDate,
 }
@@ -66,9 +72,24 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
     let mut conn = super::connect(config).await?;
     let mut report = MigrateReport { tables: Vec::new() };
     let before = column_names(&mut conn, &table).await?;
+    let layouts_before = layouts_type(&mut conn, &table).await?;
     run_in(&mut conn, &table.database, &checkpoint_sql(&table.table)).await?;
     let after = column_names(&mut conn, &table).await?;
-    report.tables.push((table, outcome(&before, &after)));
+    let layouts_after = layouts_type(&mut conn, &table).await?;
+    let mut done = outcome(&before, &after);
+    if let (Some(was), Some(now)) = (&layouts_before, &layouts_after) {
+        if was != now {
+            let widened = vec![format!("table_layouts {now}")];
+            done = match done {
+                Outcome::Upgraded { added, .. } => Outcome::Upgraded { added, widened },
+                _ => Outcome::Upgraded {
+                    added: Vec::new(),
+                    widened,
+                },
+            };
+        }
+    }
+    report.tables.push((table, done));
     for m in &mappings {
         let before = column_names(&mut conn, &m.table).await?;
         if !before.is_empty() {
@@ -95,8 +116,23 @@ fn outcome(before: &[String], after: &[String]) -> Outcome {
     if added.is_empty() {
         Outcome::UpToDate
     } else {
-        Outcome::Upgraded(added)
+        Outcome::Upgraded {
+            added,
+            widened: Vec::new(),
+        }
     }
+}
+
+/// The data type of `table`'s `table_layouts` column (`text`, `mediumtext`), if it has one.
+async fn layouts_type(conn: &mut Conn, table: &TableName) -> Result<Option<String>, RelayError> {
+    use mysql_async::prelude::Queryable;
+    Ok(conn
+        .exec_first(
+            "SELECT LOWER(DATA_TYPE) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? \
+             AND TABLE_NAME = ? AND COLUMN_NAME = 'table_layouts'",
+            (&table.database, &table.table),
+        )
+        .await?)
 }
 
 /// Runs `sql` (several statements) with `database` as the default database.
@@ -172,8 +208,15 @@ impl fmt::Display for MigrateReport {
             }
             match outcome {
                 Outcome::Created => write!(f, "{table}: created")?,
-                Outcome::Upgraded(cols) => {
-                    write!(f, "{table}: upgraded (added {})", cols.join(", "))?
+                Outcome::Upgraded { added, widened } => {
+                    let mut parts = Vec::new();
+                    if !added.is_empty() {
+                        parts.push(format!("added {}", added.join(", ")));
+                    }
+                    if !widened.is_empty() {
+                        parts.push(format!("widened {}", widened.join(", ")));
+                    }
+                    write!(f, "{table}: upgraded ({})", parts.join("; "))?
                 }
                 Outcome::UpToDate => write!(f, "{table}: up to date (unchanged)")?,
             }
