@@ -2219,7 +2219,8 @@ mod damaged_table_map_tests {
     use mysql_async::binlog::events::{Event, FormatDescriptionEvent};
     use mysql_async::binlog::BinlogVersion;
 
-    fn event(type_code: u8, body: &[u8], end: u64) -> SourceEvent {
+    /// A binlog event of `type_code` with `body`, ending at `end` (also `pattern_tests`'s).
+    pub(super) fn event(type_code: u8, body: &[u8], end: u64) -> SourceEvent {
         let size = u32::try_from(19 + body.len()).expect("small event");
         let mut bytes = vec![0, 0, 0, 0, type_code, 1, 0, 0, 0];
         bytes.extend_from_slice(&size.to_le_bytes());
@@ -2390,25 +2391,8 @@ mod damaged_table_map_tests {
 mod pattern_tests {
     //! Table patterns (`outbox.tables = ["tenant_*.outbox"]`): a table map of a table not
     //! named exactly is matched once; only matching tables are kept.
+    use super::damaged_table_map_tests::event;
     use super::*;
-    use mysql_async::binlog::events::{Event, FormatDescriptionEvent};
-    use mysql_async::binlog::BinlogVersion;
-
-    fn event(type_code: u8, body: &[u8], end: u64) -> SourceEvent {
-        let size = u32::try_from(19 + body.len()).expect("small event");
-        let mut bytes = vec![0, 0, 0, 0, type_code, 1, 0, 0, 0];
-        bytes.extend_from_slice(&size.to_le_bytes());
-        bytes.extend_from_slice(&(end as u32).to_le_bytes());
-        bytes.extend_from_slice(&[0, 0]);
-        bytes.extend_from_slice(body);
-        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
-        SourceEvent {
-            event: Event::read(&fde, &bytes[..]).expect("event"),
-            position: BinlogPosition::new("mysql-bin.000001", end),
-            timestamp: 0,
-            in_payload: false,
-        }
-    }
 
     /// A table map (table id `id`, one BIGINT column `c`, with its name: FULL metadata) of
     /// `db.table`, and a WRITE_ROWS event of one row (`value`) on it.
