@@ -133,6 +133,28 @@ faults-full: services-up
 	$(CARGO) build -p outbox-relay --bin outbox-relay
 	$(CARGO) run -p outbox-relay-testkit --bin faults -- --profile full $(FAULTS_ARGS)
 
+## Fleet fault profile (not part of `make test`; ~20-30 min): three relay processes sharing 12
+## sources (4 on each of MariaDB 10.11, MariaDB 11.4 and MySQL 8.0) through a Kafka group
+## (`[fleet]`), under writes on every source, with seeded kill -9 and SIGSTOP (past the lease TTL
+## plus the session timeout) of processes, broker restarts and a restart of each server; then
+## every source's outbox table compared with Kafka (crates/testkit/src/faults/fleet.rs). Runs
+## twice: at-least-once (0 missing), then exactly-once (0 missing, 0 duplicates read_committed).
+## Its servers and broker are private (ports 3406/3416/3426 and 9652-9653, data in
+## .services/private/fleet-faults, stopped at the end), so it never restarts the suite's
+## services. Extra options: FAULTS_ARGS="--seed 42" (passed to both runs).
+FLEET_FAULTS_ENV = MARIADB_PORT=3406 MARIADB11_PORT=3416 MYSQL8_PORT=3426 KAFKA_PORT=9652 \
+	KAFKA_CONTROLLER_PORT=9653 OUTBOX_SERVICES_DIR=$(CURDIR)/.services/private/fleet-faults \
+	KAFKA_LIBS_DIR=$(CURDIR)/.services/kafka-libs-$${KAFKA_VERSION:-4.1.1} OUTBOX_JAEGER=off
+.PHONY: faults-fleet
+faults-fleet:
+	$(CARGO) build -p outbox-relay --bin outbox-relay
+	$(CARGO) build -p outbox-relay-testkit --bin fleet_faults
+	@status=0; \
+	$(FLEET_FAULTS_ENV) $(CARGO) run -q -p outbox-relay-testkit --bin fleet_faults -- $(FAULTS_ARGS) || status=1; \
+	$(FLEET_FAULTS_ENV) $(CARGO) run -q -p outbox-relay-testkit --bin fleet_faults -- --exactly-once $(FAULTS_ARGS) || status=1; \
+	$(FLEET_FAULTS_ENV) tests/services/down.sh >/dev/null 2>&1 || true; \
+	exit $$status
+
 ## Benchmark (not part of `make test`): backlog drain and steady-state latency of the relay, side
 ## by side with the machine's limit, a polling relay and Debezium (tests/bench/bench.sh,
 ## crates/bench), once per server in BENCH_SERVERS (default mariadb10,mysql8: MariaDB 10.11 and

@@ -69,6 +69,8 @@ impl Fleet {
                 .find(|name| used.insert(source_partition(name, n as i32)))
                 .context("a free partition")?;
             w.spec.connector_name = name;
+            // Each process of the fleet derives its own server_id (a written one is refused).
+            w.spec.server_id = 0;
             std::fs::write(
                 dir.join(format!("{}.toml", w.connector())),
                 w.spec.to_source_toml(),

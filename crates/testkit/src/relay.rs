@@ -27,7 +27,8 @@ pub struct RelayConfigSpec {
     pub connector_name: String,
     /// `mysql.url`: the database that holds the checkpoint table.
     pub mysql_url: String,
-    /// `mysql.server_id`: see [`crate::next_server_id`].
+    /// `mysql.server_id`: see [`crate::next_server_id`]; 0 leaves it out of
+    /// [`RelayConfigSpec::to_source_toml`] (a fleet's sources).
     pub server_id: u32,
     /// `outbox.tables` (`db.table`).
     pub tables: Vec<String>,
@@ -156,6 +157,12 @@ impl RelayConfigSpec {
             .strip_suffix("\n[http]\nenabled = false\n")
             .unwrap_or(&single);
         let body = body.split_once('\n').map_or(body, |(_, rest)| rest);
+        // server_id 0: left out (a fleet derives one per process and refuses a written one).
+        let body = if self.server_id == 0 {
+            body.replacen("server_id = 0\n", "", 1)
+        } else {
+            body.to_owned()
+        };
         format!("name = {}\n{body}", toml_str(&self.connector_name))
     }
 

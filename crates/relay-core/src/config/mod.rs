@@ -216,10 +216,10 @@ fn default_connector_name() -> String {
 /// The replica `server_id` of a connector that sets none: `2^31 + crc32(name) mod 2^31`, in
 /// `2147483648..=4294967295` (far above the small ids people give servers by hand), the same
 /// on every start and in every process. A connector streams from one process at a time (its
-/// lease), so one id per connector is unique among the relay's connections; if a frozen
-/// process's dump connection is still open when another takes over, the server drops it on
-/// the newer registration with the same id (MySQL and MariaDB kill a replica's older dump
-/// thread of the same `server_id`).
+/// lease), so one id per connector is unique among the relay's connections. A fleet (`[fleet]`)
+/// derives one per process instead (`"<name>@<instance_id>"`, see
+/// `config::process`): a frozen process's dump connection, its dump thread blocked writing to
+/// a socket nobody reads, was seen to starve a successor with the same id.
 pub fn derived_server_id(connector_name: &str) -> u32 {
     0x8000_0000 | (crc32fast::hash(connector_name.as_bytes()) & 0x7FFF_FFFF)
 }

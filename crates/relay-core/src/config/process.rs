@@ -437,10 +437,14 @@ impl ProcessConfig {
             let merged =
                 Figment::from(Serialized::defaults(root.clone())).merge(Serialized::defaults(dict));
             let settings: Dict = merged.extract().map_err(figment_error)?;
-            let config = RelayConfig::from_figment(merged).map_err(|e| match e {
+            let mut config = RelayConfig::from_figment(merged).map_err(|e| match e {
                 RelayError::Config(msg) => in_source(msg),
                 other => other,
             })?;
+            if let Some(fleet) = &fleet {
+                config.mysql.server_id =
+                    fleet_server_id(&name, fleet, &settings).map_err(in_source)?;
+            }
             let fingerprint = fingerprint(&settings, &config);
             sources.push(SourceConfig {
                 name,
@@ -531,6 +535,40 @@ fn fingerprint(settings: &Dict, config: &RelayConfig) -> String {
         secrets.update(v.as_bytes());
     }
     format!("{written}#{:08x}", secrets.finalize())
+}
+
+/// A fleet's `server_id` for source `name` in this process: `2^31 + crc32("<name>@<instance_id>")
+/// mod 2^31` ([`crate::config::derived_server_id`] of that string), different in every process.
+///
+/// Why per process: when a frozen process loses a source, its binlog dump connection may still
+/// be open on the server, its dump thread blocked writing to a socket nobody reads (up to the
+/// server's `net_write_timeout`). A successor registering with the same `server_id` was seen
+/// (fleet fault profile, MariaDB 11.4 under writes) to receive nothing at all until the frozen
+/// process resumed, 60 s later; with its own id it streams at once, and the old dump thread
+/// ends on its own.
+///
+/// # Errors
+/// The source sets `mysql.server_id` itself (the message says why and what to do).
+fn fleet_server_id(name: &str, fleet: &FleetConfig, settings: &Dict) -> Result<u32, String> {
+    let explicit = settings
+        .get("mysql")
+        .and_then(|m| m.find_ref("server_id"))
+        // TOML integers are signed; an environment override may be unsigned.
+        .and_then(|v| v.to_i128().or_else(|| v.to_u128().map(|u| u as i128)))
+        .is_some_and(|id| id != 0);
+    if explicit {
+        return Err(
+            "mysql.server_id is set, but in a fleet each process registers with its own \
+             server_id per source (derived from the source's name and fleet.instance_id), so \
+             that a frozen process's binlog connection cannot hold up the process that takes \
+             the source over: remove mysql.server_id"
+                .into(),
+        );
+    }
+    Ok(crate::config::derived_server_id(&format!(
+        "{name}@{}",
+        fleet.instance_id
+    )))
 }
 
 /// Two sources of one process registering with the same `server_id` on the same server
@@ -724,6 +762,51 @@ tables = [\"pay.outbox\", \"pay.outbox2\"]
             .expect_err("no folder")
             .to_string();
         assert!(err.contains("cannot read the folder"), "{err}");
+    }
+
+    #[test]
+    fn a_fleet_derives_a_server_id_per_process_and_refuses_a_written_one() {
+        let dir = temp_dir("fleet-ids");
+        let file = |instance: &str| {
+            format!(
+                "{SHARED}\n[fleet]\ninstance_id = \"{instance}\"\n\n[[source]]\nname = \"a\"\n\n\
+                 [[source]]\nname = \"b\"\n"
+            )
+        };
+        let ids = |instance: &str| {
+            let path = write(&dir, &format!("{instance}.toml"), &file(instance));
+            let p = ProcessConfig::load(&path).expect("valid");
+            p.sources
+                .iter()
+                .map(|s| s.config.mysql.server_id)
+                .collect::<Vec<_>>()
+        };
+        let one = ids("relay-0");
+        let two = ids("relay-1");
+        assert_eq!(
+            one,
+            vec![
+                crate::config::derived_server_id("a@relay-0"),
+                crate::config::derived_server_id("b@relay-0")
+            ]
+        );
+        assert!(one.iter().all(|id| !two.contains(id)), "{one:?} {two:?}");
+        assert_eq!(ids("relay-0"), one, "stable for one instance");
+
+        let path = write(
+            &dir,
+            "written.toml",
+            &format!(
+                "{SHARED}\n[fleet]\n\n[[source]]\nname = \"a\"\n[source.mysql]\nserver_id = 42\n"
+            ),
+        );
+        let err = ProcessConfig::load(&path)
+            .expect_err("a written server_id in a fleet")
+            .to_string();
+        assert!(
+            err.contains("source \"a\"") && err.contains("remove mysql.server_id"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@
 //! occurrences in sequence order and replays without holes. Duplicates are counted (allowed:
 //! at-least-once).
 
+pub mod fleet;
 pub mod probe;
 pub mod rng;
 pub mod services;
@@ -684,12 +685,12 @@ impl Report {
 }
 
 /// Prints progress lines with the time since the start.
-struct Log {
-    start: Instant,
+pub(crate) struct Log {
+    pub(crate) start: Instant,
 }
 
 impl Log {
-    fn say(&self, msg: impl AsRef<str>) {
+    pub(crate) fn say(&self, msg: impl AsRef<str>) {
         println!(
             "[{:7.1} s] {}",
             self.start.elapsed().as_secs_f64(),
@@ -766,7 +767,7 @@ impl Relays {
 }
 
 /// The last `max` bytes of `text` (at a char boundary).
-fn tail(text: &str, max: usize) -> &str {
+pub(crate) fn tail(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }
@@ -779,7 +780,10 @@ fn tail(text: &str, max: usize) -> &str {
 
 /// Retries `f` (a query that may meet a restarting server) until it succeeds or
 /// `timeout` passes.
-async fn retry<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Result<T>) -> Result<T> {
+pub(crate) async fn retry<T>(
+    timeout: Duration,
+    mut f: impl AsyncFnMut() -> Result<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         match f().await {
@@ -791,15 +795,15 @@ async fn retry<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Result<T>) -> R
 }
 
 /// State of the checkpoint checks.
-struct CheckpointChecker {
-    connector: String,
+pub(crate) struct CheckpointChecker {
+    pub(crate) connector: String,
     /// Where the relay started (the first stored position, not necessarily an Xid end).
-    start: BinlogPosition,
-    last: Option<BinlogPosition>,
+    pub(crate) start: BinlogPosition,
+    pub(crate) last: Option<BinlogPosition>,
 }
 
 impl CheckpointChecker {
-    async fn sample(&mut self, db: &TestDb, when: &str) -> Result<CheckpointSample> {
+    pub(crate) async fn sample(&mut self, db: &TestDb, when: &str) -> Result<CheckpointSample> {
         let connector = self.connector.clone();
         let cp = retry(Duration::from_secs(120), async || {
             read_checkpoint(db.pool(), DEFAULT_CHECKPOINT_TABLE, &connector)
@@ -871,7 +875,7 @@ const FINAL_READ: Duration = Duration::from_secs(3_600);
 /// compared with `committed` ([`verify::verify`]), and every acknowledgement of `audit_file`
 /// read back ([`check_ack_audit`]).
 #[allow(clippy::too_many_arguments)]
-async fn final_checks(
+pub(crate) async fn final_checks(
     log: &Log,
     bootstrap: &str,
     topics: &[String],
@@ -1012,10 +1016,10 @@ async fn starve_cpu(length: Duration) -> Result<usize> {
 }
 
 /// Commits probe rows (single-row transactions on the probe key).
-struct Prober {
-    run: String,
-    committer: Committer,
-    next: u64,
+pub(crate) struct Prober {
+    pub(crate) run: String,
+    pub(crate) committer: Committer,
+    pub(crate) next: u64,
 }
 
 impl Prober {
@@ -1033,7 +1037,7 @@ impl Prober {
             .await
     }
 
-    async fn write(&mut self) -> Result<String> {
+    pub(crate) async fn write(&mut self) -> Result<String> {
         let seq = self.next;
         self.next += 1;
         let row = GenRow {
@@ -1047,6 +1051,43 @@ impl Prober {
             .await?;
         Ok(row.event_key)
     }
+}
+
+/// Commits a probe and waits until a fresh reader finds it on `probe_topic` (which the broker
+/// creates on the relay's first record), then returns a [`ProbeWatcher`] of that topic.
+///
+/// # Errors
+/// The probe was not delivered within `timeout`, or Kafka could not be read.
+pub(crate) async fn first_probe(
+    prober: &mut Prober,
+    bootstrap: &str,
+    probe_topic: &str,
+    timeout: Duration,
+) -> Result<ProbeWatcher> {
+    let warm = prober.write().await?;
+    let want = warm.clone();
+    let got = collect_until(
+        bootstrap,
+        &[probe_topic.to_owned()],
+        timeout,
+        move |recs: &[Record]| {
+            recs.iter()
+                .any(|r| r.header("event_key") == Some(want.as_str()))
+        },
+    )
+    .await?;
+    if !got
+        .iter()
+        .any(|r| r.header("event_key") == Some(warm.as_str()))
+    {
+        bail!(
+            "the first probe was not delivered to {probe_topic} within {} s",
+            timeout.as_secs()
+        );
+    }
+    let watcher = ProbeWatcher::start(bootstrap, probe_topic)?;
+    watcher.wait_for(&warm, Duration::from_secs(30)).await?;
+    Ok(watcher)
 }
 
 /// Runs the fault matrix and returns its report (print it with [`Report::render`]).
@@ -1207,30 +1248,21 @@ pub async fn run(opts: &Options) -> Result<Report> {
         committer: Committer::new(&mysql_url(Some(db.name())))?,
         next: 1,
     };
-    let warm = prober.write().await?;
     let bootstrap = kafka_bootstrap();
-    let want = warm.clone();
-    let got = collect_until(
+    let first = first_probe(
+        &mut prober,
         &bootstrap,
-        std::slice::from_ref(&probe_topic),
+        &probe_topic,
         Duration::from_secs(120),
-        move |recs: &[Record]| {
-            recs.iter()
-                .any(|r| r.header("event_key") == Some(want.as_str()))
-        },
     )
-    .await?;
-    if !got
-        .iter()
-        .any(|r| r.header("event_key") == Some(warm.as_str()))
-    {
-        bail!(
-            "the relay did not deliver the first probe within 120 s\n--- relay stderr ---\n{}",
+    .await;
+    let mut watcher = match first {
+        Ok(w) => w,
+        Err(e) => bail!(
+            "{e:#}\n--- relay stderr ---\n{}",
             relays.current()?.stderr_tail()
-        );
-    }
-    let mut watcher = ProbeWatcher::start(&bootstrap, &probe_topic)?;
-    watcher.wait_for(&warm, Duration::from_secs(30)).await?;
+        ),
+    };
     log.say("workload running, first probe delivered; injecting faults");
 
     // The plan: a seeded shuffle of every fault.

@@ -23,6 +23,9 @@ pub enum Service {
     Server,
     /// `tests/services/kafka.sh`.
     Kafka,
+    /// A named database server, `tests/services/server.sh <name>` (the fleet's profile runs
+    /// all three).
+    Named(crate::env::TestServer),
 }
 
 impl Service {
@@ -31,6 +34,7 @@ impl Service {
         match self {
             Self::Server => ("server.sh", vec![crate::env::test_server().name()]),
             Self::Kafka => ("kafka.sh", Vec::new()),
+            Self::Named(server) => ("server.sh", vec![server.name()]),
         }
     }
 }
