@@ -46,7 +46,7 @@ lint: inbox helm-lint
 ## --strict` with the default values and each deploy/helm/examples/*-values.yaml, `helm template`
 ## of each with every rendered relay.toml parsed as TOML (deploy/helm/check-rendered.py), and
 ## values the chart must refuse (duplicate or empty source names, [http] in a source, fleet
-## without sources, http.enabled = false).
+## without sources, http.enabled = false, mysql.server_id in a fleet).
 HELM_CHART := deploy/helm/outbox-relay
 HELM_EXAMPLES := $(sort $(wildcard deploy/helm/examples/*-values.yaml))
 helm-lint:
@@ -59,7 +59,11 @@ helm-lint:
 	    'sources=[{"name":"a","http":{}}]' 'sources=[{"name":"a","connector_name":"b"}]' 'fleet={"enabled":true}' 'config.shared.http={"enabled":false}'; do \
 	  if "$$helm" template outbox-relay $(HELM_CHART) --set-json "$$bad" >/dev/null 2>&1; then \
 	    echo "helm-lint: the chart accepted $$bad" >&2; exit 1; fi; \
-	done; echo "helm-lint: OK (helm $$("$$helm" version --template '{{.Version}}'))"
+	done; \
+	if "$$helm" template outbox-relay $(HELM_CHART) --set fleet.enabled=true \
+	    --set-json 'sources=[{"name":"a","mysql":{"server_id":5}}]' >/dev/null 2>&1; then \
+	  echo "helm-lint: the chart accepted a server_id in a fleet's source" >&2; exit 1; fi; \
+	echo "helm-lint: OK (helm $$("$$helm" version --template '{{.Version}}'))"
 
 ## The consumer helpers (inbox/CONTRACT.md) and their scenario consumers, as the tests run them:
 ## Python in a venv (inbox/python/.venv), Go (inbox/go/bin/scenario-consumer), Java (mvn package

@@ -130,6 +130,15 @@ an integer).
 {{- if not .Values.sources -}}
 {{- fail "fleet.enabled: the fleet shares the `sources` among the replicas; list them in `sources`" -}}
 {{- end -}}
+{{- /* Each pod derives its own server_id per source (the relay refuses a written one in a fleet). */ -}}
+{{- if hasKey (get $shared "mysql" | default dict) "server_id" -}}
+{{- fail "config.shared.mysql.server_id: in a fleet each pod derives its own server_id per source (from the source's name and the pod's name); remove it" -}}
+{{- end -}}
+{{- range $i, $src := .Values.sources -}}
+{{- if hasKey (get $src "mysql" | default dict) "server_id" -}}
+{{- fail (printf "sources[%d] (%s): mysql.server_id: in a fleet each pod derives its own server_id per source (from the source's name and the pod's name); remove it" $i (get $src "name")) -}}
+{{- end -}}
+{{- end -}}
 {{- $fullname := include "outbox-relay.fullname" . -}}
 {{- $_ := set $shared "fleet" (dict
       "enabled" true
