@@ -6,7 +6,7 @@
 //! names (redeliveries, exit 137 at a point, a rebalance, versions, a poison record). The
 //! outcome is counted in the database: coupons per event_key, and on the dead-letter topic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -159,8 +159,10 @@ impl World {
         let mut conn = db.conn().await?;
         conn.query_drop("ALTER TABLE outbox ADD COLUMN version BIGINT NULL")
             .await?;
-        let inbox_sql = std::fs::read_to_string(repo().join("migrations/0004_inbox.sql"))?;
-        conn.query_drop(inbox_sql).await?;
+        for file in ["0004_inbox.sql", "0006_inbox_parked.sql"] {
+            let sql = std::fs::read_to_string(repo().join("migrations").join(file))?;
+            conn.query_drop(sql).await?;
+        }
         conn.query_drop(
             "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(191), \
              order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL)",
@@ -818,6 +820,165 @@ async fn out_of_order_versions_are_stale_or_parked() -> Result<()> {
             .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(-1))).collect())
             .unwrap_or_default();
         ensure!(stored == want, "[{}] stored versions {stored:?}, want {want:?}", lang.name);
+        assert_group_committed_to_end(&w, &group, &lang.name).await?;
+        w.finish().await
+    })
+    .await
+}
+
+/// Parked rows left for the scenario consumer `fulfilment`.
+async fn parked_left(w: &World) -> Result<u64> {
+    let n: Option<u64> =
+        w.db.conn()
+            .await?
+            .query_first("SELECT COUNT(*) FROM outbox_inbox_parked WHERE consumer = 'fulfilment'")
+            .await?;
+    Ok(n.unwrap_or(0))
+}
+
+/// Stored versions per aggregate id against the scenario's `expect.stored_versions`.
+async fn check_stored_versions(w: &World, s: &Value, lang: &str) -> Result<()> {
+    let stored: Vec<(String, i64)> = w
+        .db
+        .conn()
+        .await?
+        .query(
+            "SELECT aggregate_id, version FROM outbox_inbox_version WHERE consumer = 'fulfilment'",
+        )
+        .await?;
+    let stored: BTreeMap<String, i64> = stored.into_iter().collect();
+    let want: BTreeMap<String, i64> = s["expect"]["stored_versions"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(-1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    ensure!(
+        stored == want,
+        "[{lang}] stored versions {stored:?}, want {want:?}"
+    );
+    Ok(())
+}
+
+fn version_env(s: &Value) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        (
+            "INBOX_VERSION_HEADER",
+            s["version_header"].as_str().unwrap_or("version").to_owned(),
+        ),
+        (
+            "INBOX_GAP_POLICY",
+            s["gap_policy"].as_str().unwrap_or("park").to_owned(),
+        ),
+    ];
+    if let Some(ms) = s["gap_deadline_ms"].as_u64() {
+        env.push(("INBOX_GAP_DEADLINE_MS", ms.to_string()));
+    }
+    if let Some(ms) = s["park_sweep_ms"].as_u64() {
+        env.push(("INBOX_PARK_SWEEP_MS", ms.to_string()));
+    }
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_versions_resume_by_themselves() -> Result<()> {
+    each_lang("parked_versions_resume", async |lang, s| {
+        let evs = events(s);
+        let later = events(&serde_json::json!({ "events": s["after_restart"] }));
+        let w = World::new("parked", &lang.name, 1).await?;
+        w.insert(&evs).await?;
+        w.relayed(evs.len()).await?;
+        let group = format!("g-{}", unique_suffix());
+        let env = version_env(s);
+        let mut first = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
+        // Every polled record settled, and P's two parked versions resumed.
+        first.wait_settled(evs.len() + 2).await?;
+        first.stop().await?;
+        ensure!(
+            parked_left(&w).await? == 1,
+            "[{}] the consumer stopped with Q's version 3 parked: want 1 parked row, got {}",
+            lang.name,
+            parked_left(&w).await?
+        );
+        // Restarted, Q's missing version arrives: 2 processed, 3 resumed.
+        w.insert(&later).await?;
+        w.relayed(evs.len() + later.len()).await?;
+        let mut second = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
+        second.wait_settled(later.len() + 1).await?;
+        second.stop().await?;
+        check_expectations(&w, &first, s, &lang.name).await?;
+        let resumed: BTreeSet<String> = first
+            .outcomes()
+            .into_iter()
+            .chain(second.outcomes())
+            .filter(|o| o.0 == "resumed")
+            .map(|o| o.1)
+            .collect();
+        let want: BTreeSet<String> = s["expect"]["resumed"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ensure!(
+            resumed == want,
+            "[{}] resumed {resumed:?}, want {want:?}",
+            lang.name
+        );
+        // The business effects in version order.
+        let order: Vec<String> =
+            w.db.conn()
+                .await?
+                .query("SELECT event_key FROM coupons WHERE order_id = 'P' ORDER BY id")
+                .await?;
+        let want_order: Vec<String> = s["expect"]["coupon_order"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ensure!(
+            order == want_order,
+            "[{}] coupons of P in order {order:?}, want {want_order:?}",
+            lang.name
+        );
+        check_stored_versions(&w, s, &lang.name).await?;
+        ensure!(
+            parked_left(&w).await? == 0,
+            "[{}] parked rows left",
+            lang.name
+        );
+        assert_group_committed_to_end(&w, &group, &lang.name).await?;
+        w.finish().await
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()> {
+    each_lang("parked_gap_expires", async |lang, s| {
+        let evs = events(s);
+        let w = World::new("gapexp", &lang.name, 1).await?;
+        w.insert(&evs).await?;
+        w.relayed(evs.len()).await?;
+        let group = format!("g-{}", unique_suffix());
+        let mut c = ScenarioConsumer::spawn(lang, &w, &group, &version_env(s))?;
+        // G-v1 processed, G-v3 parked, then dead-lettered by a sweep after its deadline.
+        c.wait_settled(evs.len() + 1).await?;
+        c.stop().await?;
+        check_expectations(&w, &c, s, &lang.name).await?;
+        check_stored_versions(&w, s, &lang.name).await?;
+        ensure!(
+            parked_left(&w).await? == 0,
+            "[{}] parked rows left",
+            lang.name
+        );
         assert_group_committed_to_end(&w, &group, &lang.name).await?;
         w.finish().await
     })

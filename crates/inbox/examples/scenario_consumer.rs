@@ -129,6 +129,16 @@ impl Hooks for CrashHooks {
         self.maybe_crash("after_handler", record);
     }
     fn after_commit(&self, record: &InboxRecord, settled: &Settled) {
+        // Every settled record passes here once: those the runner polled, and those settled
+        // later by themselves (resumed parked versions, a sweep's dead letters).
+        println!(
+            "OUTCOME {} {} {} {} {}",
+            settled.outcome.as_str(),
+            record.header_str("event_key").unwrap_or("-"),
+            record.partition,
+            record.offset,
+            settled.attempts
+        );
         if settled.outcome == Outcome::Processed {
             self.maybe_crash("after_db_commit", record);
         }
@@ -248,9 +258,12 @@ async fn run() -> anyhow::Result<()> {
     config.version_header = env("INBOX_VERSION_HEADER");
     config.gap_policy = match env("INBOX_GAP_POLICY").as_deref() {
         None | Some("park") => GapPolicy::Park,
+        Some("dead_letter") => GapPolicy::DeadLetter,
         Some("retry") => GapPolicy::Retry,
-        Some(other) => anyhow::bail!("INBOX_GAP_POLICY={other:?}: use park or retry"),
+        Some(other) => anyhow::bail!("INBOX_GAP_POLICY={other:?}: use park, dead_letter or retry"),
     };
+    config.gap_deadline = Duration::from_millis(number("INBOX_GAP_DEADLINE_MS", 3_600_000u64)?);
+    config.park_sweep_interval = Duration::from_millis(number("INBOX_PARK_SWEEP_MS", 10_000u64)?);
     let hooks = CrashHooks {
         point: env("INBOX_CRASH_POINT"),
         event_key: env("INBOX_CRASH_EVENT_KEY"),
@@ -260,17 +273,7 @@ async fn run() -> anyhow::Result<()> {
     let consumer = InboxConsumer::with_config(kafka, &[&topic], inbox, handler)?;
     println!("READY");
     consumer
-        .run_with(shutdown_signal(), |record, settled, latency| {
-            println!(
-                "OUTCOME {} {} {} {} {}",
-                settled.outcome.as_str(),
-                record.header_str("event_key").unwrap_or("-"),
-                record.partition,
-                record.offset,
-                settled.attempts
-            );
-            bench.record(latency)
-        })
+        .run_with(shutdown_signal(), |_, _, latency| bench.record(latency))
         .await?;
     bench.report();
     pool.disconnect().await?;

@@ -6,10 +6,15 @@ use std::time::Duration;
 /// has not been applied yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GapPolicy {
-    /// Dead-letter it at once with reason `version gap: expected N, got M` (outcome
-    /// [`crate::Outcome::Parked`]); the partition moves on.
+    /// Store it in the parked table (outcome [`crate::Outcome::Parked`]) and apply it by itself
+    /// once the version before it has been applied (outcome [`crate::Outcome::Resumed`]); past
+    /// [`InboxConfig::gap_deadline`] it is dead-lettered with reason `version gap: expected N,
+    /// got M; parked since T`. The partition moves on.
     #[default]
     Park,
+    /// Dead-letter it at once with reason `version gap: expected N, got M` (outcome
+    /// [`crate::Outcome::DeadLettered`]); the partition moves on.
+    DeadLetter,
     /// Count it as a failed attempt and retry with backoff (the missing version may be on its
     /// way through another path); dead-letter after `max_attempts`.
     Retry,
@@ -25,6 +30,8 @@ pub struct InboxConfig {
     pub inbox_table: String,
     /// Version table (`outbox_inbox_version`).
     pub version_table: String,
+    /// Parked table (`outbox_inbox_parked`, `migrations/0006_inbox_parked.sql`).
+    pub parked_table: String,
     /// Header carrying the idempotency key (`event_key`).
     pub event_key_header: String,
     /// Header carrying the event's version (decimal integer); `None` (default): no version check.
@@ -45,6 +52,13 @@ pub struct InboxConfig {
     pub outage_budget: Duration,
     /// Dead-letter topic (required).
     pub dead_letter_topic: String,
+    /// How long a parked record may wait for the version before it (1 h); then it is
+    /// dead-lettered by the sweep.
+    pub gap_deadline: Duration,
+    /// How often [`crate::InboxConsumer`] sweeps the parked table (10 s): resumes rows whose
+    /// predecessor was applied (after a crash between the two), drops stale ones,
+    /// dead-letters expired ones. Also once before the first poll.
+    pub park_sweep_interval: Duration,
 }
 
 impl InboxConfig {
@@ -54,6 +68,7 @@ impl InboxConfig {
             consumer: consumer.into(),
             inbox_table: "outbox_inbox".into(),
             version_table: "outbox_inbox_version".into(),
+            parked_table: "outbox_inbox_parked".into(),
             event_key_header: "event_key".into(),
             version_header: None,
             gap_policy: GapPolicy::Park,
@@ -62,6 +77,8 @@ impl InboxConfig {
             backoff_max: Duration::from_secs(10),
             outage_budget: Duration::from_secs(300),
             dead_letter_topic: dead_letter_topic.into(),
+            gap_deadline: Duration::from_secs(3600),
+            park_sweep_interval: Duration::from_secs(10),
         }
     }
 
@@ -106,6 +123,7 @@ impl InboxConfig {
         for (what, name) in [
             ("inbox_table", &self.inbox_table),
             ("version_table", &self.version_table),
+            ("parked_table", &self.parked_table),
         ] {
             let plain = |s: &str| {
                 !s.is_empty()

@@ -151,7 +151,33 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         .await?;
         tokio::pin!(shutdown);
         let mut uncommitted = false;
+        // Parked versions: swept before the first poll and every park_sweep_interval (checked
+        // between records, so a busy partition does not starve the sweep).
+        let parks = {
+            let c = self.inbox.config();
+            c.version_header.is_some() && c.gap_policy == crate::GapPolicy::Park
+        };
+        let mut last_sweep: Option<Instant> = None;
         loop {
+            if parks
+                && last_sweep.is_none_or(|t| t.elapsed() >= self.inbox.config().park_sweep_interval)
+            {
+                last_sweep = Some(Instant::now());
+                match self.inbox.sweep_parked(&self.handler).await {
+                    Ok(sweep) => tracing::debug!(?sweep, "inbox: parked table swept"),
+                    Err(InboxError::Database { what, source }) => {
+                        tracing::warn!(%what, error = %source, "inbox: parked sweep failed; next one later");
+                    }
+                    Err(e) => {
+                        if uncommitted {
+                            if let Err(c) = commit_stored(&self.consumer) {
+                                tracing::warn!(error = %c, "inbox: offset commit on failure failed");
+                            }
+                        }
+                        return Err(e);
+                    }
+                }
+            }
             // Take what is already fetched without waiting; when nothing is, the batch is
             // used up: commit before waiting for more.
             let next = match self.consumer.recv().now_or_never() {
@@ -162,9 +188,16 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
                             .map_err(|e| InboxError::kafka("committing offsets", e))?;
                         uncommitted = false;
                     }
+                    let sweep_in = if parks {
+                        self.inbox.config().park_sweep_interval
+                    } else {
+                        Duration::from_secs(3600)
+                    };
                     tokio::select! {
                         _ = &mut shutdown => break,
                         m = self.consumer.recv() => m,
+                        // Idle: wake up for the next sweep.
+                        () = tokio::time::sleep(sweep_in) => continue,
                     }
                 }
             };

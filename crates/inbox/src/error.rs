@@ -40,6 +40,15 @@ pub enum InboxError {
         /// The last infrastructure error.
         error: String,
     },
+    /// The inbox's own read of its parked table failed (a sweep: [`crate::Inbox::sweep_parked`]);
+    /// nothing was settled by the failing statement, the next sweep tries again.
+    #[error("database: {what}: {source}")]
+    Database {
+        /// The operation.
+        what: String,
+        /// The driver's error.
+        source: mysql_async::Error,
+    },
     /// The dead-letter topic is missing and the broker refused to create it (or could not be
     /// asked); the text names the topic and the fix.
     #[error(

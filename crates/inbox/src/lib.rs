@@ -82,6 +82,7 @@ mod dead_letter;
 mod error;
 pub mod otel;
 mod outcome;
+mod parked;
 mod process;
 mod record;
 
@@ -90,5 +91,5 @@ pub use consumer::InboxConsumer;
 pub use dead_letter::ensure_topic;
 pub use error::{is_infrastructure_error, HandlerError, InboxError};
 pub use outcome::{Outcome, Settled};
-pub use process::{Handler, Hooks, Inbox, NoHooks};
+pub use process::{Handler, Hooks, Inbox, NoHooks, ParkedSweep};
 pub use record::InboxRecord;

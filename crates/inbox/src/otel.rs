@@ -237,7 +237,7 @@ pub(crate) fn settled(cx: &Context, settled: &Settled) {
         KeyValue::new("inbox.outcome", settled.outcome.as_str()),
         KeyValue::new("inbox.attempts", i64::from(settled.attempts)),
     ]);
-    if matches!(settled.outcome, Outcome::Parked | Outcome::DeadLettered) {
+    if settled.outcome == Outcome::DeadLettered {
         span.set_status(Status::error(settled.reason.clone().unwrap_or_default()));
     }
 }

@@ -12,21 +12,26 @@ pub enum Outcome {
     Duplicate,
     /// Its version was not newer than the stored one; recorded, the handler did not run.
     Stale,
-    /// A version gap with [`GapPolicy::Park`](crate::GapPolicy::Park): dead-lettered at once
-    /// with the reason.
+    /// A version gap with [`GapPolicy::Park`](crate::GapPolicy::Park): stored in the parked
+    /// table, applied by itself later ([`Outcome::Resumed`]); the handler did not run.
     Parked,
+    /// A parked record applied by itself once the version before it was: the handler ran and
+    /// its transaction (inbox row, version, removal of the parked row) committed.
+    Resumed,
     /// Failed `max_attempts` times (or could never be processed): dead-lettered.
     DeadLettered,
 }
 
 impl Outcome {
-    /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `dead_lettered`.
+    /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `resumed`,
+    /// `dead_lettered`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",
             Outcome::Duplicate => "duplicate",
             Outcome::Stale => "stale",
             Outcome::Parked => "parked",
+            Outcome::Resumed => "resumed",
             Outcome::DeadLettered => "dead_lettered",
         }
     }

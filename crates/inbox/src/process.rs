@@ -16,6 +16,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::{HandlerError, InboxError};
 use crate::otel::{self, Tracing};
 use crate::outcome::{Outcome, Settled};
+use crate::parked::{self, ParkedRow, ParkedSql, VersionKey};
 use crate::record::InboxRecord;
 
 /// MySQL/MariaDB `ER_DUP_ENTRY`: the inbox row exists, the event was processed before.
@@ -88,6 +89,22 @@ pub struct Inbox<H: Hooks = NoHooks> {
     insert_sql: String,
     select_version_sql: String,
     upsert_version_sql: String,
+    parked_sql: ParkedSql,
+}
+
+/// What one sweep of the parked table did ([`Inbox::sweep_parked`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParkedSweep {
+    /// Parked rows applied (their predecessor had been applied), successors included.
+    pub resumed: u32,
+    /// Parked rows no newer than the applied version (or applied before), removed.
+    pub stale: u32,
+    /// Parked rows past their deadline (or failing when applied), dead-lettered and removed.
+    pub dead_lettered: u32,
+    /// Rows still parked after the sweep.
+    pub parked: u64,
+    /// Age of the oldest of them.
+    pub oldest: Option<std::time::Duration>,
 }
 
 impl Inbox<NoHooks> {
@@ -119,6 +136,7 @@ impl Inbox<NoHooks> {
                 "INSERT INTO {v} (consumer, aggregate_type, aggregate_id, version) VALUES \
                  (?, ?, ?, ?) ON DUPLICATE KEY UPDATE version = VALUES(version)"
             ),
+            parked_sql: ParkedSql::new(&config.parked_table),
             pool,
             conn: tokio::sync::Mutex::new(None),
             config,
@@ -142,6 +160,7 @@ impl<H: Hooks> Inbox<H> {
             insert_sql: self.insert_sql,
             select_version_sql: self.select_version_sql,
             upsert_version_sql: self.upsert_version_sql,
+            parked_sql: self.parked_sql,
         }
     }
 
@@ -207,11 +226,257 @@ impl<H: Hooks> Inbox<H> {
         record: &InboxRecord,
         handler: &F,
     ) -> Result<Settled, InboxError> {
+        let settled = self.process_one(record, handler, None).await?;
+        if settled.outcome == Outcome::Processed {
+            if let Some(key) = self.version_key(record) {
+                self.resume_after(key, handler).await?;
+            }
+        }
+        Ok(settled)
+    }
+
+    /// The record's aggregate and version, when versions are checked and it has one.
+    fn version_key(&self, record: &InboxRecord) -> Option<VersionKey> {
+        let header = self.config.version_header.as_deref()?;
+        let version = record.header_str(header)?.trim().parse::<i64>().ok()?;
+        Some(VersionKey {
+            aggregate_type: record
+                .header_str("aggregate_type")
+                .unwrap_or_default()
+                .to_owned(),
+            aggregate_id: record.key_str().unwrap_or_default().to_owned(),
+            version,
+        })
+    }
+
+    /// Applies the parked successors of `applied` (the version just committed), one at a
+    /// time, in version order, until one is missing (`inbox/CONTRACT.md`, "Parked versions",
+    /// resumption). A parked row that cannot be read is left for the sweep.
+    async fn resume_after<F: Handler>(
+        &self,
+        mut applied: VersionKey,
+        handler: &F,
+    ) -> Result<(), InboxError> {
+        loop {
+            let next = match self
+                .parked_row(
+                    &applied.aggregate_type,
+                    &applied.aggregate_id,
+                    applied.version + 1,
+                )
+                .await
+            {
+                Ok(Some(row)) => row,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(
+                        consumer = %self.config.consumer, error = %e,
+                        "inbox: parked successors not read; the sweep will resume them"
+                    );
+                    return Ok(());
+                }
+            };
+            let settled = self
+                .process_one(&next.record, handler, Some(&next.key))
+                .await?;
+            if settled.outcome != Outcome::Resumed {
+                return Ok(());
+            }
+            applied = next.key;
+        }
+    }
+
+    async fn parked_row(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+    ) -> Result<Option<ParkedRow>, String> {
+        let mut conn = self.pool.get_conn().await.map_err(|e| e.to_string())?;
+        let row: Option<mysql_async::Row> = conn
+            .exec_first(
+                &self.parked_sql.select_one,
+                (
+                    self.config.consumer.as_str(),
+                    aggregate_type,
+                    aggregate_id,
+                    version,
+                ),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        row.map(parked::from_row).transpose()
+    }
+
+    /// One sweep of the parked table (`inbox/CONTRACT.md`, "Parked versions", the sweep): of
+    /// the 100 rows that expire first, a row whose predecessor has been applied is applied
+    /// (with its successors), one no newer than the applied version is removed (stale), one
+    /// past its deadline is dead-lettered and removed; then the rows left and the oldest age.
+    /// [`crate::InboxConsumer`] calls it before the first poll and every
+    /// [`InboxConfig::park_sweep_interval`].
+    ///
+    /// # Errors
+    /// As [`Inbox::process`]; [`InboxError::Database`] when the tables cannot be read (nothing
+    /// settled by that statement: sweep again later); [`InboxError::Config`] for a parked row
+    /// that does not decode (the message names it).
+    pub async fn sweep_parked<F: Handler>(&self, handler: &F) -> Result<ParkedSweep, InboxError> {
+        let consumer = self.config.consumer.as_str();
+        let db = |e: mysql_async::Error| InboxError::Database {
+            what: format!("parked sweep of {}", self.config.parked_table),
+            source: e,
+        };
+        let select_stored = format!(
+            "SELECT version FROM {} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ?",
+            self.config.version_table
+        );
+        let mut sweep = ParkedSweep::default();
+        let rows: Vec<mysql_async::Row> = {
+            let mut conn = self.pool.get_conn().await.map_err(db)?;
+            conn.exec(&self.parked_sql.select_due, (consumer,))
+                .await
+                .map_err(db)?
+        };
+        for row in rows {
+            let row = parked::from_row(row).map_err(InboxError::Config)?;
+            let stored: Option<i64> = {
+                let mut conn = self.pool.get_conn().await.map_err(db)?;
+                conn.exec_first(
+                    &select_stored,
+                    (consumer, &row.key.aggregate_type, &row.key.aggregate_id),
+                )
+                .await
+                .map_err(db)?
+            };
+            if stored.is_none_or(|s| row.key.version <= s + 1) {
+                // Its predecessor was applied (a crash came between), or it is stale: the
+                // attempt decides under the version row's lock.
+                let settled = self
+                    .process_one(&row.record, handler, Some(&row.key))
+                    .await?;
+                match settled.outcome {
+                    Outcome::Resumed => {
+                        sweep.resumed += 1;
+                        self.resume_after(row.key.clone(), handler).await?;
+                    }
+                    Outcome::Stale | Outcome::Duplicate => sweep.stale += 1,
+                    Outcome::DeadLettered => sweep.dead_lettered += 1,
+                    _ => {}
+                }
+            } else if row.expired {
+                let expected = stored.map_or(1, |s| s + 1);
+                let reason = format!(
+                    "version gap: expected {expected}, got {}; parked since {}",
+                    row.key.version, row.parked_at
+                );
+                let settled = self
+                    .dead_letter(&row.record, reason, 0, Outcome::DeadLettered)
+                    .await?;
+                self.delete_parked(&row.key).await.map_err(db)?;
+                self.hooks.after_commit(&row.record, &settled);
+                sweep.dead_lettered += 1;
+            }
+        }
+        let mut conn = self.pool.get_conn().await.map_err(db)?;
+        let stats: Option<(u64, Option<i64>)> = conn
+            .exec_first(&self.parked_sql.stats, (consumer,))
+            .await
+            .map_err(db)?;
+        if let Some((count, oldest_us)) = stats {
+            sweep.parked = count;
+            sweep.oldest = oldest_us
+                .and_then(|us| u64::try_from(us).ok())
+                .map(std::time::Duration::from_micros);
+        }
+        Ok(sweep)
+    }
+
+    async fn delete_parked(&self, key: &VersionKey) -> Result<(), mysql_async::Error> {
+        let mut conn = self.pool.get_conn().await?;
+        conn.exec_drop(
+            &self.parked_sql.delete,
+            (
+                self.config.consumer.as_str(),
+                &key.aggregate_type,
+                &key.aggregate_id,
+                key.version,
+            ),
+        )
+        .await
+    }
+
+    /// Parks `record` (`inbox/CONTRACT.md`, "Parked versions", parking): under the version
+    /// row's lock, still a gap: stored in the parked table (`Ok(true)`); the gap closed
+    /// meanwhile: `Ok(false)`, redo the attempt.
+    async fn park(
+        &self,
+        record: &InboxRecord,
+        event_key: &str,
+        key: &VersionKey,
+        reason: &str,
+    ) -> Result<bool, Failed> {
+        let consumer = self.config.consumer.as_str();
+        let mut conn = self.pool.get_conn().await.map_err(|e| Failed {
+            text: format!("database: cannot get a connection: {e}"),
+            infrastructure: true,
+        })?;
+        let mut tx = conn
+            .start_transaction(TxOpts::default())
+            .await
+            .map_err(|e| Failed::db("database", e))?;
+        let stored: Option<i64> = tx
+            .exec_first(
+                &self.select_version_sql,
+                (consumer, &key.aggregate_type, &key.aggregate_id),
+            )
+            .await
+            .map_err(|e| Failed::db("database: version check", e))?;
+        if stored.is_none_or(|s| key.version <= s + 1) {
+            let _ = tx.rollback().await;
+            return Ok(false);
+        }
+        let deadline_us = u64::try_from(self.config.gap_deadline.as_micros()).unwrap_or(u64::MAX);
+        // Thirteen parameters: more than mysql_async's tuples take.
+        let params: Vec<mysql_async::Value> = vec![
+            consumer.into(),
+            key.aggregate_type.as_str().into(),
+            key.aggregate_id.as_str().into(),
+            key.version.into(),
+            event_key.into(),
+            record.topic.as_str().into(),
+            record.partition.into(),
+            record.offset.into(),
+            record.key.as_deref().into(),
+            record.value.as_deref().into(),
+            parked::encode_headers(&record.headers).into(),
+            reason.chars().take(512).collect::<String>().into(),
+            deadline_us.into(),
+        ];
+        tx.exec_drop(
+            &self.parked_sql.insert,
+            mysql_async::Params::Positional(params),
+        )
+        .await
+        .map_err(|e| Failed::db("database: parking the record", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| Failed::db("database commit", e))?;
+        Ok(true)
+    }
+
+    /// One record (or, with `parked`, a parked row's record) in its consumer span, with the
+    /// `after_commit` hook.
+    async fn process_one<F: Handler>(
+        &self,
+        record: &InboxRecord,
+        handler: &F,
+        parked: Option<&VersionKey>,
+    ) -> Result<Settled, InboxError> {
         let cx = self
             .tracing
             .start(record, &self.config.consumer, &self.config.event_key_header);
         let result = async {
-            let settled = self.settle(record, handler).await?;
+            let settled = self.settle(record, handler, parked).await?;
+
             otel::settled(&opentelemetry::Context::current(), &settled);
             self.hooks.after_commit(record, &settled);
             Ok(settled)
@@ -229,15 +494,14 @@ impl<H: Hooks> Inbox<H> {
         &self,
         record: &InboxRecord,
         handler: &F,
+        parked: Option<&VersionKey>,
     ) -> Result<Settled, InboxError> {
         let cfg = &self.config;
         let event_key = match record.header_str(&cfg.event_key_header) {
             Some(k) if !k.is_empty() => k,
             _ => {
                 let reason = format!("missing {} header", cfg.event_key_header);
-                return self
-                    .dead_letter(record, reason, 0, Outcome::DeadLettered)
-                    .await;
+                return self.dead_letter_parked(record, reason, 0, parked).await;
             }
         };
         let version = match cfg.version_header.as_deref() {
@@ -248,9 +512,7 @@ impl<H: Hooks> Inbox<H> {
                     Ok(v) => Some(v),
                     Err(_) => {
                         let reason = format!("invalid version header: {text}");
-                        return self
-                            .dead_letter(record, reason, 0, Outcome::DeadLettered)
-                            .await;
+                        return self.dead_letter_parked(record, reason, 0, parked).await;
                     }
                 },
             },
@@ -261,62 +523,97 @@ impl<H: Hooks> Inbox<H> {
         // Since when, and with which waits, the record fails with infrastructure errors only.
         let mut outage: Option<(Instant, backon::ExponentialBackoff)> = None;
         loop {
-            let error = match self.attempt(record, event_key, version, handler).await {
-                Ok(Attempt::Committed) => return Ok(settled(Outcome::Processed, attempt + 1)),
-                Ok(Attempt::Duplicate) => return Ok(settled(Outcome::Duplicate, attempt + 1)),
-                Ok(Attempt::Stale) => return Ok(settled(Outcome::Stale, attempt + 1)),
-                Ok(Attempt::Gap { expected, got }) => {
-                    attempt += 1;
-                    let reason = format!("version gap: expected {expected}, got {got}");
-                    if cfg.gap_policy == GapPolicy::Park {
-                        return self
-                            .dead_letter(record, reason, attempt, Outcome::Parked)
-                            .await;
-                    }
-                    reason
+            let failed = match self
+                .attempt(record, event_key, version, handler, parked)
+                .await
+            {
+                Ok(Attempt::Committed) => {
+                    let outcome = if parked.is_some() {
+                        Outcome::Resumed
+                    } else {
+                        Outcome::Processed
+                    };
+                    return Ok(settled(outcome, attempt + 1));
                 }
-                Err(Failed {
-                    text,
-                    infrastructure: true,
-                }) => {
-                    // Not an attempt: the record is redone once the database answers.
-                    otel::outage_failed(&text, attempt + 1);
-                    let (since, waits) =
-                        outage.get_or_insert_with(|| (Instant::now(), cfg.outage_backoff()));
-                    let down = since.elapsed();
-                    if down >= cfg.outage_budget {
-                        tracing::error!(
-                            consumer = %cfg.consumer, event_key, topic = %record.topic,
-                            partition = record.partition, offset = record.offset,
-                            budget_ms = cfg.outage_budget.as_millis() as u64, error = %text,
-                            "inbox: database outage longer than the outage budget; stopping"
-                        );
-                        return Err(InboxError::Outage {
-                            topic: record.topic.clone(),
-                            partition: record.partition,
-                            offset: record.offset,
-                            budget: cfg.outage_budget,
-                            error: text,
-                        });
+                Ok(Attempt::Duplicate) => match parked {
+                    // Applied before (a redelivery of it was processed): not parked any more.
+                    Some(key) => match self.delete_parked(key).await {
+                        Ok(()) => return Ok(settled(Outcome::Duplicate, attempt + 1)),
+                        Err(e) => Failed::db("database: removing the parked row", e),
+                    },
+                    None => return Ok(settled(Outcome::Duplicate, attempt + 1)),
+                },
+                Ok(Attempt::Stale) => return Ok(settled(Outcome::Stale, attempt + 1)),
+                // Still ahead (a sweep read an older state): it stays parked.
+                Ok(Attempt::Gap { .. }) if parked.is_some() => {
+                    return Ok(settled(Outcome::Parked, attempt + 1))
+                }
+                Ok(Attempt::Gap { expected, got }) => {
+                    let reason = format!("version gap: expected {expected}, got {got}");
+                    match (cfg.gap_policy, self.version_key(record)) {
+                        (GapPolicy::Park, Some(key)) => {
+                            match self.park(record, event_key, &key, &reason).await {
+                                Ok(true) => {
+                                    return Ok(Settled {
+                                        outcome: Outcome::Parked,
+                                        attempts: attempt + 1,
+                                        reason: Some(reason),
+                                    })
+                                }
+                                // The gap closed meanwhile: the attempt is redone at once.
+                                Ok(false) => continue,
+                                Err(f) => f,
+                            }
+                        }
+                        (GapPolicy::Retry, _) => Failed {
+                            text: reason,
+                            infrastructure: false,
+                        },
+                        (GapPolicy::DeadLetter | GapPolicy::Park, _) => {
+                            return self
+                                .dead_letter(record, reason, attempt + 1, Outcome::DeadLettered)
+                                .await;
+                        }
                     }
-                    let wait = waits
-                        .next()
-                        .unwrap_or(cfg.backoff_max)
-                        .min(cfg.outage_budget - down);
-                    tracing::warn!(
+                }
+                Err(f) => f,
+            };
+            if failed.infrastructure {
+                // Not an attempt: the record is redone once the database answers.
+                otel::outage_failed(&failed.text, attempt + 1);
+                let (since, waits) =
+                    outage.get_or_insert_with(|| (Instant::now(), cfg.outage_backoff()));
+                let down = since.elapsed();
+                if down >= cfg.outage_budget {
+                    tracing::error!(
                         consumer = %cfg.consumer, event_key, topic = %record.topic,
                         partition = record.partition, offset = record.offset,
-                        down_ms = down.as_millis() as u64, retry_in_ms = wait.as_millis() as u64,
-                        error = %text, "inbox: infrastructure error (not an attempt); retrying"
+                        budget_ms = cfg.outage_budget.as_millis() as u64, error = %failed.text,
+                        "inbox: database outage longer than the outage budget; stopping"
                     );
-                    tokio::time::sleep(wait).await;
-                    continue;
+                    return Err(InboxError::Outage {
+                        topic: record.topic.clone(),
+                        partition: record.partition,
+                        offset: record.offset,
+                        budget: cfg.outage_budget,
+                        error: failed.text,
+                    });
                 }
-                Err(Failed { text, .. }) => {
-                    attempt += 1;
-                    text
-                }
-            };
+                let wait = waits
+                    .next()
+                    .unwrap_or(cfg.backoff_max)
+                    .min(cfg.outage_budget - down);
+                tracing::warn!(
+                    consumer = %cfg.consumer, event_key, topic = %record.topic,
+                    partition = record.partition, offset = record.offset,
+                    down_ms = down.as_millis() as u64, retry_in_ms = wait.as_millis() as u64,
+                    error = %failed.text, "inbox: infrastructure error (not an attempt); retrying"
+                );
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            attempt += 1;
+            let error = failed.text;
             outage = None;
             otel::attempt_failed(&error, attempt);
             match delays.next() {
@@ -331,11 +628,36 @@ impl<H: Hooks> Inbox<H> {
                 }
                 None => {
                     return self
-                        .dead_letter(record, error, attempt, Outcome::DeadLettered)
+                        .dead_letter_parked(record, error, attempt, parked)
                         .await
                 }
             }
         }
+    }
+
+    /// [`Inbox::dead_letter`] of a record, removing its parked row (when it is one) once the
+    /// dead letter is acknowledged.
+    async fn dead_letter_parked(
+        &self,
+        record: &InboxRecord,
+        reason: String,
+        attempts: u32,
+        parked: Option<&VersionKey>,
+    ) -> Result<Settled, InboxError> {
+        let settled = self
+            .dead_letter(record, reason, attempts, Outcome::DeadLettered)
+            .await?;
+        if let Some(key) = parked {
+            if let Err(e) = self.delete_parked(key).await {
+                // The dead letter is out; the row stays until a sweep finds it applied or
+                // expired again (a second dead letter at worst, never a loss).
+                tracing::warn!(
+                    consumer = %self.config.consumer, error = %e,
+                    "inbox: a dead-lettered parked row could not be removed"
+                );
+            }
+        }
+        Ok(settled)
     }
 
     /// One database transaction: inbox row, version check, handler, commit. Rolled back on
@@ -346,6 +668,7 @@ impl<H: Hooks> Inbox<H> {
         event_key: &str,
         version: Option<i64>,
         handler: &F,
+        parked: Option<&VersionKey>,
     ) -> Result<Attempt, Failed> {
         // One connection kept across records: the pool's reset on return (COM_RESET_CONNECTION)
         // would drop the prepared statements every time (measured: a third of the rate).
@@ -364,7 +687,7 @@ impl<H: Hooks> Inbox<H> {
                 })?,
         };
         let result = self
-            .attempt_on(&mut conn, record, event_key, version, handler)
+            .attempt_on(&mut conn, record, event_key, version, handler, parked)
             .await;
         if result.is_ok() {
             *slot = Some(conn);
@@ -379,14 +702,32 @@ impl<H: Hooks> Inbox<H> {
         event_key: &str,
         version: Option<i64>,
         handler: &F,
+        parked: Option<&VersionKey>,
     ) -> Result<Attempt, Failed> {
         let mut tx = conn
             .start_transaction(TxOpts::default())
             .await
             .map_err(|e| Failed::db("database", e))?;
-        let result = self
+        let mut result = self
             .in_transaction(&mut tx, record, event_key, version, handler)
             .await;
+        if let (Some(key), Ok(Attempt::Committed | Attempt::Stale)) = (parked, &result) {
+            // A parked row leaves the table in the transaction that applies (or drops) it.
+            if let Err(e) = tx
+                .exec_drop(
+                    &self.parked_sql.delete,
+                    (
+                        self.config.consumer.as_str(),
+                        &key.aggregate_type,
+                        &key.aggregate_id,
+                        key.version,
+                    ),
+                )
+                .await
+            {
+                result = Err(Failed::db("database: removing the parked row", e));
+            }
+        }
         match result {
             Ok(Attempt::Committed) => {
                 self.hooks.before_commit(record);
