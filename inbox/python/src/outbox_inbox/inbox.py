@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import enum
+import json
 import logging
 import re
 import time
@@ -27,6 +29,8 @@ __all__ = [
     "Inbox",
     "OutageError",
     "Outcome",
+    "ParkedRecord",
+    "ParkedSweep",
     "ProcessResult",
     "dead_letter_producer",
     "is_infrastructure_error",
@@ -85,7 +89,9 @@ class Outcome(str, enum.Enum):
     STALE = "stale"
     """Its version is not newer than the stored one: inbox row committed, handler not run."""
     PARKED = "parked"
-    """Version gap under :attr:`GapPolicy.PARK`: sent to the dead-letter topic."""
+    """Version gap under :attr:`GapPolicy.PARK`: stored in the parked table, handler not run."""
+    RESUMED = "resumed"
+    """A parked record applied by itself once the version before it was (handler run)."""
     DEAD_LETTERED = "dead_lettered"
     """Failed ``max_attempts`` times, or a poison record: sent to the dead-letter topic."""
 
@@ -146,7 +152,82 @@ class _Poison(Exception):
 
 
 class _Park(Exception):
-    """A version gap under the gap policy ``park``: dead-lettered at once (outcome parked)."""
+    """A version gap under the gap policy ``park`` (or ``dead_letter``): parked or dead-lettered."""
+
+    def __init__(self, reason: str, key: tuple[str, str, int]):
+        super().__init__(reason)
+        self.key = key
+
+
+class _StillAhead(Exception):
+    """A parked record's version is still ahead of the stored one: it stays parked."""
+
+
+@dataclass(frozen=True)
+class ParkedSweep:
+    """What one :meth:`Inbox.sweep_parked` did."""
+
+    resumed: int = 0
+    stale: int = 0
+    dead_lettered: int = 0
+    parked: int = 0
+    """Rows still parked after the sweep."""
+    oldest: float | None = None
+    """Age in seconds of the oldest of them."""
+
+
+class ParkedRecord:
+    """A record rebuilt from the parked table, with the methods of a confluent-kafka ``Message``
+    that handlers and hooks use (``topic()``, ``partition()``, ``offset()``, ``key()``,
+    ``value()``, ``headers()``, ``error()``): what was received, where it was read."""
+
+    def __init__(self, topic, partition, offset, key, value, headers):
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._key, self._value, self._headers = key, value, headers
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return list(self._headers)
+
+    def error(self) -> None:
+        return None
+
+
+def encode_headers(headers) -> str:
+    """Headers as the parked table stores them: ``[[name, base64 value or null], ...]``."""
+    return json.dumps(
+        [[k, None if v is None else base64.b64encode(v).decode("ascii")] for k, v in headers or ()]
+    )
+
+
+def decode_headers(text: str) -> list[tuple[str, bytes | None]]:
+    """The inverse of :func:`encode_headers`; ``ValueError`` naming what is wrong."""
+    items = json.loads(text)
+    if not isinstance(items, list):
+        raise ValueError("record_headers is not a JSON array")
+    out = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError("record_headers holds an item that is not a [name, value] pair")
+        value = item[1]
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"record_headers: header {item[0]!r}: not base64 text")
+        out.append((item[0], None if value is None else base64.b64decode(value, validate=True)))
+    return out
 
 
 class _Gap(Exception):
@@ -227,8 +308,188 @@ class Inbox:
             f"INSERT INTO {versions} (consumer, aggregate_type, aggregate_id, version)"
             " VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE version = VALUES(version)"
         )
+        self._sql_stored = (
+            f"SELECT version FROM {versions}"
+            " WHERE consumer = %s AND aggregate_type = %s AND aggregate_id = %s"
+        )
+        parked = _quote_table(settings.parked_table)
+        columns = (
+            "aggregate_type, aggregate_id, version, topic, kafka_partition, kafka_offset,"
+            " record_key, record_value, record_headers,"
+            " DATE_FORMAT(CONVERT_TZ(parked_at, @@session.time_zone, '+00:00'),"
+            " '%%Y-%%m-%%dT%%H:%%i:%%s.%%fZ'), expires_at < NOW(6)"
+        )
+        self._sql_park = (
+            f"INSERT IGNORE INTO {parked} (consumer, aggregate_type, aggregate_id, version,"
+            " event_key, topic, kafka_partition, kafka_offset, record_key, record_value,"
+            " record_headers, reason, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, DATE_ADD(NOW(6), INTERVAL %s MICROSECOND))"
+        )
+        self._sql_parked_one = (
+            f"SELECT {columns} FROM {parked} WHERE consumer = %s AND aggregate_type = %s"
+            " AND aggregate_id = %s AND version = %s"
+        )
+        self._sql_parked_due = (
+            f"SELECT {columns} FROM {parked} WHERE consumer = %s ORDER BY expires_at LIMIT 100"
+        )
+        self._sql_unpark = (
+            f"DELETE FROM {parked} WHERE consumer = %s AND aggregate_type = %s"
+            " AND aggregate_id = %s AND version = %s"
+        )
+        self._sql_parked_stats = (
+            f"SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(parked_at), NOW(6)) FROM {parked}"
+            " WHERE consumer = %s"
+        )
 
     def process(self, record: Message, handler: Handler) -> ProcessResult:
+        """Settle one record (see :meth:`_process_one`), then apply its aggregate's parked
+        successors when it was processed with a version (inbox/CONTRACT.md, "Parked
+        versions")."""
+        result = self._process_one(record, handler, None)
+        if result.outcome is Outcome.PROCESSED:
+            key = self._version_key(record)
+            if key is not None:
+                self._resume_after(key, handler)
+        return result
+
+    def _version_key(self, record) -> tuple[str, str, int] | None:
+        try:
+            version = self._version(record)
+        except _Poison:
+            return None
+        if version is None:
+            return None
+        agg_type = _text(_header(record, self.settings.aggregate_type_header))
+        return (agg_type, _text(record.key()), version)
+
+    def _resume_after(self, applied: tuple[str, str, int], handler: Handler) -> None:
+        """Applies the parked successors of ``applied``, one at a time, in version order."""
+        agg_type, agg_id, version = applied
+        while True:
+            try:
+                row = self._query_one(
+                    self._sql_parked_one, (self.settings.consumer, agg_type, agg_id, version + 1)
+                )
+            except Exception as error:  # left for the sweep
+                log.warning("parked successors not read (the sweep resumes them): %s", error)
+                return
+            if row is None:
+                return
+            record, key, _, _ = self._parked_row(row)
+            if self._process_one(record, handler, key).outcome is not Outcome.RESUMED:
+                return
+            version += 1
+
+    def sweep_parked(self, handler: Handler) -> ParkedSweep:
+        """One sweep of the parked table (inbox/CONTRACT.md, "Parked versions", the sweep): of the
+        100 rows that expire first, one whose predecessor has been applied is applied (with its
+        successors), one no newer than the applied version is removed, one past its deadline is
+        dead-lettered and removed. Raises PyMySQL's error when the tables cannot be read (sweep
+        again later) and what :meth:`process` raises."""
+        s = self.settings
+        resumed = stale = dead = 0
+        for row in self._query_all(self._sql_parked_due, (s.consumer,)):
+            record, key, parked_at, expired = self._parked_row(row)
+            stored_row = self._query_one(self._sql_stored, (s.consumer, key[0], key[1]))
+            stored = None if stored_row is None else int(stored_row[0])
+            if stored is None or key[2] <= stored + 1:
+                outcome = self._process_one(record, handler, key).outcome
+                if outcome is Outcome.RESUMED:
+                    resumed += 1
+                    self._resume_after(key, handler)
+                elif outcome in (Outcome.STALE, Outcome.DUPLICATE):
+                    stale += 1
+                elif outcome is Outcome.DEAD_LETTERED:
+                    dead += 1
+            elif expired:
+                reason = (
+                    f"version gap: expected {stored + 1}, got {key[2]}; parked since {parked_at}"
+                )
+                result = self._dead_letter(
+                    record, _text(_header(record, s.event_key_header)), Outcome.DEAD_LETTERED,
+                    reason, 0,
+                )
+                self._execute(self._sql_unpark, (s.consumer, *key))
+                self.hooks.after_commit(record, result)
+                dead += 1
+        count, oldest_us = self._query_one(self._sql_parked_stats, (s.consumer,)) or (0, None)
+        return ParkedSweep(
+            resumed, stale, dead, int(count), None if oldest_us is None else oldest_us / 1e6
+        )
+
+    def _parked_row(self, row):
+        agg_type, agg_id, version, topic, partition, offset, key, value, headers = row[:9]
+        record = ParkedRecord(
+            topic, int(partition), int(offset), key, value, decode_headers(headers)
+        )
+        text = lambda b: b.decode("utf-8") if isinstance(b, (bytes, bytearray)) else str(b)  # noqa: E731
+        return record, (text(agg_type), text(agg_id), int(version)), row[9], bool(row[10])
+
+    def _own_connection(self) -> pymysql.connections.Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+            self._conn.autocommit(False)
+        return self._conn
+
+    def _query_one(self, sql, params):
+        conn = self._own_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                row = cur.fetchone()
+            conn.commit()
+            return row
+        except Exception:
+            self._rollback()
+            raise
+
+    def _query_all(self, sql, params):
+        conn = self._own_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                rows = list(cur.fetchall())
+            conn.commit()
+            return rows
+        except Exception:
+            self._rollback()
+            raise
+
+    def _execute(self, sql, params) -> None:
+        conn = self._own_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+            conn.commit()
+        except Exception:
+            self._rollback()
+            raise
+
+    def _park(self, record, key: str, vkey: tuple[str, str, int], reason: str) -> bool:
+        """Under the version row's lock, still a gap: store the record (True); the gap closed
+        meanwhile: False (redo the attempt)."""
+        s = self.settings
+        conn = self._own_connection()
+        conn.begin()
+        with conn.cursor() as cur:
+            cur.execute(self._sql_version, (s.consumer, vkey[0], vkey[1]))
+            row = cur.fetchone()
+            if row is None or vkey[2] <= int(row[0]) + 1:
+                conn.rollback()
+                return False
+            cur.execute(
+                self._sql_park,
+                (
+                    s.consumer, vkey[0], vkey[1], vkey[2], key, record.topic(),
+                    record.partition(), record.offset(), record.key(), record.value(),
+                    encode_headers(record.headers()), reason[:512],
+                    int(s.gap_deadline * 1_000_000),
+                ),
+            )
+        conn.commit()
+        return True
+
+    def _process_one(self, record, handler: Handler, parked) -> ProcessResult:
         """Settle one record: run ``handler`` in a transaction with its inbox row, retrying with
         exponential backoff, or dead-letter it. Blocks until settled (retries included).
 
@@ -260,7 +521,7 @@ class Inbox:
                     span_attributes(record, self.settings.consumer, self.consumer_group, key)
                 )
             try:
-                result = self._settle(record, handler)
+                result = self._settle(record, handler, parked)
             except Exception as error:
                 span.set_attribute("inbox.outcome", "unsettled")
                 span.record_exception(error)
@@ -269,7 +530,7 @@ class Inbox:
             span.set_attributes(
                 {"inbox.outcome": result.outcome.value, "inbox.attempts": result.attempts}
             )
-            if result.outcome in (Outcome.PARKED, Outcome.DEAD_LETTERED):
+            if result.outcome is Outcome.DEAD_LETTERED:
                 span.set_status(Status(StatusCode.ERROR, result.reason))
             try:
                 self.hooks.after_commit(record, result)
@@ -285,26 +546,43 @@ class Inbox:
             self._drop_connection()
         self._producer.flush(10)
 
-    def _settle(self, record: Message, handler: Handler) -> ProcessResult:
+    def _settle(self, record, handler: Handler, parked=None) -> ProcessResult:
         s = self.settings
         key = _text(_header(record, s.event_key_header))
         if not key:
-            return self._dead_letter(
-                record, None, Outcome.DEAD_LETTERED, "missing event_key header", 0
-            )
+            return self._dead_letter_parked(record, None, "missing event_key header", 0, parked)
         try:
             version = self._version(record)
         except _Poison as poison:
-            return self._dead_letter(record, key, Outcome.DEAD_LETTERED, str(poison), 0)
+            return self._dead_letter_parked(record, key, str(poison), 0, parked)
 
         attempt = 0  # attempts that count: not those ended by an infrastructure error
         outage_since: float | None = None  # since when the record fails with those only
         outage_retries = 0
         while True:
             try:
-                outcome = self._attempt(record, key, version, handler)
+                outcome = self._attempt(record, key, version, handler, parked)
+                if outcome is Outcome.DUPLICATE and parked is not None:
+                    # Applied before (a redelivery was processed): not parked any more.
+                    self._execute(self._sql_unpark, (s.consumer, *parked))
+            except _StillAhead:
+                return ProcessResult(Outcome.PARKED, key, attempt + 1)
             except _Park as gap:
-                return self._dead_letter(record, key, Outcome.PARKED, str(gap), attempt + 1)
+                if s.gap_policy is GapPolicy.DEAD_LETTER:
+                    return self._dead_letter(
+                        record, key, Outcome.DEAD_LETTERED, str(gap), attempt + 1
+                    )
+                try:
+                    if self._park(record, key, gap.key, str(gap)):
+                        return ProcessResult(Outcome.PARKED, key, attempt + 1, str(gap))
+                    continue  # the gap closed meanwhile: redo the attempt
+                except Exception as error:
+                    self._rollback()
+                    if not is_infrastructure_error(error):
+                        raise
+                    log.warning("event_key %s: parking failed (%s); retrying", key, error)
+                    time.sleep(backoff_delay(1, s.backoff_initial, s.backoff_max))
+                    continue
             except Exception as error:
                 self._rollback()
                 reason = str(error) or type(error).__name__
@@ -353,7 +631,7 @@ class Inbox:
                 attempt += 1
                 trace.get_current_span().record_exception(error, {"inbox.attempt": attempt})
                 if attempt >= s.max_attempts:
-                    return self._dead_letter(record, key, Outcome.DEAD_LETTERED, reason, attempt)
+                    return self._dead_letter_parked(record, key, reason, attempt, parked)
                 delay = backoff_delay(attempt, s.backoff_initial, s.backoff_max)
                 log.warning(
                     "event_key %s: attempt %d of %d failed (%s); retrying in %.3fs",
@@ -365,7 +643,19 @@ class Inbox:
                 )
                 time.sleep(delay)
                 continue
+            if outcome is Outcome.PROCESSED and parked is not None:
+                outcome = Outcome.RESUMED
             return ProcessResult(outcome, key, attempt + 1)
+
+    def _dead_letter_parked(self, record, key, reason: str, attempts: int, parked):
+        """Dead-letters ``record``; a parked one leaves the table once the letter is out."""
+        result = self._dead_letter(record, key, Outcome.DEAD_LETTERED, reason, attempts)
+        if parked is not None:
+            try:
+                self._execute(self._sql_unpark, (self.settings.consumer, *parked))
+            except Exception as error:  # the sweep finds it again: a second letter at worst
+                log.warning("a dead-lettered parked row could not be removed: %s", error)
+        return result
 
     def _version(self, record: Message) -> int | None:
         s = self.settings
@@ -384,7 +674,7 @@ class Inbox:
             raise _Poison(f"invalid version header: {text}")
         return int(text)
 
-    def _attempt(self, record: Message, key: str, version: int | None, handler: Handler) -> Outcome:
+    def _attempt(self, record, key: str, version: int | None, handler: Handler, parked=None) -> Outcome:
         s = self.settings
         if self._conn is None:
             try:
@@ -417,14 +707,23 @@ class Inbox:
                 row = cur.fetchone()
                 stored = None if row is None else int(row[0])
                 if stored is not None and version <= stored:
+                    if parked is not None:
+                        cur.execute(self._sql_unpark, (s.consumer, *parked))
                     conn.commit()
                     return Outcome.STALE
                 if stored is not None and version > stored + 1:
                     conn.rollback()
+                    if parked is not None:
+                        raise _StillAhead()
                     reason = f"version gap: expected {stored + 1}, got {version}"
-                    raise (_Park if s.gap_policy is GapPolicy.PARK else _Gap)(reason)
+                    if s.gap_policy is GapPolicy.RETRY:
+                        raise _Gap(reason)
+                    raise _Park(reason, (agg_type, agg_id, version))
                 cur.execute(self._sql_upsert, (s.consumer, agg_type, agg_id, version))
         handler(conn, record)
+        if parked is not None:
+            with conn.cursor() as cur:
+                cur.execute(self._sql_unpark, (s.consumer, *parked))
         self.hooks.before_commit(record)
         conn.commit()
         return Outcome.PROCESSED

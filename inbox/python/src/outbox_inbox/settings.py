@@ -15,7 +15,10 @@ class GapPolicy(str, enum.Enum):
     """What to do with a record whose version is more than one past the stored version."""
 
     PARK = "park"
-    """Dead-letter the record at once (outcome ``parked``)."""
+    """Store it in the parked table (outcome ``parked``) and apply it by itself once the version
+    before it has been (outcome ``resumed``); past ``gap_deadline`` it is dead-lettered."""
+    DEAD_LETTER = "dead_letter"
+    """Dead-letter the record at once (outcome ``dead_lettered``)."""
     RETRY = "retry"
     """Count it as a failed attempt; dead-letter it after ``max_attempts``."""
 
@@ -37,6 +40,8 @@ class InboxSettings:
     """Table of processed ``(consumer, event_key)`` rows (``migrations/0004_inbox.sql``)."""
     version_table: str = "outbox_inbox_version"
     """Table of the last applied version per ``(consumer, aggregate_type, aggregate_id)``."""
+    parked_table: str = "outbox_inbox_parked"
+    """Table of parked records (``migrations/0006_inbox_parked.sql``)."""
     event_key_header: str = "event_key"
     """Header holding the event's unique key (UTF-8 text)."""
     version_header: str | None = None
@@ -54,6 +59,13 @@ class InboxSettings:
     """Wait before the 2nd attempt, in seconds; doubles per attempt."""
     backoff_max: float = 10.0
     """Upper bound of the wait between attempts, in seconds."""
+    gap_deadline: float = 3600.0
+    """How long, in seconds, a parked record may wait for the version before it; then the sweep
+    dead-letters it."""
+    park_sweep_interval: float = 10.0
+    """How often, in seconds, :class:`~outbox_inbox.InboxRunner` sweeps the parked table (and
+    once before the first poll): resumes rows whose predecessor was applied, drops stale ones,
+    dead-letters expired ones."""
     outage_budget: float = 300.0
     """How long, in seconds, one record may keep failing with infrastructure errors only (the
     database unreachable, a lost connection, a read-only server, a deadlock...: see
@@ -72,9 +84,11 @@ class InboxSettings:
             raise ValueError("max_attempts must be at least 1")
         if self.backoff_initial < 0 or self.backoff_max < 0:
             raise ValueError("backoff durations must not be negative")
+        if self.gap_deadline < 0 or self.park_sweep_interval <= 0:
+            raise ValueError("gap_deadline must not be negative, park_sweep_interval positive")
         if self.outage_budget < 0:
             raise ValueError("outage_budget must not be negative")
-        # Accept the plain strings "park"/"retry" too.
+        # Accept the plain strings "park"/"dead_letter"/"retry" too.
         object.__setattr__(self, "gap_policy", GapPolicy(self.gap_policy))
 
     @property
