@@ -406,8 +406,11 @@ class Inbox:
                     f"version gap: expected {stored + 1}, got {key[2]}; parked since {parked_at}"
                 )
                 result = self._dead_letter(
-                    record, _text(_header(record, s.event_key_header)), Outcome.DEAD_LETTERED,
-                    reason, 0,
+                    record,
+                    _text(_header(record, s.event_key_header)),
+                    Outcome.DEAD_LETTERED,
+                    reason,
+                    0,
                 )
                 self._execute(self._sql_unpark, (s.consumer, *key))
                 self.hooks.after_commit(record, result)
@@ -480,9 +483,18 @@ class Inbox:
             cur.execute(
                 self._sql_park,
                 (
-                    s.consumer, vkey[0], vkey[1], vkey[2], key, record.topic(),
-                    record.partition(), record.offset(), record.key(), record.value(),
-                    encode_headers(record.headers()), reason[:512],
+                    s.consumer,
+                    vkey[0],
+                    vkey[1],
+                    vkey[2],
+                    key,
+                    record.topic(),
+                    record.partition(),
+                    record.offset(),
+                    record.key(),
+                    record.value(),
+                    encode_headers(record.headers()),
+                    reason[:512],
                     int(s.gap_deadline * 1_000_000),
                 ),
             )
@@ -539,6 +551,11 @@ class Inbox:
                 span.set_status(Status(StatusCode.ERROR, str(error)))
                 raise
             return result
+
+    @property
+    def parks(self) -> bool:
+        """Whether gaps are parked (versions checked, gap policy ``park``): the runner sweeps."""
+        return self.settings.checks_versions and self.settings.gap_policy is GapPolicy.PARK
 
     def close(self) -> None:
         """Close the database connection and flush the dead-letter producer."""
@@ -674,7 +691,9 @@ class Inbox:
             raise _Poison(f"invalid version header: {text}")
         return int(text)
 
-    def _attempt(self, record, key: str, version: int | None, handler: Handler, parked=None) -> Outcome:
+    def _attempt(
+        self, record, key: str, version: int | None, handler: Handler, parked=None
+    ) -> Outcome:
         s = self.settings
         if self._conn is None:
             try:

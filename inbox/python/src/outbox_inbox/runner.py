@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import pymysql
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from .inbox import Handler, Inbox, ProcessResult
@@ -98,9 +99,22 @@ class InboxRunner:
         committing the offsets of the records settled before and closing the consumer; the record
         in hand and those after it are not committed, so a restarted runner resumes with it."""
         self.subscribe()
+        # Parked versions: swept before the first poll and every park_sweep_interval, checked
+        # between records so a busy partition does not starve the sweep.
+        sweeps = isinstance(self._processor, Inbox) and self._processor.parks
+        last_sweep: float | None = None
         try:
             in_batch = 0
             while not self._stop.is_set():
+                if sweeps and (
+                    last_sweep is None
+                    or time.monotonic() - last_sweep >= self._processor.settings.park_sweep_interval
+                ):
+                    last_sweep = time.monotonic()
+                    try:
+                        self._processor.sweep_parked(self._handler)
+                    except pymysql.err.MySQLError as error:
+                        log.warning("parked sweep failed (next one later): %s", error)
                 # One record per poll: a rebalance happens inside poll(), so no record in hand
                 # ever belongs to a partition revoked meanwhile.
                 record = self._consumer.poll(0 if in_batch else self._poll_timeout)

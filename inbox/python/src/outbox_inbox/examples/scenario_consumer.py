@@ -161,10 +161,11 @@ def main() -> int:
         now = time.monotonic()
         span[:] = [span[0] if span else polled_at, now]
         latencies.append((now - polled_at) * 1000.0)
-        _say(
-            f"OUTCOME {result.outcome.value} {result.event_key or '-'} "
-            f"{record.partition()} {record.offset()} {result.attempts}"
-        )
+        if mode == "plain":
+            _say(
+                f"OUTCOME {result.outcome.value} {result.event_key or '-'} "
+                f"{record.partition()} {record.offset()} {result.attempts}"
+            )
         if exit_after and len(latencies) >= exit_after:
             runner.stop()
 
@@ -185,10 +186,23 @@ def main() -> int:
             backoff_initial=int(_env("INBOX_BACKOFF_MS", "50")) / 1000.0,
             backoff_max=1.0,
             outage_budget=int(_env("INBOX_OUTAGE_BUDGET_MS", "300000")) / 1000.0,
+            gap_deadline=int(_env("INBOX_GAP_DEADLINE_MS", "3600000")) / 1000.0,
+            park_sweep_interval=int(_env("INBOX_PARK_SWEEP_MS", "10000")) / 1000.0,
         )
+        crash_after_commit = _crash_hook("after_db_commit", *crash)
+
+        def after_commit(record: Message, result: ProcessResult) -> None:
+            # Every settled record passes here once: those the runner polled, and those
+            # settled later by themselves (resumed parked versions, a sweep's dead letters).
+            _say(
+                f"OUTCOME {result.outcome.value} {result.event_key or '-'} "
+                f"{record.partition()} {record.offset()} {result.attempts}"
+            )
+            crash_after_commit(record, result)
+
         hooks = Hooks(
             before_commit=_crash_hook("after_handler", *crash),
-            after_commit=_crash_hook("after_db_commit", *crash),
+            after_commit=after_commit,
         )
         producer = dead_letter_producer({"bootstrap.servers": bootstrap})
         processor = Inbox(settings, connect, producer, hooks)
