@@ -28,4 +28,22 @@ public interface Hooks {
    * @param result its outcome and the attempts made
    */
   default void afterCommit(ConsumerRecord<byte[], byte[]> record, Result result) {}
+
+  /**
+   * The compensation hook: called by the parked sweep for a parked record whose gap deadline
+   * passed, instead of dead-lettering it, outside any inbox transaction. Return {@code true} when
+   * it compensated: the parked row is deleted and the outcome is {@link Outcome#COMPENSATED}
+   * ({@link #afterCommit} is called with it). Return {@code false} (the default) to dead-letter the
+   * record as usual. Throwing leaves the row parked: the next sweep calls it again.
+   *
+   * @param record the record rebuilt from the parked row (key, value, headers, topic, partition and
+   *     offset as received)
+   * @param parkedAt when it was parked
+   * @return whether the record was compensated (else it is dead-lettered)
+   * @throws Exception the row stays parked, retried at the next sweep
+   */
+  default boolean onGapExpired(ConsumerRecord<byte[], byte[]> record, java.time.Instant parkedAt)
+      throws Exception {
+    return false;
+  }
 }

@@ -2,6 +2,7 @@ package dev.outboxrelay.inbox;
 
 import io.opentelemetry.api.trace.Span;
 import io.opentelemetry.context.Scope;
+import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
@@ -11,7 +12,13 @@ import java.sql.SQLNonTransientConnectionException;
 import java.sql.SQLTransactionRollbackException;
 import java.sql.SQLTransientConnectionException;
 import java.time.Duration;
+import java.time.Instant;
+import java.time.ZoneOffset;
+import java.time.format.DateTimeFormatter;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Objects;
+import java.util.Optional;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import javax.sql.DataSource;
@@ -20,6 +27,7 @@ import org.apache.kafka.clients.producer.Producer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeaders;
+import org.apache.kafka.common.record.TimestampType;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -62,6 +70,12 @@ public final class Inbox {
   private final String insertInbox;
   private final String selectVersion;
   private final String upsertVersion;
+  private final String selectStored;
+  private final String insertParked;
+  private final String selectParkedOne;
+  private final String selectParkedDue;
+  private final String deleteParked;
+  private final String parkedStats;
 
   /**
    * @param settings the settings
@@ -104,6 +118,41 @@ public final class Inbox {
             + settings.versionTable()
             + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)"
             + " ON DUPLICATE KEY UPDATE version = VALUES(version)";
+    this.selectStored =
+        "SELECT version FROM "
+            + settings.versionTable()
+            + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ?";
+    String parked = settings.parkedTable();
+    String columns =
+        "aggregate_type, aggregate_id, version, topic, kafka_partition, kafka_offset, record_key,"
+            + " record_value, record_headers, UNIX_TIMESTAMP(parked_at), expires_at < NOW(6)";
+    this.insertParked =
+        "INSERT IGNORE INTO "
+            + parked
+            + " (consumer, aggregate_type, aggregate_id, version, event_key, topic,"
+            + " kafka_partition, kafka_offset, record_key, record_value, record_headers, reason,"
+            + " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            + " DATE_ADD(NOW(6), INTERVAL ? MICROSECOND))";
+    this.selectParkedOne =
+        "SELECT "
+            + columns
+            + " FROM "
+            + parked
+            + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND version = ?";
+    this.selectParkedDue =
+        "SELECT "
+            + columns
+            + " FROM "
+            + parked
+            + " WHERE consumer = ? ORDER BY expires_at LIMIT 100";
+    this.deleteParked =
+        "DELETE FROM "
+            + parked
+            + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND version = ?";
+    this.parkedStats =
+        "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(parked_at), NOW(6)) FROM "
+            + parked
+            + " WHERE consumer = ?";
   }
 
   /**
@@ -134,11 +183,24 @@ public final class Inbox {
    *     during a backoff: the record is not settled
    */
   public Result process(ConsumerRecord<byte[], byte[]> record, Handler handler) {
+    Result result = processOne(record, handler, null);
+    if (result.outcome() == Outcome.PROCESSED) {
+      VersionKey key = versionKey(record);
+      if (key != null) {
+        resumeAfter(key, handler);
+      }
+    }
+    return result;
+  }
+
+  /** Settles one record (a parked one when {@code parked} is set) in its span, then afterCommit. */
+  private Result processOne(
+      ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
     Span span = InboxTracing.start(settings, consumerGroup, record);
     Scope scope = span.makeCurrent();
     Result result = null;
     try {
-      result = settle(record, handler);
+      result = settle(record, handler, parked);
       InboxTracing.settled(span, result);
       hooks.afterCommit(record, result);
       return result;
@@ -151,30 +213,50 @@ public final class Inbox {
     }
   }
 
-  private Result settle(ConsumerRecord<byte[], byte[]> record, Handler handler) {
+  private Result settle(ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
     String eventKey = InboxSettings.header(record, settings.eventKeyHeader());
     if (eventKey == null || eventKey.isEmpty()) {
-      return deadLetter(record, "missing " + settings.eventKeyHeader() + " header", 0);
+      return deadLetterParked(
+          record, "missing " + settings.eventKeyHeader() + " header", 0, parked);
     }
     Long version;
     try {
       version = settings.versionOf(record);
     } catch (IllegalArgumentException e) {
-      return deadLetter(record, e.getMessage(), 0);
+      return deadLetterParked(record, e.getMessage(), 0, parked);
     }
     int attempt = 0; // attempts that count: not those ended by an infrastructure error
     long outageSince = 0; // System.nanoTime() of the first infrastructure error in a row
     int outageRetries = 0;
     while (true) {
       try {
-        Outcome outcome = attempt(record, eventKey, version, handler);
+        Outcome outcome;
+        try {
+          outcome = attempt(record, eventKey, version, handler, parked);
+        } catch (VersionGap gap) {
+          if (settings.gapPolicy() == GapPolicy.DEAD_LETTER) {
+            return deadLetter(record, gap.getMessage(), attempt + 1);
+          }
+          if (settings.gapPolicy() == GapPolicy.RETRY) {
+            throw gap;
+          }
+          if (park(record, eventKey, gap)) {
+            return new Result(Outcome.PARKED, attempt + 1);
+          }
+          continue; // the gap closed meanwhile: redo the attempt
+        }
+        if (outcome == Outcome.DUPLICATE && parked != null) {
+          // Applied before (a redelivery of it was processed): not parked any more.
+          unpark(parked);
+        }
+        if (outcome == Outcome.PROCESSED && parked != null) {
+          outcome = Outcome.RESUMED;
+        }
         return new Result(outcome, attempt + 1);
+      } catch (StillAhead ahead) {
+        return new Result(Outcome.PARKED, attempt + 1);
       } catch (VersionGap gap) {
         attempt++;
-        if (settings.gapPolicy() == GapPolicy.PARK) {
-          Result parked = deadLetter(record, gap.getMessage(), attempt);
-          return new Result(Outcome.PARKED, parked.attempts());
-        }
         InboxTracing.attemptFailed(gap, attempt);
         if (attempt >= settings.maxAttempts()) {
           return deadLetter(record, gap.getMessage(), attempt);
@@ -228,7 +310,7 @@ public final class Inbox {
             settings.maxAttempts(),
             error);
         if (attempt >= settings.maxAttempts()) {
-          return deadLetter(record, error, attempt);
+          return deadLetterParked(record, error, attempt, parked);
         }
       }
       sleep(settings.backoff(attempt));
@@ -272,7 +354,11 @@ public final class Inbox {
 
   /** One attempt in one transaction: PROCESSED, DUPLICATE or STALE, or an exception. */
   private Outcome attempt(
-      ConsumerRecord<byte[], byte[]> record, String eventKey, Long version, Handler handler)
+      ConsumerRecord<byte[], byte[]> record,
+      String eventKey,
+      Long version,
+      Handler handler,
+      VersionKey parked)
       throws Exception {
     Connection connection;
     try {
@@ -285,7 +371,7 @@ public final class Inbox {
     try (Connection tx = connection) {
       tx.setAutoCommit(false);
       try {
-        Outcome outcome = inTransaction(tx, record, eventKey, version, handler);
+        Outcome outcome = inTransaction(tx, record, eventKey, version, handler, parked);
         if (outcome == Outcome.DUPLICATE) {
           tx.rollback();
         } else {
@@ -310,7 +396,8 @@ public final class Inbox {
       ConsumerRecord<byte[], byte[]> record,
       String eventKey,
       Long version,
-      Handler handler)
+      Handler handler,
+      VersionKey parked)
       throws Exception {
     try (PreparedStatement insert = tx.prepareStatement(insertInbox)) {
       insert.setString(1, settings.consumer());
@@ -342,10 +429,16 @@ public final class Inbox {
         }
       }
       if (stored != null && version <= stored) {
+        if (parked != null) {
+          unpark(tx, parked);
+        }
         return Outcome.STALE;
       }
       if (stored != null && version > stored + 1) {
-        throw new VersionGap(stored + 1, version);
+        if (parked != null) {
+          throw new StillAhead();
+        }
+        throw new VersionGap(stored + 1, new VersionKey(aggregateType, aggregateId, version));
       }
       try (PreparedStatement upsert = tx.prepareStatement(upsertVersion)) {
         upsert.setString(1, settings.consumer());
@@ -356,8 +449,327 @@ public final class Inbox {
       }
     }
     handler.handle(tx, record);
+    if (parked != null) {
+      unpark(tx, parked);
+    }
     hooks.beforeCommit(record);
     return Outcome.PROCESSED;
+  }
+
+  /** The record's aggregate and version, or {@code null} when it is not version-checked. */
+  private VersionKey versionKey(ConsumerRecord<byte[], byte[]> record) {
+    Long version;
+    try {
+      version = settings.versionOf(record);
+    } catch (IllegalArgumentException e) {
+      return null;
+    }
+    if (version == null) {
+      return null;
+    }
+    return new VersionKey(
+        Objects.requireNonNullElse(InboxSettings.header(record, AGGREGATE_TYPE_HEADER), ""),
+        record.key() == null ? "" : new String(record.key(), StandardCharsets.UTF_8),
+        version);
+  }
+
+  /**
+   * Parks a record after a gap (inbox/CONTRACT.md, "Parked versions"): under the version row's
+   * lock, still a gap: stores it (ignored when it is parked already) and returns {@code true}; the
+   * gap closed meanwhile: {@code false} (redo the attempt).
+   */
+  private boolean park(ConsumerRecord<byte[], byte[]> record, String eventKey, VersionGap gap)
+      throws SQLException {
+    VersionKey key = gap.key;
+    try (Connection tx = connection()) {
+      tx.setAutoCommit(false);
+      try {
+        Long stored = null;
+        try (PreparedStatement select = tx.prepareStatement(selectVersion)) {
+          select.setString(1, settings.consumer());
+          select.setString(2, key.aggregateType());
+          select.setString(3, key.aggregateId());
+          try (ResultSet rs = select.executeQuery()) {
+            if (rs.next()) {
+              stored = rs.getLong(1);
+            }
+          }
+        }
+        if (stored == null || key.version() <= stored + 1) {
+          tx.rollback();
+          return false;
+        }
+        String reason = "version gap: expected " + (stored + 1) + ", got " + key.version();
+        try (PreparedStatement insert = tx.prepareStatement(insertParked)) {
+          insert.setString(1, settings.consumer());
+          insert.setString(2, key.aggregateType());
+          insert.setString(3, key.aggregateId());
+          insert.setLong(4, key.version());
+          insert.setString(5, eventKey);
+          insert.setString(6, record.topic());
+          insert.setInt(7, record.partition());
+          insert.setLong(8, record.offset());
+          insert.setBytes(9, record.key());
+          insert.setBytes(10, record.value());
+          insert.setString(11, ParkedHeaders.encode(record.headers()));
+          insert.setString(12, reason.length() > 512 ? reason.substring(0, 512) : reason);
+          long micros;
+          try {
+            micros = TimeUnit.NANOSECONDS.toMicros(settings.gapDeadline().toNanos());
+          } catch (ArithmeticException e) {
+            micros = Long.MAX_VALUE / 2;
+          }
+          insert.setLong(13, micros);
+          insert.executeUpdate();
+        }
+        tx.commit();
+        LOG.info(
+            "{} {}-{}@{}: parked ({})",
+            eventKey,
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            reason);
+        return true;
+      } catch (SQLException | RuntimeException e) {
+        try {
+          tx.rollback();
+        } catch (SQLException rollbackError) {
+          e.addSuppressed(rollbackError);
+        }
+        throw e;
+      } finally {
+        restoreAutoCommit(tx);
+      }
+    }
+  }
+
+  /**
+   * Applies the parked successors of {@code applied}, one at a time, in version order, until one is
+   * missing or not resumed. A read error leaves them to the sweep.
+   */
+  private void resumeAfter(VersionKey applied, Handler handler) {
+    long version = applied.version();
+    while (true) {
+      ParkedRow row;
+      try {
+        row =
+            parkedRow(new VersionKey(applied.aggregateType(), applied.aggregateId(), version + 1));
+      } catch (SQLException | IllegalArgumentException e) {
+        LOG.warn("parked successors not read (the sweep resumes them): {}", e.toString());
+        return;
+      }
+      if (row == null) {
+        return;
+      }
+      if (processOne(row.record(), handler, row.key()).outcome() != Outcome.RESUMED) {
+        return;
+      }
+      version++;
+    }
+  }
+
+  /**
+   * What one {@link #sweepParked} did.
+   *
+   * @param resumed parked records applied (their successors included)
+   * @param stale parked records removed as stale or duplicate
+   * @param deadLettered parked records dead-lettered (deadline passed, or failing when resumed)
+   * @param compensated expired parked records handed to {@link Hooks#onGapExpired}
+   * @param parked rows still parked after the sweep
+   * @param oldest age of the oldest of them ({@link Duration#ZERO} when none)
+   */
+  public record ParkedSweep(
+      int resumed, int stale, int deadLettered, int compensated, long parked, Duration oldest) {}
+
+  /**
+   * One sweep of the parked table (inbox/CONTRACT.md, "Parked versions", the sweep): of the
+   * consumer's 100 rows that expire first, one whose predecessor has been applied is applied (with
+   * its successors), one no newer than the applied version is removed, one past its deadline is
+   * dead-lettered (or handed to {@link Hooks#onGapExpired}) and removed. {@link InboxRunner} calls
+   * it at start-up and every {@link InboxSettings#parkSweepInterval()}; with your own poll loop,
+   * call it likewise (between records, on the thread that processes them).
+   *
+   * @param handler the business change, for the records it resumes
+   * @return what it did
+   * @throws SQLException the tables could not be read (sweep again later)
+   * @throws InboxException as {@link #process}
+   */
+  public ParkedSweep sweepParked(Handler handler) throws SQLException {
+    int resumed = 0;
+    int stale = 0;
+    int dead = 0;
+    int compensated = 0;
+    List<ParkedRow> rows = new ArrayList<>();
+    try (Connection c = connection();
+        PreparedStatement select = c.prepareStatement(selectParkedDue)) {
+      select.setString(1, settings.consumer());
+      try (ResultSet rs = select.executeQuery()) {
+        while (rs.next()) {
+          try {
+            rows.add(parkedRow(rs));
+          } catch (IllegalArgumentException e) {
+            LOG.error("a parked row cannot be read, left in place: {}", e.getMessage());
+          }
+        }
+      }
+    }
+    for (ParkedRow row : rows) {
+      VersionKey key = row.key();
+      Long stored = storedVersion(key);
+      if (stored == null || key.version() <= stored + 1) {
+        // Its predecessor was applied (a crash came between), or it is stale: the attempt
+        // decides under the version row's lock.
+        Outcome outcome = processOne(row.record(), handler, key).outcome();
+        switch (outcome) {
+          case RESUMED -> {
+            resumed++;
+            resumeAfter(key, handler);
+          }
+          case STALE, DUPLICATE -> stale++;
+          case DEAD_LETTERED -> dead++;
+          default -> {}
+        }
+      } else if (row.expired()) {
+        boolean compensate;
+        try {
+          compensate = hooks.onGapExpired(row.record(), row.parkedAt());
+        } catch (Exception e) {
+          LOG.warn(
+              "onGapExpired failed for {}-{}@{} (called again at the next sweep): {}",
+              row.record().topic(),
+              row.record().partition(),
+              row.record().offset(),
+              e.toString());
+          continue;
+        }
+        Result result;
+        if (compensate) {
+          result = new Result(Outcome.COMPENSATED, 0);
+          compensated++;
+        } else {
+          String reason =
+              "version gap: expected "
+                  + (stored + 1)
+                  + ", got "
+                  + key.version()
+                  + "; parked since "
+                  + RFC_3339.format(row.parkedAt());
+          result = deadLetter(row.record(), reason, 0);
+          dead++;
+        }
+        unpark(key);
+        hooks.afterCommit(row.record(), result);
+      }
+    }
+    try (Connection c = connection();
+        PreparedStatement select = c.prepareStatement(parkedStats)) {
+      select.setString(1, settings.consumer());
+      try (ResultSet rs = select.executeQuery()) {
+        rs.next();
+        long micros = rs.getLong(2);
+        return new ParkedSweep(
+            resumed, stale, dead, compensated, rs.getLong(1), Duration.ofNanos(micros * 1000));
+      }
+    }
+  }
+
+  private static final DateTimeFormatter RFC_3339 =
+      DateTimeFormatter.ofPattern("uuuu-MM-dd'T'HH:mm:ss.SSSSSS'Z'").withZone(ZoneOffset.UTC);
+
+  private Long storedVersion(VersionKey key) throws SQLException {
+    try (Connection c = connection();
+        PreparedStatement select = c.prepareStatement(selectStored)) {
+      select.setString(1, settings.consumer());
+      select.setString(2, key.aggregateType());
+      select.setString(3, key.aggregateId());
+      try (ResultSet rs = select.executeQuery()) {
+        return rs.next() ? rs.getLong(1) : null;
+      }
+    }
+  }
+
+  private ParkedRow parkedRow(VersionKey key) throws SQLException {
+    try (Connection c = connection();
+        PreparedStatement select = c.prepareStatement(selectParkedOne)) {
+      select.setString(1, settings.consumer());
+      select.setString(2, key.aggregateType());
+      select.setString(3, key.aggregateId());
+      select.setLong(4, key.version());
+      try (ResultSet rs = select.executeQuery()) {
+        return rs.next() ? parkedRow(rs) : null;
+      }
+    }
+  }
+
+  /** The row at the result set's cursor ({@code columns} of the constructor). */
+  private static ParkedRow parkedRow(ResultSet rs) throws SQLException {
+    VersionKey key =
+        new VersionKey(
+            new String(rs.getBytes(1), StandardCharsets.UTF_8),
+            new String(rs.getBytes(2), StandardCharsets.UTF_8),
+            rs.getLong(3));
+    byte[] recordKey = rs.getBytes(7);
+    byte[] value = rs.getBytes(8);
+    ConsumerRecord<byte[], byte[]> record =
+        new ConsumerRecord<>(
+            rs.getString(4),
+            rs.getInt(5),
+            rs.getLong(6),
+            ConsumerRecord.NO_TIMESTAMP,
+            TimestampType.NO_TIMESTAMP_TYPE,
+            recordKey == null ? -1 : recordKey.length,
+            value == null ? -1 : value.length,
+            recordKey,
+            value,
+            ParkedHeaders.decode(rs.getString(9)),
+            Optional.empty());
+    BigDecimal parkedAt = rs.getBigDecimal(10);
+    Instant at =
+        Instant.ofEpochSecond(
+            parkedAt.longValue(), parkedAt.remainder(BigDecimal.ONE).movePointRight(9).longValue());
+    return new ParkedRow(key, record, at, rs.getBoolean(11));
+  }
+
+  /** Deletes a parked row (own transaction). */
+  private void unpark(VersionKey key) throws SQLException {
+    try (Connection c = connection()) {
+      c.setAutoCommit(true);
+      unpark(c, key);
+    }
+  }
+
+  private void unpark(Connection c, VersionKey key) throws SQLException {
+    try (PreparedStatement delete = c.prepareStatement(deleteParked)) {
+      delete.setString(1, settings.consumer());
+      delete.setString(2, key.aggregateType());
+      delete.setString(3, key.aggregateId());
+      delete.setLong(4, key.version());
+      delete.executeUpdate();
+    }
+  }
+
+  /** Dead-letters {@code record}; a parked one leaves the table once the letter is out. */
+  private Result deadLetterParked(
+      ConsumerRecord<byte[], byte[]> record, String reason, int attempts, VersionKey parked) {
+    Result result = deadLetter(record, reason, attempts);
+    if (parked != null) {
+      try {
+        unpark(parked);
+      } catch (SQLException e) { // the sweep finds it again: a second letter at worst
+        LOG.warn("a dead-lettered parked row could not be removed: {}", e.toString());
+      }
+    }
+    return result;
+  }
+
+  private Connection connection() throws SQLException {
+    try {
+      return dataSource.getConnection();
+    } catch (SQLException e) {
+      throw new SQLTransientConnectionException(
+          "cannot get a database connection: " + e.getMessage(), "08001", e);
+    }
   }
 
   /**
@@ -430,12 +842,30 @@ public final class Inbox {
     }
   }
 
+  /** An aggregate's version: the parked table's key after the consumer. */
+  private record VersionKey(String aggregateType, String aggregateId, long version) {}
+
+  /** A parked row: the rebuilt record, when it was parked, whether its deadline passed. */
+  private record ParkedRow(
+      VersionKey key, ConsumerRecord<byte[], byte[]> record, Instant parkedAt, boolean expired) {}
+
   /** A version more than one ahead of the stored one. */
   private static final class VersionGap extends Exception {
     private static final long serialVersionUID = 1L;
+    private final transient VersionKey key;
 
-    VersionGap(long expected, long got) {
-      super("version gap: expected " + expected + ", got " + got, null, false, false);
+    VersionGap(long expected, VersionKey key) {
+      super("version gap: expected " + expected + ", got " + key.version(), null, false, false);
+      this.key = key;
+    }
+  }
+
+  /** A parked record whose version is still ahead of the stored one: it stays parked. */
+  private static final class StillAhead extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    StillAhead() {
+      super("still ahead", null, false, false);
     }
   }
 }

@@ -50,6 +50,12 @@ import org.slf4j.LoggerFactory;
  * InboxOutageException}), an exception of a listener or hook) commits what was settled before the
  * record in hand, closes and leaves {@link #run} with an exception; the record in hand and those
  * after it are not committed, so a restarted runner resumes with it.
+ *
+ * <p>With an inbox that parks version gaps ({@link InboxSettings#parks()}), the loop also sweeps
+ * the parked table ({@link Inbox#sweepParked}) before the first poll and every {@link
+ * InboxSettings#parkSweepInterval()} (checked between records, and the poll waits at most that
+ * long): parked records whose predecessor was applied resume, stale ones are removed, expired ones
+ * are dead-lettered. A sweep that cannot read the tables is logged and done again later.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -94,6 +100,9 @@ public final class InboxRunner implements AutoCloseable {
   private final RecordProcessor processor;
   private final Listener listener;
   private final Duration pollTimeout;
+  private final Sweeper sweeper;
+  private final Duration sweepInterval;
+  private long lastSweep;
   private final Map<TopicPartition, OffsetAndMetadata> pending = new HashMap<>();
   private final AtomicBoolean started = new AtomicBoolean();
   private final AtomicBoolean closed = new AtomicBoolean();
@@ -105,12 +114,19 @@ public final class InboxRunner implements AutoCloseable {
       Builder b,
       RecordProcessor processor,
       Consumer<byte[], byte[]> consumer,
-      Producer<byte[], byte[]> producer) {
+      Producer<byte[], byte[]> producer,
+      Sweeper sweeper,
+      Duration sweepInterval) {
+    this.sweeper = sweeper;
+    this.sweepInterval = sweepInterval;
     this.consumer = consumer;
     this.ownedProducer = producer;
     this.processor = processor;
     this.listener = b.listener;
-    this.pollTimeout = b.pollTimeout;
+    this.pollTimeout =
+        sweeper != null && sweepInterval.compareTo(b.pollTimeout) < 0
+            ? sweepInterval
+            : b.pollTimeout;
   }
 
   /**
@@ -188,6 +204,7 @@ public final class InboxRunner implements AutoCloseable {
       consumer.subscribe(topics, new Revocations());
       listener.subscribed();
       while (!stopping) {
+        sweepWhenDue();
         ConsumerRecords<byte[], byte[]> records;
         try {
           records = consumer.poll(pollTimeout);
@@ -202,6 +219,7 @@ public final class InboxRunner implements AutoCloseable {
           if (stopping) {
             break;
           }
+          sweepWhenDue();
           settle(record);
         }
         commit(pending);
@@ -217,6 +235,30 @@ public final class InboxRunner implements AutoCloseable {
       closeClients();
       finished.countDown();
     }
+  }
+
+  /** Sweeps the parked table before the first poll and every park sweep interval. */
+  private void sweepWhenDue() {
+    if (sweeper == null) {
+      return;
+    }
+    long now = System.nanoTime();
+    if (lastSweep != 0 && now - lastSweep < sweepInterval.toNanos()) {
+      return;
+    }
+    lastSweep = now == 0 ? 1 : now;
+    try {
+      Inbox.ParkedSweep sweep = sweeper.sweep();
+      LOG.debug("parked sweep: {}", sweep);
+    } catch (java.sql.SQLException e) {
+      LOG.warn("parked sweep failed (the next one is in {}): {}", sweepInterval, e.toString());
+    }
+  }
+
+  /** One sweep of the parked table. */
+  @FunctionalInterface
+  private interface Sweeper {
+    Inbox.ParkedSweep sweep() throws java.sql.SQLException;
   }
 
   private void settle(ConsumerRecord<byte[], byte[]> record) throws Exception {
@@ -426,6 +468,7 @@ public final class InboxRunner implements AutoCloseable {
       String groupId = settings == null ? null : settings.consumer();
       Producer<byte[], byte[]> producer = null;
       RecordProcessor p = processor;
+      Sweeper sweeper = null;
       Properties consumerConfig = consumerConfig(kafka, groupId);
       if (settings != null) {
         // The dead-letter topic exists, is created now, or the runner refuses to start.
@@ -440,9 +483,18 @@ public final class InboxRunner implements AutoCloseable {
                 consumerConfig.getProperty(ConsumerConfig.GROUP_ID_CONFIG));
         Handler h = handler;
         p = record -> inbox.process(record, h);
+        if (settings.parks()) {
+          sweeper = () -> inbox.sweepParked(h);
+        }
       }
       try {
-        return new InboxRunner(this, p, new KafkaConsumer<>(consumerConfig), producer);
+        return new InboxRunner(
+            this,
+            p,
+            new KafkaConsumer<>(consumerConfig),
+            producer,
+            sweeper,
+            settings == null ? null : settings.parkSweepInterval());
       } catch (RuntimeException e) {
         if (producer != null) {
           producer.close();

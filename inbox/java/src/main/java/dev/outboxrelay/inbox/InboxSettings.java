@@ -29,6 +29,7 @@ public final class InboxSettings {
   private final String deadLetterTopic;
   private final String inboxTable;
   private final String versionTable;
+  private final String parkedTable;
   private final String eventKeyHeader;
   private final String versionHeader;
   private final Function<ConsumerRecord<byte[], byte[]>, Long> versionFunction;
@@ -37,6 +38,8 @@ public final class InboxSettings {
   private final Duration backoffInitial;
   private final Duration backoffMax;
   private final Duration outageBudget;
+  private final Duration gapDeadline;
+  private final Duration parkSweepInterval;
   private final OpenTelemetry openTelemetry;
   private final TextMapPropagator propagator;
 
@@ -45,6 +48,7 @@ public final class InboxSettings {
     this.deadLetterTopic = b.deadLetterTopic;
     this.inboxTable = b.inboxTable;
     this.versionTable = b.versionTable;
+    this.parkedTable = b.parkedTable;
     this.eventKeyHeader = b.eventKeyHeader;
     this.versionHeader = b.versionHeader;
     this.versionFunction = b.versionFunction;
@@ -53,6 +57,8 @@ public final class InboxSettings {
     this.backoffInitial = b.backoffInitial;
     this.backoffMax = b.backoffMax;
     this.outageBudget = b.outageBudget;
+    this.gapDeadline = b.gapDeadline;
+    this.parkSweepInterval = b.parkSweepInterval;
     this.openTelemetry = b.openTelemetry;
     this.propagator = b.propagator;
   }
@@ -62,7 +68,7 @@ public final class InboxSettings {
    *
    * @param consumer the consumer's name: part of the inbox key (at most 191 characters) and the
    *     default Kafka group id of {@link InboxRunner}
-   * @param deadLetterTopic the topic poison, parked and key-less records go to (no default)
+   * @param deadLetterTopic the topic poison, key-less and expired parked records go to (no default)
    * @return a builder with every other setting at its default
    */
   public static Builder builder(String consumer, String deadLetterTopic) {
@@ -95,6 +101,38 @@ public final class InboxSettings {
    */
   public String versionTable() {
     return versionTable;
+  }
+
+  /**
+   * @return the parked table (default {@code outbox_inbox_parked}, {@code
+   *     migrations/0006_inbox_parked.sql})
+   */
+  public String parkedTable() {
+    return parkedTable;
+  }
+
+  /**
+   * @return how long a parked record may wait for the version before it; then the sweep
+   *     dead-letters it (default 1 h)
+   */
+  public Duration gapDeadline() {
+    return gapDeadline;
+  }
+
+  /**
+   * @return how often {@link InboxRunner} sweeps the parked table (and once before the first poll;
+   *     default 10 s)
+   */
+  public Duration parkSweepInterval() {
+    return parkSweepInterval;
+  }
+
+  /**
+   * @return whether gaps are parked (versions checked, gap policy {@link GapPolicy#PARK}): then the
+   *     runner sweeps the parked table
+   */
+  public boolean parks() {
+    return checksVersions() && gapPolicy == GapPolicy.PARK;
   }
 
   /**
@@ -221,6 +259,7 @@ public final class InboxSettings {
     private final String deadLetterTopic;
     private String inboxTable = "outbox_inbox";
     private String versionTable = "outbox_inbox_version";
+    private String parkedTable = "outbox_inbox_parked";
     private String eventKeyHeader = "event_key";
     private String versionHeader;
     private Function<ConsumerRecord<byte[], byte[]>, Long> versionFunction;
@@ -229,6 +268,8 @@ public final class InboxSettings {
     private Duration backoffInitial = Duration.ofMillis(100);
     private Duration backoffMax = Duration.ofSeconds(10);
     private Duration outageBudget = Duration.ofMinutes(5);
+    private Duration gapDeadline = Duration.ofHours(1);
+    private Duration parkSweepInterval = Duration.ofSeconds(10);
     private OpenTelemetry openTelemetry;
     private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
 
@@ -252,6 +293,39 @@ public final class InboxSettings {
      */
     public Builder versionTable(String table) {
       this.versionTable = table;
+      return this;
+    }
+
+    /**
+     * @param table the parked table, {@code name} or {@code schema.name}
+     * @return this builder
+     */
+    public Builder parkedTable(String table) {
+      this.parkedTable = table;
+      return this;
+    }
+
+    /**
+     * How long a parked record (gap policy {@link GapPolicy#PARK}) may wait for the version before
+     * it; past it the sweep dead-letters it (or calls {@link Hooks#onGapExpired}).
+     *
+     * @param deadline the gap deadline (default 1 h)
+     * @return this builder
+     */
+    public Builder gapDeadline(Duration deadline) {
+      this.gapDeadline = deadline;
+      return this;
+    }
+
+    /**
+     * How often {@link InboxRunner} sweeps the parked table: resumes rows whose predecessor was
+     * applied, deletes stale ones, dead-letters expired ones.
+     *
+     * @param interval the sweep interval (default 10 s)
+     * @return this builder
+     */
+    public Builder parkSweepInterval(Duration interval) {
+      this.parkSweepInterval = interval;
       return this;
     }
 
@@ -393,7 +467,7 @@ public final class InboxSettings {
       require(consumer, "consumer");
       require(deadLetterTopic, "dead_letter_topic");
       require(eventKeyHeader, "event_key_header");
-      for (String table : new String[] {inboxTable, versionTable}) {
+      for (String table : new String[] {inboxTable, versionTable, parkedTable}) {
         if (table == null || !TABLE.matcher(table).matches()) {
           throw new IllegalArgumentException("invalid table name: " + table);
         }
@@ -410,6 +484,14 @@ public final class InboxSettings {
       }
       if (outageBudget == null || outageBudget.isNegative()) {
         throw new IllegalArgumentException("outage_budget must not be negative");
+      }
+      if (gapDeadline == null
+          || gapDeadline.isNegative()
+          || parkSweepInterval == null
+          || parkSweepInterval.isNegative()
+          || parkSweepInterval.isZero()) {
+        throw new IllegalArgumentException(
+            "gap_deadline must not be negative, park_sweep_interval must be positive");
       }
       return new InboxSettings(this);
     }

@@ -10,14 +10,24 @@ public enum Outcome {
   DUPLICATE,
   /** Its version is not newer than the stored one: inbox row committed, handler not run. */
   STALE,
-  /** Its version skipped one (gap policy {@link GapPolicy#PARK}): sent to the dead-letter topic. */
+  /**
+   * Its version skipped one (gap policy {@link GapPolicy#PARK}): stored in the parked table,
+   * handler not run; applied by itself once the version before it is ({@link #RESUMED}).
+   */
   PARKED,
+  /** A parked record applied by itself once the version before it was (handler run). */
+  RESUMED,
+  /**
+   * A parked record whose gap deadline passed, handed to {@link Hooks#onGapExpired} (which returned
+   * {@code true}) instead of the dead-letter topic.
+   */
+  COMPENSATED,
   /** Poison: sent to the dead-letter topic (attempts exhausted, or unusable at once). */
   DEAD_LETTERED;
 
   /**
    * The outcome's name as the contract writes it: {@code processed}, {@code duplicate}, {@code
-   * stale}, {@code parked} or {@code dead_lettered}.
+   * stale}, {@code parked}, {@code resumed}, {@code compensated} or {@code dead_lettered}.
    *
    * @return the lower-case name
    */

@@ -235,11 +235,11 @@ class InboxTest {
   }
 
   @Test
-  void staleVersionsAreSkippedAndGapsParked() throws Exception {
-    String dlq = servers.topic("dlq-park", 1);
+  void staleVersionsAreSkippedAndGapsDeadLetteredUnderTheDeadLetterPolicy() throws Exception {
+    String dlq = servers.topic("dlq-gap", 1);
     Inbox inbox =
         new Inbox(
-            settings(dlq).versionHeader("version").build(),
+            settings(dlq).versionHeader("version").gapPolicy(GapPolicy.DEAD_LETTER).build(),
             servers.dataSource,
             servers.producer(),
             null);
@@ -249,7 +249,7 @@ class InboxTest {
       {"A", "A-v2", "2", "processed"},
       {"A", "A-v2-again", "2", "stale"},
       {"A", "A-v1-late", "1", "stale"},
-      {"A", "A-v4-early", "4", "parked"},
+      {"A", "A-v4-early", "4", "dead_lettered"},
       {"A", "A-v3", "3", "processed"},
       {"A", "A-v4", "4", "processed"},
       {"B", "B-v1", "1", "processed"},
@@ -274,13 +274,16 @@ class InboxTest {
     assertEquals(
         Outcome.DUPLICATE,
         inbox.process(record("A", "A-v1-late", "{}", "1"), coupon(runs, 0)).outcome());
-    // A parked record left no inbox row.
+    // A dead-lettered gap left no inbox row and nothing parked (what park did before parked
+    // versions).
     assertEquals(
         0, servers.count("SELECT COUNT(*) FROM outbox_inbox WHERE event_key = 'A-v4-early'"));
+    assertEquals(0, servers.count("SELECT COUNT(*) FROM outbox_inbox_parked"));
     List<ConsumerRecord<byte[], byte[]>> letters = servers.readAll(dlq, 1);
     assertEquals(1, letters.size());
     assertEquals("A-v4-early", header(letters.get(0), "event_key"));
     assertEquals("version gap: expected 3, got 4", header(letters.get(0), "dlq_reason"));
+    assertEquals("1", header(letters.get(0), "dlq_attempts"));
   }
 
   @Test

@@ -57,11 +57,11 @@ final class TestServers {
         Statement s = c.createStatement()) {
       s.execute("CREATE DATABASE " + database);
     }
-    String migration =
-        Files.readString(Path.of("../../migrations/0004_inbox.sql"), StandardCharsets.UTF_8);
     try (Connection c = DriverManager.getConnection(url(database) + "&allowMultiQueries=true");
         Statement s = c.createStatement()) {
-      s.execute(migration);
+      for (String file : new String[] {"0004_inbox.sql", "0006_inbox_parked.sql"}) {
+        s.execute(Files.readString(Path.of("../../migrations", file), StandardCharsets.UTF_8));
+      }
       s.execute(
           "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(191),"
               + " order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL)");

@@ -62,6 +62,7 @@ public final class ScenarioConsumer {
   private long firstPollNanos;
   private long lastSettledNanos;
   private InboxRunner runner;
+  private boolean plain;
 
   private ScenarioConsumer(Map<String, String> env) {
     this.env = env;
@@ -143,6 +144,7 @@ public final class ScenarioConsumer {
     InboxRunner.Builder builder = InboxRunner.builder(kafka).listener(new Report());
     String mode = orDefault("INBOX_MODE", "inbox");
     if (mode.equals("plain")) {
+      plain = true;
       Handler handler = this::handle;
       return builder
           .processor(
@@ -169,6 +171,10 @@ public final class ScenarioConsumer {
             .versionHeader(versionHeader)
             .gapPolicy(
                 GapPolicy.valueOf(orDefault("INBOX_GAP_POLICY", "park").toUpperCase(Locale.ROOT)))
+            .gapDeadline(
+                Duration.ofMillis(Long.parseLong(orDefault("INBOX_GAP_DEADLINE_MS", "3600000"))))
+            .parkSweepInterval(
+                Duration.ofMillis(Long.parseLong(orDefault("INBOX_PARK_SWEEP_MS", "10000"))))
             .build();
     return builder.inbox(settings, dataSource, this::handle).hooks(new CrashHooks()).build();
   }
@@ -235,6 +241,9 @@ public final class ScenarioConsumer {
 
     @Override
     public void afterCommit(ConsumerRecord<byte[], byte[]> record, Result result) {
+      // Every settled record passes here once: those the runner polled, and those settled later
+      // by themselves (resumed parked versions, a sweep's dead letters).
+      outcome(record, result);
       if (crashPoint.equals("after_db_commit") && result.outcome() == Outcome.PROCESSED) {
         maybeCrash(record);
       }
@@ -277,17 +286,9 @@ public final class ScenarioConsumer {
     @Override
     public void settled(ConsumerRecord<byte[], byte[]> record, Result result) {
       long now = System.nanoTime();
-      line(
-          "OUTCOME "
-              + result.outcome().label()
-              + " "
-              + printable(header(record, "event_key"))
-              + " "
-              + record.partition()
-              + " "
-              + record.offset()
-              + " "
-              + result.attempts());
+      if (plain) {
+        outcome(record, result); // no inbox, no hooks: reported here
+      }
       if (exitAfter <= 0) {
         return;
       }
@@ -300,6 +301,20 @@ public final class ScenarioConsumer {
         runner.stop();
       }
     }
+  }
+
+  private static void outcome(ConsumerRecord<byte[], byte[]> record, Result result) {
+    line(
+        "OUTCOME "
+            + result.outcome().label()
+            + " "
+            + printable(header(record, "event_key"))
+            + " "
+            + record.partition()
+            + " "
+            + record.offset()
+            + " "
+            + result.attempts());
   }
 
   private void printBench() {
