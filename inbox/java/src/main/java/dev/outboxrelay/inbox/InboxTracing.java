@@ -96,7 +96,7 @@ final class InboxTracing {
     return builder.startSpan();
   }
 
-  /** Records how the record was settled (status error for parked and dead-lettered). */
+  /** Records how the record was settled (a dead letter set its error status already). */
   static void settled(Span span, Result result) {
     span.setAttribute(INBOX_OUTCOME, result.outcome().label());
     span.setAttribute(INBOX_ATTEMPTS, (long) result.attempts());
