@@ -82,6 +82,61 @@ class InboxRunnerTest {
   }
 
   @Test
+  void theRunnerSweepsParkedVersions() throws Exception {
+    String topic = servers.topic("runner-parked", 1);
+    String dlq = servers.topic("runner-parked-dlq", 1);
+    servers.produce(topic, 0, "P", "P-v1", "{}", 1L);
+    servers.produce(topic, 0, "P", "P-v3", "{}", 3L); // parked, resumed after P-v2
+    servers.produce(topic, 0, "G", "G-v1", "{}", 1L);
+    servers.produce(topic, 0, "G", "G-v3", "{}", 3L); // parked, never resumed: expires
+    servers.produce(topic, 0, "P", "P-v2", "{}", 2L);
+    String group = servers.group("runner-parked");
+    InboxSettings settings =
+        InboxSettings.builder(group, dlq)
+            .versionHeader("version")
+            .gapDeadline(Duration.ofMillis(1500))
+            .parkSweepInterval(Duration.ofMillis(100))
+            .build();
+    List<String> handled = Collections.synchronizedList(new ArrayList<>());
+    List<String> settled = Collections.synchronizedList(new ArrayList<>());
+    StopAfter listener = new StopAfter(Integer.MAX_VALUE);
+    Hooks hooks =
+        new Hooks() {
+          @Override
+          public void afterCommit(ConsumerRecord<byte[], byte[]> record, Result result) {
+            settled.add(result.outcome().label() + " " + header(record, "event_key"));
+            if (result.outcome() == Outcome.DEAD_LETTERED) {
+              listener.runner.stop();
+            }
+          }
+        };
+    InboxRunner runner = runner(settings, coupon(handled), hooks, listener);
+    runner.run(List.of(topic));
+    assertEquals(
+        List.of(
+            "processed P-v1",
+            "parked P-v3",
+            "processed G-v1",
+            "parked G-v3",
+            "processed P-v2",
+            "resumed P-v3",
+            "dead_lettered G-v3"),
+        settled);
+    assertEquals(List.of("P-v1", "G-v1", "P-v2", "P-v3"), handled);
+    assertEquals(
+        0, servers.count("SELECT COUNT(*) FROM outbox_inbox_parked WHERE consumer = ?", group));
+    assertEquals(Map.of(0, 5L), servers.committed(group));
+    List<ConsumerRecord<byte[], byte[]>> letters = servers.readAll(dlq, 1);
+    assertEquals(1, letters.size());
+    assertTrue(
+        header(letters.get(0), "dlq_reason")
+            .startsWith("version gap: expected 2, got 3; parked since "),
+        header(letters.get(0), "dlq_reason"));
+    assertEquals("0", header(letters.get(0), "dlq_attempts"));
+    assertEquals("3", header(letters.get(0), "dlq_offset"));
+  }
+
+  @Test
   void commitsOffsetsOnlyAfterProcessing() throws Exception {
     String topic = servers.topic("runner", 2);
     String dlq = servers.topic("runner-dlq", 1);

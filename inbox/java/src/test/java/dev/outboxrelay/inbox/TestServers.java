@@ -126,12 +126,22 @@ final class TestServers {
   /** Produces a record like the relay's (headers event_key, aggregate_type=order, version). */
   void produce(String topic, Integer partition, String key, String eventKey, String value)
       throws Exception {
+    produce(topic, partition, key, eventKey, value, null);
+  }
+
+  /** As above, with a {@code version} header when {@code version} is set. */
+  void produce(
+      String topic, Integer partition, String key, String eventKey, String value, Long version)
+      throws Exception {
     ProducerRecord<byte[], byte[]> r =
         new ProducerRecord<>(topic, partition, bytes(key), bytes(value));
     if (eventKey != null) {
       r.headers().add("event_key", bytes(eventKey));
     }
     r.headers().add("aggregate_type", bytes("order"));
+    if (version != null) {
+      r.headers().add("version", bytes(version.toString()));
+    }
     producer.send(r).get();
   }
 
