@@ -4,10 +4,11 @@
 // For each record it records "consumer C processed event_key K" in the consumer's own
 // MySQL/MariaDB database, in the same transaction as the business change and before it, so a
 // second delivery of K finds the row and is acknowledged without running the handler again.
-// Optionally it checks a per-aggregate version (stale and gap detection), retries failed
-// attempts with exponential backoff and sends records that keep failing to a dead-letter topic.
-// The contract every helper of the project follows is inbox/CONTRACT.md; the tables are in
-// migrations/0004_inbox.sql.
+// Optionally it checks a per-aggregate version (stale records skipped; a record ahead of its
+// aggregate's next version parked and applied by itself once its predecessor is), retries
+// failed attempts with exponential backoff and sends records that keep failing to a
+// dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
+// the tables are in migrations/0004_inbox.sql and 0006_inbox_parked.sql.
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
 // consumer loop (poll, process in partition order, commit processed offsets synchronously).
@@ -93,8 +94,10 @@ type Hooks struct {
 	// BeforeCommit runs after the handler succeeded, right before the database commit.
 	BeforeCommit func(rec *kgo.Record)
 	// AfterCommit runs once the record is settled (database transaction ended and, for
-	// Parked/DeadLettered, the dead letter acknowledged), for every outcome, before the Kafka
-	// offset may be committed.
+	// DeadLettered, the dead letter acknowledged), for every outcome, before the Kafka offset
+	// may be committed; also for the records settled by themselves (Resumed parked records,
+	// and a sweep's Stale, DeadLettered or Compensated ones: rec is then rebuilt from the
+	// parked row, with the original topic, partition and offset).
 	AfterCommit func(rec *kgo.Record, res Result)
 	// OnGapExpired, when set, replaces the dead letter of a parked record whose gap deadline
 	// passed (the compensation hook): it gets the record rebuilt from the parked row and when
@@ -344,7 +347,10 @@ func (e *gapError) Error() string {
 // Process settles one record: it runs h in a transaction together with the inbox row (and the
 // version check when configured), retries failed attempts with backoff, and dead-letters the
 // record when it cannot be processed. It returns how the record was settled; the caller may then
-// commit the record's offset + 1 to Kafka.
+// commit the record's offset + 1 to Kafka. A record ahead of its aggregate's next version is
+// parked under GapPark (outcome Parked); after a record Processed with a version, Process
+// applies the aggregate's parked successors (outcome Resumed, through the hooks) before it
+// returns (an error from them is returned with the record's own Result).
 //
 // Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts;
 // infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
