@@ -4,10 +4,11 @@
 // For each record it records "consumer C processed event_key K" in the consumer's own
 // MySQL/MariaDB database, in the same transaction as the business change and before it, so a
 // second delivery of K finds the row and is acknowledged without running the handler again.
-// Optionally it checks a per-aggregate version (stale and gap detection), retries failed
-// attempts with exponential backoff and sends records that keep failing to a dead-letter topic.
-// The contract every helper of the project follows is inbox/CONTRACT.md; the tables are in
-// migrations/0004_inbox.sql.
+// Optionally it checks a per-aggregate version (stale records skipped; a record ahead of its
+// aggregate's next version parked and applied by itself once its predecessor is), retries
+// failed attempts with exponential backoff and sends records that keep failing to a
+// dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
+// the tables are in migrations/0004_inbox.sql and 0006_inbox_parked.sql.
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
 // consumer loop (poll, process in partition order, commit processed offsets synchronously).
@@ -20,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"regexp"
 	"strconv"
@@ -46,19 +48,33 @@ const (
 	// Stale: the record's version is <= the stored version; the inbox row was committed, the
 	// handler did not run.
 	Stale Outcome = "stale"
-	// Parked: a version gap under [GapPark]; the record went to the dead-letter topic.
+	// Parked: a version gap under [GapPark]; the record is stored in the parked table (handler
+	// not run) and applied by itself once the version before it has been ([Resumed]).
 	Parked Outcome = "parked"
+	// Resumed: a parked record applied by itself once the version before it was (the handler
+	// ran with the record rebuilt from the parked row, and its transaction committed).
+	Resumed Outcome = "resumed"
 	// DeadLettered: the record went to the dead-letter topic (handler failed max_attempts
-	// times, missing event_key header, invalid version, gap under [GapRetry]).
+	// times, missing event_key header, invalid version, gap under [GapDeadLetter] or
+	// [GapRetry], a parked record past its gap deadline).
 	DeadLettered Outcome = "dead_lettered"
+	// Compensated: a parked record past its gap deadline was handed to Hooks.OnGapExpired
+	// (instead of the dead-letter topic), which returned nil; the parked row is deleted.
+	Compensated Outcome = "compensated"
 )
 
 // GapPolicy says what to do with a record whose version is more than one past the stored one.
 type GapPolicy string
 
 const (
-	// GapPark dead-letters the record at once (outcome [Parked]). The default.
+	// GapPark stores the record in the parked table (outcome [Parked]; its offset may be
+	// committed) and applies it by itself once the version before it has been applied
+	// (outcome [Resumed]); past Settings.GapDeadline the sweep dead-letters it (or hands it to
+	// Hooks.OnGapExpired). The default.
 	GapPark GapPolicy = "park"
+	// GapDeadLetter dead-letters the record at once with reason "version gap: expected N, got
+	// M" (outcome [DeadLettered]): what GapPark did before parked versions existed.
+	GapDeadLetter GapPolicy = "dead_letter"
 	// GapRetry counts the gap as a failed attempt and retries with backoff (an earlier version
 	// may be applied meanwhile by another partition's consumer), then dead-letters.
 	GapRetry GapPolicy = "retry"
@@ -78,9 +94,17 @@ type Hooks struct {
 	// BeforeCommit runs after the handler succeeded, right before the database commit.
 	BeforeCommit func(rec *kgo.Record)
 	// AfterCommit runs once the record is settled (database transaction ended and, for
-	// Parked/DeadLettered, the dead letter acknowledged), for every outcome, before the Kafka
-	// offset may be committed.
+	// DeadLettered, the dead letter acknowledged), for every outcome, before the Kafka offset
+	// may be committed; also for the records settled by themselves (Resumed parked records,
+	// and a sweep's Stale, DeadLettered or Compensated ones: rec is then rebuilt from the
+	// parked row, with the original topic, partition and offset).
 	AfterCommit func(rec *kgo.Record, res Result)
+	// OnGapExpired, when set, replaces the dead letter of a parked record whose gap deadline
+	// passed (the compensation hook): it gets the record rebuilt from the parked row and when
+	// it was parked. It runs outside any inbox transaction (the sweep holds the aggregate's
+	// version row locked meanwhile, so do not write that row). nil: the parked row is deleted
+	// (outcome [Compensated]); an error: the row stays and the next sweep calls it again.
+	OnGapExpired func(rec *kgo.Record, parkedAt time.Time) error
 }
 
 // VersionFunc extracts the version of a record. ok=false means the record has no version (no
@@ -97,6 +121,9 @@ type Settings struct {
 	InboxTable string
 	// VersionTable is the version table. Default "outbox_inbox_version".
 	VersionTable string
+	// ParkedTable is the table of parked records (migrations/0006_inbox_parked.sql). Default
+	// "outbox_inbox_parked".
+	ParkedTable string
 	// EventKeyHeader is the header holding the event key. Default "event_key".
 	EventKeyHeader string
 	// VersionHeader turns the version check on: the header holding the version as decimal
@@ -109,8 +136,15 @@ type Settings struct {
 	// AggregateTypeHeader is the header holding the aggregate type for the version check.
 	// Default "aggregate_type". The aggregate id is the record key.
 	AggregateTypeHeader string
-	// GapPolicy is GapPark (default) or GapRetry.
+	// GapPolicy is GapPark (default), GapDeadLetter or GapRetry.
 	GapPolicy GapPolicy
+	// GapDeadline is how long a parked record may wait for the version before it; past it the
+	// sweep dead-letters it (or calls Hooks.OnGapExpired). Default 1 h.
+	GapDeadline time.Duration
+	// ParkSweepInterval is how often a [Runner] sweeps the parked table ([Inbox.SweepParked]),
+	// also once before the first poll: rows whose predecessor was applied are resumed, stale
+	// ones removed, expired ones dead-lettered. Default 10 s.
+	ParkSweepInterval time.Duration
 	// MaxAttempts is the number of attempts before a record is dead-lettered. Default 5.
 	MaxAttempts int
 	// BackoffInitial is the wait after the first failed attempt; it doubles after each further
@@ -124,7 +158,7 @@ type Settings struct {
 	// once the record has failed only with them for longer than this, Process returns an
 	// [*OutageError] and the record stays unsettled. Default 5 min.
 	OutageBudget time.Duration
-	// DeadLetterTopic receives records that are dead-lettered or parked. Required.
+	// DeadLetterTopic receives records that are dead-lettered. Required.
 	DeadLetterTopic string
 	// DeadLetterTimeout bounds producing one dead letter (acks=all); past it Process returns
 	// an error. Default 30 s.
@@ -149,7 +183,8 @@ type Result struct {
 	// counted); 0 for a record dead-lettered before any attempt (missing event_key, invalid
 	// version).
 	Attempts int
-	// Reason is the dlq_reason of a Parked or DeadLettered record, else empty.
+	// Reason is the dlq_reason of a DeadLettered record, the gap of a Parked one ("version
+	// gap: expected N, got M"; "...; parked since T" for an expired one), else empty.
 	Reason string
 }
 
@@ -167,9 +202,12 @@ type Inbox struct {
 	producer Producer
 	s        Settings
 	group    string // messaging.consumer.group.name of the spans: Consumer, or the Runner's group
+	log      *slog.Logger
 	insert   string
 	selVer   string
+	stored   string
 	upsert   string
+	pk       parkedSQL
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?$`)
@@ -207,8 +245,18 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if s.GapPolicy == "" {
 		s.GapPolicy = GapPark
 	}
-	if s.GapPolicy != GapPark && s.GapPolicy != GapRetry {
-		return nil, fmt.Errorf("inbox: invalid GapPolicy %q (park or retry)", s.GapPolicy)
+	if s.GapPolicy != GapPark && s.GapPolicy != GapDeadLetter && s.GapPolicy != GapRetry {
+		return nil, fmt.Errorf("inbox: invalid GapPolicy %q (park, dead_letter or retry)", s.GapPolicy)
+	}
+	def(&s.ParkedTable, "outbox_inbox_parked")
+	if s.GapDeadline == 0 {
+		s.GapDeadline = time.Hour
+	}
+	if s.ParkSweepInterval == 0 {
+		s.ParkSweepInterval = 10 * time.Second
+	}
+	if s.GapDeadline < 0 || s.ParkSweepInterval < 0 {
+		return nil, errors.New("inbox: GapDeadline and ParkSweepInterval must not be negative")
 	}
 	if s.MaxAttempts == 0 {
 		s.MaxAttempts = 5
@@ -236,13 +284,20 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	pt, err := quoteTable(s.ParkedTable)
+	if err != nil {
+		return nil, err
+	}
 	return &Inbox{
 		db:       db,
 		producer: producer,
 		s:        s,
 		group:    s.Consumer,
+		log:      slog.Default(),
 		insert:   "INSERT INTO " + it + " (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?)",
 		selVer:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
+		stored:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ?",
+		pk:       newParkedSQL(pt),
 		upsert: "INSERT INTO " + vt + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)" +
 			" ON DUPLICATE KEY UPDATE version = VALUES(version)",
 	}, nil
@@ -280,7 +335,10 @@ func (in *Inbox) version(rec *kgo.Record) (int64, bool, error) {
 }
 
 // gapError is a version gap (kept apart from other failures for the park policy).
-type gapError struct{ expected, got int64 }
+type gapError struct {
+	expected, got  int64
+	aggType, aggID string
+}
 
 func (e *gapError) Error() string {
 	return fmt.Sprintf("version gap: expected %d, got %d", e.expected, e.got)
@@ -289,7 +347,10 @@ func (e *gapError) Error() string {
 // Process settles one record: it runs h in a transaction together with the inbox row (and the
 // version check when configured), retries failed attempts with backoff, and dead-letters the
 // record when it cannot be processed. It returns how the record was settled; the caller may then
-// commit the record's offset + 1 to Kafka.
+// commit the record's offset + 1 to Kafka. A record ahead of its aggregate's next version is
+// parked under GapPark (outcome Parked); after a record Processed with a version, Process
+// applies the aggregate's parked successors (outcome Resumed, through the hooks) before it
+// returns (an error from them is returned with the record's own Result).
 //
 // Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts;
 // infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
@@ -304,39 +365,82 @@ func (e *gapError) Error() string {
 // gets a ctx carrying that span, so the spans it starts join the producer's trace
 // (inbox/CONTRACT.md, "Trace context"; Settings.TracerProvider).
 func (in *Inbox) Process(ctx context.Context, rec *kgo.Record, h Handler) (Result, error) {
+	res, err := in.processOne(ctx, rec, h, nil)
+	if err == nil && res.Outcome == Processed {
+		// Parked versions: the aggregate's parked successors, in version order, before the
+		// next record of the partition.
+		if key, ok := in.versionKey(rec); ok {
+			if _, err := in.resumeAfter(ctx, key, h); err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, err
+}
+
+// processOne is one record (or, with parked, a parked row's record) in its consumer span.
+func (in *Inbox) processOne(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey) (Result, error) {
 	ctx, span := in.startSpan(ctx, rec)
-	res, err := in.process(ctx, rec, h)
+	res, err := in.process(ctx, rec, h, parked)
 	endSpan(span, res, err)
 	return res, err
 }
 
-// process is Process inside the consumer span (carried by ctx).
-func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Result, error) {
+// settled runs the AfterCommit hook and returns res.
+func (in *Inbox) settled(rec *kgo.Record, res Result) (Result, error) {
+	if f := in.s.Hooks.AfterCommit; f != nil {
+		f(rec, res)
+	}
+	return res, nil
+}
+
+// process is Process inside the consumer span (carried by ctx). parked: the record is a parked
+// row's (its slot in the parked table), applied by itself.
+func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey) (Result, error) {
 	key, _ := header(rec, in.s.EventKeyHeader)
 	if key == "" {
-		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"})
+		return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"}, parked)
 	}
 	version, hasVersion, err := in.version(rec)
 	if err != nil {
-		return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Reason: err.Error()})
+		return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Reason: err.Error()}, parked)
 	}
 
 	attempts := 0 // attempts that count: not those ended by an infrastructure error
 	retries := in.backoff()
 	var outageRetries *backoff.ExponentialBackOff
 	var outageSince time.Time
-	var out Outcome
 	for {
-		var err error
-		out, err = in.attempt(ctx, rec, key, version, hasVersion, h)
+		out, err := in.attempt(ctx, rec, key, version, hasVersion, h, parked)
+		if err == nil && out == Duplicate && parked != nil {
+			// Applied before (a redelivery of it was processed): not parked any more.
+			err = in.deleteParked(ctx, *parked)
+		}
 		if err == nil {
 			attempts++
-			break
+			if out == Processed && parked != nil {
+				out = Resumed
+			}
+			return in.settled(rec, Result{Outcome: out, Attempts: attempts})
 		}
 		var gap *gapError
-		if errors.As(err, &gap) && in.s.GapPolicy == GapPark {
-			attempts++
-			return in.deadLetter(ctx, rec, Result{Outcome: Parked, Attempts: attempts, Reason: err.Error()})
+		if errors.As(err, &gap) {
+			switch {
+			case parked != nil:
+				// Still ahead (a sweep read an older state): it stays parked.
+				return in.settled(rec, Result{Outcome: Parked, Attempts: attempts + 1, Reason: err.Error()})
+			case in.s.GapPolicy == GapDeadLetter:
+				return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts + 1, Reason: err.Error()})
+			case in.s.GapPolicy == GapPark:
+				ok, perr := in.park(ctx, rec, key, versionKey{gap.aggType, gap.aggID, gap.got}, err.Error())
+				if perr == nil && ok {
+					return in.settled(rec, Result{Outcome: Parked, Attempts: attempts + 1, Reason: err.Error()})
+				}
+				if perr == nil {
+					continue // the gap closed meanwhile: the attempt is redone at once
+				}
+				err, gap = perr, nil
+			}
 		}
 		var wait time.Duration
 		if gap == nil && IsInfrastructureError(err) {
@@ -360,7 +464,7 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 			outageRetries = nil
 			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
 			if attempts >= in.s.MaxAttempts {
-				return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()})
+				return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()}, parked)
 			}
 			wait = retries.NextBackOff()
 		}
@@ -372,11 +476,6 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler) (Resul
 		case <-t.C:
 		}
 	}
-	res := Result{Outcome: out, Attempts: attempts}
-	if f := in.s.Hooks.AfterCommit; f != nil {
-		f(rec, res)
-	}
-	return res, nil
 }
 
 // backoff is the wait schedule between attempts: BackoffInitial doubling up to BackoffMax, no
@@ -452,8 +551,9 @@ func IsInfrastructureError(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// attempt is one database transaction (contract step 2.1-2.6).
-func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, version int64, hasVersion bool, h Handler) (Outcome, error) {
+// attempt is one database transaction (contract step 2.1-2.6). With parked, the parked row
+// leaves the table in the transaction that applies it (or finds it stale).
+func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, version int64, hasVersion bool, h Handler, parked *versionKey) (Outcome, error) {
 	tx, err := in.db.BeginTx(ctx, nil)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -471,6 +571,13 @@ func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, versi
 		}
 		return "", err
 	}
+	unpark := func() error {
+		if parked == nil {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, in.pk.delete, in.s.Consumer, parked.aggType, parked.aggID, parked.version)
+		return err
+	}
 	if hasVersion {
 		aggType, _ := header(rec, in.s.AggregateTypeHeader)
 		aggID := string(rec.Key)
@@ -484,15 +591,22 @@ func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, versi
 		case err != nil:
 			return "", err
 		case version <= stored:
+			// The inbox row stays: a redelivery of this stale event is a duplicate.
+			if err := unpark(); err != nil {
+				return "", err
+			}
 			if err := tx.Commit(); err != nil {
 				return "", err
 			}
 			return Stale, nil
 		default:
-			return "", &gapError{expected: stored + 1, got: version}
+			return "", &gapError{expected: stored + 1, got: version, aggType: aggType, aggID: aggID}
 		}
 	}
 	if err := h(ctx, tx, rec); err != nil {
+		return "", err
+	}
+	if err := unpark(); err != nil {
 		return "", err
 	}
 	if f := in.s.Hooks.BeforeCommit; f != nil {
@@ -507,6 +621,31 @@ func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, versi
 // deadLetter produces rec to the dead-letter topic with the dlq_* headers and waits for the
 // acknowledgement, then runs the AfterCommit hook.
 func (in *Inbox) deadLetter(ctx context.Context, rec *kgo.Record, res Result) (Result, error) {
+	if err := in.produceDeadLetter(ctx, rec, res); err != nil {
+		return Result{}, err
+	}
+	return in.settled(rec, res)
+}
+
+// deadLetterParked is deadLetter; a parked record's row is deleted once the dead letter is
+// acknowledged, before the AfterCommit hook.
+func (in *Inbox) deadLetterParked(ctx context.Context, rec *kgo.Record, res Result, parked *versionKey) (Result, error) {
+	if err := in.produceDeadLetter(ctx, rec, res); err != nil {
+		return Result{}, err
+	}
+	if parked != nil {
+		if err := in.deleteParked(ctx, *parked); err != nil {
+			// The dead letter is out; the row stays until a sweep finds it applied or expired
+			// again (a second dead letter at worst, never a loss).
+			in.log.Warn("inbox: a dead-lettered parked row could not be removed", "consumer", in.s.Consumer, "err", err)
+		}
+	}
+	return in.settled(rec, res)
+}
+
+// produceDeadLetter produces rec to the dead-letter topic with the dlq_* headers and waits for
+// the acknowledgement.
+func (in *Inbox) produceDeadLetter(ctx context.Context, rec *kgo.Record, res Result) error {
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+6)
 	hs = append(hs, rec.Headers...)
 	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
@@ -520,10 +659,7 @@ func (in *Inbox) deadLetter(ctx context.Context, rec *kgo.Record, res Result) (R
 	pctx, cancel := context.WithTimeout(ctx, in.s.DeadLetterTimeout)
 	defer cancel()
 	if err := in.producer.ProduceSync(pctx, dl).FirstErr(); err != nil {
-		return Result{}, fmt.Errorf("inbox: dead letter of %s/%d@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, in.s.DeadLetterTopic, err)
+		return fmt.Errorf("inbox: dead letter of %s/%d@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, in.s.DeadLetterTopic, err)
 	}
-	if f := in.s.Hooks.AfterCommit; f != nil {
-		f(rec, res)
-	}
-	return res, nil
+	return nil
 }

@@ -52,7 +52,8 @@ func dbConfig(name string) *mysql.Config {
 	return mc
 }
 
-// newDB creates a database with the inbox tables (migrations/0004_inbox.sql) and an `effects`
+// newDB creates a database with the inbox tables (migrations/0004_inbox.sql,
+// 0006_inbox_parked.sql) and an `effects`
 // table the handlers write to; it is dropped when the test ends.
 func newDB(t *testing.T) *sql.DB {
 	t.Helper()
@@ -70,9 +71,13 @@ func newDB(t *testing.T) *sql.DB {
 			t.Errorf("drop database: %v", err)
 		}
 	})
-	migration, err := os.ReadFile("../../migrations/0004_inbox.sql")
-	if err != nil {
-		t.Fatal(err)
+	var migration []byte
+	for _, f := range []string{"0004_inbox.sql", "0006_inbox_parked.sql"} {
+		b, err := os.ReadFile("../../migrations/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		migration = append(append(migration, b...), '\n')
 	}
 	mc := dbConfig(name)
 	mc.MultiStatements = true
@@ -266,7 +271,8 @@ func TestSettingsRequired(t *testing.T) {
 	}
 	s := in.Settings()
 	if s.MaxAttempts != 5 || s.BackoffInitial != 100*time.Millisecond || s.BackoffMax != 10*time.Second ||
-		s.GapPolicy != inbox.GapPark || s.InboxTable != "outbox_inbox" || s.EventKeyHeader != "event_key" {
+		s.GapPolicy != inbox.GapPark || s.InboxTable != "outbox_inbox" || s.EventKeyHeader != "event_key" ||
+		s.ParkedTable != "outbox_inbox_parked" || s.GapDeadline != time.Hour || s.ParkSweepInterval != 10*time.Second {
 		t.Errorf("defaults: %+v", s)
 	}
 }
@@ -458,10 +464,13 @@ func versioned(e *env, offset int64, agg, key string, version string) *kgo.Recor
 	return e.record(offset, agg, "event_key", key, "aggregate_type", "order", "version", version)
 }
 
-func TestVersionsStaleAndGapPark(t *testing.T) {
+// TestVersionsStaleAndGapDeadLetter: GapDeadLetter keeps what GapPark did before parked
+// versions existed: a gap is dead-lettered at once.
+func TestVersionsStaleAndGapDeadLetter(t *testing.T) {
 	e := newEnv(t, 1)
 	s := e.settings()
 	s.VersionHeader = "version"
+	s.GapPolicy = inbox.GapDeadLetter
 	in := e.newInbox(t, s)
 	var calls atomic.Int32
 	h := effectHandler(&calls, nil)
@@ -473,7 +482,7 @@ func TestVersionsStaleAndGapPark(t *testing.T) {
 		{"A", "A-v2", "2", inbox.Processed},
 		{"A", "A-v2-again", "2", inbox.Stale},
 		{"A", "A-v1-late", "1", inbox.Stale},
-		{"A", "A-v4-early", "4", inbox.Parked},
+		{"A", "A-v4-early", "4", inbox.DeadLettered},
 		{"A", "A-v3", "3", inbox.Processed},
 		{"A", "A-v4", "4", inbox.Processed},
 		{"B", "B-v1", "1", inbox.Processed},
@@ -496,12 +505,17 @@ func TestVersionsStaleAndGapPark(t *testing.T) {
 		}
 	}
 	dl := e.readDLQ(t, 1)[0]
-	if hdr(dl, "event_key") != "A-v4-early" || hdr(dl, "dlq_reason") != "version gap: expected 3, got 4" {
-		t.Errorf("parked dead letter: %v", dl.Headers)
+	if hdr(dl, "event_key") != "A-v4-early" || hdr(dl, "dlq_reason") != "version gap: expected 3, got 4" ||
+		hdr(dl, "dlq_attempts") != "1" {
+		t.Errorf("gap dead letter: %v", dl.Headers)
 	}
-	// A parked record left no inbox row: a redelivery after the gap closed is processed.
+	// A dead-lettered gap left no inbox row (a redelivery after the gap closed is processed),
+	// and nothing parked.
 	if n := e.count(t, "SELECT COUNT(*) FROM outbox_inbox WHERE event_key = 'A-v4-early'"); n != 0 {
-		t.Errorf("inbox row of a parked record: %d", n)
+		t.Errorf("inbox row of a dead-lettered gap: %d", n)
+	}
+	if n := e.count(t, "SELECT COUNT(*) FROM outbox_inbox_parked"); n != 0 {
+		t.Errorf("parked rows under GapDeadLetter: %d", n)
 	}
 }
 

@@ -99,6 +99,7 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		cl.Close()
 		return nil, err
 	}
+	in.log = cfg.Logger
 	// The dead-letter topic exists, or is created now, or the runner refuses to start: never
 	// a first dead letter that waits for a topic nobody asked the broker to create.
 	ctx, cancel := context.WithTimeout(context.Background(), topicTimeout)
@@ -128,8 +129,38 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer r.cl.CloseAllowingRebalance()
 	// Records are finished even when ctx ends meanwhile: a stop never interrupts a record.
 	work := context.WithoutCancel(ctx)
+	// Parked versions: swept before the first poll and every ParkSweepInterval (checked between
+	// records too, so a busy partition does not starve the sweep; an idle poll wakes up for it).
+	s := r.in.Settings()
+	sweeps := (s.VersionHeader != "" || s.VersionFunc != nil) && s.GapPolicy == GapPark
+	var lastSweep time.Time
+	sweep := func() error {
+		if !sweeps || (!lastSweep.IsZero() && time.Since(lastSweep) < s.ParkSweepInterval) {
+			return nil
+		}
+		lastSweep = time.Now()
+		sw, err := r.in.SweepParked(work, r.h)
+		var re *SweepReadError
+		if errors.As(err, &re) {
+			r.log.Warn("inbox: parked sweep failed; next one later", "err", err)
+			return nil
+		}
+		if err == nil && (sw.Resumed+sw.Stale+sw.DeadLettered+sw.Compensated > 0) {
+			r.log.Debug("inbox: parked table swept", "resumed", sw.Resumed, "stale", sw.Stale,
+				"dead_lettered", sw.DeadLettered, "compensated", sw.Compensated, "parked", sw.Parked)
+		}
+		return err
+	}
 	for ctx.Err() == nil {
-		fetches := r.cl.PollRecords(ctx, r.maxPoll)
+		if err := sweep(); err != nil {
+			return err
+		}
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if sweeps {
+			pctx, cancel = context.WithTimeout(ctx, max(time.Until(lastSweep.Add(s.ParkSweepInterval)), time.Millisecond))
+		}
+		fetches := r.cl.PollRecords(pctx, r.maxPoll)
+		cancel()
 		if fetches.IsClientClosed() {
 			return nil
 		}
@@ -141,6 +172,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		var procErr error
 		iter := fetches.RecordIter()
 		for !iter.Done() && ctx.Err() == nil {
+			if procErr = sweep(); procErr != nil {
+				break
+			}
 			rec := iter.Next()
 			if _, err := r.in.Process(work, rec, r.h); err != nil {
 				procErr = err

@@ -98,7 +98,7 @@ func (in *Inbox) startSpan(ctx context.Context, rec *kgo.Record) (context.Contex
 	return ctx, span
 }
 
-// endSpan records how the record was settled and ends the span: status error for a parked or
+// endSpan records how the record was settled and ends the span: status error for a
 // dead-lettered record (description: the dlq_reason) and for a record not settled (err).
 func endSpan(span trace.Span, res Result, err error) {
 	defer span.End()
@@ -112,7 +112,7 @@ func endSpan(span trace.Span, res Result, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	default:
 		span.SetAttributes(attrInboxOutcome.String(string(res.Outcome)), attrInboxAttempts.Int(res.Attempts))
-		if res.Outcome == Parked || res.Outcome == DeadLettered {
+		if res.Outcome == DeadLettered { // a parked record is waiting, not failed
 			span.SetStatus(codes.Error, res.Reason)
 		}
 	}

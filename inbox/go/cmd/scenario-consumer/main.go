@@ -44,6 +44,7 @@ type config struct {
 	outageBudget                           time.Duration
 	versionHeader                          string
 	gapPolicy                              inbox.GapPolicy
+	gapDeadline, parkSweep                 time.Duration
 	crashPoint, crashKey, crashMarker      string
 	mode                                   string
 	exitAfter                              int
@@ -96,6 +97,16 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	c.outageBudget = time.Duration(budget) * time.Millisecond
+	deadline, err := envInt("INBOX_GAP_DEADLINE_MS", 3600000)
+	if err != nil {
+		return c, err
+	}
+	c.gapDeadline = time.Duration(deadline) * time.Millisecond
+	sweep, err := envInt("INBOX_PARK_SWEEP_MS", 10000)
+	if err != nil {
+		return c, err
+	}
+	c.parkSweep = time.Duration(sweep) * time.Millisecond
 	if c.exitAfter, err = envInt("INBOX_EXIT_AFTER", 0); err != nil {
 		return c, err
 	}
@@ -323,16 +334,20 @@ func eventKeyOf(rec *kgo.Record) string {
 func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *business, bm *bench,
 	onSettled func(*kgo.Record, inbox.Outcome, int)) error {
 	s := inbox.Settings{
-		Consumer:        c.consumer,
-		VersionHeader:   c.versionHeader,
-		GapPolicy:       c.gapPolicy,
-		MaxAttempts:     c.maxAttempts,
-		BackoffInitial:  c.backoff,
-		BackoffMax:      max(time.Second, c.backoff),
-		OutageBudget:    c.outageBudget,
-		DeadLetterTopic: c.dlq,
+		Consumer:          c.consumer,
+		VersionHeader:     c.versionHeader,
+		GapPolicy:         c.gapPolicy,
+		GapDeadline:       c.gapDeadline,
+		ParkSweepInterval: c.parkSweep,
+		MaxAttempts:       c.maxAttempts,
+		BackoffInitial:    c.backoff,
+		BackoffMax:        max(time.Second, c.backoff),
+		OutageBudget:      c.outageBudget,
+		DeadLetterTopic:   c.dlq,
 		Hooks: inbox.Hooks{
 			BeforeCommit: func(rec *kgo.Record) { c.crash("after_handler", rec) },
+			// Every settled record passes here once: those the runner polled, and those settled
+			// later by themselves (resumed parked versions, a sweep's dead letters).
 			AfterCommit: func(rec *kgo.Record, res inbox.Result) {
 				if res.Outcome == inbox.Processed {
 					c.crash("after_db_commit", rec)
