@@ -20,11 +20,15 @@ pub enum Outcome {
     Resumed,
     /// Failed `max_attempts` times (or could never be processed): dead-lettered.
     DeadLettered,
+    /// A parked record whose gap deadline passed, handed to
+    /// [`Hooks::on_gap_expired`](crate::Hooks::on_gap_expired) (the compensation) instead of the
+    /// dead-letter topic; its parked row was removed.
+    Compensated,
 }
 
 impl Outcome {
     /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `resumed`,
-    /// `dead_lettered`.
+    /// `dead_lettered`, `compensated`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",
@@ -33,6 +37,7 @@ impl Outcome {
             Outcome::Parked => "parked",
             Outcome::Resumed => "resumed",
             Outcome::DeadLettered => "dead_lettered",
+            Outcome::Compensated => "compensated",
         }
     }
 }

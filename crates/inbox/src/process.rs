@@ -45,6 +45,19 @@ pub trait Hooks: Send + Sync {
     /// After the record was settled (its database transaction ended, or it was dead-lettered),
     /// before its offset can be committed to Kafka.
     fn after_commit(&self, _record: &InboxRecord, _settled: &Settled) {}
+    /// The compensation of a parked record whose gap deadline passed (`inbox/CONTRACT.md`,
+    /// "Hooks"): called by the sweep outside any inbox transaction, with the record rebuilt
+    /// from its parked row and when it was parked (RFC 3339 UTC). `None` (the default): no
+    /// compensation, the record goes to the dead-letter topic. `Some(Ok(()))`: compensated, the
+    /// parked row is removed (outcome [`Outcome::Compensated`], no dead letter).
+    /// `Some(Err(reason))`: the row stays and the next sweep calls it again.
+    fn on_gap_expired(
+        &self,
+        _record: &InboxRecord,
+        _parked_at: &str,
+    ) -> Option<Result<(), String>> {
+        None
+    }
 }
 
 /// No hooks.
@@ -101,6 +114,9 @@ pub struct ParkedSweep {
     pub stale: u32,
     /// Parked rows past their deadline (or failing when applied), dead-lettered and removed.
     pub dead_lettered: u32,
+    /// Parked rows past their deadline handed to [`Hooks::on_gap_expired`], which compensated
+    /// them; removed.
+    pub compensated: u32,
     /// Rows still parked after the sweep.
     pub parked: u64,
     /// Age of the oldest of them.
@@ -363,6 +379,29 @@ impl<H: Hooks> Inbox<H> {
                     _ => {}
                 }
             } else if row.expired {
+                match self.hooks.on_gap_expired(&row.record, &row.parked_at) {
+                    None => {}
+                    Some(Ok(())) => {
+                        self.delete_parked(&row.key).await.map_err(db)?;
+                        let settled = Settled {
+                            outcome: Outcome::Compensated,
+                            attempts: 0,
+                            reason: None,
+                        };
+                        self.hooks.after_commit(&row.record, &settled);
+                        sweep.compensated += 1;
+                        continue;
+                    }
+                    Some(Err(reason)) => {
+                        tracing::warn!(consumer = %self.config.consumer,
+                            aggregate_type = %row.key.aggregate_type,
+                            aggregate_id = %row.key.aggregate_id, version = row.key.version,
+                            error = %reason,
+                            "inbox: the compensation of an expired parked record failed; \
+                             the next sweep calls it again");
+                        continue;
+                    }
+                }
                 let expected = stored.map_or(1, |s| s + 1);
                 let reason = format!(
                     "version gap: expected {expected}, got {}; parked since {}",
