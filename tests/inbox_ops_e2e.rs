@@ -4,7 +4,8 @@
 //! group has committed past, and nothing with `--dry-run`. Inbox tables of the layout before
 //! migrations/0005_inbox_keys.sql (text keys in the default collation) are reported by `check
 //! --inbox-url` and upgraded by `migrate --inbox`, after which keys that differ only in case,
-//! accent or trailing spaces are distinct.
+//! accent or trailing spaces are distinct. `migrate --inbox` also creates the parked table
+//! (migrations/0006_inbox_parked.sql), and `check --inbox-url` warns while it is missing.
 
 use std::process::Command;
 
