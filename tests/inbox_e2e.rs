@@ -395,6 +395,22 @@ impl ScenarioConsumer {
         Ok(())
     }
 
+    /// A crash: SIGKILL (kill -9; no cleanup, no offset commit, no close), then waits for the
+    /// exit and checks the kernel reports signal 9.
+    async fn kill(&mut self) -> Result<()> {
+        use std::os::unix::process::ExitStatusExt;
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGKILL)?;
+        let status = self.wait_exit(Duration::from_secs(60)).await?;
+        ensure!(
+            status.signal() == Some(9),
+            "{} after SIGKILL: {}\n{}",
+            self.label,
+            describe_exit(&status),
+            self.describe()
+        );
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         format!(
             "--- {} stdout (last lines) ---\n{}\n--- stderr ---\n{}",
@@ -454,6 +470,37 @@ async fn assert_one_coupon_each(
 }
 
 /// The group's committed offsets equal the topic's end offsets (nothing left unsettled).
+/// Sets `group`'s committed offsets on every partition of the topic back to 0, as if a crash had
+/// come before any offset commit. The broker takes it once the group is empty: after a kill -9,
+/// once the dead member's session ended (10 s), so it is retried until then.
+async fn rewind_group(w: &World, group: &str) -> Result<()> {
+    let (bootstrap, topic, g) = (w.bootstrap.clone(), w.topic.clone(), group.to_owned());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &g)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..md.topics()[0].partitions().len() as i32 {
+            tpl.add_partition_offset(&topic, p, Offset::Offset(0))?;
+        }
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match c.commit(&tpl, rdkafka::consumer::CommitMode::Sync) {
+                Ok(()) => return Ok(()),
+                // Refused while the dead member still holds the group (its session not ended).
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => bail!("rewinding group {g}: {e}"),
+            }
+        }
+    })
+    .await?
+}
+
 async fn assert_group_committed_to_end(w: &World, group: &str, lang: &str) -> Result<()> {
     let (bootstrap, topic, g) = (w.bootstrap.clone(), w.topic.clone(), group.to_owned());
     let (committed, ends) = tokio::task::spawn_blocking(move || -> Result<_> {
@@ -895,19 +942,69 @@ async fn parked_versions_resume_by_themselves() -> Result<()> {
         let mut first = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
         // Every polled record settled, and P's two parked versions resumed.
         first.wait_settled(evs.len() + 2).await?;
-        first.stop().await?;
+        // A crash (kill -9) while Q's version 3 is parked: no close, no rollback. The parked row
+        // is durable. The helpers commit offsets right after each poll batch, so the kill most
+        // likely came after that commit: the group is rewound to the start, as if it had come
+        // before it, and every record is delivered again.
+        first.kill().await?;
+        rewind_group(&w, &group).await?;
         ensure!(
             parked_left(&w).await? == 1,
-            "[{}] the consumer stopped with Q's version 3 parked: want 1 parked row, got {}",
+            "[{}] the consumer crashed with Q's version 3 parked: want 1 parked row, got {}",
             lang.name,
             parked_left(&w).await?
         );
-        // Restarted, Q's missing version arrives: 2 processed, 3 resumed.
+        // Restarted, Q's missing version arrives: 2 processed, 3 resumed. The records whose
+        // offsets the crash left uncommitted come again first: those applied (resumed ones
+        // included) are duplicates, Q's version 3 is parked again (its row ignores the copy).
+        // Q-v2 is the partition's last record, so once Q-v3 resumed after it every redelivered
+        // record has been settled.
         w.insert(&later).await?;
         w.relayed(evs.len() + later.len()).await?;
         let mut second = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
-        second.wait_settled(later.len() + 1).await?;
+        wait_until("Q-v3 resumed after the restart", WAIT, POLL, async || {
+            second.ensure_running()?;
+            Ok(second
+                .outcomes()
+                .iter()
+                .any(|o| o.0 == "resumed" && o.1 == "Q-v3")
+                .then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", second.describe()))?;
         second.stop().await?;
+        let again = second.outcomes();
+        ensure!(
+            again
+                .iter()
+                .filter(|o| o.1 == "Q-v2" || o.0 == "resumed")
+                .map(|o| (o.0.as_str(), o.1.as_str()))
+                .collect::<Vec<_>>()
+                == [("processed", "Q-v2"), ("resumed", "Q-v3")],
+            "[{}] after the restart: {again:?}, want Q-v2 processed then Q-v3 resumed",
+            lang.name
+        );
+        let redelivered: Vec<(&str, &str)> = again
+            .iter()
+            .filter(|o| o.1 != "Q-v2" && o.0 != "resumed")
+            .map(|o| (o.0.as_str(), o.1.as_str()))
+            .collect();
+        let want_redelivered: Vec<(&str, &str)> = evs
+            .iter()
+            .map(|e| {
+                let parked = e.event_key == "Q-v3";
+                (
+                    if parked { "parked" } else { "duplicate" },
+                    e.event_key.as_str(),
+                )
+            })
+            .collect();
+        ensure!(
+            redelivered == want_redelivered,
+            "[{}] redelivered after the crash: {redelivered:?}, want {want_redelivered:?} \
+             (applied ones duplicates, Q-v3 parked again)",
+            lang.name
+        );
         check_expectations(&w, &first, s, &lang.name).await?;
         let resumed: BTreeSet<String> = first
             .outcomes()
@@ -916,6 +1013,17 @@ async fn parked_versions_resume_by_themselves() -> Result<()> {
             .filter(|o| o.0 == "resumed")
             .map(|o| o.1)
             .collect();
+        let resumed_lines = first
+            .outcomes()
+            .into_iter()
+            .chain(second.outcomes())
+            .filter(|o| o.0 == "resumed")
+            .count();
+        ensure!(
+            resumed_lines == resumed.len(),
+            "[{}] a record resumed twice: {resumed_lines} resumed lines for {resumed:?}",
+            lang.name
+        );
         let want: BTreeSet<String> = s["expect"]["resumed"]
             .as_array()
             .map(|a| {

@@ -4,7 +4,8 @@
 //! group has committed past, and nothing with `--dry-run`. Inbox tables of the layout before
 //! migrations/0005_inbox_keys.sql (text keys in the default collation) are reported by `check
 //! --inbox-url` and upgraded by `migrate --inbox`, after which keys that differ only in case,
-//! accent or trailing spaces are distinct.
+//! accent or trailing spaces are distinct. `migrate --inbox` also creates the parked table
+//! (migrations/0006_inbox_parked.sql), and `check --inbox-url` warns while it is missing.
 
 use std::process::Command;
 
@@ -61,7 +62,9 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
     let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
     ensure!(code == 0, "migrate --inbox: exit {code}\n{out}\n{err}");
     ensure!(
-        out.contains("outbox_inbox: created") && out.contains("outbox_inbox_version: created"),
+        out.contains("outbox_inbox: created")
+            && out.contains("outbox_inbox_version: created")
+            && out.contains("outbox_inbox_parked: created"),
         "{out}"
     );
     let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
@@ -71,9 +74,28 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
     );
     ensure!(
         out.contains("outbox_inbox: up to date")
-            && out.contains("outbox_inbox_version: up to date"),
+            && out.contains("outbox_inbox_version: up to date")
+            && out.contains("outbox_inbox_parked: up to date"),
         "{out}"
     );
+    // The parked table takes a parked record; a redelivered one is ignored by its primary key.
+    {
+        let mut conn = db.conn().await?;
+        for _ in 0..2 {
+            conn.query_drop(
+                "INSERT IGNORE INTO outbox_inbox_parked (consumer, aggregate_type, aggregate_id, \
+                 version, event_key, topic, kafka_partition, kafka_offset, record_key, \
+                 record_value, record_headers, reason, expires_at) VALUES ('billing', 'order', \
+                 'A', 3, 'A-v3', 'orders', 0, 7, 'A', '{}', '[[\"version\",\"Mw==\"]]', \
+                 'version gap: expected 2, got 3', NOW(6) + INTERVAL 1 HOUR)",
+            )
+            .await?;
+        }
+        let parked: Option<u64> = conn
+            .query_first("SELECT COUNT(*) FROM outbox_inbox_parked")
+            .await?;
+        ensure!(parked == Some(1), "{parked:?}");
+    }
     // A URL without a database is refused with the fix.
     let (code, _, err) = run(&[
         "migrate",
@@ -282,13 +304,14 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
     )
     .await?;
 
-    // check: a warning for each inbox table and for the outbox's unique event key, each naming
-    // its fix; warnings only (exit 0).
+    // check: a warning for each inbox table (the parked table: missing) and for the outbox's
+    // unique event key, each naming its fix; warnings only (exit 0).
     let (code, out, err) = check_with_inbox(&w, &url).await?;
     ensure!(code == 0, "check: exit {code}\n{out}\n{err}");
     for needle in [
         format!("WARN  inbox table {db}.outbox_inbox (key comparison): expected keys compared byte for byte"),
         format!("WARN  inbox table {db}.outbox_inbox_version (key comparison)"),
+        format!("WARN  inbox table {db}.outbox_inbox_parked: expected the table (migrations/0006_inbox_parked.sql), found no such table"),
         "event_key varchar(255) in collation".to_owned(),
         "case- and accent-insensitive".to_owned(),
         format!("fix: outbox-relay migrate --inbox --database-url mysql://…/{db}"),
@@ -309,6 +332,10 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
             "{t} not upgraded:\n{out}"
         );
     }
+    ensure!(
+        out.contains(&format!("{db}.outbox_inbox_parked: created")),
+        "parked table not created:\n{out}"
+    );
     ensure!(!out.contains("WARN"), "{out}");
 
     // Every existing row is kept; keys that differ only in case, accent or trailing spaces are
@@ -348,12 +375,18 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
     ensure!(code == 0, "migrate --inbox: exit {code}\n{out}\n{err}");
     ensure!(
         out.contains(&format!("{db}.outbox_inbox: up to date"))
-            && out.contains(&format!("{db}.outbox_inbox_version: up to date")),
+            && out.contains(&format!("{db}.outbox_inbox_version: up to date"))
+            && out.contains(&format!("{db}.outbox_inbox_parked: up to date")),
         "{out}"
     );
     let (code, out, err) = check_with_inbox(&w, &url).await?;
     ensure!(code == 0, "check: exit {code}\n{out}\n{err}");
-    for t in ["outbox_inbox", "outbox_inbox_version"] {
+    ensure!(!out.contains("WARN  inbox table"), "{out}");
+    for t in [
+        "outbox_inbox",
+        "outbox_inbox_version",
+        "outbox_inbox_parked",
+    ] {
         let line = format!("OK    inbox table {db}.{t} (key comparison): byte for byte");
         ensure!(out.contains(&line), "{line:?} not in:\n{out}");
     }

@@ -1155,6 +1155,32 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
             (&relayed.event_key, &topic, record.partition, record.offset),
         )
         .await?;
+    // Another consumer (billing) parked the same record: it holds version 5 of the aggregate,
+    // the record says 7 (inbox/CONTRACT.md, "Parked versions").
+    inbox_conn
+        .exec_drop(
+            "INSERT INTO outbox_inbox_version (consumer, aggregate_type, aggregate_id, version) \
+             VALUES ('billing', 'order', ?, 5)",
+            (&relayed.aggregate_id,),
+        )
+        .await?;
+    inbox_conn
+        .exec_drop(
+            "INSERT INTO outbox_inbox_parked (consumer, aggregate_type, aggregate_id, version, \
+             event_key, topic, kafka_partition, kafka_offset, record_key, record_value, \
+             record_headers, reason, parked_at, expires_at) VALUES ('billing', 'order', ?, 7, ?, \
+             ?, ?, ?, ?, NULL, '[]', 'version gap: expected 6, got 7', \
+             '2026-01-02 03:04:05.000006', '2099-01-02 03:04:05.000006')",
+            (
+                &relayed.aggregate_id,
+                &relayed.event_key,
+                &topic,
+                record.partition,
+                record.offset,
+                relayed.aggregate_id.as_bytes(),
+            ),
+        )
+        .await?;
     // Committed while the relay is stopped.
     later.created_at_micros = now();
     insert_outbox_rows(
@@ -1248,6 +1274,21 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
             && inbox[0]["offset"] == record.offset,
         "inbox {inbox:#}"
     );
+    let parked = &row["parked"];
+    ensure!(
+        parked.as_array().map(Vec::len) == Some(1)
+            && parked[0]["consumer"] == "billing"
+            && parked[0]["aggregate_type"] == "order"
+            && parked[0]["aggregate_id"] == relayed.aggregate_id.as_str()
+            && parked[0]["version"] == 7
+            && parked[0]["waits_for"] == 6
+            && parked[0]["offset"] == record.offset
+            && parked[0]["parked_at"] == "2026-01-02 03:04:05.000006"
+            && parked[0]["expires_at"] == "2099-01-02 03:04:05.000006"
+            && parked[0]["expired"] == false
+            && parked[0]["reason"] == "version gap: expected 6, got 7",
+        "parked {parked:#}"
+    );
 
     // Each record where the key's partition says.
     let mut partitions = std::collections::HashSet::new();
@@ -1291,6 +1332,15 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     has(&out, "past the transaction, relayed")?;
     has(&out, &format!("group       {group}: committed"))?;
     has(&out, "consumer fulfilment processed")?;
+    has(
+        &out,
+        &format!(
+            "consumer billing: order {} version 7, waits for version 6; received {topic}/{}@{}, \
+             parked at 2026-01-02 03:04:05.000006, expires at 2099-01-02 03:04:05.000006: \
+             version gap: expected 6, got 7",
+            relayed.aggregate_id, record.partition, record.offset
+        ),
+    )?;
 
     // The dead-lettered row.
     let (status, out, err) = run(&w.spec, &["trace", &bad.event_key, "--json"]).await?;

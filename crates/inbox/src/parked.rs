@@ -191,6 +191,25 @@ mod tests {
     }
 
     #[test]
+    fn headers_are_stored_as_name_and_base64_or_null_pairs() {
+        // The contract's form, which every helper reads: [name, base64 value or null] in order
+        // (non-UTF-8 bytes survive; a header without value is null, an empty one "").
+        let headers = vec![
+            ("a".to_owned(), Some(b"1".to_vec())),
+            ("none".to_owned(), None),
+            ("bin".to_owned(), Some(vec![0xff, 0x00, 0xfe])),
+            ("empty".to_owned(), Some(Vec::new())),
+        ];
+        assert_eq!(
+            encode_headers(&headers),
+            r#"[["a","MQ=="],["none",null],["bin","/wD+"],["empty",""]]"#
+        );
+        // As another helper writes it (Python's json.dumps puts spaces after the separators).
+        let spaced = r#"[["a", "MQ=="], ["none", null], ["bin", "/wD+"], ["empty", ""]]"#;
+        assert_eq!(decode_headers(spaced).unwrap(), headers);
+    }
+
+    #[test]
     fn damaged_headers_are_named() {
         assert!(decode_headers("{").unwrap_err().contains("not JSON"));
         assert!(decode_headers("{}")

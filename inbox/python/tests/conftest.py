@@ -10,7 +10,16 @@ from collections.abc import Iterator
 import pymysql
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from support import BOOTSTRAP, COUPONS, DB, MIGRATION, TIMEOUT, Database, Topics, wait_until
+from support import (
+    BOOTSTRAP,
+    COUPONS,
+    DB,
+    TIMEOUT,
+    Database,
+    Topics,
+    create_table_statements,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -20,9 +29,8 @@ def db() -> Iterator[Database]:
     server = Database("", functools.partial(pymysql.connect, **DB))
     server.query(f"CREATE DATABASE {name}")
     try:
-        for statement in MIGRATION.read_text().split(";"):
-            if "CREATE TABLE" in statement:
-                database.query(statement)
+        for statement in create_table_statements():
+            database.query(statement)
         database.query(COUPONS)
         yield database
     finally:

@@ -19,7 +19,10 @@ import pymysql
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
-MIGRATION = Path(__file__).resolve().parents[3] / "migrations" / "0004_inbox.sql"
+MIGRATIONS = [
+    Path(__file__).resolve().parents[3] / "migrations" / name
+    for name in ("0004_inbox.sql", "0006_inbox_parked.sql")
+]
 BOOTSTRAP = os.environ.get("INBOX_TEST_BOOTSTRAP", "127.0.0.1:9092")
 DB = {
     "host": os.environ.get("INBOX_TEST_DB_HOST", "127.0.0.1"),
@@ -45,6 +48,16 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = TIME
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def create_table_statements() -> list[str]:
+    """The ``CREATE TABLE`` statements of the inbox migrations (0004, then 0006: parked rows),
+    without their comments (which may hold a semicolon)."""
+    statements = []
+    for path in MIGRATIONS:
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("--")]
+        statements += [s for s in "\n".join(lines).split(";") if "CREATE TABLE" in s]
+    return statements
 
 
 @dataclass

@@ -181,20 +181,26 @@ def test_missing_event_key_is_dead_lettered_at_once(db, topics, event_key) -> No
     inbox.close()
 
 
+VERSION_EVENTS = [
+    ("A", "A-v1", 1),
+    ("A", "A-v2", 2),
+    ("A", "A-v2-again", 2),
+    ("A", "A-v1-late", 1),
+    ("A", "A-v4-early", 4),
+    ("A", "A-v3", 3),
+    ("A", "A-v4", 4),
+    ("B", "B-v1", 1),
+]
+
+
 def test_versions_stale_and_gap_park(db, topics) -> None:
-    events = [
-        ("A", "A-v1", 1),
-        ("A", "A-v2", 2),
-        ("A", "A-v2-again", 2),
-        ("A", "A-v1-late", 1),
-        ("A", "A-v4-early", 4),
-        ("A", "A-v3", 3),
-        ("A", "A-v4", 4),
-        ("B", "B-v1", 1),
-    ]
-    topics.produce([record(k, key=agg, version=v) for agg, k, v in events])
-    records = topics.read(len(events))
-    inbox = make_inbox(db, topics, version_header="version")
+    """Under the default policy (park) the early version 4 waits in the parked table and is
+    applied by itself right after version 3: the later copy of version 4 is then stale."""
+    topics.produce([record(k, key=agg, version=v) for agg, k, v in VERSION_EVENTS])
+    records = topics.read(len(VERSION_EVENTS))
+    seen = []
+    hooks = Hooks(after_commit=lambda r, res: seen.append((res.event_key, res.outcome.value)))
+    inbox = make_inbox(db, topics, hooks, version_header="version")
     handler = CouponHandler()
 
     outcomes = {r.event_key: r.outcome.value for r in (inbox.process(m, handler) for m in records)}
@@ -206,18 +212,51 @@ def test_versions_stale_and_gap_park(db, topics) -> None:
         "A-v1-late": "stale",
         "A-v4-early": "parked",
         "A-v3": "processed",
-        "A-v4": "processed",
+        "A-v4": "stale",
         "B-v1": "processed",
     }
-    assert coupons(db) == ["A-v1", "A-v2", "A-v3", "A-v4", "B-v1"]
+    assert ("A-v4-early", "resumed") in seen
+    assert seen.index(("A-v4-early", "resumed")) == seen.index(("A-v3", "processed")) + 1
+    assert coupons(db) == ["A-v1", "A-v2", "A-v3", "A-v4-early", "B-v1"]
     stored = db.query(
         "SELECT CONVERT(aggregate_type USING utf8mb4), CONVERT(aggregate_id USING utf8mb4),"
         " version FROM outbox_inbox_version"
     )
     assert sorted(stored) == [("order", "A", 4), ("order", "B", 1)]
-    # A stale record keeps its inbox row (a redelivery is a duplicate); a parked one has none.
+    assert db.query("SELECT COUNT(*) FROM outbox_inbox_parked") == [(0,)]
+    # A stale record keeps its inbox row (a redelivery is a duplicate); the resumed one has its
+    # own, at the offset it was read from.
+    rows = dict(db.query("SELECT event_key, kafka_offset FROM outbox_inbox"))
+    assert rows[b"A-v2-again"] == 2 and rows[b"A-v4-early"] == 4
+    assert inbox.process(records[2], handler).outcome is Outcome.DUPLICATE
+    assert inbox.process(records[4], handler).outcome is Outcome.DUPLICATE
+    inbox.close()
+
+
+def test_versions_stale_and_gap_dead_letter_policy(db, topics) -> None:
+    """gap_policy="dead_letter": the old behaviour, a gap is dead-lettered at once."""
+    topics.produce([record(k, key=agg, version=v) for agg, k, v in VERSION_EVENTS])
+    records = topics.read(len(VERSION_EVENTS))
+    inbox = make_inbox(db, topics, version_header="version", gap_policy="dead_letter")
+    handler = CouponHandler()
+
+    outcomes = {r.event_key: r.outcome.value for r in (inbox.process(m, handler) for m in records)}
+
+    assert outcomes == {
+        "A-v1": "processed",
+        "A-v2": "processed",
+        "A-v2-again": "stale",
+        "A-v1-late": "stale",
+        "A-v4-early": "dead_lettered",
+        "A-v3": "processed",
+        "A-v4": "processed",
+        "B-v1": "processed",
+    }
+    assert coupons(db) == ["A-v1", "A-v2", "A-v3", "A-v4", "B-v1"]
+    # A stale record keeps its inbox row (a redelivery is a duplicate); a dead-lettered one none.
     keys = {row[0].decode() for row in db.query("SELECT event_key FROM outbox_inbox")}
     assert "A-v2-again" in keys and "A-v4-early" not in keys
+    assert db.query("SELECT COUNT(*) FROM outbox_inbox_parked") == [(0,)]
     assert inbox.process(records[2], handler).outcome is Outcome.DUPLICATE
     (dead,) = topics.read(1, topic=topics.dlq)
     h = headers_of(dead)

@@ -29,6 +29,10 @@ pub const INBOX_SQL: &str = include_str!("../../../../migrations/0004_inbox.sql"
 /// an older 0004 created; idempotent.
 pub const INBOX_KEYS_SQL: &str = include_str!("../../../../migrations/0005_inbox_keys.sql");
 
+/// `migrations/0006_inbox_parked.sql`: the parked table (records received ahead of their
+/// aggregate's next version, `inbox/CONTRACT.md`, "Parked versions"); idempotent.
+pub const INBOX_PARKED_SQL: &str = include_str!("../../../../migrations/0006_inbox_parked.sql");
+
 /// The inbox table `prune --inbox` works on.
 pub const INBOX_TABLE: &str = "outbox_inbox";
 
@@ -56,13 +60,26 @@ pub(crate) async fn connect(url: &str) -> Result<Conn, RelayError> {
 }
 
 /// The inbox tables and their key columns (the primary key's text columns).
-pub const INBOX_KEY_COLUMNS: [(&str, &[&str]); 2] = [
+pub const INBOX_KEY_COLUMNS: [(&str, &[&str]); 3] = [
     ("outbox_inbox", &["consumer", "event_key"]),
     (
         "outbox_inbox_version",
         &["consumer", "aggregate_type", "aggregate_id"],
     ),
+    (
+        "outbox_inbox_parked",
+        &["consumer", "aggregate_type", "aggregate_id"],
+    ),
 ];
+
+/// The migration that creates inbox table `table`.
+pub fn inbox_table_migration(table: &str) -> &'static str {
+    if table == "outbox_inbox_parked" {
+        "migrations/0006_inbox_parked.sql"
+    } else {
+        "migrations/0004_inbox.sql"
+    }
+}
 
 /// One key column as `information_schema.COLUMNS` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,9 +181,9 @@ pub fn evaluate_inbox_keys(
     })
 }
 
-/// `check --inbox-url URL`: the inbox tables of a consumer's database, one [`Check`] each (OK,
-/// a warning when its keys are not compared byte for byte or it is missing, a failure when the
-/// database cannot be read).
+/// `check --inbox-url URL`: the inbox tables of a consumer's database (the inbox, version and
+/// parked tables), one [`Check`] each (OK, a warning when its keys are not compared byte for
+/// byte or it is missing, a failure when the database cannot be read).
 ///
 /// [`Check`]: outbox_relay_mysql::preflight::Check
 pub async fn inbox_checks(url: &str) -> Vec<outbox_relay_mysql::preflight::Check> {
@@ -183,8 +200,13 @@ pub async fn inbox_checks(url: &str) -> Vec<outbox_relay_mysql::preflight::Check
                 Check::not_met(
                     Level::Warn,
                     format!("inbox table {database}.{t}"),
-                    "the table (migrations/0004_inbox.sql)",
-                    "no such table",
+                    format!("the table ({})", inbox_table_migration(t)),
+                    if t == "outbox_inbox_parked" {
+                        "no such table (a helper with gap policy park cannot park a record \
+                         ahead of its version)"
+                    } else {
+                        "no such table"
+                    },
                     format!("outbox-relay migrate --inbox --database-url {redacted}"),
                 )
             } else {
@@ -224,8 +246,9 @@ pub enum InboxTableOutcome {
 }
 
 /// Creates `outbox_inbox` and `outbox_inbox_version` in the database of `url` when missing
-/// (`migrations/0004_inbox.sql`) and makes existing tables compare their keys byte for byte
-/// (`migrations/0005_inbox_keys.sql`). Reports what it did per table, and warns for a table
+/// (`migrations/0004_inbox.sql`), makes existing tables compare their keys byte for byte
+/// (`migrations/0005_inbox_keys.sql`) and creates `outbox_inbox_parked` when missing
+/// (`migrations/0006_inbox_parked.sql`). Reports what it did per table, and warns for a table
 /// whose keys are still not byte for byte afterwards.
 ///
 /// # Errors
@@ -240,6 +263,7 @@ pub async fn migrate_inbox(url: &str) -> Result<InboxMigrateReport, RelayError> 
     }
     conn.query_drop(INBOX_SQL).await?;
     conn.query_drop(INBOX_KEYS_SQL).await?;
+    conn.query_drop(INBOX_PARKED_SQL).await?;
     let mut report = InboxMigrateReport {
         database: database.clone(),
         tables: Vec::new(),

@@ -27,7 +27,9 @@
 //!    way for dead letters of the row (`dlq_table` and the event_key header).
 //! 5. **Consumers**: every consumer group (ListGroups) with a committed offset on that
 //!    partition (OffsetFetch), and whether it is past the record; the inbox rows
-//!    (`outbox_inbox`, `inbox/CONTRACT.md`) with that event_key in each `--inbox-url` database.
+//!    (`outbox_inbox`, `inbox/CONTRACT.md`) with that event_key in each `--inbox-url` database,
+//!    and its parked rows (`outbox_inbox_parked`, "Parked versions": received ahead of its
+//!    aggregate's next version), with the version each waits for (the stored one + 1).
 
 use std::fmt;
 use std::sync::Arc;
@@ -131,6 +133,8 @@ pub struct RowTrace {
     pub groups: Vec<GroupOffset>,
     /// Inbox rows with the row's event_key.
     pub inbox: Vec<InboxRow>,
+    /// Parked rows with the row's event_key (received ahead of the aggregate's next version).
+    pub parked: Vec<ParkedRow>,
     /// What could not be looked up, and why.
     pub notes: Vec<String>,
 }
@@ -241,6 +245,39 @@ pub struct InboxRow {
     pub offset: i64,
     /// `processed_at` (the server's text).
     pub processed_at: String,
+}
+
+/// A parked row of the event (`outbox_inbox_parked`, `inbox/CONTRACT.md`, "Parked versions").
+#[derive(Debug, Clone, Serialize)]
+pub struct ParkedRow {
+    /// The consumer database's URL, password redacted.
+    pub database: String,
+    /// `consumer`.
+    pub consumer: String,
+    /// `aggregate_type`.
+    pub aggregate_type: String,
+    /// `aggregate_id`.
+    pub aggregate_id: String,
+    /// The record's version.
+    pub version: i64,
+    /// The version it waits for: the stored version (`outbox_inbox_version`) + 1; `None` when
+    /// the aggregate has no version row.
+    pub waits_for: Option<i64>,
+    /// `topic`, `kafka_partition`, `kafka_offset` of the record received.
+    pub topic: String,
+    /// See `topic`.
+    pub partition: i32,
+    /// See `topic`.
+    pub offset: i64,
+    /// `parked_at` (the server's text).
+    pub parked_at: String,
+    /// `expires_at` (the server's text): past it, the helpers' sweep dead-letters the record
+    /// (or calls `on_gap_expired`).
+    pub expires_at: String,
+    /// `expires_at` has passed (by the server's clock).
+    pub expired: bool,
+    /// `reason` (`version gap: expected X, got Y`).
+    pub reason: String,
 }
 
 /// The answer in one word, and the command's exit code.
@@ -449,9 +486,10 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
         row.notes.extend(found.notes);
     }
 
-    // Inbox rows.
+    // Inbox rows, and parked rows.
     for url in &opts.inbox_urls {
         let rows = inbox_rows(url, &opts.event_key).await;
+        let parked = parked_rows(url, &opts.event_key).await;
         for row in &mut report.rows {
             match &rows {
                 Ok(found) => row.inbox.extend(found.iter().map(|r| InboxRow {
@@ -464,6 +502,13 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
                 })),
                 Err(e) => row.notes.push(format!(
                     "inbox {}: {e}",
+                    outbox_relay_core::error::redact_url(url)
+                )),
+            }
+            match &parked {
+                Ok(found) => row.parked.extend(found.iter().cloned()),
+                Err(e) => row.notes.push(format!(
+                    "inbox {} (parked rows): {e}",
                     outbox_relay_core::error::redact_url(url)
                 )),
             }
@@ -526,6 +571,7 @@ fn row_trace(m: &Arc<TableMapping>, row: Row) -> (RowTrace, Option<Record>, Opti
         dead_letters: Vec::new(),
         groups: Vec::new(),
         inbox: Vec::new(),
+        parked: Vec::new(),
         notes: Vec::new(),
     };
     let label = row_label(&row);
@@ -1007,6 +1053,60 @@ async fn inbox_rows(url: &str, event_key: &str) -> Result<Vec<FoundInbox>, Relay
         .collect())
 }
 
+/// The parked rows with `event_key` in the database of `url` (none when it has no parked table:
+/// `check --inbox-url` warns about that), each with the version it waits for.
+async fn parked_rows(url: &str, event_key: &str) -> Result<Vec<ParkedRow>, RelayError> {
+    let mut conn = super::inbox::connect(url).await?;
+    let rows: Vec<Row> = match conn
+        .exec(
+            "SELECT CONVERT(p.consumer USING utf8mb4), CONVERT(p.aggregate_type USING utf8mb4), \
+             CONVERT(p.aggregate_id USING utf8mb4), p.version, v.version + 1, p.topic, \
+             p.kafka_partition, p.kafka_offset, CAST(p.parked_at AS CHAR), \
+             CAST(p.expires_at AS CHAR), p.expires_at < NOW(6), p.reason \
+             FROM outbox_inbox_parked p LEFT JOIN outbox_inbox_version v \
+             ON v.consumer = p.consumer AND v.aggregate_type = p.aggregate_type \
+             AND v.aggregate_id = p.aggregate_id \
+             WHERE p.event_key = ? ORDER BY p.consumer, p.aggregate_type, p.aggregate_id, \
+             p.version",
+            (event_key,),
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        // ER_NO_SUCH_TABLE: no parked table (migrations/0006_inbox_parked.sql), so none parked.
+        Err(mysql_async::Error::Server(e)) if e.code == 1146 => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    conn.disconnect().await.ok();
+    let database = outbox_relay_core::error::redact_url(url);
+    rows.into_iter()
+        .map(|mut r| {
+            let mut col = |i: usize| r.take::<Value, usize>(i).unwrap_or(Value::NULL);
+            let text = |v: Value| match v {
+                Value::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
+                Value::NULL => String::new(),
+                other => other.as_sql(true),
+            };
+            let int = |v: Value| -> Option<i64> { mysql_async::from_value_opt(v).ok() };
+            Ok(ParkedRow {
+                database: database.clone(),
+                consumer: text(col(0)),
+                aggregate_type: text(col(1)),
+                aggregate_id: text(col(2)),
+                version: int(col(3)).unwrap_or_default(),
+                waits_for: int(col(4)),
+                topic: text(col(5)),
+                partition: int(col(6)).unwrap_or_default() as i32,
+                offset: int(col(7)).unwrap_or_default(),
+                parked_at: text(col(8)),
+                expires_at: text(col(9)),
+                expired: int(col(10)).unwrap_or_default() != 0,
+                reason: text(col(11)),
+            })
+        })
+        .collect()
+}
+
 impl fmt::Display for TraceReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "event_key   {}", self.event_key)?;
@@ -1124,6 +1224,31 @@ impl fmt::Display for TraceReport {
                     f,
                     "inbox       {} consumer {} processed {}/{}@{} at {}",
                     i.database, i.consumer, i.topic, i.partition, i.offset, i.processed_at
+                )?;
+            }
+            for p in &r.parked {
+                writeln!(
+                    f,
+                    "parked      {} consumer {}: {} {} version {}, waits for version {}; \
+                     received {}/{}@{}, parked at {}, expires at {}{}: {}",
+                    p.database,
+                    p.consumer,
+                    p.aggregate_type,
+                    p.aggregate_id,
+                    p.version,
+                    p.waits_for
+                        .map_or_else(|| "? (no version row)".to_owned(), |v| v.to_string()),
+                    p.topic,
+                    p.partition,
+                    p.offset,
+                    p.parked_at,
+                    p.expires_at,
+                    if p.expired {
+                        " (passed: the next sweep dead-letters it)"
+                    } else {
+                        ""
+                    },
+                    p.reason
                 )?;
             }
             for n in &r.notes {

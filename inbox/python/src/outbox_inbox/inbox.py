@@ -94,6 +94,9 @@ class Outcome(str, enum.Enum):
     """A parked record applied by itself once the version before it was (handler run)."""
     DEAD_LETTERED = "dead_lettered"
     """Failed ``max_attempts`` times, or a poison record: sent to the dead-letter topic."""
+    COMPENSATED = "compensated"
+    """A parked record past its gap deadline handed to ``Hooks.on_gap_expired`` (instead of the
+    dead-letter topic), which returned normally; its parked row was deleted."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +121,19 @@ class Hooks:
     ``after_commit(record, result)`` after the transaction ended, for every outcome, before the
     Kafka offset may be committed. An exception from ``before_commit`` fails the attempt; one
     from ``after_commit`` propagates out of :meth:`Inbox.process`.
+
+    ``on_gap_expired(record, parked_at)`` (default ``None``: dead-letter) replaces the dead letter
+    of a parked record whose gap deadline passed (the compensation hook; ``parked_at`` is UTC
+    ISO-8601 text). It runs in the sweep, outside any inbox transaction; when it returns
+    normally the parked row is deleted and ``after_commit`` sees outcome ``compensated``; when it
+    raises, the row stays and the next sweep calls it again.
     """
 
     before_commit: Callable[[Message], None] = field(default=lambda record: None)
     after_commit: Callable[[Message, ProcessResult], None] = field(
         default=lambda record, result: None
     )
+    on_gap_expired: Callable[[Message, str], None] | None = None
 
 
 class DeadLetterError(Exception):
@@ -174,6 +184,8 @@ class ParkedSweep:
     """Rows still parked after the sweep."""
     oldest: float | None = None
     """Age in seconds of the oldest of them."""
+    compensated: int = 0
+    """Rows past their deadline handed to ``Hooks.on_gap_expired`` (instead of a dead letter)."""
 
 
 class ParkedRecord:
@@ -387,7 +399,7 @@ class Inbox:
         dead-lettered and removed. Raises PyMySQL's error when the tables cannot be read (sweep
         again later) and what :meth:`process` raises."""
         s = self.settings
-        resumed = stale = dead = 0
+        resumed = stale = dead = compensated = 0
         for row in self._query_all(self._sql_parked_due, (s.consumer,)):
             record, key, parked_at, expired = self._parked_row(row)
             stored_row = self._query_one(self._sql_stored, (s.consumer, key[0], key[1]))
@@ -405,9 +417,26 @@ class Inbox:
                 reason = (
                     f"version gap: expected {stored + 1}, got {key[2]}; parked since {parked_at}"
                 )
+                event_key = _text(_header(record, s.event_key_header))
+                if self.hooks.on_gap_expired is not None:
+                    try:
+                        self.hooks.on_gap_expired(record, parked_at)
+                    except Exception as error:  # the row stays: the next sweep calls it again
+                        log.warning(
+                            "event_key %s: on_gap_expired failed (next sweep again): %s",
+                            event_key,
+                            error,
+                        )
+                        continue
+                    self._execute(self._sql_unpark, (s.consumer, *key))
+                    self.hooks.after_commit(
+                        record, ProcessResult(Outcome.COMPENSATED, event_key, 0, reason)
+                    )
+                    compensated += 1
+                    continue
                 result = self._dead_letter(
                     record,
-                    _text(_header(record, s.event_key_header)),
+                    event_key,
                     Outcome.DEAD_LETTERED,
                     reason,
                     0,
@@ -417,7 +446,12 @@ class Inbox:
                 dead += 1
         count, oldest_us = self._query_one(self._sql_parked_stats, (s.consumer,)) or (0, None)
         return ParkedSweep(
-            resumed, stale, dead, int(count), None if oldest_us is None else oldest_us / 1e6
+            resumed,
+            stale,
+            dead,
+            int(count),
+            None if oldest_us is None else oldest_us / 1e6,
+            compensated,
         )
 
     def _parked_row(self, row):
