@@ -296,6 +296,7 @@ pub async fn run_sources(
                 Some(Share {
                     membership,
                     group: f.group_id.clone(),
+                    generation: None,
                     assigned: BTreeSet::new(),
                     hub: Arc::clone(&hub),
                 }),
@@ -397,6 +398,9 @@ struct Share {
     membership: Membership,
     /// `fleet.group_id`.
     group: String,
+    /// The group's generation of the last assignment; `None` before the first one or after
+    /// the membership was lost.
+    generation: Option<i32>,
     /// The control-topic partitions assigned to this process.
     assigned: BTreeSet<i32>,
     /// Where `/readyz` learns whether the process has joined.
@@ -404,14 +408,17 @@ struct Share {
 }
 
 impl Share {
-    /// Records a completed rebalance of `generation`: the process is a member.
-    fn joined(&self, generation: i32) {
-        self.hub.set_fleet(FleetState::Joined {
-            group: self.group.clone(),
-            generation,
-            assigned: self.assigned.len(),
-            partitions: self.membership.partitions(),
-        });
+    /// Shows the membership on `/readyz`: joined (with the current share) once a rebalance of
+    /// some generation completed.
+    fn report(&self) {
+        if let Some(generation) = self.generation {
+            self.hub.set_fleet(FleetState::Joined {
+                group: self.group.clone(),
+                generation,
+                assigned: self.assigned.len(),
+                partitions: self.membership.partitions(),
+            });
+        }
     }
 
     fn owns(&self, source: &str) -> bool {
@@ -453,7 +460,8 @@ async fn on_fleet_event(
         } => {
             share.assigned.extend(partitions);
             sources.apply(share_of(current.clone(), Some(share)), false);
-            share.joined(generation);
+            share.generation = Some(generation);
+            share.report();
         }
         FleetEvent::Revoked {
             partitions,
@@ -464,6 +472,7 @@ async fn on_fleet_event(
                 share.assigned.remove(p);
             }
             if lost {
+                share.generation = None;
                 share.hub.set_fleet(FleetState::NotJoined {
                     reason: format!(
                         "the membership in group {} was lost (its session expired); rejoining",
@@ -490,6 +499,8 @@ async fn on_fleet_event(
                 let _ = task.await;
             }
             tracing::info!(?partitions, sources = ?moving, "fleet: revoked sources stopped");
+            // Joined still (a cooperative revocation), with a smaller share.
+            share.report();
             let _ = done.send(());
         }
     }
