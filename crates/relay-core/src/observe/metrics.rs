@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
@@ -257,11 +257,14 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// The process's own metrics (not a source's): `outbox_relay_build_info` and
-/// `outbox_relay_config_reloads_total`.
+/// The process's own metrics (not a source's): `outbox_relay_build_info`,
+/// `outbox_relay_config_reloads_total` and, in a fleet, `outbox_relay_fleet_joined`.
 #[derive(Clone)]
 pub struct ProcessMetrics {
     reloads: IntCounterVec,
+    registry: Registry,
+    /// Registered by the first [`ProcessMetrics::fleet_joined`]: only a fleet's process has it.
+    fleet_joined: Arc<OnceLock<IntGauge>>,
 }
 
 impl ProcessMetrics {
@@ -280,7 +283,29 @@ impl ProcessMetrics {
         for result in ["applied", "failed"] {
             reloads.with_label_values(&[result]);
         }
-        Self { reloads }
+        Self {
+            reloads,
+            registry: registry.clone(),
+            fleet_joined: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Sets `outbox_relay_fleet_joined`: 1 once the process is a member of its fleet's group
+    /// (a rebalance assigned it its share, possibly empty), 0 before and after it lost its
+    /// membership. The gauge is registered by the first call, so a process without `[fleet]`
+    /// has none.
+    pub fn fleet_joined(&self, joined: bool) {
+        self.fleet_joined
+            .get_or_init(|| {
+                gauge(
+                    &self.registry,
+                    names::FLEET_JOINED,
+                    "1 while this process is a member of its fleet's consumer group (it was \
+                     assigned its share of the sources, possibly none); 0 while it joins, retries \
+                     or rejoins after losing its membership. Only with [fleet].",
+                )
+            })
+            .set(i64::from(joined));
     }
 
     /// A reload was applied (`true`) or refused (`false`).
@@ -1076,7 +1101,10 @@ mod tests {
     /// constant never registered, fails here.
     #[test]
     fn every_metric_is_registered_once_under_a_name_constant() {
-        let m = Metrics::new();
+        let r = Registry::new();
+        // A fleet's process: its gauge too.
+        ProcessMetrics::register(&r).fleet_joined(false);
+        let m = Metrics::in_registry(r, String::new());
         // A labelled metric is gathered only once it has a label value. A new labelled metric
         // belongs in this list, or the test reports its constant as not registered.
         for labelled in [
