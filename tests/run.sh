@@ -58,14 +58,14 @@ skip=()
 for server in "${servers[@]}"; do
   server="${server// /}"
   [ -n "$server" ] || continue
-  debezium=()
+  per_server=()
   case "$server" in
     mysql8) ;;
     # The fleet's exactly-once and join-retry tests once (on MySQL 8.0): the first is the
     # failover test in the other delivery mode, the second never reaches a database server.
-    mariadb10) debezium=(--skip a_fleet_of_exactly_once_sources_fails_over_without_duplicates
+    mariadb10) per_server=(--skip a_fleet_of_exactly_once_sources_fails_over_without_duplicates
                          --skip joining_follows_the_retry_policy_while_kafka_is_unreachable) ;;
-    *) debezium=(--skip same_records_as_debezium --skip migrate_from_debezium_mid_transaction
+    *) per_server=(--skip same_records_as_debezium --skip migrate_from_debezium_mid_transaction
                  --skip a_fleet_shares_its_sources_fails_over_and_takes_in_a_new_process
                  --skip a_frozen_process_produces_nothing_after_it_resumes
                  --skip a_fleet_of_exactly_once_sources_fails_over_without_duplicates
@@ -85,7 +85,7 @@ for server in "${servers[@]}"; do
   fi
   run "end-to-end suites on $label" \
     env OUTBOX_TEST_SERVER="$server" \
-    "$CARGO" test --workspace --test '*' --no-fail-fast -- "${test_args[@]}" "${skip[@]}" "${debezium[@]}"
+    "$CARGO" test --workspace --test '*' --no-fail-fast -- "${test_args[@]}" "${skip[@]}" "${per_server[@]}"
   skip=(--skip fault_matrix_short_exactly_once_has_no_duplicates)
 done
 
