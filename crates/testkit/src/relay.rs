@@ -674,9 +674,19 @@ mod tests {
             retry_extra: "max_attempts = 3\n".into(),
             http_extra: "ready_kafka_ms = 3000\n".into(),
             kafka_extra: String::new(),
+            dead_letter_extra: String::new(),
             tracing_extra: String::new(),
         };
         let toml = spec.to_toml();
+        let held = RelayConfigSpec {
+            dead_letter_extra: "refused_topic = \"hold\"\n".into(),
+            ..spec.clone()
+        }
+        .to_toml();
+        assert!(
+            held.contains("\n[dead_letter]\nrefused_topic = \"hold\"\n"),
+            "{held}"
+        );
         for needle in [
             "connector_name = \"c\"",
             "[mysql]",
