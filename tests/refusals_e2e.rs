@@ -962,3 +962,83 @@ async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
     drop(conn);
     f.drop_database().await
 }
+
+/// `dead_letter.hold_max_records`: at the bound the relay stops reading the binlog instead of
+/// holding more or dropping anything. Three held rows (one rows event: the bound of 2 is
+/// checked before each event) pause reading, so the other tenant's later row is not produced
+/// either; `/readyz` says why and `/metrics` counts the held records. Once the topic exists,
+/// the held rows arrive in order, then the other tenant's row, and the checkpoint passes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let mut f = Fixture::new("hold_bound").await?;
+    let t1 = f.create_tenant("_t1").await?;
+    let t2 = f.create_tenant("_t2").await?;
+    f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
+    f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
+    f.spec.bootstrap_servers = plain.clone();
+    f.spec.dead_letter_extra = "refused_topic = \"hold\"\nhold_max_records = 2\n".into();
+    f.spec.heartbeat_interval_ms = Some(500);
+    let port = free_local_port()?;
+    f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    f.spec.http_extra = "ready_stall_ms = 1500\n".into();
+    let topic1 = format!("{}{t1}.Order", f.topic_prefix());
+    let topic2 = format!("{}{t2}.Order", f.topic_prefix());
+    create_topic(&plain, &topic1, 1_048_588).await?;
+    let now = recent_created_at_base();
+    let uid = f.uid.clone();
+    let row = |tenant: &str, n: usize| OutboxRow {
+        aggregate_type: "Order".into(),
+        aggregate_id: format!("order-{tenant}"),
+        event_type: "OrderPlaced".into(),
+        event_key: format!("{uid}-{tenant}-{n}"),
+        payload: format!("{{\"n\":{n}}}"),
+        created_at_micros: now + i64::try_from(n).unwrap_or(0),
+    };
+    let relay = f.start_relay().await?;
+    let b: Vec<OutboxRow> = (0..3).map(|n| row("b", n)).collect();
+    let a = vec![row("a", 0)];
+    f.commit_into(&t2, &b).await?;
+    f.commit_into(&t1, &a).await?;
+    // Reading paused at the bound: not ready, saying why.
+    let body =
+        outbox_relay_testkit::wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
+    ensure!(
+        body.contains("held tables") && body.contains(&topic2),
+        "/readyz: {body}"
+    );
+    let (_, metrics) = outbox_relay_testkit::http_get(port, "/metrics").await?;
+    let held_line = metrics
+        .lines()
+        .find(|l| l.starts_with("outbox_relay_held_records{") && l.contains(&t2))
+        .unwrap_or_default();
+    ensure!(held_line.ends_with(" 3"), "held records: {held_line:?}");
+    // The other tenant's row after the held ones was not read, so not produced.
+    let early = read_all_records(&plain, std::slice::from_ref(&topic1), READ_ALL).await?;
+    ensure!(
+        early.is_empty(),
+        "tenant 1 produced while reading was paused: {:?}",
+        key_order(&early)
+    );
+    create_topic(&plain, &topic2, 1_048_588).await?;
+    let held = f
+        .collect(&topic2, b.iter().map(|r| r.event_key.clone()).collect())
+        .await?;
+    ensure!(
+        key_order(&held) == b.iter().map(|r| r.event_key.clone()).collect::<Vec<_>>(),
+        "held records: {:?}",
+        key_order(&held)
+    );
+    let seen = f.collect(&topic1, vec![a[0].event_key.clone()]).await?;
+    ensure!(seen.len() == 1, "{:?}", key_order(&seen));
+    let end = f.binlog_end().await?;
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    stop_with_exit_0(&relay).await?;
+    let mut conn = f.db.conn().await?;
+    for s in [&t1, &t2] {
+        conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
+            .await?;
+    }
+    drop(conn);
+    f.drop_database().await
+}
