@@ -11,7 +11,11 @@
 //!   user is denied by an ACL (a private broker: `tests/services/kafka.sh` with
 //!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`);
 //! - `dlq replay` (issue 17): the dead letters of the missing topic replayed once, in order,
-//!   after the topic was created.
+//!   after the topic was created;
+//! - `dead_letter.refused_topic = "hold"` (issue 28): two tenants matched by a pattern, one
+//!   whose topic is missing is held (the other flows, the checkpoint stays before the held
+//!   rows, a kill -9 loses nothing, all arrive in order once the topic exists), and
+//!   `hold_max_records` pauses reading instead of holding more.
 //!
 //! Every test waits on observable state (records, dead letters, the relay's exit).
 
