@@ -11,7 +11,11 @@
 //!   user is denied by an ACL (a private broker: `tests/services/kafka.sh` with
 //!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`);
 //! - `dlq replay` (issue 17): the dead letters of the missing topic replayed once, in order,
-//!   after the topic was created.
+//!   after the topic was created;
+//! - `dead_letter.refused_topic = "hold"` (issue 28): two tenants matched by a pattern, one
+//!   whose topic is missing is held (the other flows, the checkpoint stays before the held
+//!   rows, a kill -9 loses nothing, all arrive in order once the topic exists), and
+//!   `hold_max_records` pauses reading instead of holding more.
 //!
 //! Every test waits on observable state (records, dead letters, the relay's exit).
 
@@ -20,12 +24,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, ensure, Context, Result};
-use mysql_async::TxOpts;
+use mysql_async::prelude::*;
+use mysql_async::{Conn, TxOpts};
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
-    collect_until, create_topic, describe_exit, free_local_port, high_watermark_total,
-    insert_outbox_rows, read_all_records, read_committed_records, recent_created_at_base,
-    InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
+    collect_until, compare_positions, create_topic, current_binlog_position, describe_exit,
+    ensure_at_least_once, free_local_port, high_watermark_total, insert_outbox_rows, list_topics,
+    read_all_records, read_committed_records, recent_created_at_base, wait_until, BinlogPosition,
+    Checkpoint, InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
 };
 
 /// The relay binary under test (built on first use).
@@ -766,4 +772,277 @@ async fn dead_letters_are_replayed_once_in_order_after_the_fix() -> Result<()> {
         "filtered dry run output:\n{out}"
     );
     Ok(())
+}
+
+/// The outbox table's DDL (`migrations/0001_outbox.sql`'s statement) for a table named `name`.
+fn outbox_ddl(name: &str) -> Result<String> {
+    let path = outbox_relay_testkit::db::migrations_dir().join("0001_outbox.sql");
+    let sql = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    Ok(sql.replace(
+        "CREATE TABLE IF NOT EXISTS outbox (",
+        &format!("CREATE TABLE IF NOT EXISTS `{name}` ("),
+    ))
+}
+
+impl Fixture {
+    /// A connection to `schema` of the world's server.
+    async fn conn_to(&self, schema: &str) -> Result<Conn> {
+        let url = self.db.url();
+        let (server, _) = url.rsplit_once('/').context("the URL has a database")?;
+        Ok(Conn::from_url(format!("{server}/{schema}")).await?)
+    }
+
+    /// Creates tenant schema `<db><suffix>` with an `outbox` table; returns its name.
+    async fn create_tenant(&self, suffix: &str) -> Result<String> {
+        let schema = format!("{}{suffix}", self.db.name());
+        let mut conn = self.db.conn().await?;
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{schema}` DEFAULT CHARACTER SET utf8mb4"
+        ))
+        .await?;
+        drop(conn);
+        let mut conn = self.conn_to(&schema).await?;
+        conn.query_drop(outbox_ddl("outbox")?).await?;
+        conn.disconnect().await?;
+        Ok(schema)
+    }
+
+    /// Commits `rows` into `schema.outbox`, one transaction.
+    async fn commit_into(&self, schema: &str, rows: &[OutboxRow]) -> Result<()> {
+        let mut conn = self.conn_to(schema).await?;
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        insert_outbox_rows(&mut tx, "outbox", rows, InsertStyle::MultiRow).await?;
+        tx.commit().await?;
+        conn.disconnect().await?;
+        Ok(())
+    }
+
+    /// The end of the server's binlog now.
+    async fn binlog_end(&self) -> Result<BinlogPosition> {
+        let mut conn = self.db.conn().await?;
+        current_binlog_position(&mut conn).await
+    }
+
+    /// Fails unless the stored checkpoint is at or before `limit` (the start of the first held
+    /// row's transaction); returns it.
+    async fn ensure_checkpoint_not_after(&self, limit: &BinlogPosition) -> Result<Checkpoint> {
+        let cp = self.checkpoint().await?;
+        let mut conn = self.db.conn().await?;
+        let order = compare_positions(&mut conn, &cp.position(), limit).await?;
+        ensure!(
+            order.is_lt() || (order.is_eq() && cp.rows_acked == 0),
+            "the checkpoint {}:{} (+{} rows) passed the first held row's transaction at {limit}",
+            cp.binlog_file,
+            cp.binlog_pos,
+            cp.rows_acked
+        );
+        Ok(cp)
+    }
+}
+
+/// The event keys of `records` in their order in the log.
+fn key_order(records: &[Record]) -> Vec<String> {
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    sorted
+        .iter()
+        .filter_map(|r| r.header("event_key").map(str::to_owned))
+        .collect()
+}
+
+/// Issue 28, tenant isolation with `dead_letter.refused_topic = "hold"`: two tenants matched by
+/// a pattern, on a broker that creates no topics; tenant 2's topic is missing. Tenant 1's rows
+/// arrive while tenant 2's are held and the checkpoint stays at the start of tenant 2's first
+/// transaction; a kill -9 during the hold loses nothing (tenant 1's records after the hold's
+/// start may be sent again: at least once); once the topic is created, every held row arrives,
+/// once, in order, and the checkpoint passes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let mut f = Fixture::new("hold").await?;
+    let t1 = f.create_tenant("_t1").await?;
+    let t2 = f.create_tenant("_t2").await?;
+    f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
+    f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
+    f.spec.bootstrap_servers = plain.clone();
+    f.spec.dead_letter_extra = "refused_topic = \"hold\"\n".into();
+    let topic1 = format!("{}{t1}.Order", f.topic_prefix());
+    let topic2 = format!("{}{t2}.Order", f.topic_prefix());
+    create_topic(&plain, &topic1, 1_048_588).await?;
+    let now = recent_created_at_base();
+    let uid = f.uid.clone();
+    let row = |tenant: &str, n: usize| OutboxRow {
+        aggregate_type: "Order".into(),
+        // One key per tenant: one partition, so the log's order is the rows' order.
+        aggregate_id: format!("order-{tenant}"),
+        event_type: "OrderPlaced".into(),
+        event_key: format!("{uid}-{tenant}-{n}"),
+        payload: format!("{{\"n\":{n}}}"),
+        created_at_micros: now + i64::try_from(n).unwrap_or(0),
+    };
+    let keys_of =
+        |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.event_key.clone()).collect() };
+
+    let relay = f.start_relay().await?;
+    let a: Vec<OutboxRow> = (0..8).map(|n| row("a", n)).collect();
+    let b: Vec<OutboxRow> = (0..6).map(|n| row("b", n)).collect();
+    f.commit_into(&t1, &a[0..2]).await?;
+    let hold_start = f.binlog_end().await?;
+    f.commit_into(&t2, &b[0..3]).await?;
+    f.commit_into(&t1, &a[2..4]).await?;
+    f.commit_into(&t2, &b[3..5]).await?;
+    f.commit_into(&t1, &a[4..5]).await?;
+    // Tenant 1 flows while tenant 2 is held.
+    let seen = f.collect(&topic1, keys_of(&a[0..5])).await?;
+    ensure!(
+        key_order(&seen) == keys_of(&a[0..5]),
+        "tenant 1's records: {:?}\n{}",
+        key_order(&seen),
+        relay.stderr_tail()
+    );
+    // The checkpoint reaches the start of tenant 2's first transaction (everything before it is
+    // acknowledged) and goes no further while it is held.
+    let mut conn = f.db.conn().await?;
+    let cp = wait_until(
+        "the checkpoint at the start of the held transaction",
+        RELAY_WAIT,
+        Duration::from_millis(100),
+        async || {
+            relay.ensure_running()?;
+            let cp = f.checkpoint().await?;
+            let order = compare_positions(&mut conn, &cp.position(), &hold_start).await?;
+            Ok(order.is_eq().then_some(cp))
+        },
+    )
+    .await
+    .map_err(|e| anyhow!("{e:#}\n{}", relay.stderr_tail()))?;
+    // Back to the pool, which the database's drop closes.
+    drop(conn);
+    ensure!(cp.rows_acked == 0, "checkpoint {cp:?}");
+    // A checkpoint interval or two later, still there.
+    tokio::time::sleep(Duration::from_millis(3 * f.spec.checkpoint_interval_ms)).await;
+    f.ensure_checkpoint_not_after(&hold_start).await?;
+    let err = relay.stderr_text();
+    ensure!(
+        err.matches("the brokers refuse this table's topic").count() == 1
+            && err.contains(&topic2)
+            && err.contains("auto.create.topics.enable=false"),
+        "one warning naming the held table's topic and the error:\n{}",
+        relay.stderr_tail()
+    );
+    ensure!(
+        !list_topics(&plain, &topic2).await?.contains(&topic2),
+        "topic {topic2} appeared"
+    );
+
+    // kill -9 during the hold: nothing held is lost.
+    relay.kill9()?;
+    let relay = f.start_relay().await?;
+    f.commit_into(&t2, &b[5..6]).await?;
+    f.commit_into(&t1, &a[5..8]).await?;
+    let seen = f.collect(&topic1, keys_of(&a)).await?;
+    ensure_at_least_once(&seen, &keys_of(&a).into_iter().collect())?;
+    f.ensure_checkpoint_not_after(&hold_start).await?;
+
+    // The topic appears: the held rows arrive in order, once each, and the checkpoint moves on.
+    create_topic(&plain, &topic2, 1_048_588).await?;
+    let held = f.collect(&topic2, keys_of(&b)).await?;
+    ensure!(
+        key_order(&held) == keys_of(&b),
+        "tenant 2's records, in order and once each: {:?}\n{}",
+        key_order(&held),
+        relay.stderr_tail()
+    );
+    let end = f.binlog_end().await?;
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    let err = relay.stderr_text();
+    ensure!(err.contains("hold ended"), "{}", relay.stderr_tail());
+    stop_with_exit_0(&relay).await?;
+    let mut conn = f.db.conn().await?;
+    for s in [&t1, &t2] {
+        conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
+            .await?;
+    }
+    drop(conn);
+    f.drop_database().await
+}
+
+/// `dead_letter.hold_max_records`: at the bound the relay stops reading the binlog instead of
+/// holding more or dropping anything. Three held rows (one rows event: the bound of 2 is
+/// checked before each event) pause reading, so the other tenant's later row is not produced
+/// either; `/readyz` says why and `/metrics` counts the held records. Once the topic exists,
+/// the held rows arrive in order, then the other tenant's row, and the checkpoint passes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let mut f = Fixture::new("hold_bound").await?;
+    let t1 = f.create_tenant("_t1").await?;
+    let t2 = f.create_tenant("_t2").await?;
+    f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
+    f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
+    f.spec.bootstrap_servers = plain.clone();
+    f.spec.dead_letter_extra = "refused_topic = \"hold\"\nhold_max_records = 2\n".into();
+    f.spec.heartbeat_interval_ms = Some(500);
+    let port = free_local_port()?;
+    f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    f.spec.http_extra = "ready_stall_ms = 1500\n".into();
+    let topic1 = format!("{}{t1}.Order", f.topic_prefix());
+    let topic2 = format!("{}{t2}.Order", f.topic_prefix());
+    create_topic(&plain, &topic1, 1_048_588).await?;
+    let now = recent_created_at_base();
+    let uid = f.uid.clone();
+    let row = |tenant: &str, n: usize| OutboxRow {
+        aggregate_type: "Order".into(),
+        aggregate_id: format!("order-{tenant}"),
+        event_type: "OrderPlaced".into(),
+        event_key: format!("{uid}-{tenant}-{n}"),
+        payload: format!("{{\"n\":{n}}}"),
+        created_at_micros: now + i64::try_from(n).unwrap_or(0),
+    };
+    let relay = f.start_relay().await?;
+    let b: Vec<OutboxRow> = (0..3).map(|n| row("b", n)).collect();
+    let a = vec![row("a", 0)];
+    f.commit_into(&t2, &b).await?;
+    f.commit_into(&t1, &a).await?;
+    // Reading paused at the bound: not ready, saying why.
+    let body =
+        outbox_relay_testkit::wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
+    ensure!(
+        body.contains("held tables") && body.contains(&topic2),
+        "/readyz: {body}"
+    );
+    let (_, metrics) = outbox_relay_testkit::http_get(port, "/metrics").await?;
+    let held_line = metrics
+        .lines()
+        .find(|l| l.starts_with("outbox_relay_held_records{") && l.contains(&t2))
+        .unwrap_or_default();
+    ensure!(held_line.ends_with(" 3"), "held records: {held_line:?}");
+    // The other tenant's row after the held ones was not read, so not produced.
+    let early = read_all_records(&plain, std::slice::from_ref(&topic1), READ_ALL).await?;
+    ensure!(
+        early.is_empty(),
+        "tenant 1 produced while reading was paused: {:?}",
+        key_order(&early)
+    );
+    create_topic(&plain, &topic2, 1_048_588).await?;
+    let held = f
+        .collect(&topic2, b.iter().map(|r| r.event_key.clone()).collect())
+        .await?;
+    ensure!(
+        key_order(&held) == b.iter().map(|r| r.event_key.clone()).collect::<Vec<_>>(),
+        "held records: {:?}",
+        key_order(&held)
+    );
+    let seen = f.collect(&topic1, vec![a[0].event_key.clone()]).await?;
+    ensure!(seen.len() == 1, "{:?}", key_order(&seen));
+    let end = f.binlog_end().await?;
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    stop_with_exit_0(&relay).await?;
+    let mut conn = f.db.conn().await?;
+    for s in [&t1, &t2] {
+        conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
+            .await?;
+    }
+    drop(conn);
+    f.drop_database().await
 }

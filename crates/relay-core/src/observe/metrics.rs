@@ -172,6 +172,8 @@ struct Live {
     /// Exactly-once: the partition whose last stable offset has not moved the longest while
     /// records follow it, as of the last sample.
     lso_stuck: Option<(String, i32, Duration)>,
+    /// Outbox tables held because their topic is refused, each as `table (topic: error)`.
+    held: Vec<String>,
 }
 
 /// The relay's metrics registry and health state. See the module documentation.
@@ -194,6 +196,8 @@ pub struct Metrics {
     checkpoint_age: Gauge,
     checkpoint_writes: IntCounter,
     timestamp_fallbacks: IntCounter,
+    held_records: IntGaugeVec,
+    holds_started: IntCounter,
     cutover_skipped: IntCounter,
     cutover_checks: IntCounter,
     lag: Gauge,
@@ -516,6 +520,26 @@ impl Metrics {
                  refuse their created_at value (outbox.timestamp = \"column\", \
                  timestamp_refused = \"commit\"); each carries header timestamp_fallback.",
             ),
+            held_records: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        names::HELD_RECORDS,
+                        "Records held in memory because their topic is refused \
+                         (dead_letter.refused_topic = \"hold\"), by outbox table; the \
+                         checkpoint stays before the first of them. Tables beyond the first 100 \
+                         count as table=\"_other\".",
+                    ),
+                    &["table"],
+                )
+                .expect("valid gauge definition"),
+            ),
+            holds_started: counter(
+                &r,
+                names::HOLDS_STARTED,
+                "Outbox tables held because the brokers refused a record's topic \
+                 (dead_letter.refused_topic = \"hold\"); each hold is also logged once.",
+            ),
             cutover_skipped: counter(
                 &r,
                 names::CUTOVER_SKIPPED,
@@ -643,6 +667,7 @@ impl Metrics {
                 kafka_down: None,
                 transaction_open: None,
                 lso_stuck: None,
+                held: Vec::new(),
             }),
         }
     }
@@ -755,6 +780,11 @@ impl Metrics {
             let in_flight = self.in_flight.get();
             let why = if in_flight > 0 {
                 format!("{in_flight} records in flight: reading waits for Kafka's acknowledgements")
+            } else if !live.held.is_empty() {
+                format!(
+                    "reading may wait for held tables (dead_letter.hold_max_records): {}",
+                    live.held.join("; ")
+                )
             } else {
                 "the source sends neither events nor heartbeats".to_owned()
             };
@@ -765,7 +795,17 @@ impl Metrics {
                 stall.as_millis()
             ));
         }
-        Ok("streaming".into())
+        if live.held.is_empty() {
+            Ok("streaming".into())
+        } else {
+            Ok(format!("streaming; holding {}", live.held.join("; ")))
+        }
+    }
+
+    /// The outbox tables held now because their topic is refused, each described as
+    /// `table (topic: error)`; shown by `/readyz` (still ready: the other tables flow).
+    pub fn set_held(&self, held: Vec<String>) {
+        self.live().held = held;
     }
 
     /// The readiness probe sent at `asked` reached a Kafka broker (`Ok`), or no broker
@@ -977,6 +1017,23 @@ impl Metrics {
         self.cutover_checks.inc();
     }
 
+    /// `delta` more (or, negative, fewer) records of `table` are held
+    /// ([`names::HELD_RECORDS`]; the label capped as `outbox_rows_read_total`'s).
+    pub fn held_records(&self, table: &str, delta: i64) {
+        let own = self
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(table);
+        let label = if own { table } else { OTHER_TABLES };
+        self.held_records.with_label_values(&[label]).add(delta);
+    }
+
+    /// A table started to be held ([`names::HOLDS_STARTED`]).
+    pub fn hold_started(&self) {
+        self.holds_started.inc();
+    }
+
     /// A row goes to the dead-letter topic.
     pub fn dead_lettered(&self, kind: DeadLetterKind) {
         self.dead_lettered.with_label_values(&[kind.as_str()]).inc();
@@ -1118,6 +1175,7 @@ mod tests {
         ] {
             labelled.with_label_values(&["x"]);
         }
+        m.held_records.with_label_values(&["x"]);
         let families = m.registry.gather();
         let registered: Vec<&str> = families.iter().map(|f| f.name()).collect();
         let not_registered: Vec<&str> = names::ALL
@@ -1309,6 +1367,7 @@ mod tests {
             kafka_down: None,
             transaction_open: None,
             lso_stuck: None,
+            held: Vec::new(),
         };
         assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
         live.current_as_of = Some(990.0);

@@ -74,6 +74,15 @@ pub const CHECKPOINT_WRITES: &str = "outbox_relay_checkpoint_writes_total";
 /// topic would refuse their `created_at` (`timestamp_refused = "commit"`).
 pub const TIMESTAMP_FALLBACKS: &str = "outbox_relay_timestamp_fallbacks_total";
 
+/// Gauge (records), label `table` (`database.table`, capped as for [`OUTBOX_ROWS_READ`]):
+/// records held because their topic is refused (`dead_letter.refused_topic = "hold"`), not
+/// produced yet.
+pub const HELD_RECORDS: &str = "outbox_relay_held_records";
+
+/// Counter (holds), no labels: outbox tables held because the brokers refused a record's topic
+/// (`dead_letter.refused_topic = "hold"`).
+pub const HOLDS_STARTED: &str = "outbox_relay_holds_started_total";
+
 /// Counter (rows), no labels: outbox rows not produced because `[cutover]` says the previous
 /// relay already sent them.
 pub const CUTOVER_SKIPPED: &str = "outbox_relay_cutover_skipped_total";
@@ -153,6 +162,8 @@ pub const ALL: &[&str] = &[
     CHECKPOINT_AGE,
     CHECKPOINT_WRITES,
     TIMESTAMP_FALLBACKS,
+    HELD_RECORDS,
+    HOLDS_STARTED,
     CUTOVER_SKIPPED,
     CUTOVER_CHECKS,
     LAG,

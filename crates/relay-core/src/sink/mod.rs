@@ -237,6 +237,15 @@ pub trait RecordSink: Sync {
     /// # Errors
     /// As [`RecordSink::ensure_topic`].
     fn ensure_dead_letter_topic(&self) -> impl Future<Output = Result<(), RelayError>> + Send;
+    /// [`RecordSink::ensure_topic`] without what the sink remembers of an earlier refusal of
+    /// `topic` (a topic found missing or not authorized is otherwise refused from memory for a
+    /// while): asks the brokers again, for a held table's retry.
+    ///
+    /// # Errors
+    /// As [`RecordSink::ensure_topic`].
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+        self.ensure_topic(topic)
+    }
     /// After a refusal for size: whether `record` fits now that its topic's limit was read
     /// again.
     fn recheck_topic_limit(&self, record: &Record) -> impl Future<Output = bool> + Send;

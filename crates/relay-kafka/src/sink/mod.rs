@@ -351,6 +351,19 @@ impl KafkaSink {
         Ok(())
     }
 
+    /// [`KafkaSink::ensure_topic`] after forgetting that `topic` was found missing or not
+    /// authorized: the brokers are asked again at once (a held table's retry, which has its own
+    /// backoff).
+    ///
+    /// # Errors
+    /// As [`KafkaSink::ensure_topic`].
+    pub async fn recheck_topic(&self, topic: &str) -> Result<(), RelayError> {
+        if let Ok(mut map) = self.missing_topics.lock() {
+            map.remove(topic);
+        }
+        self.ensure_topic(topic).await
+    }
+
     /// Why records for `topic` are refused without sending: it was found missing (with
     /// auto-creation off) or not authorized less than [`MISSING_TOPIC_RECHECK`] ago.
     fn missing_reason(&self, topic: &str) -> Option<String> {

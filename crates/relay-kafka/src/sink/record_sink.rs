@@ -26,6 +26,9 @@ impl RecordSink for KafkaSink {
     fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
         KafkaSink::ensure_topic(self, topic)
     }
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+        KafkaSink::recheck_topic(self, topic)
+    }
     fn ensure_dead_letter_topic(&self) -> impl Future<Output = Result<(), RelayError>> + Send {
         KafkaSink::ensure_dead_letter_topic(self)
     }

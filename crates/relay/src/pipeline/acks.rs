@@ -47,6 +47,10 @@ pub(super) struct RecordInfo {
     pub span: Option<Box<RowSpan>>,
     /// The row's event_key, kept only with the acknowledgement audit on.
     pub event_key: Option<Vec<u8>>,
+    /// A held record released by hold `.0` (sent after later records): its acknowledgement
+    /// does not move the checkpoint ([`Ack::Released`]), and a refusal is not dead-lettered
+    /// here (the run ends and the next one starts before it).
+    pub released: Option<u64>,
 }
 
 /// A record whose batch the broker refused for good, after which the producer stopped
@@ -283,6 +287,27 @@ impl AckQueue {
         Some(match entry {
             Entry::Boundary(base, advances) => Ack::Boundary(base, advances),
             Entry::Record {
+                info:
+                    RecordInfo {
+                        released: Some(hold),
+                        topic,
+                        position,
+                        ..
+                    },
+                outcome,
+                ..
+            } => Ack::Released(
+                hold,
+                match outcome? {
+                    Ok(Delivered::Acked(..)) => Ok(()),
+                    Ok(Delivered::Refused { reason, .. }) => Err(RelayError::kafka(format!(
+                        "a released held record (at {position}) was refused by topic {topic}: \
+                         {reason}; the relay resumes from its checkpoint, before the held rows"
+                    ))),
+                    Err(e) => Err(e),
+                },
+            ),
+            Entry::Record {
                 done,
                 info,
                 outcome,
@@ -423,7 +448,7 @@ impl AckQueue {
                         value,
                         headers,
                         value_dropped,
-                    }) if self.has_dead_letter => {
+                    }) if self.has_dead_letter && info.released.is_none() => {
                         let dl = DeadLetter {
                             reason,
                             position: info.position.clone(),

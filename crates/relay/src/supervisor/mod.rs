@@ -716,6 +716,12 @@ async fn stream<K: RecordSink>(
         ack_audit: parts.ack_audit.clone(),
         read_back: parts.read_back.clone(),
         metrics: Arc::clone(metrics),
+        hold: (config.dead_letter.refused_topic == outbox_relay_core::config::RefusedTopic::Hold)
+            .then(|| crate::pipeline::HoldSettings {
+                max_records: config.dead_letter.hold_max_records,
+                initial_backoff: Duration::from_millis(config.retry.initial_backoff_ms),
+                max_backoff: Duration::from_millis(config.retry.max_backoff_ms),
+            }),
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
