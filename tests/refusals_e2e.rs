@@ -1004,13 +1004,24 @@ async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Resul
     let a = vec![row("a", 0)];
     f.commit_into(&t2, &b).await?;
     f.commit_into(&t1, &a).await?;
-    // Reading paused at the bound: not ready, saying why.
-    let body =
-        outbox_relay_testkit::wait_for_status(&relay, port, "/readyz", 503, RELAY_WAIT).await?;
-    ensure!(
-        body.contains("held tables") && body.contains(&topic2),
-        "/readyz: {body}"
-    );
+    // Reading paused at the bound: not ready, saying why (not the 503 of the start-up, which
+    // may still answer "connecting" right after the first checkpoint row).
+    let mut last = String::new();
+    let body = outbox_relay_testkit::wait_until(
+        "/readyz to say reading waits for held tables",
+        RELAY_WAIT,
+        Duration::from_millis(100),
+        async || {
+            relay.ensure_running()?;
+            let (status, body) = outbox_relay_testkit::http_get(port, "/readyz").await?;
+            let paused = status == 503 && body.contains("held tables");
+            last = format!("{status} {body}");
+            Ok(paused.then_some(body))
+        },
+    )
+    .await
+    .with_context(|| format!("last /readyz: {last}"))?;
+    ensure!(body.contains(&topic2), "/readyz: {body}");
     let (_, metrics) = outbox_relay_testkit::http_get(port, "/metrics").await?;
     let held_line = metrics
         .lines()
