@@ -14,7 +14,9 @@
 //!   after the topic was created;
 //! - `dead_letter.refused_topic = "hold"` (issue 28): two tenants matched by a pattern, one
 //!   whose topic is missing is held (the other flows, the checkpoint stays before the held
-//!   rows, a kill -9 loses nothing, all arrive in order once the topic exists), and
+//!   rows, a kill -9 loses nothing, all arrive in order once the topic exists), one whose topic
+//!   is refused only when written to (an ACL denying WRITE, not DESCRIBE) is held after one
+//!   producer restart and retried with trial records that restart nothing, and
 //!   `hold_max_records` pauses reading instead of holding more.
 //!
 //! Every test waits on observable state (records, dead letters, the relay's exit).
@@ -841,6 +843,133 @@ impl Fixture {
     }
 }
 
+/// Two tenant schemas `<db>_t1`, `<db>_t2` with an outbox each, matched by one pattern, on a
+/// world whose topic template is `<prefix>{schema}.{aggregate_type}` and which holds tables
+/// whose topic is refused (`dead_letter.refused_topic = "hold"` plus `dead_letter_extra`).
+struct Tenants {
+    f: Fixture,
+    t1: String,
+    t2: String,
+    /// Tenant 1's topic (`…t1.Order`).
+    topic1: String,
+    /// Tenant 2's topic (`…t2.Order`).
+    topic2: String,
+    /// A recent `created_at`.
+    now: i64,
+}
+
+impl Tenants {
+    /// Creates the schemas; the relay of `f` reaches Kafka at `bootstrap`.
+    async fn new(name: &str, bootstrap: &str, dead_letter_extra: &str) -> Result<Self> {
+        let mut f = Fixture::new(name).await?;
+        let t1 = f.create_tenant("_t1").await?;
+        let t2 = f.create_tenant("_t2").await?;
+        f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
+        f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
+        f.spec.bootstrap_servers = bootstrap.to_owned();
+        f.spec.dead_letter_extra = format!("refused_topic = \"hold\"\n{dead_letter_extra}");
+        let topic1 = format!("{}{t1}.Order", f.topic_prefix());
+        let topic2 = format!("{}{t2}.Order", f.topic_prefix());
+        Ok(Self {
+            f,
+            t1,
+            t2,
+            topic1,
+            topic2,
+            now: recent_created_at_base(),
+        })
+    }
+
+    /// Row `n` of `tenant` (`a`: tenant 1, `b`: tenant 2). One key per tenant: one partition,
+    /// so the log's order is the rows' order.
+    fn row(&self, tenant: &str, n: usize) -> OutboxRow {
+        OutboxRow {
+            aggregate_type: "Order".into(),
+            aggregate_id: format!("order-{tenant}"),
+            event_type: "OrderPlaced".into(),
+            event_key: format!("{}-{tenant}-{n}", self.f.uid),
+            payload: format!("{{\"n\":{n}}}"),
+            created_at_micros: self.now + i64::try_from(n).unwrap_or(0),
+        }
+    }
+
+    /// Rows `range` of `tenant`.
+    fn rows(&self, tenant: &str, range: std::ops::Range<usize>) -> Vec<OutboxRow> {
+        range.map(|n| self.row(tenant, n)).collect()
+    }
+
+    /// Commits tenant 1's `a[0..2]`, tenant 2's `b[0..3]` (the first held transaction), then
+    /// `a[2..4]`, `b[3..5]`, `a[4..5]`, each in a transaction of its own; returns the binlog's
+    /// end before and after the first held transaction.
+    async fn commit_interleaved(
+        &self,
+        a: &[OutboxRow],
+        b: &[OutboxRow],
+    ) -> Result<(BinlogPosition, BinlogPosition)> {
+        let (t1, t2) = (&self.t1, &self.t2);
+        self.f.commit_into(t1, &a[0..2]).await?;
+        let hold_start = self.f.binlog_end().await?;
+        self.f.commit_into(t2, &b[0..3]).await?;
+        let held_end = self.f.binlog_end().await?;
+        self.f.commit_into(t1, &a[2..4]).await?;
+        self.f.commit_into(t2, &b[3..5]).await?;
+        self.f.commit_into(t1, &a[4..5]).await?;
+        Ok((hold_start, held_end))
+    }
+
+    /// Waits until the stored checkpoint is at or after `start` (everything before the held
+    /// transaction is acknowledged) and fails if it is ever at or after `end` (the binlog's end
+    /// read right after the held transaction's commit). Other tests write to this server too:
+    /// their transactions may come between, so the checkpoint is bounded, not pinned.
+    async fn wait_checkpoint_held(
+        &self,
+        relay: &RelayProcess,
+        start: &BinlogPosition,
+        end: &BinlogPosition,
+    ) -> Result<Checkpoint> {
+        let mut conn = self.f.db.conn().await?;
+        let cp = wait_until(
+            "the checkpoint at the start of the held transaction",
+            RELAY_WAIT,
+            Duration::from_millis(100),
+            async || {
+                relay.ensure_running()?;
+                let cp = self.f.checkpoint().await?;
+                let reached = compare_positions(&mut conn, &cp.position(), start).await?;
+                let before = compare_positions(&mut conn, &cp.position(), end).await?;
+                ensure!(
+                    before.is_lt(),
+                    "the checkpoint {} passed the held transaction (ends by {end})",
+                    cp.position()
+                );
+                Ok(reached.is_ge().then_some(cp))
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("{e:#}\n{}", relay.stderr_tail()))?;
+        // Back to the pool, which the database's drop closes.
+        drop(conn);
+        ensure!(cp.rows_acked == 0, "checkpoint {cp:?}");
+        Ok(cp)
+    }
+
+    /// Drops both schemas and the world's database.
+    async fn drop_all(self) -> Result<()> {
+        let mut conn = self.f.db.conn().await?;
+        for s in [&self.t1, &self.t2] {
+            conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
+                .await?;
+        }
+        drop(conn);
+        self.f.drop_database().await
+    }
+}
+
+/// The event keys of `rows`, in order.
+fn keys_of(rows: &[OutboxRow]) -> Vec<String> {
+    rows.iter().map(|r| r.event_key.clone()).collect()
+}
+
 /// The event keys of `records` in their order in the log.
 fn key_order(records: &[Record]) -> Vec<String> {
     let mut sorted: Vec<&Record> = records.iter().collect();
@@ -860,105 +989,53 @@ fn key_order(records: &[Record]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
     let (_kafka, _sasl, plain) = strict_kafka()?;
-    let mut f = Fixture::new("hold").await?;
-    let t1 = f.create_tenant("_t1").await?;
-    let t2 = f.create_tenant("_t2").await?;
-    f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
-    f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
-    f.spec.bootstrap_servers = plain.clone();
-    f.spec.dead_letter_extra = "refused_topic = \"hold\"\n".into();
-    let topic1 = format!("{}{t1}.Order", f.topic_prefix());
-    let topic2 = format!("{}{t2}.Order", f.topic_prefix());
-    create_topic(&plain, &topic1, 1_048_588).await?;
-    let now = recent_created_at_base();
-    let uid = f.uid.clone();
-    let row = |tenant: &str, n: usize| OutboxRow {
-        aggregate_type: "Order".into(),
-        // One key per tenant: one partition, so the log's order is the rows' order.
-        aggregate_id: format!("order-{tenant}"),
-        event_type: "OrderPlaced".into(),
-        event_key: format!("{uid}-{tenant}-{n}"),
-        payload: format!("{{\"n\":{n}}}"),
-        created_at_micros: now + i64::try_from(n).unwrap_or(0),
-    };
-    let keys_of =
-        |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.event_key.clone()).collect() };
-
+    let w = Tenants::new("hold", &plain, "").await?;
+    let (f, t1, t2, topic1, topic2) = (&w.f, &w.t1, &w.t2, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
     let relay = f.start_relay().await?;
-    let a: Vec<OutboxRow> = (0..8).map(|n| row("a", n)).collect();
-    let b: Vec<OutboxRow> = (0..6).map(|n| row("b", n)).collect();
-    f.commit_into(&t1, &a[0..2]).await?;
-    let hold_start = f.binlog_end().await?;
-    f.commit_into(&t2, &b[0..3]).await?;
-    // Other tests write to this server too: their transactions may come between these reads
-    // and the held one, and the checkpoint may rest on their boundaries, so it is bounded, not
-    // pinned: at or after `hold_start`, before `held_end`.
-    let held_end = f.binlog_end().await?;
-    f.commit_into(&t1, &a[2..4]).await?;
-    f.commit_into(&t2, &b[3..5]).await?;
-    f.commit_into(&t1, &a[4..5]).await?;
+    let a = w.rows("a", 0..8);
+    let b = w.rows("b", 0..6);
+    let (hold_start, held_end) = w.commit_interleaved(&a, &b).await?;
     // Tenant 1 flows while tenant 2 is held.
-    let seen = f.collect(&topic1, keys_of(&a[0..5])).await?;
+    let seen = f.collect(topic1, keys_of(&a[0..5])).await?;
     ensure!(
         key_order(&seen) == keys_of(&a[0..5]),
         "tenant 1's records: {:?}\n{}",
         key_order(&seen),
         relay.stderr_tail()
     );
-    // The checkpoint reaches the start of tenant 2's first transaction (everything before it is
-    // acknowledged: at least `hold_start`) and goes no further while it is held (before
-    // `held_end`).
-    let mut conn = f.db.conn().await?;
-    let cp = wait_until(
-        "the checkpoint at the start of the held transaction",
-        RELAY_WAIT,
-        Duration::from_millis(100),
-        async || {
-            relay.ensure_running()?;
-            let cp = f.checkpoint().await?;
-            let reached = compare_positions(&mut conn, &cp.position(), &hold_start).await?;
-            let before = compare_positions(&mut conn, &cp.position(), &held_end).await?;
-            ensure!(
-                before.is_lt(),
-                "the checkpoint {} passed the held transaction (ends by {held_end})",
-                cp.position()
-            );
-            Ok(reached.is_ge().then_some(cp))
-        },
-    )
-    .await
-    .map_err(|e| anyhow!("{e:#}\n{}", relay.stderr_tail()))?;
-    // Back to the pool, which the database's drop closes.
-    drop(conn);
-    ensure!(cp.rows_acked == 0, "checkpoint {cp:?}");
+    // The checkpoint reaches the start of tenant 2's first transaction and goes no further
+    // while it is held.
+    w.wait_checkpoint_held(&relay, &hold_start, &held_end)
+        .await?;
     // A checkpoint interval or two later, still there.
     tokio::time::sleep(Duration::from_millis(3 * f.spec.checkpoint_interval_ms)).await;
     f.ensure_checkpoint_before(&held_end).await?;
     let err = relay.stderr_text();
     ensure!(
         err.matches("the brokers refuse this table's topic").count() == 1
-            && err.contains(&topic2)
+            && err.contains(topic2.as_str())
             && err.contains("auto.create.topics.enable=false"),
         "one warning naming the held table's topic and the error:\n{}",
         relay.stderr_tail()
     );
     ensure!(
-        !list_topics(&plain, &topic2).await?.contains(&topic2),
+        !list_topics(&plain, topic2).await?.contains(topic2),
         "topic {topic2} appeared"
     );
 
     // kill -9 during the hold: nothing held is lost.
     relay.kill9()?;
     let relay = f.start_relay().await?;
-    f.commit_into(&t2, &b[5..6]).await?;
-    f.commit_into(&t1, &a[5..8]).await?;
-    let seen = f.collect(&topic1, keys_of(&a)).await?;
+    f.commit_into(t2, &b[5..6]).await?;
+    f.commit_into(t1, &a[5..8]).await?;
+    let seen = f.collect(topic1, keys_of(&a)).await?;
     ensure_at_least_once(&seen, &keys_of(&a).into_iter().collect())?;
     f.ensure_checkpoint_before(&held_end).await?;
 
     // The topic appears: the held rows arrive in order, once each, and the checkpoint moves on.
-    create_topic(&plain, &topic2, 1_048_588).await?;
-    let held = f.collect(&topic2, keys_of(&b)).await?;
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let held = f.collect(topic2, keys_of(&b)).await?;
     ensure!(
         key_order(&held) == keys_of(&b),
         "tenant 2's records, in order and once each: {:?}\n{}",
@@ -970,13 +1047,138 @@ async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
     let err = relay.stderr_text();
     ensure!(err.contains("hold ended"), "{}", relay.stderr_tail());
     stop_with_exit_0(&relay).await?;
-    let mut conn = f.db.conn().await?;
-    for s in [&t1, &t2] {
-        conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
-            .await?;
-    }
-    drop(conn);
-    f.drop_database().await
+    w.drop_all().await
+}
+
+/// Issue 28, a tenant's topic refused only when written to: the relay's principal may describe
+/// topic 2 but not write to it (an ACL added while the broker runs), so the refusal comes in
+/// the produce response, which stops the idempotent producer. The relay restarts once with a
+/// new producer that holds tenant 2's table from its first record; tenant 1 flows; the held
+/// table is retried with a trial record sent by a producer of its own, so the retries restart
+/// nothing (the count of interrupted runs stays put while `outbox_relay_hold_retries_total`
+/// grows); the checkpoint stays before the held rows. Once the ACL is lifted, every held row
+/// arrives once, in order, and the checkpoint passes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_refused_only_when_written_holds_its_table_without_restarts() -> Result<()> {
+    let (kafka, sasl, plain) = strict_kafka()?;
+    let mut w = Tenants::new("hold_write", &sasl, "").await?;
+    w.f.spec.kafka_properties.extend([
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        ("sasl.password".into(), SASL_PASSWORD.into()),
+    ]);
+    let port = free_local_port()?;
+    w.f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    let (f, topic1, topic2) = (&w.f, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let principal = format!("User:{SASL_USER}");
+    let acl = |change: &str, permission: &str, operation: &str| -> Result<()> {
+        kafka.run(
+            "acl",
+            &[
+                change,
+                "--force",
+                permission,
+                principal.as_str(),
+                "--operation",
+                operation,
+                "--topic",
+                topic2.as_str(),
+            ],
+        )
+    };
+    acl("--add", "--allow-principal", "Describe")?;
+    acl("--add", "--deny-principal", "Write")?;
+    let relay = f.start_relay().await?;
+    let a = w.rows("a", 0..5);
+    let b = w.rows("b", 0..5);
+    let (hold_start, held_end) = w.commit_interleaved(&a, &b).await?;
+    // Tenant 1 flows (sent again after the one restart, maybe: at least once).
+    let seen = collect_until(
+        &plain,
+        std::slice::from_ref(topic1),
+        RELAY_WAIT,
+        until_keys(keys_of(&a)),
+    )
+    .await?;
+    ensure_at_least_once(&seen, &keys_of(&a).into_iter().collect())?;
+    w.wait_checkpoint_held(&relay, &hold_start, &held_end)
+        .await?;
+    // Held after one restart; three retries later, no other restart.
+    let restarts = |text: &str| text.matches("run interrupted").count();
+    let err = relay.stderr_text();
+    ensure!(
+        err.contains("restarting with a new producer, which holds the tables")
+            && err.matches("the brokers refuse this table's topic").count() == 1
+            && err.contains("TopicAuthorizationFailed"),
+        "one restart, then one hold naming the broker's error:\n{}",
+        relay.stderr_tail()
+    );
+    let before = restarts(&err);
+    let retries = || async {
+        let (_, body) = outbox_relay_testkit::http_get(port, "/metrics").await?;
+        let n = body
+            .lines()
+            .find(|l| l.starts_with("outbox_relay_hold_retries_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        anyhow::Ok(n)
+    };
+    let first = retries().await?;
+    wait_until(
+        "three more retries of the held table",
+        RELAY_WAIT,
+        Duration::from_millis(200),
+        async || {
+            relay.ensure_running()?;
+            Ok((retries().await? >= first + 3.0).then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        restarts(&relay.stderr_text()) == before,
+        "a retry restarted the producer:\n{}",
+        relay.stderr_tail()
+    );
+    f.ensure_checkpoint_before(&held_end).await?;
+    let early = read_all_records(&plain, std::slice::from_ref(topic2), READ_ALL).await?;
+    ensure!(
+        early.is_empty(),
+        "held records reached the denied topic: {:?}",
+        key_order(&early)
+    );
+
+    // The fix the error names: the deny is lifted and WRITE granted (with an ACL on the topic,
+    // allow.everyone.if.no.acl.found no longer applies to it). The held rows arrive in order,
+    // once each; the checkpoint moves on.
+    acl("--remove", "--deny-principal", "Write")?;
+    acl("--add", "--allow-principal", "Write")?;
+    let held = collect_until(
+        &plain,
+        std::slice::from_ref(topic2),
+        RELAY_WAIT,
+        until_keys(keys_of(&b)),
+    )
+    .await?;
+    ensure!(
+        key_order(&held) == keys_of(&b),
+        "tenant 2's records, in order and once each: {:?}\n{}",
+        key_order(&held),
+        relay.stderr_tail()
+    );
+    let end = f.binlog_end().await?;
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    let err = relay.stderr_text();
+    ensure!(
+        err.contains("hold ended") && restarts(&err) == before,
+        "{}",
+        relay.stderr_tail()
+    );
+    stop_with_exit_0(&relay).await?;
+    w.drop_all().await
 }
 
 /// `dead_letter.hold_max_records`: at the bound the relay stops reading the binlog instead of
@@ -987,35 +1189,18 @@ async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Result<()> {
     let (_kafka, _sasl, plain) = strict_kafka()?;
-    let mut f = Fixture::new("hold_bound").await?;
-    let t1 = f.create_tenant("_t1").await?;
-    let t2 = f.create_tenant("_t2").await?;
-    f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
-    f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
-    f.spec.bootstrap_servers = plain.clone();
-    f.spec.dead_letter_extra = "refused_topic = \"hold\"\nhold_max_records = 2\n".into();
-    f.spec.heartbeat_interval_ms = Some(500);
+    let mut w = Tenants::new("hold_bound", &plain, "hold_max_records = 2\n").await?;
+    w.f.spec.heartbeat_interval_ms = Some(500);
     let port = free_local_port()?;
-    f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
-    f.spec.http_extra = "ready_stall_ms = 1500\n".into();
-    let topic1 = format!("{}{t1}.Order", f.topic_prefix());
-    let topic2 = format!("{}{t2}.Order", f.topic_prefix());
-    create_topic(&plain, &topic1, 1_048_588).await?;
-    let now = recent_created_at_base();
-    let uid = f.uid.clone();
-    let row = |tenant: &str, n: usize| OutboxRow {
-        aggregate_type: "Order".into(),
-        aggregate_id: format!("order-{tenant}"),
-        event_type: "OrderPlaced".into(),
-        event_key: format!("{uid}-{tenant}-{n}"),
-        payload: format!("{{\"n\":{n}}}"),
-        created_at_micros: now + i64::try_from(n).unwrap_or(0),
-    };
+    w.f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    w.f.spec.http_extra = "ready_stall_ms = 1500\n".into();
+    let (f, t1, t2, topic1, topic2) = (&w.f, &w.t1, &w.t2, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
     let relay = f.start_relay().await?;
-    let b: Vec<OutboxRow> = (0..3).map(|n| row("b", n)).collect();
-    let a = vec![row("a", 0)];
-    f.commit_into(&t2, &b).await?;
-    f.commit_into(&t1, &a).await?;
+    let b = w.rows("b", 0..3);
+    let a = w.rows("a", 0..1);
+    f.commit_into(t2, &b).await?;
+    f.commit_into(t1, &a).await?;
     // Reading paused at the bound: not ready, saying why (not the 503 of the start-up, which
     // may still answer "connecting" right after the first checkpoint row).
     let mut last = String::new();
@@ -1033,39 +1218,31 @@ async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Resul
     )
     .await
     .with_context(|| format!("last /readyz: {last}"))?;
-    ensure!(body.contains(&topic2), "/readyz: {body}");
+    ensure!(body.contains(topic2.as_str()), "/readyz: {body}");
     let (_, metrics) = outbox_relay_testkit::http_get(port, "/metrics").await?;
     let held_line = metrics
         .lines()
-        .find(|l| l.starts_with("outbox_relay_held_records{") && l.contains(&t2))
+        .find(|l| l.starts_with("outbox_relay_held_records{") && l.contains(t2.as_str()))
         .unwrap_or_default();
     ensure!(held_line.ends_with(" 3"), "held records: {held_line:?}");
     // The other tenant's row after the held ones was not read, so not produced.
-    let early = read_all_records(&plain, std::slice::from_ref(&topic1), READ_ALL).await?;
+    let early = read_all_records(&plain, std::slice::from_ref(topic1), READ_ALL).await?;
     ensure!(
         early.is_empty(),
         "tenant 1 produced while reading was paused: {:?}",
         key_order(&early)
     );
-    create_topic(&plain, &topic2, 1_048_588).await?;
-    let held = f
-        .collect(&topic2, b.iter().map(|r| r.event_key.clone()).collect())
-        .await?;
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let held = f.collect(topic2, keys_of(&b)).await?;
     ensure!(
-        key_order(&held) == b.iter().map(|r| r.event_key.clone()).collect::<Vec<_>>(),
+        key_order(&held) == keys_of(&b),
         "held records: {:?}",
         key_order(&held)
     );
-    let seen = f.collect(&topic1, vec![a[0].event_key.clone()]).await?;
+    let seen = f.collect(topic1, keys_of(&a)).await?;
     ensure!(seen.len() == 1, "{:?}", key_order(&seen));
     let end = f.binlog_end().await?;
     f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
     stop_with_exit_0(&relay).await?;
-    let mut conn = f.db.conn().await?;
-    for s in [&t1, &t2] {
-        conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
-            .await?;
-    }
-    drop(conn);
-    f.drop_database().await
+    w.drop_all().await
 }

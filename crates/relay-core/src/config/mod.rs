@@ -339,7 +339,8 @@ pub struct DeadLetterConfig {
     /// Dead-letter topic. Default `outbox.dead_letter`.
     pub topic: String,
     /// A record whose topic the brokers refuse (missing while they create no topics, or not
-    /// authorized), as learnt from their metadata before sending: `row_error` (default) treats
+    /// authorized), as learnt from their metadata before sending or from a produce response
+    /// (then one producer restart later): `row_error` (default) treats
     /// it as any row error (`enabled` decides: dead letter or stop); `hold` parks that record
     /// and every later record of the same outbox table (`database.table`) in memory, in
     /// order, while the other tables go on, and retries the table with the `[retry]` backoff

@@ -198,6 +198,7 @@ pub struct Metrics {
     timestamp_fallbacks: IntCounter,
     held_records: IntGaugeVec,
     holds_started: IntCounter,
+    hold_retries: IntCounter,
     cutover_skipped: IntCounter,
     cutover_checks: IntCounter,
     lag: Gauge,
@@ -539,6 +540,13 @@ impl Metrics {
                 names::HOLDS_STARTED,
                 "Outbox tables held because the brokers refused a record's topic \
                  (dead_letter.refused_topic = \"hold\"); each hold is also logged once.",
+            ),
+            hold_retries: counter(
+                &r,
+                names::HOLD_RETRIES,
+                "Retries of held tables, on the [retry] backoff: each asks the brokers about \
+                 the topic again, or (a topic refused only when written to) sends the table's \
+                 first held record alone with a producer of its own.",
             ),
             cutover_skipped: counter(
                 &r,
@@ -1032,6 +1040,11 @@ impl Metrics {
     /// A table started to be held ([`names::HOLDS_STARTED`]).
     pub fn hold_started(&self) {
         self.holds_started.inc();
+    }
+
+    /// A held table was retried ([`names::HOLD_RETRIES`]).
+    pub fn hold_retried(&self) {
+        self.hold_retries.inc();
     }
 
     /// A row goes to the dead-letter topic.

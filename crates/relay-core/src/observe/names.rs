@@ -83,6 +83,11 @@ pub const HELD_RECORDS: &str = "outbox_relay_held_records";
 /// (`dead_letter.refused_topic = "hold"`).
 pub const HOLDS_STARTED: &str = "outbox_relay_holds_started_total";
 
+/// Counter (retries), no labels: retries of held tables (each asks the brokers about the
+/// topic again or, for a topic refused only when written to, sends the first held record alone
+/// with a producer of its own).
+pub const HOLD_RETRIES: &str = "outbox_relay_hold_retries_total";
+
 /// Counter (rows), no labels: outbox rows not produced because `[cutover]` says the previous
 /// relay already sent them.
 pub const CUTOVER_SKIPPED: &str = "outbox_relay_cutover_skipped_total";
@@ -164,6 +169,7 @@ pub const ALL: &[&str] = &[
     TIMESTAMP_FALLBACKS,
     HELD_RECORDS,
     HOLDS_STARTED,
+    HOLD_RETRIES,
     CUTOVER_SKIPPED,
     CUTOVER_CHECKS,
     LAG,

@@ -69,6 +69,10 @@ pub(super) struct FatalRefusal {
     /// Recorded because the refusal failed the sink's open commit
     /// ([`AckQueue::refusal_fails_commit`]): the producer may have no fatal error to name.
     pub failed_commit: bool,
+    /// The record's topic.
+    pub topic: Arc<str>,
+    /// The topic is what was refused (not authorized, missing), not the record.
+    pub topic_refused: bool,
 }
 
 enum Entry {
@@ -417,6 +421,7 @@ impl AckQueue {
                         reason,
                         broker_error,
                         value,
+                        topic_refused,
                         ..
                     }) if fatal => {
                         // Its batch was refused and the producer stopped: the run ends, and the
@@ -434,6 +439,8 @@ impl AckQueue {
                                 position: info.position.clone(),
                                 table: Arc::clone(&info.table),
                                 failed_commit: self.refusal_fails_commit,
+                                topic: Arc::clone(&info.topic),
+                                topic_refused,
                             });
                         }
                         *slot = Some(Err(RelayError::kafka(format!(
@@ -448,6 +455,7 @@ impl AckQueue {
                         value,
                         headers,
                         value_dropped,
+                        ..
                     }) if self.has_dead_letter && info.released.is_none() => {
                         let dl = DeadLetter {
                             reason,

@@ -2,7 +2,8 @@
 //! (`dead_letter.refused_topic = "hold"`).
 //!
 //! When a record of table T is refused by its topic (missing while the brokers create no
-//! topics, or not authorized, as the sink learns from their metadata before sending), that
+//! topics, or not authorized, as the sink learns from their metadata before sending, or as a
+//! produce response said in an earlier run: see the parent module), that
 //! record and every later record of T are kept here, in binlog order, instead of being
 //! produced; the other tables go on. The checkpoint never passes the first held row: the
 //! pipeline caps its stored point at [`Holds::floor`], the point just before the oldest hold's

@@ -37,6 +37,11 @@
 //! ([`Progress::acked`] is capped there), and the table is retried on the `[retry]` backoff
 //! until the topic accepts; its records then go out in order and the checkpoint moves on. At
 //! most `dead_letter.hold_max_records` records are held: beyond, reading the binlog pauses.
+//! A topic refused only in a produce response (write denied, describe allowed) stops the
+//! idempotent producer: the run ends, [`Refusals`] keeps the topic, and the next run holds its
+//! tables from their first record; their retries send the first held record alone with the
+//! sink's trial producer ([`RecordSink::send_trial`]), which a refusal does not stop, so a
+//! retry never restarts the run.
 //!
 //! # Shutdown
 //! On a stop request the pipeline stops reading, waits for every acknowledgement, writes the
@@ -67,7 +72,7 @@ use outbox_relay_core::observe::audit::AckAudit;
 use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics, ProgressLog};
 use outbox_relay_core::observe::spans::{RowSpan, RowSpans, RowStart};
 use outbox_relay_core::outbox::OutboxEvent;
-use outbox_relay_core::sink::{DeadLetter, DeliveryMode, Record, RecordSink, SendError};
+use outbox_relay_core::sink::{DeadLetter, Delivered, DeliveryMode, Record, RecordSink, SendError};
 use outbox_relay_core::state::checkpoint::{Checkpoint, CheckpointStore};
 use outbox_relay_kafka::route::Router;
 use outbox_relay_kafka::sink::ReadBack;
@@ -137,6 +142,11 @@ pub struct Refusals {
     isolate_through: Option<RowRef>,
     /// Rows a broker refused alone: dead-lettered without being sent again.
     refused: std::collections::HashMap<RowRef, BrokerRefusal>,
+    /// With `dead_letter.refused_topic = "hold"`: topics a produce response refused (not
+    /// authorized, missing) although their metadata did not, and why. Their tables are held
+    /// from their first record on, and retried with a trial record ([`RecordSink::send_trial`])
+    /// instead of the sink's producer, which such a refusal stops.
+    refused_topics: std::collections::HashMap<Arc<str>, String>,
     /// Counts what was learnt (a row found, the isolated range extended).
     learnt: u64,
 }
@@ -235,6 +245,11 @@ struct Progress<'s, S> {
     /// While a table is held: the point just before its first held row, which the stored
     /// checkpoint may not pass ([`Progress::acked`]).
     floor: Option<Checkpoint>,
+    /// [`DeliveryMode::Acknowledged`]: the run's start point may not be in the store yet (a
+    /// run after a failed one starts where that one's acknowledgements got, which it may not
+    /// have written): the first write stores it even if nothing moved since. Without it, a
+    /// hold's floor at the start point would keep the store behind it for the whole hold.
+    start_unwritten: bool,
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
@@ -270,6 +285,9 @@ impl<S: CheckpointStore> Progress<'_, S> {
 
     /// `true` when the acknowledged point is ahead of the stored one.
     fn moved(&self, acked: &Checkpoint) -> bool {
+        if self.start_unwritten {
+            return true;
+        }
         // Positions of different servers (after a move by GTID) are unordered, even when their
         // files share a name: the newer is the one this run produced.
         let order = (acked.source_server_id == self.stored.source_server_id)
@@ -387,6 +405,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             .await??;
             tracing::debug!(position = %acked.position, rows_acked = acked.rows_acked,
                 gtid = ?acked.gtid_set, save_ms = t.elapsed().as_millis() as u64, "checkpoint written");
+            self.start_unwritten = false;
             self.stored = acked;
             self.stats.checkpoints_written += 1;
         }
@@ -510,7 +529,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         }),
         acked_rows: start.rows_acked,
         stored: start.clone(),
-        dirty: false,
+        dirty: matches!(sink.delivery_mode(), DeliveryMode::Acknowledged) && store.is_some(),
         last_write: Instant::now(),
         write_interval: settings.checkpoint_interval,
         mode: sink.delivery_mode(),
@@ -522,6 +541,8 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         ),
         metrics: Arc::clone(&settings.metrics),
         floor: None,
+        start_unwritten: matches!(sink.delivery_mode(), DeliveryMode::Acknowledged)
+            && store.is_some(),
     };
     let mut inflight = AckQueue::new(
         sink,
@@ -697,6 +718,21 @@ impl Reader<'_> {
             }
             None => return Err(error),
         };
+        if let Some(c) = culprit
+            .as_ref()
+            .filter(|c| c.topic_refused && self.holds.is_some())
+        {
+            // The topic, not the row, is at fault: no row to find. The next run holds the
+            // topic's tables from their first record (`dead_letter.refused_topic = "hold"`).
+            self.refusals.learnt += 1;
+            self.refusals
+                .refused_topics
+                .insert(Arc::clone(&c.topic), c.reason.clone());
+            return Err(RelayError::kafka(format!(
+                "Kafka refused the records of topic {} when they were written ({fatal});                  restarting with a new producer, which holds the tables writing to it                  (dead_letter.refused_topic = \"hold\")",
+                c.topic
+            )));
+        }
         match culprit.filter(|c| c.alone) {
             Some(c) if !sink.has_dead_letter() => {
                 // Everything before the row is acknowledged: store that, then stop.
@@ -1135,7 +1171,7 @@ impl Reader<'_> {
                     .map(|()| true);
             }
         };
-        let mut span = self.settings.spans.as_ref().map(|spans| {
+        let span = self.settings.spans.as_ref().map(|spans| {
             let span = spans.start_row(
                 &RowStart {
                     topic: &record.topic,
@@ -1185,37 +1221,52 @@ impl Reader<'_> {
                 .await
                 .map(|()| true);
         }
-        if let Some(holds) = self.holds.as_mut().filter(|h| h.holding(&table)) {
+        let mut held = Held {
+            record,
+            done,
+            table,
+            position,
+            event_time: self.event_time,
+            read_at,
+            bytes,
+            span,
+            event_key: self.settings.ack_audit.as_ref().and(event_key),
+        };
+        if let Some(holds) = self.holds.as_mut().filter(|h| h.holding(&held.table)) {
             // Behind the held records of its table, in order.
-            holds.push(Held {
-                record,
-                done,
-                table,
-                position,
-                event_time: self.event_time,
-                read_at,
-                bytes,
-                span,
-                event_key: self.settings.ack_audit.as_ref().and(event_key),
-            });
+            holds.push(held);
+            return Ok(false);
+        }
+        if let Some(reason) = self
+            .refusals
+            .refused_topics
+            .get(&held.record.topic)
+            .filter(|_| self.holds.is_some())
+        {
+            // A produce response refused its topic in an earlier run: sending would stop the
+            // producer again.
+            let (topic, reason) = (Arc::clone(&held.record.topic), reason.clone());
+            self.start_hold(topic, reason, held, progress);
             return Ok(false);
         }
         let alone = self.refusals.isolates(&row);
-        sink.ensure_topic(&record.topic).await?;
+        sink.ensure_topic(&held.record.topic).await?;
         if alone {
             self.drain(sink, progress, inflight).await?;
         }
         let mut sent = self
-            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
+            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&held.record, seq))
             .await;
         if matches!(
             sent,
             Err(Refusal::Permanent(_, DeadLetterKind::Producer, false))
-        ) && sink.recheck_topic_limit(&record).await
+        ) && sink.recheck_topic_limit(&held.record).await
         {
             // The topic's max.message.bytes was raised since it was read.
             sent = self
-                .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
+                .send_with_backpressure(sink, progress, inflight, |s, seq| {
+                    s.send(&held.record, seq)
+                })
                 .await;
         }
         if self.holds.is_none() {
@@ -1226,46 +1277,30 @@ impl Reader<'_> {
         }
         match sent {
             Ok(()) => {
-                if let Some(span) = span.as_deref_mut() {
+                if let Some(span) = held.span.as_deref_mut() {
                     span.produced();
                 }
-                inflight.push_record(
-                    done,
-                    RecordInfo {
-                        topic: record.topic,
-                        bytes,
-                        event_time: self.event_time,
-                        read_at,
-                        position,
-                        table,
-                        alone,
-                        span,
-                        event_key: self.settings.ack_audit.as_ref().and(event_key),
-                        released: None,
-                    },
-                );
+                let (done, info) = record_info(held, alone, None);
+                inflight.push_record(done, info);
                 self.last_sent = Some(row);
                 // Its acknowledgement is awaited once it counts as in flight (see `stream`).
                 self.drain_after = alone;
                 Ok(true)
             }
             Err(Refusal::Topic(reason)) => {
-                let topic = Arc::clone(&record.topic);
-                let held = Held {
-                    record,
-                    done,
-                    table,
-                    position,
-                    event_time: self.event_time,
-                    read_at,
-                    bytes,
-                    span,
-                    event_key: self.settings.ack_audit.as_ref().and(event_key),
-                };
+                let topic = Arc::clone(&held.record.topic);
                 self.start_hold(topic, reason, held, progress);
                 Ok(false)
             }
             Err(Refusal::Permanent(reason, kind, keep_value)) => {
+                let Held {
+                    record,
+                    done,
+                    table,
+                    position,
+                    span,
+                    ..
+                } = held;
                 let err = RelayError::Row {
                     position: position.clone(),
                     table: table.to_string(),
@@ -1277,7 +1312,7 @@ impl Reader<'_> {
                     .map(|()| true)
             }
             Err(Refusal::Failed(e)) => {
-                if let Some(span) = span {
+                if let Some(span) = held.span {
                     span.failed(&e.to_string());
                 }
                 Err(e)
@@ -1330,10 +1365,115 @@ impl Reader<'_> {
     ) -> Result<(), RelayError> {
         let now = Instant::now();
         while let Some((id, topic)) = self.holds.as_ref().and_then(|h| h.due(now)) {
-            sink.recheck_topic(&topic).await?;
+            self.settings.metrics.hold_retried();
+            if self.refusals.refused_topics.contains_key(&topic) {
+                if !self.trial(id, topic, sink, progress, inflight).await? {
+                    continue;
+                }
+            } else {
+                sink.recheck_topic(&topic).await?;
+            }
             self.release(id, sink, progress, inflight).await?;
         }
         Ok(())
+    }
+
+    /// Retries hold `id`, whose `topic` a produce response refused (see
+    /// [`Refusals::refused_topics`]): sends its first held record alone with the sink's trial
+    /// producer ([`RecordSink::send_trial`]), so that a topic still refused does not stop the
+    /// sink's producer. `true` when the record was written: its acknowledgement is queued as
+    /// the sink's own reports are, the topic is no longer known as refused, and the caller
+    /// releases the rest with the sink's producer. `false` when the topic still refuses it or
+    /// the trial failed: the record goes back first in line until the next backoff delay.
+    ///
+    /// # Errors
+    /// The record was refused for another reason (too large, say): as in [`Reader::release`],
+    /// the run ends and the next one, which sends it with the sink's producer, finds a row
+    /// error as usual.
+    async fn trial<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        id: u64,
+        topic: Arc<str>,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<bool, RelayError> {
+        while self.records_in_flight >= self.settings.max_in_flight {
+            match inflight.next(sink).await {
+                Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
+                None => break,
+            }
+        }
+        let Some(mut held) = self.holds.as_mut().and_then(|h| h.pop(id)) else {
+            return Ok(true);
+        };
+        if let Some(clock) = &self.lease_clock {
+            // As before every hand-over (`send_with_backpressure`).
+            if let Err(e) = clock.check() {
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, e.to_string(), Instant::now());
+                }
+                return Err(e);
+            }
+        }
+        match sink.send_trial(&held.record).await {
+            Ok(delivered @ Delivered::Acked(..)) => {
+                self.refusals.refused_topics.remove(&topic);
+                tracing::info!(%topic, table = %held.table,
+                    "a held table's topic accepts records again (its first held record was \
+                     written alone): the rest are sent in order");
+                if let Some(span) = held.span.as_deref_mut() {
+                    span.produced();
+                }
+                if let Some((base, advances)) = self.pending.take() {
+                    inflight.push_boundary(base, advances);
+                }
+                let seq = inflight.next_seq();
+                let (done, info) = record_info(held, false, Some(id));
+                inflight.push_record(done, info);
+                // Filed where the sink files its own reports: audit, spans, read-back and the
+                // hold's count see it as any released record.
+                sink.deliveries().file((seq, Ok(delivered)));
+                self.records_in_flight += 1;
+                self.settings.metrics.set_in_flight(self.records_in_flight);
+                if let Some(h) = self.holds.as_mut() {
+                    h.sent(id);
+                }
+                Ok(true)
+            }
+            Ok(Delivered::Refused {
+                reason,
+                topic_refused: true,
+                ..
+            }) => {
+                tracing::debug!(%topic, table = %held.table, %reason,
+                    "a held table's topic still refuses its records");
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, reason, Instant::now());
+                }
+                Ok(false)
+            }
+            Ok(Delivered::Refused { reason, .. }) => {
+                self.refusals.refused_topics.remove(&topic);
+                if let Some(span) = held.span {
+                    span.failed(&reason);
+                }
+                Err(RelayError::kafka(format!(
+                    "a held record of table {} (at {}) was refused when its topic accepted \
+                     again: {reason}; the relay resumes from its checkpoint, before the held \
+                     rows, where this row is a row error as usual",
+                    held.table, held.position
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(%topic, table = %held.table, error = %e,
+                    "a held table's trial record failed; retried after the next backoff delay");
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, e.to_string(), Instant::now());
+                }
+                Ok(false)
+            }
+        }
     }
 
     /// Sends the held records of hold `id` in order until its queue is empty (its table is
@@ -1380,21 +1520,8 @@ impl Reader<'_> {
                     if let Some(span) = held.span.as_deref_mut() {
                         span.produced();
                     }
-                    inflight.push_record(
-                        held.done,
-                        RecordInfo {
-                            topic: held.record.topic,
-                            bytes: held.bytes,
-                            event_time: held.event_time,
-                            read_at: held.read_at,
-                            position: held.position,
-                            table: held.table,
-                            alone: false,
-                            span: held.span,
-                            event_key: held.event_key,
-                            released: Some(id),
-                        },
-                    );
+                    let (done, info) = record_info(held, false, Some(id));
+                    inflight.push_record(done, info);
                     self.records_in_flight += 1;
                     self.settings.metrics.set_in_flight(self.records_in_flight);
                     if let Some(h) = self.holds.as_mut() {
@@ -1555,6 +1682,26 @@ impl Reader<'_> {
     }
 }
 
+/// The acknowledgement entry of `held`, sent (alone: see [`RecordInfo::alone`]; `released`:
+/// the hold that released it).
+fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordInfo) {
+    (
+        held.done,
+        RecordInfo {
+            topic: held.record.topic,
+            bytes: held.bytes,
+            event_time: held.event_time,
+            read_at: held.read_at,
+            position: held.position,
+            table: held.table,
+            alone,
+            span: held.span,
+            event_key: held.event_key,
+            released,
+        },
+    )
+}
+
 /// Resolves with the period of `timer` at its next tick; never without a timer.
 async fn next_tick(timer: &mut Option<tokio::time::Interval>) -> Duration {
     match timer {
@@ -1690,6 +1837,7 @@ mod tests {
             server: (server.0, server.1.map(str::to_owned)),
             metrics: Arc::new(Metrics::new()),
             floor: None,
+            start_unwritten: false,
         }
     }
 
