@@ -199,6 +199,10 @@ pub struct PipelineSettings {
     /// table's later records (see "Tables held while their topic is refused" above); `None`:
     /// they are row errors (dead letter or stop).
     pub hold: Option<HoldSettings>,
+    /// `true` when the run's start point comes from an earlier run's acknowledgements, not
+    /// from the checkpoint store, so it may not be stored yet: the run's first checkpoint
+    /// write stores it even if nothing moved since (at-least-once; see `Progress`).
+    pub start_unwritten: bool,
 }
 
 /// Counters of one run, for logs.
@@ -520,6 +524,9 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         lease,
         cutover,
     } = stages;
+    let start_unwritten = settings.start_unwritten
+        && matches!(sink.delivery_mode(), DeliveryMode::Acknowledged)
+        && store.is_some();
     let mut progress = Progress {
         store,
         io_timeout: settings.io_timeout,
@@ -529,7 +536,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         }),
         acked_rows: start.rows_acked,
         stored: start.clone(),
-        dirty: matches!(sink.delivery_mode(), DeliveryMode::Acknowledged) && store.is_some(),
+        dirty: start_unwritten,
         last_write: Instant::now(),
         write_interval: settings.checkpoint_interval,
         mode: sink.delivery_mode(),
@@ -541,8 +548,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         ),
         metrics: Arc::clone(&settings.metrics),
         floor: None,
-        start_unwritten: matches!(sink.delivery_mode(), DeliveryMode::Acknowledged)
-            && store.is_some(),
+        start_unwritten,
     };
     let mut inflight = AckQueue::new(
         sink,

@@ -138,6 +138,8 @@ pub async fn replay(
         // A replay ends with its files: nothing would release a held table. A refused topic
         // is a row error there (dead letter or stop).
         hold: None,
+        // A replay stores no checkpoint.
+        start_unwritten: false,
     };
     let start = Checkpoint {
         position: plan
