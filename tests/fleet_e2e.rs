@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use outbox_relay_kafka::fleet::source_partition;
-use outbox_relay_testkit::kafka::read_all_records;
+use outbox_relay_testkit::kafka::{read_all_records, read_committed_records};
 use outbox_relay_testkit::state::read_state_row;
 use outbox_relay_testkit::{
-    commit_rows, free_local_port, http_get, kafka_bootstrap, unique_suffix, wait_until,
-    RelayProcess, RowGen, World, DEFAULT_CHECKPOINT_TABLE,
+    commit_rows, ensure_exactly_once, ensure_per_key_order, expect_exit_code, free_local_port,
+    http_get, kafka_bootstrap, metric, unique_suffix, wait_for_stderr, wait_until, RelayProcess,
+    RowGen, World, DEFAULT_CHECKPOINT_TABLE,
 };
 
 fn bin() -> &'static str {
@@ -55,6 +56,11 @@ impl Fleet {
     /// `n` sources, one database each, named so that each has a control-topic partition of
     /// its own among `n` (so `n` partitions spread them evenly over the members).
     async fn new(tag: &str, n: usize) -> Result<Self> {
+        Self::new_with(tag, n, |_| {}).await
+    }
+
+    /// [`Fleet::new`] with each source's spec changed by `tune` before its file is written.
+    async fn new_with(tag: &str, n: usize, tune: impl Fn(&mut World)) -> Result<Self> {
         let dir = std::env::temp_dir()
             .join("outbox-relay-tests")
             .join(format!("{tag}_{}", unique_suffix()));
@@ -71,6 +77,7 @@ impl Fleet {
             w.spec.connector_name = name;
             // Each process of the fleet derives its own server_id (a written one is refused).
             w.spec.server_id = 0;
+            tune(&mut w);
             std::fs::write(
                 dir.join(format!("{}.toml", w.connector())),
                 w.spec.to_source_toml(),
@@ -86,14 +93,15 @@ impl Fleet {
         })
     }
 
-    /// The main file of a member listening on `port`.
-    fn main_file(&self, port: u16) -> String {
+    /// The main file of a member listening on `port`, joining through `bootstrap`, with
+    /// `extra` (top-level tables such as `[retry]`) appended.
+    fn main_file(&self, port: u16, bootstrap: &str, extra: &str) -> String {
         format!(
             "sources_dir = {:?}\nsources_poll_ms = 0\n\n[kafka]\nbootstrap_servers = {:?}\n\n\
              [http]\nlisten = \"127.0.0.1:{port}\"\nready_kafka_ms = 5000\n\n[fleet]\n\
-             enabled = true\ngroup_id = {:?}\ncontrol_topic = {:?}\npartitions = {}\n",
+             enabled = true\ngroup_id = {:?}\ncontrol_topic = {:?}\npartitions = {}\n\n{extra}",
             self.dir.display().to_string(),
-            kafka_bootstrap(),
+            bootstrap,
             self.group,
             self.group,
             self.worlds.len()
@@ -101,13 +109,29 @@ impl Fleet {
     }
 
     fn spawn(&self) -> Result<Member> {
+        self.spawn_with(&kafka_bootstrap(), "")
+    }
+
+    /// A member joining through `bootstrap`, its main file ending with `extra`.
+    fn spawn_with(&self, bootstrap: &str, extra: &str) -> Result<Member> {
         let port = free_local_port()?;
-        let relay = RelayProcess::spawn(bin(), &self.main_file(port), &[])?;
+        let relay = RelayProcess::spawn(bin(), &self.main_file(port, bootstrap, extra), &[])?;
         Ok(Member { relay, port })
     }
 
     /// Writes `n` rows to every source; returns their event keys per source.
     async fn write_all(&mut self, n: usize) -> Result<Vec<HashSet<String>>> {
+        Ok(self
+            .write_all_ordered(n)
+            .await?
+            .into_iter()
+            .map(|keys| keys.into_iter().collect())
+            .collect())
+    }
+
+    /// Writes `n` rows to every source (one transaction each); returns their event keys per
+    /// source in commit order.
+    async fn write_all_ordered(&mut self, n: usize) -> Result<Vec<Vec<String>>> {
         let mut keys = Vec::new();
         for (w, gen) in self.worlds.iter().zip(self.gens.iter_mut()) {
             let rows = gen.rows(n);
@@ -339,10 +363,38 @@ async fn a_fleet_shares_its_sources_fails_over_and_takes_in_a_new_process() -> R
     }
 
     // A fourth process joins: it takes a share; the sources that keep their owner are not
-    // restarted.
+    // restarted. Until it has joined, its /readyz says so and answers 503.
     let before = fleet.leases().await?;
     let d = fleet.spawn()?;
+    let spawned = Instant::now();
+    let (watch_stop, watch) = watch_readyz(d.port);
     let joined = fleet.wait_settled(&[&b, &c, &d], 2, 2).await?;
+    let join_time = spawned.elapsed();
+    let _ = watch_stop.send(());
+    let seen = watch.await??;
+    println!(
+        "fleet: a new process took its share (2 of 6 sources) in {:.1} s (from spawn until they \
+         stream there and it holds their leases)",
+        join_time.as_secs_f64()
+    );
+    check_join_answers(&seen, &fleet.group)?;
+    for m in [&b, &c, &d] {
+        let (code, body) = http_get(m.port, "/readyz").await?;
+        ensure!(
+            code == 200
+                && body.starts_with(&format!("fleet: joined group {} (generation ", fleet.group))
+                && body
+                    .lines()
+                    .next()
+                    .is_some_and(|l| l.ends_with(", 2 of 6 partitions)")),
+            "a member of the settled fleet says it joined with 2 of 6 partitions: {code} {body}"
+        );
+        let (_, page) = http_get(m.port, "/metrics").await?;
+        ensure!(
+            metric(&page, "outbox_relay_fleet_joined") == Some(1.0),
+            "outbox_relay_fleet_joined 1 once joined:\n{page}"
+        );
+    }
     let leases = fleet.leases().await?;
     let mut kept = 0;
     for (name, &i) in &joined {
@@ -366,6 +418,220 @@ async fn a_fleet_shares_its_sources_fails_over_and_takes_in_a_new_process() -> R
         check_key_order(&name, &records)?;
     }
     stop_cleanly(&[&b, &c, &d]).await?;
+    Ok(())
+}
+
+/// Every (status, body) a `/readyz` watch saw.
+type Answers = tokio::task::JoinHandle<Result<Vec<(u16, String)>>>;
+
+/// Polls `/readyz` on `port` every 100 ms until told to stop; returns every (status, body)
+/// answered (none while the listener is not up yet).
+fn watch_readyz(port: u16) -> (tokio::sync::oneshot::Sender<()>, Answers) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(answer) = http_get(port, "/readyz").await {
+                seen.push(answer);
+            }
+            tokio::select! {
+                _ = &mut rx => return Ok(seen),
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    });
+    (tx, task)
+}
+
+/// A joining process's `/readyz` answers: each starts with its membership line; it answered
+/// 503 `fleet: not joined (…)` before joining (its listener is up before it asks Kafka
+/// anything, and a rebalance takes far longer than the 100 ms between two polls); a 200 comes
+/// only after it joined `group`.
+fn check_join_answers(seen: &[(u16, String)], group: &str) -> Result<()> {
+    let not_joined = seen
+        .iter()
+        .filter(|(_, body)| body.starts_with("fleet: not joined ("))
+        .count();
+    ensure!(
+        not_joined > 0,
+        "no 'fleet: not joined' answer before the process joined: {seen:?}"
+    );
+    for (code, body) in seen {
+        let first = body.lines().next().unwrap_or_default();
+        if first.starts_with("fleet: not joined (") {
+            ensure!(*code == 503, "not joined yet but {code}: {body}");
+        } else {
+            ensure!(
+                first.starts_with(&format!("fleet: joined group {group} (generation ")),
+                "the membership line first: {body}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// With Kafka unreachable, joining follows the top-level `[retry]`: with `max_attempts = 3`
+/// the process exits 1 after the third failed attempt, naming the bootstrap servers, the group
+/// and the fix; without `max_attempts` it keeps retrying, its `/readyz` answers 503 `fleet: not
+/// joined (…)` and `outbox_relay_fleet_joined` is 0, and it stops cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread")]
+async fn joining_follows_the_retry_policy_while_kafka_is_unreachable() -> Result<()> {
+    let fleet = Fleet::new("fr", 1).await?;
+    let closed = format!("127.0.0.1:{}", free_local_port()?); // nothing listens
+    let retry = "[retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 400\n";
+    let bounded = fleet.spawn_with(&closed, &format!("{retry}max_attempts = 3\n"))?;
+    let forever = fleet.spawn_with(&closed, retry)?;
+    let started = Instant::now();
+
+    let not_joined = format!(
+        "fleet: not joined (cannot join group {}: attempt ",
+        fleet.group
+    );
+    let (code, body) = wait_until("/readyz to say not joined", SETTLE, POLL, async || {
+        forever.relay.ensure_running()?;
+        let Ok((code, body)) = http_get(forever.port, "/readyz").await else {
+            return Ok(None);
+        };
+        Ok(body.contains(&not_joined).then_some((code, body)))
+    })
+    .await?;
+    ensure!(
+        code == 503 && body.contains(&closed),
+        "not ready before joining, naming the error: {code} {body}"
+    );
+
+    // 3 attempts of at most 10 s each (a broker's first answer) and two short backoffs.
+    let status = bounded.relay.wait_exit(Duration::from_secs(60)).await?;
+    let gave_up = started.elapsed();
+    expect_exit_code(status, 1, &bounded.relay)?;
+    println!(
+        "fleet: Kafka unreachable, retry.max_attempts = 3: the process exited 1 after {:.1} s",
+        gave_up.as_secs_f64()
+    );
+    ensure!(
+        gave_up < Duration::from_secs(45),
+        "gave up after {gave_up:?}"
+    );
+    let stderr = bounded.relay.stderr_text();
+    for n in 1..=2 {
+        ensure!(
+            stderr.contains(&format!("attempt={n}")),
+            "retry {n} logged:\n{stderr}"
+        );
+    }
+    ensure!(
+        !stderr.contains("attempt=3"),
+        "the third failure ends the process:\n{stderr}"
+    );
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_default();
+    for part in [
+        format!("fleet: cannot join group {:?}", fleet.group),
+        format!("kafka.bootstrap_servers = {closed:?}"),
+        "gave up after 3 attempts (retry.max_attempts = 3".to_owned(),
+        "Fix: make a broker of".to_owned(),
+    ] {
+        ensure!(
+            last.contains(&part),
+            "the final error names {part:?}: {last}"
+        );
+    }
+
+    // Without max_attempts: still retrying, not ready, not joined.
+    forever.relay.ensure_running()?;
+    let (code, body) = http_get(forever.port, "/readyz").await?;
+    ensure!(
+        code == 503 && body.starts_with("fleet: not joined ("),
+        "{code} {body}"
+    );
+    let (_, page) = http_get(forever.port, "/metrics").await?;
+    ensure!(
+        metric(&page, "outbox_relay_fleet_joined") == Some(0.0),
+        "outbox_relay_fleet_joined 0 before joining:\n{page}"
+    );
+    // It retries past the third failure (where the bounded process gave up).
+    wait_for_stderr(&forever.relay, "attempt=3", Duration::from_secs(30)).await?;
+    stop_cleanly(&[&forever]).await?;
+    Ok(())
+}
+
+/// A fleet of exactly-once sources: two processes, four sources (each with its own progress
+/// topic); rows written before, during and after a kill -9 of the process owning two of them
+/// are each read once by a `read_committed` consumer, none missing, in commit order per key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_of_exactly_once_sources_fails_over_without_duplicates() -> Result<()> {
+    let mut fleet = Fleet::new_with("fe", 4, |w| {
+        w.spec.kafka_extra = format!(
+            "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n\
+             transaction_interval_ms = 50\n",
+            w.uid
+        );
+    })
+    .await?;
+    let (a, b) = (fleet.spawn()?, fleet.spawn()?);
+    let owners = fleet.wait_settled(&[&a, &b], 2, 2).await?;
+    let mut keys: Vec<Vec<String>> = vec![Vec::new(); fleet.worlds.len()];
+    let add = |keys: &mut Vec<Vec<String>>, new: Vec<Vec<String>>| {
+        for (all, k) in keys.iter_mut().zip(new) {
+            all.extend(k);
+        }
+    };
+    for _ in 0..4 {
+        add(&mut keys, fleet.write_all_ordered(5).await?);
+    }
+    let sets = |keys: &[Vec<String>]| -> Vec<HashSet<String>> {
+        keys.iter().map(|k| k.iter().cloned().collect()).collect()
+    };
+    fleet.wait_keys(&sets(&keys), &[&a, &b]).await?;
+
+    let moved: Vec<String> = owners
+        .iter()
+        .filter(|(_, &i)| i == 0)
+        .map(|(n, _)| n.clone())
+        .collect();
+    let before = fleet.leases().await?;
+    a.relay.kill9()?;
+    let killed = Instant::now();
+    for _ in 0..2 {
+        add(&mut keys, fleet.write_all_ordered(5).await?);
+    }
+    fleet.wait_settled(&[&b], 4, 4).await?;
+    let failover = killed.elapsed();
+    println!(
+        "fleet: exactly-once, kill -9 of a process with {} sources: running on the survivor \
+         after {:.1} s",
+        moved.len(),
+        failover.as_secs_f64()
+    );
+    ensure!(
+        failover < FAILOVER_LIMIT,
+        "failover took {failover:?} (limit {FAILOVER_LIMIT:?})"
+    );
+    let leases = fleet.leases().await?;
+    for name in &moved {
+        ensure!(leases[name].1 > before[name].1, "{name} took a new lease");
+    }
+    for _ in 0..2 {
+        add(&mut keys, fleet.write_all_ordered(5).await?);
+    }
+    fleet.wait_keys(&sets(&keys), &[&b]).await?;
+    stop_cleanly(&[&b]).await?;
+
+    for (w, k) in fleet.worlds.iter().zip(&keys) {
+        let records =
+            read_committed_records(&w.spec.bootstrap_servers, &[w.topic("Order")], RELAY_WAIT)
+                .await?;
+        let expected: HashSet<String> = k.iter().cloned().collect();
+        ensure_exactly_once(&records, &expected)
+            .with_context(|| format!("source {}", w.connector()))?;
+        let order: HashMap<String, usize> =
+            k.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
+        ensure_per_key_order(&records, &order)
+            .with_context(|| format!("source {}", w.connector()))?;
+    }
     Ok(())
 }
 

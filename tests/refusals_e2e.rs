@@ -11,7 +11,13 @@
 //!   user is denied by an ACL (a private broker: `tests/services/kafka.sh` with
 //!   `KAFKA_AUTO_CREATE=false`, `KAFKA_SASL_SCRAM=1`, `KAFKA_DENY_TOPIC_PREFIX`);
 //! - `dlq replay` (issue 17): the dead letters of the missing topic replayed once, in order,
-//!   after the topic was created.
+//!   after the topic was created;
+//! - `dead_letter.refused_topic = "hold"` (issue 28): two tenants matched by a pattern, one
+//!   whose topic is missing is held (the other flows, the checkpoint stays before the held
+//!   rows, a kill -9 loses nothing, all arrive in order once the topic exists), one whose topic
+//!   is refused only when written to (an ACL denying WRITE, not DESCRIBE) is held after one
+//!   producer restart and retried with trial records that restart nothing, and
+//!   `hold_max_records` pauses reading instead of holding more.
 //!
 //! Every test waits on observable state (records, dead letters, the relay's exit).
 
@@ -20,12 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, ensure, Context, Result};
-use mysql_async::TxOpts;
+use mysql_async::prelude::*;
+use mysql_async::{Conn, TxOpts};
 use outbox_relay_testkit::private::repo_root;
 use outbox_relay_testkit::{
-    collect_until, create_topic, describe_exit, free_local_port, high_watermark_total,
-    insert_outbox_rows, read_all_records, read_committed_records, recent_created_at_base,
-    InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
+    collect_until, compare_positions, create_topic, current_binlog_position, describe_exit,
+    ensure_at_least_once, free_local_port, high_watermark_total, insert_outbox_rows, list_topics,
+    read_all_records, read_committed_records, recent_created_at_base, wait_until, BinlogPosition,
+    Checkpoint, InsertStyle, OutboxRow, PrivateService, Record, RelayProcess, ServiceSpec,
 };
 
 /// The relay binary under test (built on first use).
@@ -766,4 +774,481 @@ async fn dead_letters_are_replayed_once_in_order_after_the_fix() -> Result<()> {
         "filtered dry run output:\n{out}"
     );
     Ok(())
+}
+
+/// The outbox table's DDL (`migrations/0001_outbox.sql`'s statement) for a table named `name`.
+fn outbox_ddl(name: &str) -> Result<String> {
+    let path = outbox_relay_testkit::db::migrations_dir().join("0001_outbox.sql");
+    let sql = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    Ok(sql.replace(
+        "CREATE TABLE IF NOT EXISTS outbox (",
+        &format!("CREATE TABLE IF NOT EXISTS `{name}` ("),
+    ))
+}
+
+impl Fixture {
+    /// A connection to `schema` of the world's server.
+    async fn conn_to(&self, schema: &str) -> Result<Conn> {
+        let url = self.db.url();
+        let (server, _) = url.rsplit_once('/').context("the URL has a database")?;
+        Ok(Conn::from_url(format!("{server}/{schema}")).await?)
+    }
+
+    /// Creates tenant schema `<db><suffix>` with an `outbox` table; returns its name.
+    async fn create_tenant(&self, suffix: &str) -> Result<String> {
+        let schema = format!("{}{suffix}", self.db.name());
+        let mut conn = self.db.conn().await?;
+        conn.query_drop(format!(
+            "CREATE DATABASE IF NOT EXISTS `{schema}` DEFAULT CHARACTER SET utf8mb4"
+        ))
+        .await?;
+        drop(conn);
+        let mut conn = self.conn_to(&schema).await?;
+        conn.query_drop(outbox_ddl("outbox")?).await?;
+        conn.disconnect().await?;
+        Ok(schema)
+    }
+
+    /// Commits `rows` into `schema.outbox`, one transaction.
+    async fn commit_into(&self, schema: &str, rows: &[OutboxRow]) -> Result<()> {
+        let mut conn = self.conn_to(schema).await?;
+        let mut tx = conn.start_transaction(TxOpts::default()).await?;
+        insert_outbox_rows(&mut tx, "outbox", rows, InsertStyle::MultiRow).await?;
+        tx.commit().await?;
+        conn.disconnect().await?;
+        Ok(())
+    }
+
+    /// The end of the server's binlog now.
+    async fn binlog_end(&self) -> Result<BinlogPosition> {
+        let mut conn = self.db.conn().await?;
+        current_binlog_position(&mut conn).await
+    }
+
+    /// Fails unless the stored checkpoint is before `limit` (the binlog's end read right after
+    /// the first held transaction's commit: at or past its end, the checkpoint would have passed
+    /// the held rows); returns it.
+    async fn ensure_checkpoint_before(&self, limit: &BinlogPosition) -> Result<Checkpoint> {
+        let cp = self.checkpoint().await?;
+        let mut conn = self.db.conn().await?;
+        let order = compare_positions(&mut conn, &cp.position(), limit).await?;
+        ensure!(
+            order.is_lt(),
+            "the checkpoint {}:{} (+{} rows) passed the first held transaction, which ends by {limit}",
+            cp.binlog_file,
+            cp.binlog_pos,
+            cp.rows_acked
+        );
+        Ok(cp)
+    }
+}
+
+/// Two tenant schemas `<db>_t1`, `<db>_t2` with an outbox each, matched by one pattern, on a
+/// world whose topic template is `<prefix>{schema}.{aggregate_type}` and which holds tables
+/// whose topic is refused (`dead_letter.refused_topic = "hold"` plus `dead_letter_extra`).
+struct Tenants {
+    f: Fixture,
+    t1: String,
+    t2: String,
+    /// Tenant 1's topic (`…t1.Order`).
+    topic1: String,
+    /// Tenant 2's topic (`…t2.Order`).
+    topic2: String,
+    /// A recent `created_at`.
+    now: i64,
+}
+
+impl Tenants {
+    /// Creates the schemas; the relay of `f` reaches Kafka at `bootstrap`.
+    async fn new(name: &str, bootstrap: &str, dead_letter_extra: &str) -> Result<Self> {
+        let mut f = Fixture::new(name).await?;
+        let t1 = f.create_tenant("_t1").await?;
+        let t2 = f.create_tenant("_t2").await?;
+        f.spec.tables = vec![format!("{}_t*.outbox", f.db.name())];
+        f.spec.topic = format!("{}{{schema}}.{{aggregate_type}}", f.topic_prefix());
+        f.spec.bootstrap_servers = bootstrap.to_owned();
+        f.spec.dead_letter_extra = format!("refused_topic = \"hold\"\n{dead_letter_extra}");
+        let topic1 = format!("{}{t1}.Order", f.topic_prefix());
+        let topic2 = format!("{}{t2}.Order", f.topic_prefix());
+        Ok(Self {
+            f,
+            t1,
+            t2,
+            topic1,
+            topic2,
+            now: recent_created_at_base(),
+        })
+    }
+
+    /// Row `n` of `tenant` (`a`: tenant 1, `b`: tenant 2). One key per tenant: one partition,
+    /// so the log's order is the rows' order.
+    fn row(&self, tenant: &str, n: usize) -> OutboxRow {
+        OutboxRow {
+            aggregate_type: "Order".into(),
+            aggregate_id: format!("order-{tenant}"),
+            event_type: "OrderPlaced".into(),
+            event_key: format!("{}-{tenant}-{n}", self.f.uid),
+            payload: format!("{{\"n\":{n}}}"),
+            created_at_micros: self.now + i64::try_from(n).unwrap_or(0),
+        }
+    }
+
+    /// Rows `range` of `tenant`.
+    fn rows(&self, tenant: &str, range: std::ops::Range<usize>) -> Vec<OutboxRow> {
+        range.map(|n| self.row(tenant, n)).collect()
+    }
+
+    /// Commits tenant 1's `a[0..2]`, tenant 2's `b[0..3]` (the first held transaction), then
+    /// `a[2..4]`, `b[3..5]`, `a[4..5]`, each in a transaction of its own; returns the binlog's
+    /// end before and after the first held transaction.
+    async fn commit_interleaved(
+        &self,
+        a: &[OutboxRow],
+        b: &[OutboxRow],
+    ) -> Result<(BinlogPosition, BinlogPosition)> {
+        let (t1, t2) = (&self.t1, &self.t2);
+        self.f.commit_into(t1, &a[0..2]).await?;
+        let hold_start = self.f.binlog_end().await?;
+        self.f.commit_into(t2, &b[0..3]).await?;
+        let held_end = self.f.binlog_end().await?;
+        self.f.commit_into(t1, &a[2..4]).await?;
+        self.f.commit_into(t2, &b[3..5]).await?;
+        self.f.commit_into(t1, &a[4..5]).await?;
+        Ok((hold_start, held_end))
+    }
+
+    /// Waits until the stored checkpoint is at or after `start` (everything before the held
+    /// transaction is acknowledged) and fails if it is ever at or after `end` (the binlog's end
+    /// read right after the held transaction's commit). Other tests write to this server too:
+    /// their transactions may come between, so the checkpoint is bounded, not pinned.
+    async fn wait_checkpoint_held(
+        &self,
+        relay: &RelayProcess,
+        start: &BinlogPosition,
+        end: &BinlogPosition,
+    ) -> Result<Checkpoint> {
+        let mut conn = self.f.db.conn().await?;
+        let cp = wait_until(
+            "the checkpoint at the start of the held transaction",
+            RELAY_WAIT,
+            Duration::from_millis(100),
+            async || {
+                relay.ensure_running()?;
+                let cp = self.f.checkpoint().await?;
+                let reached = compare_positions(&mut conn, &cp.position(), start).await?;
+                let before = compare_positions(&mut conn, &cp.position(), end).await?;
+                ensure!(
+                    before.is_lt(),
+                    "the checkpoint {} passed the held transaction (ends by {end})",
+                    cp.position()
+                );
+                Ok(reached.is_ge().then_some(cp))
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("{e:#}\n{}", relay.stderr_tail()))?;
+        // Back to the pool, which the database's drop closes.
+        drop(conn);
+        ensure!(cp.rows_acked == 0, "checkpoint {cp:?}");
+        Ok(cp)
+    }
+
+    /// Drops both schemas and the world's database.
+    async fn drop_all(self) -> Result<()> {
+        let mut conn = self.f.db.conn().await?;
+        for s in [&self.t1, &self.t2] {
+            conn.query_drop(format!("DROP DATABASE IF EXISTS `{s}`"))
+                .await?;
+        }
+        drop(conn);
+        self.f.drop_database().await
+    }
+}
+
+/// The event keys of `rows`, in order.
+fn keys_of(rows: &[OutboxRow]) -> Vec<String> {
+    rows.iter().map(|r| r.event_key.clone()).collect()
+}
+
+/// The event keys of `records` in their order in the log.
+fn key_order(records: &[Record]) -> Vec<String> {
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    sorted
+        .iter()
+        .filter_map(|r| r.header("event_key").map(str::to_owned))
+        .collect()
+}
+
+/// Issue 28, tenant isolation with `dead_letter.refused_topic = "hold"`: two tenants matched by
+/// a pattern, on a broker that creates no topics; tenant 2's topic is missing. Tenant 1's rows
+/// arrive while tenant 2's are held and the checkpoint stays at the start of tenant 2's first
+/// transaction; a kill -9 during the hold loses nothing (tenant 1's records after the hold's
+/// start may be sent again: at least once); once the topic is created, every held row arrives,
+/// once, in order, and the checkpoint passes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_tenant_topic_holds_only_that_tenants_table() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let w = Tenants::new("hold", &plain, "").await?;
+    let (f, t1, t2, topic1, topic2) = (&w.f, &w.t1, &w.t2, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
+    let relay = f.start_relay().await?;
+    let a = w.rows("a", 0..8);
+    let b = w.rows("b", 0..6);
+    let (hold_start, held_end) = w.commit_interleaved(&a, &b).await?;
+    // Tenant 1 flows while tenant 2 is held.
+    let seen = f.collect(topic1, keys_of(&a[0..5])).await?;
+    ensure!(
+        key_order(&seen) == keys_of(&a[0..5]),
+        "tenant 1's records: {:?}\n{}",
+        key_order(&seen),
+        relay.stderr_tail()
+    );
+    // The checkpoint reaches the start of tenant 2's first transaction and goes no further
+    // while it is held.
+    w.wait_checkpoint_held(&relay, &hold_start, &held_end)
+        .await?;
+    // A checkpoint interval or two later, still there.
+    tokio::time::sleep(Duration::from_millis(3 * f.spec.checkpoint_interval_ms)).await;
+    f.ensure_checkpoint_before(&held_end).await?;
+    let err = relay.stderr_text();
+    ensure!(
+        err.matches("the brokers refuse this table's topic").count() == 1
+            && err.contains(topic2.as_str())
+            && err.contains("auto.create.topics.enable=false"),
+        "one warning naming the held table's topic and the error:\n{}",
+        relay.stderr_tail()
+    );
+    ensure!(
+        !list_topics(&plain, topic2).await?.contains(topic2),
+        "topic {topic2} appeared"
+    );
+
+    // kill -9 during the hold: nothing held is lost.
+    relay.kill9()?;
+    let relay = f.start_relay().await?;
+    f.commit_into(t2, &b[5..6]).await?;
+    f.commit_into(t1, &a[5..8]).await?;
+    // Read right after the test's last commit: later, the binlog may end with the relay's own
+    // checkpoint write, which no checkpoint covers.
+    let end = f.binlog_end().await?;
+    let seen = f.collect(topic1, keys_of(&a)).await?;
+    ensure_at_least_once(&seen, &keys_of(&a).into_iter().collect())?;
+    f.ensure_checkpoint_before(&held_end).await?;
+
+    // The topic appears: the held rows arrive in order, once each, and the checkpoint moves on.
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let held = f.collect(topic2, keys_of(&b)).await?;
+    ensure!(
+        key_order(&held) == keys_of(&b),
+        "tenant 2's records, in order and once each: {:?}\n{}",
+        key_order(&held),
+        relay.stderr_tail()
+    );
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    let err = relay.stderr_text();
+    ensure!(err.contains("hold ended"), "{}", relay.stderr_tail());
+    stop_with_exit_0(&relay).await?;
+    w.drop_all().await
+}
+
+/// Issue 28, a tenant's topic refused only when written to: the relay's principal may describe
+/// topic 2 but not write to it (an ACL added while the broker runs), so the refusal comes in
+/// the produce response, which stops the idempotent producer. The relay restarts once with a
+/// new producer that holds tenant 2's table from its first record; tenant 1 flows; the held
+/// table is retried with a trial record sent by a producer of its own, so the retries restart
+/// nothing (the count of interrupted runs stays put while `outbox_relay_hold_retries_total`
+/// grows); the checkpoint stays before the held rows. Once the ACL is lifted, every held row
+/// arrives once, in order, and the checkpoint passes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_refused_only_when_written_holds_its_table_without_restarts() -> Result<()> {
+    let (kafka, sasl, plain) = strict_kafka()?;
+    let mut w = Tenants::new("hold_write", &sasl, "").await?;
+    w.f.spec.kafka_properties.extend([
+        ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+        ("sasl.mechanisms".into(), "SCRAM-SHA-512".into()),
+        ("sasl.username".into(), SASL_USER.into()),
+        ("sasl.password".into(), SASL_PASSWORD.into()),
+    ]);
+    let port = free_local_port()?;
+    w.f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    let (f, topic1, topic2) = (&w.f, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let principal = format!("User:{SASL_USER}");
+    let acl = |change: &str, permission: &str, operation: &str| -> Result<()> {
+        kafka.run(
+            "acl",
+            &[
+                change,
+                "--force",
+                permission,
+                principal.as_str(),
+                "--operation",
+                operation,
+                "--topic",
+                topic2.as_str(),
+            ],
+        )
+    };
+    acl("--add", "--allow-principal", "Describe")?;
+    acl("--add", "--deny-principal", "Write")?;
+    let relay = f.start_relay().await?;
+    let a = w.rows("a", 0..5);
+    let b = w.rows("b", 0..5);
+    let (hold_start, held_end) = w.commit_interleaved(&a, &b).await?;
+    // Read right after the test's last commit: later, the binlog may end with the relay's own
+    // checkpoint write, which no checkpoint covers.
+    let end = f.binlog_end().await?;
+    // Tenant 1 flows (sent again after the one restart, maybe: at least once).
+    let seen = collect_until(
+        &plain,
+        std::slice::from_ref(topic1),
+        RELAY_WAIT,
+        until_keys(keys_of(&a)),
+    )
+    .await?;
+    ensure_at_least_once(&seen, &keys_of(&a).into_iter().collect())?;
+    w.wait_checkpoint_held(&relay, &hold_start, &held_end)
+        .await?;
+    // Held after one restart; three retries later, no other restart.
+    let restarts = |text: &str| text.matches("run interrupted").count();
+    let err = relay.stderr_text();
+    ensure!(
+        err.contains("restarting with a new producer, which holds the tables")
+            && err.matches("the brokers refuse this table's topic").count() == 1
+            && err.contains("TopicAuthorizationFailed"),
+        "one restart, then one hold naming the broker's error:\n{}",
+        relay.stderr_tail()
+    );
+    let before = restarts(&err);
+    let retries = || async {
+        let (_, body) = outbox_relay_testkit::http_get(port, "/metrics").await?;
+        let n = body
+            .lines()
+            .find(|l| l.starts_with("outbox_relay_hold_retries_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        anyhow::Ok(n)
+    };
+    let first = retries().await?;
+    wait_until(
+        "three more retries of the held table",
+        RELAY_WAIT,
+        Duration::from_millis(200),
+        async || {
+            relay.ensure_running()?;
+            Ok((retries().await? >= first + 3.0).then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        restarts(&relay.stderr_text()) == before,
+        "a retry restarted the producer:\n{}",
+        relay.stderr_tail()
+    );
+    f.ensure_checkpoint_before(&held_end).await?;
+    let early = read_all_records(&plain, std::slice::from_ref(topic2), READ_ALL).await?;
+    ensure!(
+        early.is_empty(),
+        "held records reached the denied topic: {:?}",
+        key_order(&early)
+    );
+
+    // The fix the error names: the deny is lifted and WRITE granted (with an ACL on the topic,
+    // allow.everyone.if.no.acl.found no longer applies to it). The held rows arrive in order,
+    // once each; the checkpoint moves on.
+    acl("--remove", "--deny-principal", "Write")?;
+    acl("--add", "--allow-principal", "Write")?;
+    let held = collect_until(
+        &plain,
+        std::slice::from_ref(topic2),
+        RELAY_WAIT,
+        until_keys(keys_of(&b)),
+    )
+    .await?;
+    ensure!(
+        key_order(&held) == keys_of(&b),
+        "tenant 2's records, in order and once each: {:?}\n{}",
+        key_order(&held),
+        relay.stderr_tail()
+    );
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    let err = relay.stderr_text();
+    ensure!(
+        err.contains("hold ended") && restarts(&err) == before,
+        "{}",
+        relay.stderr_tail()
+    );
+    stop_with_exit_0(&relay).await?;
+    w.drop_all().await
+}
+
+/// `dead_letter.hold_max_records`: at the bound the relay stops reading the binlog instead of
+/// holding more or dropping anything. Three held rows (one rows event: the bound of 2 is
+/// checked before each event) pause reading, so the other tenant's later row is not produced
+/// either; `/readyz` says why and `/metrics` counts the held records. Once the topic exists,
+/// the held rows arrive in order, then the other tenant's row, and the checkpoint passes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_records_beyond_the_bound_pause_reading_and_lose_nothing() -> Result<()> {
+    let (_kafka, _sasl, plain) = strict_kafka()?;
+    let mut w = Tenants::new("hold_bound", &plain, "hold_max_records = 2\n").await?;
+    w.f.spec.heartbeat_interval_ms = Some(500);
+    let port = free_local_port()?;
+    w.f.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+    w.f.spec.http_extra = "ready_stall_ms = 1500\n".into();
+    let (f, t1, t2, topic1, topic2) = (&w.f, &w.t1, &w.t2, &w.topic1, &w.topic2);
+    create_topic(&plain, topic1, 1_048_588).await?;
+    let relay = f.start_relay().await?;
+    let b = w.rows("b", 0..3);
+    let a = w.rows("a", 0..1);
+    f.commit_into(t2, &b).await?;
+    f.commit_into(t1, &a).await?;
+    // Read right after the test's last commit: later, the binlog may end with the relay's own
+    // checkpoint write, which no checkpoint covers.
+    let end = f.binlog_end().await?;
+    // Reading paused at the bound: not ready, saying why (not the 503 of the start-up, which
+    // may still answer "connecting" right after the first checkpoint row).
+    let mut last = String::new();
+    let body = outbox_relay_testkit::wait_until(
+        "/readyz to say reading waits for held tables",
+        RELAY_WAIT,
+        Duration::from_millis(100),
+        async || {
+            relay.ensure_running()?;
+            let (status, body) = outbox_relay_testkit::http_get(port, "/readyz").await?;
+            let paused = status == 503 && body.contains("held tables");
+            last = format!("{status} {body}");
+            Ok(paused.then_some(body))
+        },
+    )
+    .await
+    .with_context(|| format!("last /readyz: {last}"))?;
+    ensure!(body.contains(topic2.as_str()), "/readyz: {body}");
+    let (_, metrics) = outbox_relay_testkit::http_get(port, "/metrics").await?;
+    let held_line = metrics
+        .lines()
+        .find(|l| l.starts_with("outbox_relay_held_records{") && l.contains(t2.as_str()))
+        .unwrap_or_default();
+    ensure!(held_line.ends_with(" 3"), "held records: {held_line:?}");
+    // The other tenant's row after the held ones was not read, so not produced.
+    let early = read_all_records(&plain, std::slice::from_ref(topic1), READ_ALL).await?;
+    ensure!(
+        early.is_empty(),
+        "tenant 1 produced while reading was paused: {:?}",
+        key_order(&early)
+    );
+    create_topic(&plain, topic2, 1_048_588).await?;
+    let held = f.collect(topic2, keys_of(&b)).await?;
+    ensure!(
+        key_order(&held) == keys_of(&b),
+        "held records: {:?}",
+        key_order(&held)
+    );
+    let seen = f.collect(topic1, keys_of(&a)).await?;
+    ensure!(seen.len() == 1, "{:?}", key_order(&seen));
+    f.wait_checkpoint_covers(&relay, &end, RELAY_WAIT).await?;
+    stop_with_exit_0(&relay).await?;
+    w.drop_all().await
 }

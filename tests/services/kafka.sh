@@ -14,6 +14,9 @@
 # allow.everyone.if.no.acl.found=true) and denies $KAFKA_SASL_USER every operation on topics
 # starting with <prefix> (an ACL added by kafka-acls' AclCommand once the broker is up).
 # tests/refusals_e2e.rs starts such a private broker.
+#   tests/services/kafka.sh acl <kafka-acls options>   (such a broker, running): runs kafka-acls'
+# AclCommand against it as the super user, e.g. to deny one topic's WRITE but not its DESCRIBE
+# and lift that later (a topic refused only when produced to).
 # KAFKA_EXTRA_PROPS: broker properties appended to server.properties, one per line (a private
 # broker with short transaction timeouts: tests/eos_e2e.rs).
 # KAFKA_ADVERTISED_PORT: the port the PLAINTEXT listener advertises (default KAFKA_PORT), so that
@@ -151,9 +154,16 @@ down() {
   fi
 }
 
+acl() {
+  running || die "Kafka is not running in $DIR"
+  java -Xmx128m -cp "$LIBS/*" org.apache.kafka.tools.AclCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" "$@" \
+    >>"$DIR/acl.log" 2>&1 || die "kafka-acls $* failed, see $DIR/acl.log"
+}
+
 case "${1:-}" in
   up) up ;;
+  acl) shift; acl "$@" ;;
   down) down ;;
   status) running && ready ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|acl <kafka-acls options>" >&2; exit 2 ;;
 esac

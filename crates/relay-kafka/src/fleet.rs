@@ -39,6 +39,10 @@ use outbox_relay_core::error::RelayError;
 /// How long a metadata or admin request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long joining waits for a first broker to answer before the attempt fails (and the
+/// process's `[retry]` decides what follows); a single source's start waits as long.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The control-topic partition of source `name` among `partitions`: Kafka's default
 /// partitioner on the name's UTF-8 bytes (the record key a Java producer would hash).
 pub fn source_partition(name: &str, partitions: i32) -> i32 {
@@ -48,8 +52,16 @@ pub fn source_partition(name: &str, partitions: i32) -> i32 {
 /// What the group decided for this process.
 #[derive(Debug)]
 pub enum FleetEvent {
-    /// These partitions are now this process's: start their sources.
-    Assigned(Vec<i32>),
+    /// A rebalance completed for this process: `partitions` are added to its share (start
+    /// their sources; empty when it gains none, also when it was assigned nothing at all).
+    /// After the first one the process is a member of the group.
+    Assigned {
+        /// The partitions added (an incremental assignment, cooperative rebalancing).
+        partitions: Vec<i32>,
+        /// The group's generation this assignment belongs to (Kafka's `generationId`, from
+        /// the consumer's group metadata; `-1` when the client does not know it).
+        generation: i32,
+    },
     /// These partitions are taken away (`lost`: the session had expired, another process may
     /// run them already). Stop their sources, then answer on `done`: the revocation completes
     /// only then (or after the wait given to [`Membership::join`]).
@@ -115,18 +127,42 @@ impl ConsumerContext for FleetContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let partitions = partitions_of(tpl);
+                let generation = generation_of(consumer);
                 if !partitions.is_empty() {
-                    tracing::info!(?partitions, "fleet: partitions assigned");
-                    let _ = self.events.send(FleetEvent::Assigned(partitions));
+                    tracing::info!(?partitions, generation, "fleet: partitions assigned");
                 }
+                // Also when empty: the rebalance completed, this process is a member.
+                let _ = self.events.send(FleetEvent::Assigned {
+                    partitions,
+                    generation,
+                });
             }
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => tracing::warn!(error = %e, "fleet: rebalance error"),
         }
+    }
+}
+
+/// The generation of the group `consumer` is a member of (librdkafka's group metadata;
+/// classic protocol: the `generationId` of its last JoinGroup); -1 when it has none.
+#[allow(unsafe_code)]
+fn generation_of<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> i32 {
+    use rdkafka::bindings as rdsys;
+    // SAFETY: the client handle is valid while `consumer` lives; the metadata is a copy
+    // librdkafka allocates for the caller (null when the consumer has no group), read once and
+    // destroyed here.
+    unsafe {
+        let md = rdsys::rd_kafka_consumer_group_metadata(consumer.client().native_ptr());
+        if md.is_null() {
+            return -1;
+        }
+        let generation = rdsys::rd_kafka_consumer_group_metadata_generation_id(md);
+        rdsys::rd_kafka_consumer_group_metadata_destroy(md);
+        generation
     }
 }
 
@@ -248,10 +284,11 @@ fn admin(kafka: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, Relay
 fn topic_partitions(
     client: &AdminClient<DefaultClientContext>,
     topic: &str,
+    timeout: Duration,
 ) -> Result<(Option<i32>, usize), RelayError> {
     let md = client
         .inner()
-        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        .fetch_metadata(Some(topic), timeout)
         .map_err(crate::kafka_error)?;
     let brokers = md.brokers().len();
     let found = md
@@ -268,7 +305,16 @@ async fn ensure_control_topic(kafka: &KafkaConfig, fleet: &FleetConfig) -> Resul
     let (kafka_c, topic_c) = (kafka.clone(), topic.clone());
     let (client, found, brokers) = tokio::task::spawn_blocking(move || {
         let client = admin(&kafka_c)?;
-        let (found, brokers) = topic_partitions(&client, &topic_c)?;
+        let (found, brokers) =
+            topic_partitions(&client, &topic_c, JOIN_TIMEOUT).map_err(|e| match e {
+                RelayError::Kafka(cause) => RelayError::kafka(format!(
+                    "no broker of {} answered a metadata request: {}",
+                    kafka_c.bootstrap_servers,
+                    cause.message()
+                ))
+                .with_source(cause),
+                other => other,
+            })?;
         Ok::<_, RelayError>((client, found, brokers))
     })
     .await
@@ -318,7 +364,7 @@ async fn ensure_control_topic(kafka: &KafkaConfig, fleet: &FleetConfig) -> Resul
     let found = tokio::task::spawn_blocking(move || {
         let client = admin(&kafka_c)?;
         for _ in 0..20 {
-            if let (Some(n), _) = topic_partitions(&client, &topic)? {
+            if let (Some(n), _) = topic_partitions(&client, &topic, REQUEST_TIMEOUT)? {
                 return Ok(Some(n));
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -353,7 +399,7 @@ pub async fn group_members(
     let fleet = fleet.clone();
     tokio::task::spawn_blocking(move || {
         let client = admin(&fleet.kafka)?;
-        let (partitions, _) = topic_partitions(&client, &fleet.control_topic)?;
+        let (partitions, _) = topic_partitions(&client, &fleet.control_topic, REQUEST_TIMEOUT)?;
         let list = client
             .inner()
             .fetch_group_list(Some(&fleet.group_id), REQUEST_TIMEOUT)

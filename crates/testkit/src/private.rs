@@ -142,7 +142,20 @@ impl PrivateService {
         self.script("up")
     }
 
+    /// Runs another action of the service's script with its options (`kafka.sh acl …`) and
+    /// the service's environment.
+    ///
+    /// # Errors
+    /// The script fails (its output is in the error).
+    pub fn run(&self, action: &str, options: &[&str]) -> Result<()> {
+        self.script_with(action, options)
+    }
+
     fn script(&self, action: &str) -> Result<()> {
+        self.script_with(action, &[])
+    }
+
+    fn script_with(&self, action: &str, options: &[&str]) -> Result<()> {
         let path = repo_root()
             .join("tests")
             .join("services")
@@ -151,6 +164,7 @@ impl PrivateService {
             .arg(&path)
             .args(&self.spec.args)
             .arg(action)
+            .args(options)
             .env("OUTBOX_SERVICES_DIR", self.dir())
             .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .output()

@@ -78,6 +78,9 @@ pub struct RelayConfigSpec {
     pub http_extra: String,
     /// TOML lines appended to the `[kafka]` section (`delivery = "exactly_once"`, …).
     pub kafka_extra: String,
+    /// TOML lines of the `[dead_letter]` section (`refused_topic = "hold"`, …), written after
+    /// `enabled`/`topic` when `dead_letter_topic` is set, as a section of their own otherwise.
+    pub dead_letter_extra: String,
     /// TOML lines of a `[tracing]` section (`otlp_endpoint = …`); empty writes no section
     /// (spans off).
     pub tracing_extra: String,
@@ -134,6 +137,7 @@ impl RelayConfigSpec {
             retry_extra: String::new(),
             http_extra: String::new(),
             kafka_extra: String::new(),
+            dead_letter_extra: String::new(),
             tracing_extra: String::new(),
         }
     }
@@ -220,9 +224,12 @@ impl RelayConfigSpec {
         ));
         if let Some(topic) = &self.dead_letter_topic {
             out.push_str(&format!(
-                "\n[dead_letter]\nenabled = true\ntopic = {}\n",
-                toml_str(topic)
+                "\n[dead_letter]\nenabled = true\ntopic = {}\n{}",
+                toml_str(topic),
+                self.dead_letter_extra
             ));
+        } else if !self.dead_letter_extra.is_empty() {
+            out.push_str(&format!("\n[dead_letter]\n{}", self.dead_letter_extra));
         }
         match &self.http_listen {
             Some(listen) => out.push_str(&format!(
@@ -674,9 +681,19 @@ mod tests {
             retry_extra: "max_attempts = 3\n".into(),
             http_extra: "ready_kafka_ms = 3000\n".into(),
             kafka_extra: String::new(),
+            dead_letter_extra: String::new(),
             tracing_extra: String::new(),
         };
         let toml = spec.to_toml();
+        let held = RelayConfigSpec {
+            dead_letter_extra: "refused_topic = \"hold\"\n".into(),
+            ..spec.clone()
+        }
+        .to_toml();
+        assert!(
+            held.contains("\n[dead_letter]\nrefused_topic = \"hold\"\n"),
+            "{held}"
+        );
         for needle in [
             "connector_name = \"c\"",
             "[mysql]",

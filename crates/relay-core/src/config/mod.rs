@@ -338,6 +338,19 @@ pub struct DeadLetterConfig {
     pub enabled: bool,
     /// Dead-letter topic. Default `outbox.dead_letter`.
     pub topic: String,
+    /// A record whose topic the brokers refuse (missing while they create no topics, or not
+    /// authorized), as learnt from their metadata before sending or from a produce response
+    /// (then one producer restart later): `row_error` (default) treats
+    /// it as any row error (`enabled` decides: dead letter or stop); `hold` parks that record
+    /// and every later record of the same outbox table (`database.table`) in memory, in
+    /// order, while the other tables go on, and retries the table with the `[retry]` backoff
+    /// until its topic accepts. Takes precedence over `enabled` for such records only.
+    pub refused_topic: RefusedTopic,
+    /// With `refused_topic = "hold"`: most records held in memory for one source (all held
+    /// tables together). When reached, the relay stops reading the binlog (backpressure) until
+    /// a held table is released; nothing is dropped. Checked before each binlog event, so one
+    /// event's rows may pass it. Default 10000; at least 1.
+    pub hold_max_records: usize,
 }
 
 impl Default for DeadLetterConfig {
@@ -345,8 +358,24 @@ impl Default for DeadLetterConfig {
         Self {
             enabled: false,
             topic: "outbox.dead_letter".into(),
+            refused_topic: RefusedTopic::RowError,
+            hold_max_records: 10_000,
         }
     }
+}
+
+/// `dead_letter.refused_topic`: what to do with a record whose topic the brokers refuse (see
+/// [`DeadLetterConfig::refused_topic`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusedTopic {
+    /// A row error like any other: dead-lettered when `dead_letter.enabled`, else the relay
+    /// stops naming the row. The behaviour of earlier releases.
+    #[default]
+    RowError,
+    /// Hold the record and every later record of its outbox table until the topic accepts;
+    /// the checkpoint stays before the first held row. At-least-once sources only.
+    Hold,
 }
 
 impl std::fmt::Debug for MysqlConfig {
@@ -1133,6 +1162,27 @@ impl RelayConfig {
                 self.dead_letter.topic
             ));
         }
+        if self.dead_letter.refused_topic == RefusedTopic::Hold {
+            if self.dead_letter.hold_max_records == 0 {
+                return bad(
+                    "dead_letter.hold_max_records must be at least 1 (the most records \
+                     held in memory before reading the binlog pauses; default 10000)"
+                        .into(),
+                );
+            }
+            if self.kafka.delivery == Delivery::ExactlyOnce {
+                return bad(
+                    "dead_letter.refused_topic = \"hold\" cannot be combined with \
+                     kafka.delivery = \"exactly_once\": while a table is held, the other \
+                     tables' records after its first held row are committed to Kafka while \
+                     the resume point stays before that row, so a restart would commit them a \
+                     second time and read_committed consumers would see duplicates. Fix: set \
+                     dead_letter.refused_topic = \"row_error\" (dead letters with \
+                     dead_letter.enabled = true), or use kafka.delivery = \"at_least_once\""
+                        .into(),
+                );
+            }
+        }
         self.table_mappings()?;
         self.checkpoint_table()?;
         if self.kafka.max_in_flight == 0 {
@@ -1327,6 +1377,36 @@ bootstrap_servers = "127.0.0.1:9092"
             c.checkpoint_table().expect("resolves").to_string(),
             "shop.outbox_relay_checkpoint"
         );
+    }
+
+    #[test]
+    fn refused_topic_hold_is_validated() {
+        let c = RelayConfig::from_toml_str(MINIMAL).expect("valid");
+        assert_eq!(c.dead_letter.refused_topic, RefusedTopic::RowError);
+        assert_eq!(c.dead_letter.hold_max_records, 10_000);
+        let hold = format!("{MINIMAL}\n[dead_letter]\nrefused_topic = \"hold\"\n");
+        let c = RelayConfig::from_toml_str(&hold).expect("valid");
+        assert_eq!(c.dead_letter.refused_topic, RefusedTopic::Hold);
+        let zero = format!("{hold}hold_max_records = 0\n");
+        let err = RelayConfig::from_toml_str(&zero)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("dead_letter.hold_max_records"), "{err}");
+        let eos = hold.replace(
+            "bootstrap_servers = \"127.0.0.1:9092\"",
+            "bootstrap_servers = \"127.0.0.1:9092\"\ndelivery = \"exactly_once\"",
+        );
+        let err = RelayConfig::from_toml_str(&eos)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("dead_letter.refused_topic") && err.contains("exactly_once"),
+            "{err}"
+        );
+        let bad = format!("{MINIMAL}\n[dead_letter]\nrefused_topic = \"park\"\n");
+        assert!(RelayConfig::from_toml_str(&bad).is_err());
     }
 
     #[test]

@@ -41,7 +41,7 @@ use figment::Figment;
 
 use serde::Deserialize;
 
-use super::{HttpConfig, KafkaConfig, RelayConfig, TracingConfig, ENV_PREFIX};
+use super::{HttpConfig, KafkaConfig, RelayConfig, RetryConfig, TracingConfig, ENV_PREFIX};
 use crate::error::RelayError;
 
 /// Top-level keys of a many-source file that are not shared settings of its sources.
@@ -95,6 +95,11 @@ pub struct FleetConfig {
     pub lease_ttl_ms: u64,
     /// The shared `[kafka]` section (bootstrap servers, security properties), secrets resolved.
     pub kafka: KafkaConfig,
+    /// The top-level (shared) `[retry]` section, which joining the group follows while Kafka
+    /// cannot be reached: backoff from `initial_backoff_ms` to `max_backoff_ms` (ms), and the
+    /// process gives up after `max_attempts` failed attempts (0: retries forever). A source's
+    /// own `[retry]` applies to that source only. Defaults as [`RetryConfig`].
+    pub retry: RetryConfig,
 }
 
 /// Defaults of `[fleet]`.
@@ -197,6 +202,18 @@ impl FleetConfig {
         for (key, value) in kafka.properties.iter_mut() {
             *value = super::secrets::resolve(&format!("kafka.properties.{key:?}"), value)?;
         }
+        let retry: RetryConfig = if root.contains_key("retry") {
+            shared.extract_inner("retry").map_err(figment_error)?
+        } else {
+            RetryConfig::default()
+        };
+        if retry.initial_backoff_ms == 0 || retry.max_backoff_ms < retry.initial_backoff_ms {
+            return Err(config_error(
+                "retry.initial_backoff_ms must be > 0 and <= retry.max_backoff_ms (the shared \
+                 [retry], which the fleet's membership follows)"
+                    .into(),
+            ));
+        }
         Ok(Some(Self {
             group_id,
             control_topic,
@@ -206,6 +223,7 @@ impl FleetConfig {
             heartbeat_interval_ms,
             lease_ttl_ms,
             kafka,
+            retry,
         }))
     }
 
@@ -832,6 +850,38 @@ tables = [\"pay.outbox\", \"pay.outbox2\"]
             (6000, 1500, 8000)
         );
         assert_eq!(f.kafka.bootstrap_servers, "127.0.0.1:9092");
+        assert_eq!(
+            (
+                f.retry.initial_backoff_ms,
+                f.retry.max_backoff_ms,
+                f.retry.max_attempts
+            ),
+            (500, 30_000, 0),
+            "no [retry]: the defaults"
+        );
+
+        // The top-level [retry] is the fleet's; a source's own [retry] is not.
+        let path = write(
+            &dir,
+            "retry.toml",
+            &format!(
+                "{SHARED}\n[retry]\ninitial_backoff_ms = 50\nmax_backoff_ms = 200\n\
+                 max_attempts = 3\n\n[fleet]\n\n[[source]]\nname = \"a\"\n[source.retry]\n\
+                 max_attempts = 9\n"
+            ),
+        );
+        let f = ProcessConfig::load(&path)
+            .expect("valid")
+            .fleet
+            .expect("enabled");
+        assert_eq!(
+            (
+                f.retry.initial_backoff_ms,
+                f.retry.max_backoff_ms,
+                f.retry.max_attempts
+            ),
+            (50, 200, 3)
+        );
 
         // Exactly what the Helm chart renders.
         std::env::set_var("OUTBOX_RELAY_TEST_POD_NAME", "relay-7f9c-x2");

@@ -9,6 +9,8 @@
 //!   stalled, Kafka unreachable, stopping). A process of many sources answers for all of them,
 //!   one line `<source>: ready: …` / `<source>: not ready: …` each, by the rule of
 //!   [`crate::observe::hub`]; `GET /readyz?source=<name>` for one (404 for an unknown name).
+//!   A fleet's process starts the body with its membership (`fleet: joined group …` or
+//!   `fleet: not joined (…)`) and is not ready until it has joined.
 //!
 //! The listener is bound before the relay connects anywhere, so a port already in use is a
 //! configuration error at start-up, and `/healthz` answers while MySQL is unreachable. The
@@ -176,16 +178,19 @@ async fn readyz(
         };
     }
     let all = s.hub.readiness();
-    let ready = all.iter().all(|(_, r)| r.is_ok());
-    let body = if !s.hub.is_multi() && all.len() == 1 {
-        format!("{}\n", line(&all[0].1))
+    let fleet = s.hub.fleet();
+    // A fleet's process is ready only once it has joined (then as its assigned sources are).
+    let ready = all.iter().all(|(_, r)| r.is_ok()) && fleet.as_ref().is_none_or(|f| f.is_joined());
+    let mut body = fleet.map(|f| format!("{}\n", f.line())).unwrap_or_default();
+    if !s.hub.is_multi() && all.len() == 1 {
+        body.push_str(&format!("{}\n", line(&all[0].1)));
     } else if all.is_empty() {
-        "ready: this process runs no source\n".to_owned()
+        if ready {
+            body.push_str("ready: this process runs no source\n");
+        }
     } else {
-        all.iter()
-            .map(|(name, r)| format!("{name}: {}\n", line(r)))
-            .collect()
-    };
+        body.extend(all.iter().map(|(name, r)| format!("{name}: {}\n", line(r))));
+    }
     (status(ready), [(header::CONTENT_TYPE, TEXT)], body)
 }
 
@@ -278,6 +283,55 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "still listening after stop"
         );
+    }
+
+    #[tokio::test]
+    async fn a_fleet_process_is_ready_only_once_joined() {
+        let hub = Hub::new(true);
+        hub.set_fleet(crate::observe::hub::FleetState::NotJoined {
+            reason: "joining group g".into(),
+        });
+        let server = start(&config("127.0.0.1:0"), Arc::clone(&hub))
+            .await
+            .expect("binds")
+            .expect("enabled");
+        let addr = server.local_addr();
+        assert_eq!(
+            get(addr, "/readyz").await,
+            (503, "fleet: not joined (joining group g)\n".into())
+        );
+        hub.set_fleet(crate::observe::hub::FleetState::Joined {
+            group: "g".into(),
+            generation: 3,
+            assigned: 0,
+            partitions: 4,
+        });
+        assert_eq!(
+            get(addr, "/readyz").await,
+            (
+                200,
+                "fleet: joined group g (generation 3, 0 of 4 partitions)\nready: this process \
+                 runs no source\n"
+                    .into()
+            )
+        );
+        let a = hub.add(
+            "a",
+            ReadyLimits {
+                stall: Duration::from_secs(30),
+                kafka: Duration::from_secs(30),
+            },
+        );
+        let (status, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.ends_with("\na: not ready: starting\n"), "{body}");
+        a.set_state(RelayState::Streaming);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+        hub.set_fleet(crate::observe::hub::FleetState::NotJoined {
+            reason: "the membership was lost".into(),
+        });
+        assert_eq!(get(addr, "/readyz").await.0, 503);
+        server.stop().await;
     }
 
     #[tokio::test]

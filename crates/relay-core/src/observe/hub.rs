@@ -11,6 +11,12 @@
 //! good (`State::Failed`) keeps the process not ready until it is fixed or removed: a bad
 //! source in a new configuration then stops a rolling update instead of hiding behind the
 //! healthy ones.
+//!
+//! # A fleet's process
+//! With `[fleet]` ([`Hub::set_fleet`]) the body starts with the membership's line, `fleet:
+//! joined group <g> (generation <n>, <k> of <p> partitions)` or `fleet: not joined
+//! (<reason>)`. The process is not ready until it has joined; once joined it is ready when
+//! every source it was assigned is ready (none assigned: ready).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -30,6 +36,52 @@ pub struct ReadyLimits {
     pub kafka: Duration,
 }
 
+/// Where a fleet's process stands in its group (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetState {
+    /// Not a member (yet, or any more): joining, retrying while Kafka cannot be reached,
+    /// waiting for the group's first assignment, or rejoining after the membership was lost.
+    NotJoined {
+        /// Why, in an operator's words.
+        reason: String,
+    },
+    /// A member: the group assigned this process its share.
+    Joined {
+        /// The consumer group (`fleet.group_id`).
+        group: String,
+        /// The group's generation of the last assignment (Kafka's `generationId`; -1 unknown).
+        generation: i32,
+        /// Control-topic partitions assigned to this process.
+        assigned: usize,
+        /// The control topic's partition count.
+        partitions: i32,
+    },
+}
+
+impl FleetState {
+    /// `/readyz`'s line: `fleet: joined group <g> (generation <n>, <k> of <p> partitions)` or
+    /// `fleet: not joined (<reason>)`.
+    pub fn line(&self) -> String {
+        match self {
+            Self::NotJoined { reason } => format!("fleet: not joined ({reason})"),
+            Self::Joined {
+                group,
+                generation,
+                assigned,
+                partitions,
+            } => format!(
+                "fleet: joined group {group} (generation {generation}, {assigned} of \
+                 {partitions} partitions)"
+            ),
+        }
+    }
+
+    /// Whether the process is a member of its group.
+    pub fn is_joined(&self) -> bool {
+        matches!(self, Self::Joined { .. })
+    }
+}
+
 /// One source's entry.
 struct Entry {
     metrics: Arc<Metrics>,
@@ -43,6 +95,8 @@ pub struct Hub {
     /// A process of `[[source]]` sections (or a sources folder): `/readyz` names each source.
     multi: bool,
     sources: RwLock<BTreeMap<String, Entry>>,
+    /// A fleet's membership; `None` without `[fleet]`.
+    fleet: RwLock<Option<FleetState>>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -68,7 +122,20 @@ impl Hub {
             process_metrics,
             multi,
             sources: RwLock::new(BTreeMap::new()),
+            fleet: RwLock::new(None),
         })
+    }
+
+    /// Records where this fleet's process stands in its group (from then on `/readyz` shows
+    /// it and requires it joined) and sets `outbox_relay_fleet_joined`.
+    pub fn set_fleet(&self, state: FleetState) {
+        self.process_metrics.fleet_joined(state.is_joined());
+        *self.fleet.write().unwrap_or_else(|e| e.into_inner()) = Some(state);
+    }
+
+    /// The fleet's membership as last recorded; `None` for a process without `[fleet]`.
+    pub fn fleet(&self) -> Option<FleetState> {
+        self.fleet.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Fresh metrics for source `name` (replacing those of an earlier source of that name, so
@@ -228,6 +295,32 @@ mod tests {
         assert!(hub.get("orders").is_some_and(|m| Arc::ptr_eq(&m, &new)));
         hub.remove("orders", &new);
         assert!(hub.names().is_empty());
+    }
+
+    #[test]
+    fn a_fleet_state_sets_the_gauge_and_reads_as_a_line() {
+        let hub = Hub::new(true);
+        assert!(hub.fleet().is_none());
+        assert!(!hub.render().contains("outbox_relay_fleet_joined"));
+        hub.set_fleet(FleetState::NotJoined {
+            reason: "joining group g".into(),
+        });
+        assert!(hub.render().contains("outbox_relay_fleet_joined 0\n"));
+        assert_eq!(
+            hub.fleet().map(|f| f.line()).as_deref(),
+            Some("fleet: not joined (joining group g)")
+        );
+        hub.set_fleet(FleetState::Joined {
+            group: "g".into(),
+            generation: 7,
+            assigned: 2,
+            partitions: 6,
+        });
+        assert!(hub.render().contains("outbox_relay_fleet_joined 1\n"));
+        assert_eq!(
+            hub.fleet().map(|f| f.line()).as_deref(),
+            Some("fleet: joined group g (generation 7, 2 of 6 partitions)")
+        );
     }
 
     #[test]

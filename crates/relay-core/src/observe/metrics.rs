@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
@@ -172,6 +172,8 @@ struct Live {
     /// Exactly-once: the partition whose last stable offset has not moved the longest while
     /// records follow it, as of the last sample.
     lso_stuck: Option<(String, i32, Duration)>,
+    /// Outbox tables held because their topic is refused, each as `table (topic: error)`.
+    held: Vec<String>,
 }
 
 /// The relay's metrics registry and health state. See the module documentation.
@@ -194,6 +196,9 @@ pub struct Metrics {
     checkpoint_age: Gauge,
     checkpoint_writes: IntCounter,
     timestamp_fallbacks: IntCounter,
+    held_records: IntGaugeVec,
+    holds_started: IntCounter,
+    hold_retries: IntCounter,
     cutover_skipped: IntCounter,
     cutover_checks: IntCounter,
     lag: Gauge,
@@ -257,11 +262,14 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// The process's own metrics (not a source's): `outbox_relay_build_info` and
-/// `outbox_relay_config_reloads_total`.
+/// The process's own metrics (not a source's): `outbox_relay_build_info`,
+/// `outbox_relay_config_reloads_total` and, in a fleet, `outbox_relay_fleet_joined`.
 #[derive(Clone)]
 pub struct ProcessMetrics {
     reloads: IntCounterVec,
+    registry: Registry,
+    /// Registered by the first [`ProcessMetrics::fleet_joined`]: only a fleet's process has it.
+    fleet_joined: Arc<OnceLock<IntGauge>>,
 }
 
 impl ProcessMetrics {
@@ -280,7 +288,29 @@ impl ProcessMetrics {
         for result in ["applied", "failed"] {
             reloads.with_label_values(&[result]);
         }
-        Self { reloads }
+        Self {
+            reloads,
+            registry: registry.clone(),
+            fleet_joined: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Sets `outbox_relay_fleet_joined`: 1 once the process is a member of its fleet's group
+    /// (a rebalance assigned it its share, possibly empty), 0 before and after it lost its
+    /// membership. The gauge is registered by the first call, so a process without `[fleet]`
+    /// has none.
+    pub fn fleet_joined(&self, joined: bool) {
+        self.fleet_joined
+            .get_or_init(|| {
+                gauge(
+                    &self.registry,
+                    names::FLEET_JOINED,
+                    "1 while this process is a member of its fleet's consumer group (it was \
+                     assigned its share of the sources, possibly none); 0 while it joins, retries \
+                     or rejoins after losing its membership. Only with [fleet].",
+                )
+            })
+            .set(i64::from(joined));
     }
 
     /// A reload was applied (`true`) or refused (`false`).
@@ -491,6 +521,33 @@ impl Metrics {
                  refuse their created_at value (outbox.timestamp = \"column\", \
                  timestamp_refused = \"commit\"); each carries header timestamp_fallback.",
             ),
+            held_records: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        names::HELD_RECORDS,
+                        "Records held in memory because their topic is refused \
+                         (dead_letter.refused_topic = \"hold\"), by outbox table; the \
+                         checkpoint stays before the first of them. Tables beyond the first 100 \
+                         count as table=\"_other\".",
+                    ),
+                    &["table"],
+                )
+                .expect("valid gauge definition"),
+            ),
+            holds_started: counter(
+                &r,
+                names::HOLDS_STARTED,
+                "Outbox tables held because the brokers refused a record's topic \
+                 (dead_letter.refused_topic = \"hold\"); each hold is also logged once.",
+            ),
+            hold_retries: counter(
+                &r,
+                names::HOLD_RETRIES,
+                "Retries of held tables, on the [retry] backoff: each asks the brokers about \
+                 the topic again, or (a topic refused only when written to) sends the table's \
+                 first held record alone with a producer of its own.",
+            ),
             cutover_skipped: counter(
                 &r,
                 names::CUTOVER_SKIPPED,
@@ -618,6 +675,7 @@ impl Metrics {
                 kafka_down: None,
                 transaction_open: None,
                 lso_stuck: None,
+                held: Vec::new(),
             }),
         }
     }
@@ -730,6 +788,11 @@ impl Metrics {
             let in_flight = self.in_flight.get();
             let why = if in_flight > 0 {
                 format!("{in_flight} records in flight: reading waits for Kafka's acknowledgements")
+            } else if !live.held.is_empty() {
+                format!(
+                    "reading may wait for held tables (dead_letter.hold_max_records): {}",
+                    live.held.join("; ")
+                )
             } else {
                 "the source sends neither events nor heartbeats".to_owned()
             };
@@ -740,7 +803,17 @@ impl Metrics {
                 stall.as_millis()
             ));
         }
-        Ok("streaming".into())
+        if live.held.is_empty() {
+            Ok("streaming".into())
+        } else {
+            Ok(format!("streaming; holding {}", live.held.join("; ")))
+        }
+    }
+
+    /// The outbox tables held now because their topic is refused, each described as
+    /// `table (topic: error)`; shown by `/readyz` (still ready: the other tables flow).
+    pub fn set_held(&self, held: Vec<String>) {
+        self.live().held = held;
     }
 
     /// The readiness probe sent at `asked` reached a Kafka broker (`Ok`), or no broker
@@ -952,6 +1025,28 @@ impl Metrics {
         self.cutover_checks.inc();
     }
 
+    /// `delta` more (or, negative, fewer) records of `table` are held
+    /// ([`names::HELD_RECORDS`]; the label capped as `outbox_rows_read_total`'s).
+    pub fn held_records(&self, table: &str, delta: i64) {
+        let own = self
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(table);
+        let label = if own { table } else { OTHER_TABLES };
+        self.held_records.with_label_values(&[label]).add(delta);
+    }
+
+    /// A table started to be held ([`names::HOLDS_STARTED`]).
+    pub fn hold_started(&self) {
+        self.holds_started.inc();
+    }
+
+    /// A held table was retried ([`names::HOLD_RETRIES`]).
+    pub fn hold_retried(&self) {
+        self.hold_retries.inc();
+    }
+
     /// A row goes to the dead-letter topic.
     pub fn dead_lettered(&self, kind: DeadLetterKind) {
         self.dead_lettered.with_label_values(&[kind.as_str()]).inc();
@@ -1076,7 +1171,10 @@ mod tests {
     /// constant never registered, fails here.
     #[test]
     fn every_metric_is_registered_once_under_a_name_constant() {
-        let m = Metrics::new();
+        let r = Registry::new();
+        // A fleet's process: its gauge too.
+        ProcessMetrics::register(&r).fleet_joined(false);
+        let m = Metrics::in_registry(r, String::new());
         // A labelled metric is gathered only once it has a label value. A new labelled metric
         // belongs in this list, or the test reports its constant as not registered.
         for labelled in [
@@ -1090,6 +1188,7 @@ mod tests {
         ] {
             labelled.with_label_values(&["x"]);
         }
+        m.held_records.with_label_values(&["x"]);
         let families = m.registry.gather();
         let registered: Vec<&str> = families.iter().map(|f| f.name()).collect();
         let not_registered: Vec<&str> = names::ALL
@@ -1281,6 +1380,7 @@ mod tests {
             kafka_down: None,
             transaction_open: None,
             lso_stuck: None,
+            held: Vec::new(),
         };
         assert_eq!(lag_of(&live, 1_000.5), 0.0, "nothing read yet");
         live.current_as_of = Some(990.0);

@@ -3,8 +3,9 @@
 //! use them): every metric is registered under one of these constants, and [`ALL`] lists them
 //! (a unit test checks that the registry holds exactly these). The help texts, buckets and
 //! label values are in [`super::metrics`]. Every series of a source's metrics also carries the
-//! label `source` (its connector name); `outbox_relay_build_info` and
-//! `outbox_relay_config_reloads_total` are the process's and have none.
+//! label `source` (its connector name); `outbox_relay_build_info`,
+//! `outbox_relay_config_reloads_total` and `outbox_relay_fleet_joined` are the process's and
+//! have none.
 
 /// Gauge, always 1; label `version`: the outbox-relay version. A process metric: no `source`
 /// label.
@@ -13,6 +14,11 @@ pub const BUILD_INFO: &str = "outbox_relay_build_info";
 /// Counter (reloads), label `result` (`applied`, `failed`): reloads of a many-source
 /// configuration. A process metric: no `source` label.
 pub const CONFIG_RELOADS: &str = "outbox_relay_config_reloads_total";
+
+/// Gauge, no labels, only with `[fleet]`: 1 while the process is a member of its fleet's
+/// consumer group (assigned its share, possibly empty), 0 while it joins or rejoins. A process
+/// metric: no `source` label.
+pub const FLEET_JOINED: &str = "outbox_relay_fleet_joined";
 
 /// Gauge, no labels: 1 while the source is stopped on an error retrying cannot fix.
 pub const SOURCE_FAILED: &str = "outbox_relay_source_failed";
@@ -67,6 +73,20 @@ pub const CHECKPOINT_WRITES: &str = "outbox_relay_checkpoint_writes_total";
 /// Counter (records), no labels: records sent with the transaction's commit time because their
 /// topic would refuse their `created_at` (`timestamp_refused = "commit"`).
 pub const TIMESTAMP_FALLBACKS: &str = "outbox_relay_timestamp_fallbacks_total";
+
+/// Gauge (records), label `table` (`database.table`, capped as for [`OUTBOX_ROWS_READ`]):
+/// records held because their topic is refused (`dead_letter.refused_topic = "hold"`), not
+/// produced yet.
+pub const HELD_RECORDS: &str = "outbox_relay_held_records";
+
+/// Counter (holds), no labels: outbox tables held because the brokers refused a record's topic
+/// (`dead_letter.refused_topic = "hold"`).
+pub const HOLDS_STARTED: &str = "outbox_relay_holds_started_total";
+
+/// Counter (retries), no labels: retries of held tables (each asks the brokers about the
+/// topic again or, for a topic refused only when written to, sends the first held record alone
+/// with a producer of its own).
+pub const HOLD_RETRIES: &str = "outbox_relay_hold_retries_total";
 
 /// Counter (rows), no labels: outbox rows not produced because `[cutover]` says the previous
 /// relay already sent them.
@@ -130,6 +150,7 @@ pub const LAST_STABLE_OFFSET_STUCK: &str = "outbox_relay_last_stable_offset_stuc
 /// Every metric name above, each once.
 pub const ALL: &[&str] = &[
     CONFIG_RELOADS,
+    FLEET_JOINED,
     SOURCE_FAILED,
     BUILD_INFO,
     BINLOG_EVENTS_READ,
@@ -146,6 +167,9 @@ pub const ALL: &[&str] = &[
     CHECKPOINT_AGE,
     CHECKPOINT_WRITES,
     TIMESTAMP_FALLBACKS,
+    HELD_RECORDS,
+    HOLDS_STARTED,
+    HOLD_RETRIES,
     CUTOVER_SKIPPED,
     CUTOVER_CHECKS,
     LAG,

@@ -165,6 +165,9 @@ pub enum Delivered {
         headers: Vec<(String, Vec<u8>)>,
         /// `value` is `None` because the record's size was refused, not because it had none.
         value_dropped: bool,
+        /// The record's topic is what was refused (not authorized, or missing), not the record:
+        /// any record for that topic would be refused the same way until an operator fixes it.
+        topic_refused: bool,
     },
 }
 
@@ -237,6 +240,15 @@ pub trait RecordSink: Sync {
     /// # Errors
     /// As [`RecordSink::ensure_topic`].
     fn ensure_dead_letter_topic(&self) -> impl Future<Output = Result<(), RelayError>> + Send;
+    /// [`RecordSink::ensure_topic`] without what the sink remembers of an earlier refusal of
+    /// `topic` (a topic found missing or not authorized is otherwise refused from memory for a
+    /// while): asks the brokers again, for a held table's retry.
+    ///
+    /// # Errors
+    /// As [`RecordSink::ensure_topic`].
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+        self.ensure_topic(topic)
+    }
     /// After a refusal for size: whether `record` fits now that its topic's limit was read
     /// again.
     fn recheck_topic_limit(&self, record: &Record) -> impl Future<Output = bool> + Send;
@@ -250,6 +262,25 @@ pub trait RecordSink: Sync {
     /// # Errors
     /// See [`SendError`].
     fn send_dead_letter(&self, dl: &DeadLetter, seq: u64) -> Result<(), SendError>;
+    /// Sends `record` alone with a producer of its own, whose refusal stops nothing (for Kafka:
+    /// not idempotent, so a refused batch is not a fatal error of the sink's producer), and
+    /// resolves with its delivery: how a held table whose topic was refused only when written
+    /// to learns whether the topic accepts again, without restarting the sink's producer at
+    /// every retry. The record is delivered when the outcome is [`Delivered::Acked`].
+    ///
+    /// # Errors
+    /// [`RelayError::Kafka`] when the delivery failed for another reason (brokers unreachable,
+    /// a timeout: the record may have been written), or the sink has no such producer (the
+    /// default).
+    fn send_trial(
+        &self,
+        record: &Record,
+    ) -> impl Future<Output = Result<Delivered, RelayError>> + Send {
+        let _ = record;
+        std::future::ready(Err(RelayError::kafka(
+            "this sink cannot send a record with a producer of its own",
+        )))
+    }
 
     /// When this sink's records are delivered: once acknowledged (the default) or only at
     /// [`RecordSink::commit`].

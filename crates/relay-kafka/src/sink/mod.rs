@@ -43,6 +43,7 @@ mod readback;
 mod record_sink;
 mod served;
 mod transactional;
+mod trial;
 use limits::TopicLimits;
 pub use limits::{
     batch_hazard, batch_size_alone, invalid_timestamp, ProducerLimits, TimestampRules,
@@ -208,6 +209,8 @@ pub struct KafkaSink {
     missing_topics: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>>,
     /// The source's metrics.
     metrics: Arc<Metrics>,
+    /// Sends a record alone, without risking the producer (see the module `trial`).
+    trial: Arc<trial::TrialProducer>,
 }
 
 /// How long a topic found missing (auto-creation off) or not authorized stays so before its
@@ -268,6 +271,10 @@ impl KafkaSink {
         for (key, value) in extra {
             client.set(*key, value);
         }
+        let trial = Arc::new(trial::TrialProducer::new(
+            client.clone(),
+            Arc::clone(&metrics),
+        ));
         let context = RelayKafkaContext::new(Arc::clone(&metrics));
         let auth_failure = context.auth_failure.clone();
         let deliveries = Arc::clone(&context.deliveries);
@@ -287,6 +294,7 @@ impl KafkaSink {
             fallback_topics: Arc::new(Mutex::new(HashSet::new())),
             missing_topics: Arc::default(),
             metrics,
+            trial,
         })
     }
 
@@ -349,6 +357,19 @@ impl KafkaSink {
             tracing::warn!(topic, "the topic's partitions have no leader yet (or it does not exist and auto-creation is off); sending anyway");
         }
         Ok(())
+    }
+
+    /// [`KafkaSink::ensure_topic`] after forgetting that `topic` was found missing or not
+    /// authorized: the brokers are asked again at once (a held table's retry, which has its own
+    /// backoff).
+    ///
+    /// # Errors
+    /// As [`KafkaSink::ensure_topic`].
+    pub async fn recheck_topic(&self, topic: &str) -> Result<(), RelayError> {
+        if let Ok(mut map) = self.missing_topics.lock() {
+            map.remove(topic);
+        }
+        self.ensure_topic(topic).await
     }
 
     /// Why records for `topic` are refused without sending: it was found missing (with
@@ -490,20 +511,7 @@ impl KafkaSink {
         ) {
             return Err(SendError::Permanent(reason));
         }
-        let (timestamp, fallback) = self.timestamp_of(record)?;
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
-        for (key, value) in &record.headers {
-            headers = headers.insert(Header {
-                key,
-                value: value.as_deref(),
-            });
-        }
-        if let Some(refused) = &fallback {
-            headers = headers.insert(Header {
-                key: TIMESTAMP_FALLBACK_HEADER,
-                value: Some(refused.as_bytes()),
-            });
-        }
+        let (timestamp, headers) = self.stamped(record)?;
         let mut br: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&record.topic, opaque(seq))
                 .key(record.key.as_slice())
@@ -520,6 +528,29 @@ impl KafkaSink {
             .producer
             .send(br)
             .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
+    }
+
+    /// The timestamp to send `record` with and its headers (with [`TIMESTAMP_FALLBACK_HEADER`]
+    /// when that timestamp is its commit time instead of a refused `created_at`).
+    ///
+    /// # Errors
+    /// As [`KafkaSink::timestamp_of`].
+    fn stamped(&self, record: &Record) -> Result<(i64, OwnedHeaders), SendError> {
+        let (timestamp, fallback) = self.timestamp_of(record)?;
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
+        for (key, value) in &record.headers {
+            headers = headers.insert(Header {
+                key,
+                value: value.as_deref(),
+            });
+        }
+        if let Some(refused) = &fallback {
+            headers = headers.insert(Header {
+                key: TIMESTAMP_FALLBACK_HEADER,
+                value: Some(refused.as_bytes()),
+            });
+        }
+        Ok((timestamp, headers))
     }
 
     /// The timestamp to send `record` with, and the refused `created_at` value (ms, as text)
@@ -909,36 +940,51 @@ fn acked(topic: &str, partition: i32, offset: i64) -> Result<Delivered, RelayErr
 /// [`RelayError::Kafka`] for failures worth a retry (the pipeline restarts from its
 /// checkpoint).
 fn delivery_outcome(report: &DeliveryResult<'_>) -> Result<Delivered, RelayError> {
-    use rdkafka::message::Headers;
     match report {
         Ok(msg) => acked(msg.topic(), msg.partition(), msg.offset()),
         Err((KafkaError::MessageProduction(code), msg)) if is_permanent(*code) => {
-            let code = *code;
-            let headers: Vec<(String, Vec<u8>)> = msg
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let size_problem = is_size_problem(code);
-            let size = record_size(msg.key().unwrap_or_default(), msg.payload(), &headers);
-            Ok(Delivered::Refused {
-                reason: refusal_reason(code, msg.topic(), size),
-                broker_error: code.to_string(),
-                key: msg.key().map(<[u8]>::to_vec),
-                value: if size_problem {
-                    None
-                } else {
-                    msg.payload().map(<[u8]>::to_vec)
-                },
-                headers,
-                value_dropped: size_problem && msg.payload().is_some(),
-            })
+            Ok(refused(*code, msg))
         }
         Err((e, _)) => Err(RelayError::kafka(format!("delivery failed: {e}"))),
     }
+}
+
+/// The outcome of `msg`, refused for good with `code` ([`is_permanent`]).
+fn refused(code: RDKafkaErrorCode, msg: &impl Message) -> Delivered {
+    use rdkafka::message::Headers;
+    let headers: Vec<(String, Vec<u8>)> = msg
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let size_problem = is_size_problem(code);
+    let size = record_size(msg.key().unwrap_or_default(), msg.payload(), &headers);
+    Delivered::Refused {
+        reason: refusal_reason(code, msg.topic(), size),
+        broker_error: code.to_string(),
+        key: msg.key().map(<[u8]>::to_vec),
+        value: if size_problem {
+            None
+        } else {
+            msg.payload().map(<[u8]>::to_vec)
+        },
+        headers,
+        value_dropped: size_problem && msg.payload().is_some(),
+        topic_refused: is_topic_refusal(code),
+    }
+}
+
+/// Codes that refuse a record's topic rather than the record: not authorized, or missing
+/// (deleted since its metadata was read, or never there while the brokers create no topics).
+fn is_topic_refusal(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::TopicAuthorizationFailed | C::UnknownTopic | C::UnknownTopicOrPartition
+    )
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use super::KafkaSink;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::sink::{DeadLetter, Deliveries, FatalCause, Record, RecordSink, SendError};
+use outbox_relay_core::sink::{
+    DeadLetter, Delivered, Deliveries, FatalCause, Record, RecordSink, SendError,
+};
 
 impl RecordSink for KafkaSink {
     fn deliveries(&self) -> &Arc<Deliveries> {
@@ -26,6 +28,9 @@ impl RecordSink for KafkaSink {
     fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
         KafkaSink::ensure_topic(self, topic)
     }
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+        KafkaSink::recheck_topic(self, topic)
+    }
     fn ensure_dead_letter_topic(&self) -> impl Future<Output = Result<(), RelayError>> + Send {
         KafkaSink::ensure_dead_letter_topic(self)
     }
@@ -37,5 +42,11 @@ impl RecordSink for KafkaSink {
     }
     fn send_dead_letter(&self, dl: &DeadLetter, seq: u64) -> Result<(), SendError> {
         KafkaSink::send_dead_letter(self, dl, seq)
+    }
+    fn send_trial(
+        &self,
+        record: &Record,
+    ) -> impl Future<Output = Result<Delivered, RelayError>> + Send {
+        KafkaSink::send_trial(self, record)
     }
 }

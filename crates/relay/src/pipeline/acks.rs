@@ -47,6 +47,10 @@ pub(super) struct RecordInfo {
     pub span: Option<Box<RowSpan>>,
     /// The row's event_key, kept only with the acknowledgement audit on.
     pub event_key: Option<Vec<u8>>,
+    /// A held record released by hold `.0` (sent after later records): its acknowledgement
+    /// does not move the checkpoint ([`Ack::Released`]), and a refusal is not dead-lettered
+    /// here (the run ends and the next one starts before it).
+    pub released: Option<u64>,
 }
 
 /// A record whose batch the broker refused for good, after which the producer stopped
@@ -65,6 +69,10 @@ pub(super) struct FatalRefusal {
     /// Recorded because the refusal failed the sink's open commit
     /// ([`AckQueue::refusal_fails_commit`]): the producer may have no fatal error to name.
     pub failed_commit: bool,
+    /// The record's topic.
+    pub topic: Arc<str>,
+    /// The topic is what was refused (not authorized, missing), not the record.
+    pub topic_refused: bool,
 }
 
 enum Entry {
@@ -283,6 +291,27 @@ impl AckQueue {
         Some(match entry {
             Entry::Boundary(base, advances) => Ack::Boundary(base, advances),
             Entry::Record {
+                info:
+                    RecordInfo {
+                        released: Some(hold),
+                        topic,
+                        position,
+                        ..
+                    },
+                outcome,
+                ..
+            } => Ack::Released(
+                hold,
+                match outcome? {
+                    Ok(Delivered::Acked(..)) => Ok(()),
+                    Ok(Delivered::Refused { reason, .. }) => Err(RelayError::kafka(format!(
+                        "a released held record (at {position}) was refused by topic {topic}: \
+                         {reason}; the relay resumes from its checkpoint, before the held rows"
+                    ))),
+                    Err(e) => Err(e),
+                },
+            ),
+            Entry::Record {
                 done,
                 info,
                 outcome,
@@ -392,6 +421,7 @@ impl AckQueue {
                         reason,
                         broker_error,
                         value,
+                        topic_refused,
                         ..
                     }) if fatal => {
                         // Its batch was refused and the producer stopped: the run ends, and the
@@ -409,6 +439,8 @@ impl AckQueue {
                                 position: info.position.clone(),
                                 table: Arc::clone(&info.table),
                                 failed_commit: self.refusal_fails_commit,
+                                topic: Arc::clone(&info.topic),
+                                topic_refused,
                             });
                         }
                         *slot = Some(Err(RelayError::kafka(format!(
@@ -423,7 +455,8 @@ impl AckQueue {
                         value,
                         headers,
                         value_dropped,
-                    }) if self.has_dead_letter => {
+                        ..
+                    }) if self.has_dead_letter && info.released.is_none() => {
                         let dl = DeadLetter {
                             reason,
                             position: info.position.clone(),

@@ -29,6 +29,20 @@
 //! stops the relay naming it when there is no dead-letter topic. The other records of its
 //! batch and transaction are delivered. Each refusal costs one restart, never a loop.
 //!
+//! # Tables held while their topic is refused
+//! With `dead_letter.refused_topic = "hold"`, a record whose topic the brokers refuse (known
+//! before sending: missing while they create no topics, or not authorized) is not a row error:
+//! it and every later record of its outbox table are held (module `hold`) while the other
+//! tables go on, the stored checkpoint stays at or before the first held row
+//! ([`Progress::acked`] is capped there), and the table is retried on the `[retry]` backoff
+//! until the topic accepts; its records then go out in order and the checkpoint moves on. At
+//! most `dead_letter.hold_max_records` records are held: beyond, reading the binlog pauses.
+//! A topic refused only in a produce response (write denied, describe allowed) stops the
+//! idempotent producer: the run ends, [`Refusals`] keeps the topic, and the next run holds its
+//! tables from their first record; their retries send the first held record alone with the
+//! sink's trial producer ([`RecordSink::send_trial`]), which a refusal does not stop, so a
+//! retry never restarts the run.
+//!
 //! # Shutdown
 //! On a stop request the pipeline stops reading, waits for every acknowledgement, writes the
 //! final checkpoint (mid-transaction if need be) and returns: a restart sends nothing twice.
@@ -46,7 +60,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 mod acks;
+mod hold;
 use acks::{AckQueue, Done, RecordInfo};
+pub use hold::HoldSettings;
+use hold::{Held, Holds};
 use outbox_relay_mysql::cutover::{self, Cutover};
 
 use outbox_relay_core::config::TableName;
@@ -55,7 +72,7 @@ use outbox_relay_core::observe::audit::AckAudit;
 use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics, ProgressLog};
 use outbox_relay_core::observe::spans::{RowSpan, RowSpans, RowStart};
 use outbox_relay_core::outbox::OutboxEvent;
-use outbox_relay_core::sink::{DeadLetter, DeliveryMode, Record, RecordSink, SendError};
+use outbox_relay_core::sink::{DeadLetter, Delivered, DeliveryMode, Record, RecordSink, SendError};
 use outbox_relay_core::state::checkpoint::{Checkpoint, CheckpointStore};
 use outbox_relay_kafka::route::Router;
 use outbox_relay_kafka::sink::ReadBack;
@@ -70,6 +87,10 @@ enum Ack {
     /// A transaction ended and all its records are acknowledged. `advances` is false for a
     /// transaction that only wrote the relay's own checkpoint table.
     Boundary(Arc<Checkpoint>, bool),
+    /// A record of a held table, released (sent) after later records: it does not move the
+    /// acknowledged point (the hold's floor kept the checkpoint before it), it counts towards
+    /// the end of hold `.0`.
+    Released(u64, Result<(), RelayError>),
 }
 
 /// One outbox row as the pipeline counts them: the transaction boundary before it and its
@@ -121,6 +142,11 @@ pub struct Refusals {
     isolate_through: Option<RowRef>,
     /// Rows a broker refused alone: dead-lettered without being sent again.
     refused: std::collections::HashMap<RowRef, BrokerRefusal>,
+    /// With `dead_letter.refused_topic = "hold"`: topics a produce response refused (not
+    /// authorized, missing) although their metadata did not, and why. Their tables are held
+    /// from their first record on, and retried with a trial record ([`RecordSink::send_trial`])
+    /// instead of the sink's producer, which such a refusal stops.
+    refused_topics: std::collections::HashMap<Arc<str>, String>,
     /// Counts what was learnt (a row found, the isolated range extended).
     learnt: u64,
 }
@@ -169,6 +195,14 @@ pub struct PipelineSettings {
     pub read_back: Option<Arc<ReadBack>>,
     /// The source's metrics.
     pub metrics: Arc<Metrics>,
+    /// `dead_letter.refused_topic = "hold"`: records whose topic is refused are held with their
+    /// table's later records (see "Tables held while their topic is refused" above); `None`:
+    /// they are row errors (dead letter or stop).
+    pub hold: Option<HoldSettings>,
+    /// `true` when the run's start point comes from an earlier run's acknowledgements, not
+    /// from the checkpoint store, so it may not be stored yet: the run's first checkpoint
+    /// write stores it even if nothing moved since (at-least-once; see `Progress`).
+    pub start_unwritten: bool,
 }
 
 /// Counters of one run, for logs.
@@ -212,6 +246,14 @@ struct Progress<'s, S> {
     server: (u32, Option<String>),
     /// The source's metrics.
     metrics: Arc<Metrics>,
+    /// While a table is held: the point just before its first held row, which the stored
+    /// checkpoint may not pass ([`Progress::acked`]).
+    floor: Option<Checkpoint>,
+    /// [`DeliveryMode::Acknowledged`]: the run's start point may not be in the store yet (a
+    /// run after a failed one starts where that one's acknowledgements got, which it may not
+    /// have written): the first write stores it even if nothing moved since. Without it, a
+    /// hold's floor at the start point would keep the store behind it for the whole hold.
+    start_unwritten: bool,
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
@@ -230,12 +272,26 @@ impl<S: CheckpointStore> Progress<'_, S> {
                 self.dirty |= advances;
                 self.stats.transactions += 1;
             }
+            // Handled by the reader (`Reader::on_ack`): it never moves the acknowledged point.
+            Ack::Released(..) => {}
         }
         Ok(())
     }
 
+    /// Sets the point the stored checkpoint may not pass while tables are held (`None`: no
+    /// hold). A floor lifted lets the next write catch up with the acknowledged point.
+    fn set_floor(&mut self, floor: Option<&Checkpoint>) {
+        if self.floor.as_ref() != floor {
+            self.floor = floor.cloned();
+            self.dirty = true;
+        }
+    }
+
     /// `true` when the acknowledged point is ahead of the stored one.
     fn moved(&self, acked: &Checkpoint) -> bool {
+        if self.start_unwritten {
+            return true;
+        }
         // Positions of different servers (after a move by GTID) are unordered, even when their
         // files share a name: the newer is the one this run produced.
         let order = (acked.source_server_id == self.stored.source_server_id)
@@ -299,13 +355,26 @@ impl<S: CheckpointStore> Progress<'_, S> {
         // transaction: stored under the other server's name, a return to that server would
         // skip rows of its own, maybe different, transaction. Counted as 0 they are only sent
         // again.
-        Checkpoint {
+        let acked = Checkpoint {
             rows_acked: if self.foreign_base() {
                 0
             } else {
                 self.acked_rows
             },
             ..(*self.acked_base).clone()
+        };
+        match &self.floor {
+            // A table is held: never past its first held row (a position not comparable with
+            // the floor's counts as past it).
+            Some(floor) if !not_after(&acked, floor) => Checkpoint {
+                rows_acked: if floor.source_server_id == self.server.0 {
+                    floor.rows_acked
+                } else {
+                    0
+                },
+                ..floor.clone()
+            },
+            _ => acked,
         }
     }
 
@@ -340,6 +409,7 @@ impl<S: CheckpointStore> Progress<'_, S> {
             .await??;
             tracing::debug!(position = %acked.position, rows_acked = acked.rows_acked,
                 gtid = ?acked.gtid_set, save_ms = t.elapsed().as_millis() as u64, "checkpoint written");
+            self.start_unwritten = false;
             self.stored = acked;
             self.stats.checkpoints_written += 1;
         }
@@ -386,6 +456,19 @@ impl<S: CheckpointStore> Progress<'_, S> {
             DeliveryMode::Acknowledged => self.acked(),
             DeliveryMode::Committed { .. } => self.stored.clone(),
         }
+    }
+}
+
+/// `true` when checkpoint `a` is `b` or before it: the same server and an earlier position, or
+/// the same position with no more rows acknowledged.
+fn not_after(a: &Checkpoint, b: &Checkpoint) -> bool {
+    if a.source_server_id != b.source_server_id {
+        return false;
+    }
+    match a.position.partial_cmp(&b.position) {
+        Some(Ordering::Less) => true,
+        Some(Ordering::Equal) => a.rows_acked <= b.rows_acked,
+        _ => false,
     }
 }
 
@@ -441,6 +524,9 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         lease,
         cutover,
     } = stages;
+    let start_unwritten = settings.start_unwritten
+        && matches!(sink.delivery_mode(), DeliveryMode::Acknowledged)
+        && store.is_some();
     let mut progress = Progress {
         store,
         io_timeout: settings.io_timeout,
@@ -450,7 +536,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         }),
         acked_rows: start.rows_acked,
         stored: start.clone(),
-        dirty: false,
+        dirty: start_unwritten,
         last_write: Instant::now(),
         write_interval: settings.checkpoint_interval,
         mode: sink.delivery_mode(),
@@ -461,6 +547,8 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
             settings.source_server_uuid.clone(),
         ),
         metrics: Arc::clone(&settings.metrics),
+        floor: None,
+        start_unwritten,
     };
     let mut inflight = AckQueue::new(
         sink,
@@ -485,6 +573,9 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         held: Vec::new(),
         cutover_over: false,
         lease_clock: lease.as_ref().and_then(|l| l.clock()),
+        holds: settings
+            .hold
+            .map(|h| Holds::new(h, Arc::clone(&settings.metrics))),
     };
     let result = reader
         .stream(
@@ -601,6 +692,8 @@ struct Reader<'a> {
     /// A lease with a time to live (fleets): no record is handed to the producer unless the
     /// lease was confirmed recently enough (relay-mysql's `state::lease`).
     lease_clock: Option<LeaseClock>,
+    /// `dead_letter.refused_topic = "hold"`: the tables held in this run.
+    holds: Option<Holds>,
 }
 
 impl Reader<'_> {
@@ -631,6 +724,21 @@ impl Reader<'_> {
             }
             None => return Err(error),
         };
+        if let Some(c) = culprit
+            .as_ref()
+            .filter(|c| c.topic_refused && self.holds.is_some())
+        {
+            // The topic, not the row, is at fault: no row to find. The next run holds the
+            // topic's tables from their first record (`dead_letter.refused_topic = "hold"`).
+            self.refusals.learnt += 1;
+            self.refusals
+                .refused_topics
+                .insert(Arc::clone(&c.topic), c.reason.clone());
+            return Err(RelayError::kafka(format!(
+                "Kafka refused the records of topic {} when they were written ({fatal});                  restarting with a new producer, which holds the tables writing to it                  (dead_letter.refused_topic = \"hold\")",
+                c.topic
+            )));
+        }
         match culprit.filter(|c| c.alone) {
             Some(c) if !sink.has_dead_letter() => {
                 // Everything before the row is acknowledged: store that, then stop.
@@ -695,11 +803,23 @@ impl Reader<'_> {
         queue_empty: bool,
         progress: &mut Progress<'_, S>,
     ) -> Result<(), RelayError> {
-        if matches!(ack, Ack::Record(_)) {
+        if matches!(ack, Ack::Record(_) | Ack::Released(..)) {
             self.records_in_flight -= 1;
             self.settings.metrics.set_in_flight(self.records_in_flight);
         }
-        progress.on_ack(ack)?;
+        if let Ack::Released(id, result) = ack {
+            result?;
+            progress.stats.records_acked += 1;
+            let ended = self
+                .holds
+                .as_mut()
+                .and_then(|h| h.released_acked(id, Instant::now()));
+            if let Some(ended) = ended {
+                self.hold_ended(ended, progress);
+            }
+        } else {
+            progress.on_ack(ack)?;
+        }
         if queue_empty {
             if let Some((base, advances)) = self.pending.take() {
                 progress.on_ack(Ack::Boundary(base, advances))?;
@@ -751,6 +871,11 @@ impl Reader<'_> {
                     tracing::info!(in_transaction = decoder.in_transaction(), undecided_xa = decoder.undecided_xa().0, "stop requested");
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
+                () = hold_retry(self.holds.as_ref().and_then(Holds::next_try)),
+                    if self.holds.as_ref().is_some_and(Holds::any) =>
+                {
+                    self.retry_holds(sink, progress, inflight).await?;
+                }
                 Some(ack) = inflight.next(sink), if !inflight.is_empty() => {
                     self.on_ack(ack, inflight.is_empty(), progress)?;
                 }
@@ -788,7 +913,10 @@ impl Reader<'_> {
                 _ = progress_tick.tick() => {
                     progress_log.log(progress.stats.records_acked, &progress.acked_base.position);
                 }
-                event = source.next_event(), if self.records_in_flight < self.settings.max_in_flight => {
+                // Not while hold_max_records records are held (backpressure of held tables).
+                event = source.next_event(), if self.records_in_flight < self.settings.max_in_flight
+                    && !self.holds.as_ref().is_some_and(Holds::full) =>
+                {
                     let Some(event) = event? else {
                         tracing::debug!("the source has no more events");
                         return Ok(());
@@ -935,8 +1063,13 @@ impl Reader<'_> {
             inflight.push_boundary(base, advances);
         }
         let done = (Arc::clone(&self.tx_base), index + 1);
-        self.produce(row, router, sink, done, progress, inflight)
-            .await?;
+        if !self
+            .produce(row, router, sink, done, progress, inflight)
+            .await?
+        {
+            // Held: nothing was sent.
+            return Ok(());
+        }
         self.records_in_flight += 1;
         self.settings.metrics.set_in_flight(self.records_in_flight);
         if std::mem::take(&mut self.drain_after) {
@@ -955,7 +1088,9 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry.
+    /// Routes and sends one row (or its dead letter) and queues its acknowledgement entry;
+    /// `false` when the row's record was held instead (its table is held, or its topic was
+    /// just refused with `dead_letter.refused_topic = "hold"`): nothing was queued.
     async fn produce<S: CheckpointStore, K: RecordSink>(
         &mut self,
         mut row: Result<OutboxEvent, Box<RowFailure>>,
@@ -964,7 +1099,7 @@ impl Reader<'_> {
         done: Done,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
-    ) -> Result<(), RelayError> {
+    ) -> Result<bool, RelayError> {
         let (position, table) = match &mut row {
             // Moved out: the record does not need it, the acknowledgement entry does.
             Ok(e) => (std::mem::take(&mut e.position), self.table_label(&e.table)),
@@ -1038,10 +1173,11 @@ impl Reader<'_> {
                 });
                 return self
                     .dead_letter((dl, kind), err, span, sink, done, progress, inflight)
-                    .await;
+                    .await
+                    .map(|()| true);
             }
         };
-        let mut span = self.settings.spans.as_ref().map(|spans| {
+        let span = self.settings.spans.as_ref().map(|spans| {
             let span = spans.start_row(
                 &RowStart {
                     topic: &record.topic,
@@ -1088,51 +1224,89 @@ impl Reader<'_> {
                     progress,
                     inflight,
                 )
-                .await;
+                .await
+                .map(|()| true);
+        }
+        let mut held = Held {
+            record,
+            done,
+            table,
+            position,
+            event_time: self.event_time,
+            read_at,
+            bytes,
+            span,
+            event_key: self.settings.ack_audit.as_ref().and(event_key),
+        };
+        if let Some(holds) = self.holds.as_mut().filter(|h| h.holding(&held.table)) {
+            // Behind the held records of its table, in order.
+            holds.push(held);
+            return Ok(false);
+        }
+        if let Some(reason) = self
+            .refusals
+            .refused_topics
+            .get(&held.record.topic)
+            .filter(|_| self.holds.is_some())
+        {
+            // A produce response refused its topic in an earlier run: sending would stop the
+            // producer again.
+            let (topic, reason) = (Arc::clone(&held.record.topic), reason.clone());
+            self.start_hold(topic, reason, held, progress);
+            return Ok(false);
         }
         let alone = self.refusals.isolates(&row);
-        sink.ensure_topic(&record.topic).await?;
+        sink.ensure_topic(&held.record.topic).await?;
         if alone {
             self.drain(sink, progress, inflight).await?;
         }
         let mut sent = self
-            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
+            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&held.record, seq))
             .await;
         if matches!(
             sent,
             Err(Refusal::Permanent(_, DeadLetterKind::Producer, false))
-        ) && sink.recheck_topic_limit(&record).await
+        ) && sink.recheck_topic_limit(&held.record).await
         {
             // The topic's max.message.bytes was raised since it was read.
             sent = self
-                .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&record, seq))
+                .send_with_backpressure(sink, progress, inflight, |s, seq| {
+                    s.send(&held.record, seq)
+                })
                 .await;
+        }
+        if self.holds.is_none() {
+            // Without holds a refused topic is a row error like any other.
+            if let Err(Refusal::Topic(reason)) = sent {
+                sent = Err(Refusal::Permanent(reason, DeadLetterKind::Broker, true));
+            }
         }
         match sent {
             Ok(()) => {
-                if let Some(span) = span.as_deref_mut() {
+                if let Some(span) = held.span.as_deref_mut() {
                     span.produced();
                 }
-                inflight.push_record(
-                    done,
-                    RecordInfo {
-                        topic: record.topic,
-                        bytes,
-                        event_time: self.event_time,
-                        read_at,
-                        position,
-                        table,
-                        alone,
-                        span,
-                        event_key: self.settings.ack_audit.as_ref().and(event_key),
-                    },
-                );
+                let (done, info) = record_info(held, alone, None);
+                inflight.push_record(done, info);
                 self.last_sent = Some(row);
                 // Its acknowledgement is awaited once it counts as in flight (see `stream`).
                 self.drain_after = alone;
-                Ok(())
+                Ok(true)
+            }
+            Err(Refusal::Topic(reason)) => {
+                let topic = Arc::clone(&held.record.topic);
+                self.start_hold(topic, reason, held, progress);
+                Ok(false)
             }
             Err(Refusal::Permanent(reason, kind, keep_value)) => {
+                let Held {
+                    record,
+                    done,
+                    table,
+                    position,
+                    span,
+                    ..
+                } = held;
                 let err = RelayError::Row {
                     position: position.clone(),
                     table: table.to_string(),
@@ -1141,14 +1315,266 @@ impl Reader<'_> {
                 let dl = dead_letter_of(record, reason, position, table.to_string(), keep_value);
                 self.dead_letter((dl, kind), err, span, sink, done, progress, inflight)
                     .await
+                    .map(|()| true)
             }
             Err(Refusal::Failed(e)) => {
-                if let Some(span) = span {
+                if let Some(span) = held.span {
                     span.failed(&e.to_string());
                 }
                 Err(e)
             }
         }
+    }
+
+    /// Starts holding the table of `held`, whose `topic` the brokers refuse for `reason`: logs
+    /// it once (warn) and keeps the checkpoint before the row.
+    fn start_hold<S: CheckpointStore>(
+        &mut self,
+        topic: Arc<str>,
+        reason: String,
+        held: Held,
+        progress: &mut Progress<'_, S>,
+    ) {
+        let Some(holds) = self.holds.as_mut() else {
+            return;
+        };
+        let position = held.position.clone();
+        let started = holds.start(topic, reason, held, Instant::now());
+        tracing::warn!(table = %started.table, topic = %started.topic, position = %position,
+            checkpoint_floor = %started.floor.position,
+            rows_acked = started.floor.rows_acked,
+            error = %started.reason,
+            "the brokers refuse this table's topic: its records are held in order \
+             (dead_letter.refused_topic = \"hold\") while the other tables go on, and the \
+             checkpoint stays before its first held row. Fix the topic as the error says (create \
+             it, or grant the relay's principal WRITE and DESCRIBE on it); the table is retried \
+             with the [retry] backoff and its records are sent as soon as the topic accepts them");
+        progress.set_floor(holds.floor());
+    }
+
+    /// Logs the end of a hold and lets the checkpoint move past its rows.
+    fn hold_ended<S: CheckpointStore>(&self, ended: hold::Ended, progress: &mut Progress<'_, S>) {
+        tracing::info!(table = %ended.table, topic = %ended.topic,
+            held_ms = ended.held_for.as_millis() as u64,
+            "hold ended: every held record of the table is acknowledged; the checkpoint moves \
+             past them");
+        progress.set_floor(self.holds.as_ref().and_then(Holds::floor));
+    }
+
+    /// Retries every held table whose retry is due: asks the brokers about its topic again and
+    /// releases its records in order while they are accepted (see [`Reader::release`]).
+    async fn retry_holds<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
+        let now = Instant::now();
+        while let Some((id, topic)) = self.holds.as_ref().and_then(|h| h.due(now)) {
+            self.settings.metrics.hold_retried();
+            if self.refusals.refused_topics.contains_key(&topic) {
+                if !self.trial(id, topic, sink, progress, inflight).await? {
+                    continue;
+                }
+            } else {
+                sink.recheck_topic(&topic).await?;
+            }
+            self.release(id, sink, progress, inflight).await?;
+        }
+        Ok(())
+    }
+
+    /// Retries hold `id`, whose `topic` a produce response refused (see
+    /// [`Refusals::refused_topics`]): sends its first held record alone with the sink's trial
+    /// producer ([`RecordSink::send_trial`]), so that a topic still refused does not stop the
+    /// sink's producer. `true` when the record was written: its acknowledgement is queued as
+    /// the sink's own reports are, the topic is no longer known as refused, and the caller
+    /// releases the rest with the sink's producer. `false` when the topic still refuses it or
+    /// the trial failed: the record goes back first in line until the next backoff delay.
+    ///
+    /// # Errors
+    /// The record was refused for another reason (too large, say): as in [`Reader::release`],
+    /// the run ends and the next one, which sends it with the sink's producer, finds a row
+    /// error as usual.
+    async fn trial<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        id: u64,
+        topic: Arc<str>,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<bool, RelayError> {
+        while self.records_in_flight >= self.settings.max_in_flight {
+            match inflight.next(sink).await {
+                Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
+                None => break,
+            }
+        }
+        let Some(mut held) = self.holds.as_mut().and_then(|h| h.pop(id)) else {
+            return Ok(true);
+        };
+        if let Some(clock) = &self.lease_clock {
+            // As before every hand-over (`send_with_backpressure`).
+            if let Err(e) = clock.check() {
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, e.to_string(), Instant::now());
+                }
+                return Err(e);
+            }
+        }
+        match sink.send_trial(&held.record).await {
+            Ok(delivered @ Delivered::Acked(..)) => {
+                self.refusals.refused_topics.remove(&topic);
+                tracing::info!(%topic, table = %held.table,
+                    "a held table's topic accepts records again (its first held record was \
+                     written alone): the rest are sent in order");
+                if let Some(span) = held.span.as_deref_mut() {
+                    span.produced();
+                }
+                if let Some((base, advances)) = self.pending.take() {
+                    inflight.push_boundary(base, advances);
+                }
+                let seq = inflight.next_seq();
+                let (done, info) = record_info(held, false, Some(id));
+                inflight.push_record(done, info);
+                // Filed where the sink files its own reports: audit, spans, read-back and the
+                // hold's count see it as any released record.
+                sink.deliveries().file((seq, Ok(delivered)));
+                self.records_in_flight += 1;
+                self.settings.metrics.set_in_flight(self.records_in_flight);
+                if let Some(h) = self.holds.as_mut() {
+                    h.sent(id);
+                }
+                Ok(true)
+            }
+            Ok(Delivered::Refused {
+                reason,
+                topic_refused: true,
+                ..
+            }) => {
+                tracing::debug!(%topic, table = %held.table, %reason,
+                    "a held table's topic still refuses its records");
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, reason, Instant::now());
+                }
+                Ok(false)
+            }
+            Ok(Delivered::Refused { reason, .. }) => {
+                self.refusals.refused_topics.remove(&topic);
+                if let Some(span) = held.span {
+                    span.failed(&reason);
+                }
+                Err(RelayError::kafka(format!(
+                    "a held record of table {} (at {}) was refused when its topic accepted \
+                     again: {reason}; the relay resumes from its checkpoint, before the held \
+                     rows, where this row is a row error as usual",
+                    held.table, held.position
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(%topic, table = %held.table, error = %e,
+                    "a held table's trial record failed; retried after the next backoff delay");
+                if let Some(h) = self.holds.as_mut() {
+                    h.refused_again(id, held, topic, e.to_string(), Instant::now());
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Sends the held records of hold `id` in order until its queue is empty (its table is
+    /// then no longer held; the hold ends once they are all acknowledged) or one is refused by
+    /// its topic again (it goes back first in line, and the table waits for its next retry).
+    ///
+    /// # Errors
+    /// A held record refused for another reason (too large, say) ends the run with a Kafka
+    /// error: the next run starts at or before the held rows, where its topic accepts, so the
+    /// row is then a row error as usual (dead letter or stop), never a loop.
+    async fn release<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        id: u64,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
+        let mut released = 0u64;
+        let mut ready: Option<Arc<str>> = None;
+        loop {
+            while self.records_in_flight >= self.settings.max_in_flight {
+                match inflight.next(sink).await {
+                    Some(ack) => self.on_ack(ack, inflight.is_empty(), progress)?,
+                    None => break,
+                }
+            }
+            let Some(mut held) = self.holds.as_mut().and_then(|h| h.pop(id)) else {
+                break;
+            };
+            if ready.as_deref() != Some(&*held.record.topic) {
+                sink.ensure_topic(&held.record.topic).await?;
+                ready = Some(Arc::clone(&held.record.topic));
+            }
+            if let Some((base, advances)) = self.pending.take() {
+                inflight.push_boundary(base, advances);
+            }
+            let sent = self
+                .send_with_backpressure(sink, progress, inflight, |s, seq| {
+                    s.send(&held.record, seq)
+                })
+                .await;
+            match sent {
+                Ok(()) => {
+                    if let Some(span) = held.span.as_deref_mut() {
+                        span.produced();
+                    }
+                    let (done, info) = record_info(held, false, Some(id));
+                    inflight.push_record(done, info);
+                    self.records_in_flight += 1;
+                    self.settings.metrics.set_in_flight(self.records_in_flight);
+                    if let Some(h) = self.holds.as_mut() {
+                        h.sent(id);
+                    }
+                    released += 1;
+                }
+                Err(Refusal::Topic(reason)) => {
+                    tracing::debug!(topic = %held.record.topic, table = %held.table, %reason,
+                        released, "a held table's topic is still refused");
+                    let topic = Arc::clone(&held.record.topic);
+                    if let Some(h) = self.holds.as_mut() {
+                        h.refused_again(id, held, topic, reason, Instant::now());
+                    }
+                    return Ok(());
+                }
+                Err(Refusal::Permanent(reason, ..)) => {
+                    if let Some(span) = held.span {
+                        span.failed(&reason);
+                    }
+                    return Err(RelayError::kafka(format!(
+                        "a held record of table {} (at {}) was refused when its topic accepted                          again: {reason}; the relay resumes from its checkpoint, before the held                          rows, where this row is a row error as usual",
+                        held.table, held.position
+                    )));
+                }
+                Err(Refusal::Failed(e)) => {
+                    if let Some(span) = held.span {
+                        span.failed(&e.to_string());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if released > 0 {
+            tracing::info!(
+                released,
+                "a held table's topic accepts its records again: sent in order"
+            );
+        }
+        let ended = self
+            .holds
+            .as_mut()
+            .and_then(|h| h.end_if_acked(id, Instant::now()));
+        if let Some(ended) = ended {
+            self.hold_ended(ended, progress);
+        }
+        Ok(())
     }
 
     /// The `database.table` label of `table` (counting one row read in it).
@@ -1200,7 +1626,9 @@ impl Reader<'_> {
             }
             Err(refusal) => {
                 let err = match refusal {
-                    Refusal::Permanent(reason, ..) => refused_too(&dl, &reason),
+                    Refusal::Permanent(reason, ..) | Refusal::Topic(reason) => {
+                        refused_too(&dl, &reason)
+                    }
                     Refusal::Failed(e) => e,
                 };
                 if let Some(span) = span {
@@ -1246,9 +1674,7 @@ impl Reader<'_> {
                 Err(SendError::Timestamp(reason)) => {
                     return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, true))
                 }
-                Err(SendError::BrokerRefused(reason)) => {
-                    return Err(Refusal::Permanent(reason, DeadLetterKind::Broker, true))
-                }
+                Err(SendError::BrokerRefused(reason)) => return Err(Refusal::Topic(reason)),
                 Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
@@ -1262,6 +1688,26 @@ impl Reader<'_> {
     }
 }
 
+/// The acknowledgement entry of `held`, sent (alone: see [`RecordInfo::alone`]; `released`:
+/// the hold that released it).
+fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordInfo) {
+    (
+        held.done,
+        RecordInfo {
+            topic: held.record.topic,
+            bytes: held.bytes,
+            event_time: held.event_time,
+            read_at: held.read_at,
+            position: held.position,
+            table: held.table,
+            alone,
+            span: held.span,
+            event_key: held.event_key,
+            released,
+        },
+    )
+}
+
 /// Resolves with the period of `timer` at its next tick; never without a timer.
 async fn next_tick(timer: &mut Option<tokio::time::Interval>) -> Duration {
     match timer {
@@ -1269,6 +1715,14 @@ async fn next_tick(timer: &mut Option<tokio::time::Interval>) -> Duration {
             t.tick().await;
             t.period()
         }
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves at `at` (a held table's next retry); never without one.
+async fn hold_retry(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
 }
@@ -1295,6 +1749,10 @@ enum Refusal {
     /// Refused for good: dead-letter (counted as this kind; with the value when `true`, i.e.
     /// its size was not the problem) or stop.
     Permanent(String, DeadLetterKind, bool),
+    /// The brokers refuse the record's topic (missing while they create none, not authorized),
+    /// known from their metadata: held with `dead_letter.refused_topic = "hold"`, otherwise as
+    /// `Permanent` of kind `broker`, with the value.
+    Topic(String),
     /// Anything else: the run ends and resumes from its checkpoint.
     Failed(RelayError),
 }
@@ -1384,7 +1842,43 @@ mod tests {
             stats: RunStats::default(),
             server: (server.0, server.1.map(str::to_owned)),
             metrics: Arc::new(Metrics::new()),
+            floor: None,
+            start_unwritten: false,
         }
+    }
+
+    #[test]
+    fn the_checkpoint_never_passes_a_held_tables_first_row() {
+        let mut p = progress(base(1, None), (1, None));
+        // The first held row is row 2 (0-based) of the transaction after 27064.
+        let floor = Checkpoint {
+            rows_acked: 2,
+            ..(*base(1, None)).clone()
+        };
+        p.set_floor(Some(&floor));
+        assert_eq!(p.acked().rows_acked, 2, "3 rows acknowledged, capped at 2");
+        // Later transactions of other tables acknowledged: still the floor.
+        p.acked_base = Arc::new(Checkpoint {
+            position: BinlogPosition::new("mariadb-bin.000067", 40_000),
+            ..(*base(1, None)).clone()
+        });
+        p.acked_rows = 0;
+        assert_eq!(p.acked(), floor);
+        assert_eq!(p.resume_point(), floor);
+        // Before the floor: the acknowledged point itself.
+        p.acked_base = Arc::new(Checkpoint {
+            position: BinlogPosition::new("mariadb-bin.000066", 4),
+            ..(*base(1, None)).clone()
+        });
+        assert_eq!(p.acked().position.file, "mariadb-bin.000066");
+        // The hold ended: the point moves on.
+        p.acked_base = Arc::new(Checkpoint {
+            position: BinlogPosition::new("mariadb-bin.000067", 40_000),
+            ..(*base(1, None)).clone()
+        });
+        p.set_floor(None);
+        assert!(p.dirty);
+        assert_eq!(p.acked().position.pos, 40_000);
     }
 
     #[test]

@@ -545,6 +545,7 @@ async fn run_once(
     } else {
         None
     };
+    let from_memory = resume.is_some();
     // Start-up queries on a half-open connection must not hang the relay either.
     let prepared = unless_stopped(
         shutdown,
@@ -565,6 +566,7 @@ async fn run_once(
         server,
         start,
         from,
+        from_memory,
     };
     if let Some(sink) = transactional {
         let probe = sink.probe();
@@ -605,6 +607,8 @@ struct Prepared {
     server: preflight::ServerInfo,
     start: Checkpoint,
     from: StartFrom,
+    /// `start` is an earlier run's acknowledged point, which that run may not have stored.
+    from_memory: bool,
 }
 
 /// The rest of [`run_once`]: connects the binlog stream and runs the pipeline into `sink`.
@@ -632,6 +636,7 @@ async fn stream<K: RecordSink>(
         server,
         start,
         from,
+        from_memory,
     } = prepared;
     let io_timeout = Duration::from_millis(config.mysql.read_timeout_ms);
     let connected = unless_stopped(
@@ -716,6 +721,13 @@ async fn stream<K: RecordSink>(
         ack_audit: parts.ack_audit.clone(),
         read_back: parts.read_back.clone(),
         metrics: Arc::clone(metrics),
+        hold: (config.dead_letter.refused_topic == outbox_relay_core::config::RefusedTopic::Hold)
+            .then(|| crate::pipeline::HoldSettings {
+                max_records: config.dead_letter.hold_max_records,
+                initial_backoff: Duration::from_millis(config.retry.initial_backoff_ms),
+                max_backoff: Duration::from_millis(config.retry.max_backoff_ms),
+            }),
+        start_unwritten: from_memory,
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {

@@ -135,6 +135,11 @@ pub async fn replay(
             ),
         )),
         metrics,
+        // A replay ends with its files: nothing would release a held table. A refused topic
+        // is a row error there (dead letter or stop).
+        hold: None,
+        // A replay stores no checkpoint.
+        start_unwritten: false,
     };
     let start = Checkpoint {
         position: plan

@@ -19,6 +19,10 @@
 //! partition's next owner finds the lease free. Sources that keep their owner are not touched
 //! (cooperative rebalancing). Reloads apply to the assigned share. Leases get the fleet's time
 //! to live (`fleet.lease_ttl_ms`, relay-mysql's `state::lease`).
+//!
+//! Joining retries while Kafka cannot be reached by the process's top-level (shared) `[retry]`
+//! (backoff, `max_attempts`; a source's own `[retry]` is that source's), and `/readyz` says
+//! whether the process has joined ([`FleetState`]): it is not ready before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,11 +36,12 @@ use tracing::Instrument;
 use outbox_relay_core::config::process::{ProcessConfig, SourceConfig};
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::http;
-use outbox_relay_core::observe::hub::Hub;
+use outbox_relay_core::observe::hub::{FleetState, Hub};
 use outbox_relay_core::observe::metrics::{Metrics, State};
 use outbox_relay_core::observe::spans::RowSpans;
 use outbox_relay_kafka::fleet::{source_partition, FleetEvent, Membership};
 
+use super::retry::{wait_or_stop, Retry};
 use super::{ready_limits, supervise, SPANS_FLUSH_TIMEOUT};
 
 /// Reads the configuration again (the file and its sources folder).
@@ -250,8 +255,11 @@ async fn run_source(
 ///
 /// # Errors
 /// Only what stops the whole process at start-up: [`RelayError::Config`] for `[http]`
-/// (`http.listen` cannot be bound) or `[tracing]`. Sources' own errors are theirs (see the
-/// module documentation).
+/// (`http.listen` cannot be bound) or `[tracing]`; with `[fleet]`, [`RelayError::Kafka`] when
+/// joining the group failed `retry.max_attempts` times in a row (the top-level `[retry]`;
+/// exit code 1, as a single source whose retries are exhausted), or the error that made
+/// joining impossible (a consumer that cannot be made from `[kafka.properties]`). Sources' own
+/// errors are theirs (see the module documentation).
 pub async fn run_sources(
     config: ProcessConfig,
     mut loader: impl Reload,
@@ -277,7 +285,7 @@ pub async fn run_sources(
     };
     let (mut fleet, mut events) = match &fleet_config {
         None => (None, None),
-        Some(f) => match join_fleet(f, &config, &mut shutdown).await? {
+        Some(f) => match join_fleet(f, &config, &hub, &mut shutdown).await? {
             None => {
                 if let Some(server) = server {
                     server.stop().await;
@@ -287,7 +295,10 @@ pub async fn run_sources(
             Some((membership, events)) => (
                 Some(Share {
                     membership,
+                    group: f.group_id.clone(),
+                    generation: None,
                     assigned: BTreeSet::new(),
+                    hub: Arc::clone(&hub),
                 }),
                 Some(events),
             ),
@@ -385,11 +396,31 @@ pub async fn run_sources(
 /// This process's part of a fleet.
 struct Share {
     membership: Membership,
+    /// `fleet.group_id`.
+    group: String,
+    /// The group's generation of the last assignment; `None` before the first one or after
+    /// the membership was lost.
+    generation: Option<i32>,
     /// The control-topic partitions assigned to this process.
     assigned: BTreeSet<i32>,
+    /// Where `/readyz` learns whether the process has joined.
+    hub: Arc<Hub>,
 }
 
 impl Share {
+    /// Shows the membership on `/readyz`: joined (with the current share) once a rebalance of
+    /// some generation completed.
+    fn report(&self) {
+        if let Some(generation) = self.generation {
+            self.hub.set_fleet(FleetState::Joined {
+                group: self.group.clone(),
+                generation,
+                assigned: self.assigned.len(),
+                partitions: self.membership.partitions(),
+            });
+        }
+    }
+
     fn owns(&self, source: &str) -> bool {
         self.assigned
             .contains(&source_partition(source, self.membership.partitions()))
@@ -423,9 +454,14 @@ async fn on_fleet_event(
     current: &ProcessConfig,
 ) {
     match event {
-        FleetEvent::Assigned(partitions) => {
+        FleetEvent::Assigned {
+            partitions,
+            generation,
+        } => {
             share.assigned.extend(partitions);
             sources.apply(share_of(current.clone(), Some(share)), false);
+            share.generation = Some(generation);
+            share.report();
         }
         FleetEvent::Revoked {
             partitions,
@@ -434,6 +470,15 @@ async fn on_fleet_event(
         } => {
             for p in &partitions {
                 share.assigned.remove(p);
+            }
+            if lost {
+                share.generation = None;
+                share.hub.set_fleet(FleetState::NotJoined {
+                    reason: format!(
+                        "the membership in group {} was lost (its session expired); rejoining",
+                        share.group
+                    ),
+                });
             }
             let moving: Vec<String> = sources
                 .running
@@ -454,6 +499,8 @@ async fn on_fleet_event(
                 let _ = task.await;
             }
             tracing::info!(?partitions, sources = ?moving, "fleet: revoked sources stopped");
+            // Joined still (a cooperative revocation), with a smaller share.
+            share.report();
             let _ = done.send(());
         }
     }
@@ -461,11 +508,20 @@ async fn on_fleet_event(
     tracing::info!(assigned = ?share.assigned, sources = ?running, "fleet: this process's share");
 }
 
-/// Joins the fleet's group, retrying while Kafka cannot be reached; `None` when asked to
-/// stop first.
+/// Joins the fleet's group; `None` when asked to stop first. While Kafka cannot be reached
+/// it retries by the top-level (shared) `[retry]` in `fleet.retry`: capped exponential backoff
+/// from `initial_backoff_ms` to `max_backoff_ms`, and after `max_attempts` consecutive failed
+/// attempts (0: never) it gives up. Each attempt waits up to 10 s for a broker. `hub` shows
+/// the state on `/readyz` (`fleet: not joined (…)`) until the first assignment.
+///
+/// # Errors
+/// [`RelayError::Kafka`] naming the bootstrap servers, the group and the fix once
+/// `retry.max_attempts` attempts failed; a non-retriable error (a consumer that cannot be made
+/// from `[kafka.properties]`) at once.
 async fn join_fleet(
     fleet: &outbox_relay_core::config::process::FleetConfig,
     config: &ProcessConfig,
+    hub: &Hub,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<(Membership, mpsc::UnboundedReceiver<FleetEvent>)>, RelayError> {
     // A revocation waits for its sources' graceful stop (Kafka's acknowledgements, the final
@@ -481,19 +537,63 @@ async fn join_fleet(
         .max()
         .unwrap_or_default()
         + Duration::from_secs(5);
+    let group = &fleet.group_id;
+    hub.set_fleet(FleetState::NotJoined {
+        reason: format!("joining group {group}"),
+    });
+    let mut retry = Retry::new(&fleet.retry);
     loop {
         let e = tokio::select! {
             joined = Membership::join(&fleet.kafka, fleet, revoke_wait) => match joined {
-                Ok(m) => return Ok(Some(m)),
+                Ok(m) => {
+                    hub.set_fleet(FleetState::NotJoined {
+                        reason: format!("waiting for group {group}'s first assignment"),
+                    });
+                    return Ok(Some(m));
+                }
                 Err(e) if e.is_retriable() => e,
                 Err(e) => return Err(e),
             },
             _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
         };
-        tracing::warn!(error = %e, retry_in_ms = 5000, "fleet: cannot join the group yet; retrying");
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+        let Some(delay) = retry.failed() else {
+            return Err(join_gave_up(fleet, retry.attempts(), e));
+        };
+        let delay_ms = delay.as_millis() as u64;
+        tracing::warn!(error = %e, group = %group, retry_in_ms = delay_ms,
+            attempt = retry.attempts(), "fleet: cannot join the group yet; retrying");
+        hub.set_fleet(FleetState::NotJoined {
+            reason: format!(
+                "cannot join group {group}: attempt {} failed, retrying in {delay_ms} ms: {e}",
+                retry.attempts()
+            ),
+        });
+        if wait_or_stop(delay, shutdown).await {
+            return Ok(None);
         }
     }
+}
+
+/// The error that ends a fleet's process after `attempts` failed attempts to join: what
+/// failed (Kafka's bootstrap servers, the group), and how to fix it.
+fn join_gave_up(
+    fleet: &outbox_relay_core::config::process::FleetConfig,
+    attempts: usize,
+    last: RelayError,
+) -> RelayError {
+    let text = last.to_string();
+    let detail = text.strip_prefix("Kafka: ").unwrap_or(&text).to_owned();
+    RelayError::kafka(format!(
+        "fleet: cannot join group {:?} (control topic {}) through kafka.bootstrap_servers = \
+         {:?}: {detail}; gave up after {attempts} attempts (retry.max_attempts = {}, the \
+         top-level [retry]). Fix: make a broker of {} reachable from this host (address, port, \
+         the listeners it advertises, TLS/SASL in [kafka.properties]), then start the process \
+         again; retry.max_attempts = 0 retries forever",
+        fleet.group_id,
+        fleet.control_topic,
+        fleet.kafka.bootstrap_servers,
+        fleet.retry.max_attempts,
+        fleet.kafka.bootstrap_servers,
+    ))
+    .with_source(last)
 }

@@ -52,7 +52,6 @@ use crate::audit::AuditCheck;
 use crate::checkpoint::{read_checkpoint, DEFAULT_CHECKPOINT_TABLE};
 use crate::db::TestDb;
 use crate::env::{kafka_bootstrap, TestServer};
-use crate::kafka::{collect_until, Record};
 use crate::relay::{describe_exit, free_local_port, RelayConfigSpec, RelayProcess};
 use crate::state::read_state_row;
 use crate::unique::unique_suffix;
@@ -63,7 +62,8 @@ use super::services::{Service, Services};
 use super::verify::Verification;
 use super::workload::{self, Committer, Workload, WorkloadConfig, WriterStats};
 use super::{
-    final_checks, first_probe, retry, tail, CheckpointChecker, CheckpointSample, Log, Prober,
+    final_checks, first_probe, read_until_delivered, retry, tail, CheckpointChecker,
+    CheckpointSample, Log, Prober,
 };
 
 /// The fleet's session timeout and lease TTL (the `[fleet]` defaults): a frozen process is
@@ -1053,23 +1053,8 @@ pub async fn run(opts: &FleetOptions) -> Result<FleetReport> {
     ));
     let drain_start = Instant::now();
     for (s, keys) in sources.iter().zip(&committed) {
-        let mut remaining = keys.clone();
-        let mut done = 0usize;
-        let read = collect_until(
-            &bootstrap,
-            &s.topics(),
-            Duration::from_secs(300),
-            move |recs: &[Record]| {
-                for r in &recs[done..] {
-                    if let Some(ek) = r.header("event_key") {
-                        remaining.remove(ek);
-                    }
-                }
-                done = recs.len();
-                remaining.is_empty()
-            },
-        )
-        .await?;
+        let read =
+            read_until_delivered(&bootstrap, &s.topics(), keys, Duration::from_secs(300)).await?;
         let seen: HashSet<&str> = read.iter().filter_map(|r| r.header("event_key")).collect();
         let not_yet = keys.iter().filter(|k| !seen.contains(k.as_str())).count();
         if not_yet > 0 {

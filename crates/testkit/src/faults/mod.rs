@@ -1053,6 +1053,31 @@ impl Prober {
     }
 }
 
+/// Reads `topics` from their beginning until every event key of `keys` was seen or `timeout`
+/// passed; returns what was read (check it for keys still missing).
+///
+/// # Errors
+/// Kafka could not be read.
+pub(crate) async fn read_until_delivered(
+    bootstrap: &str,
+    topics: &[String],
+    keys: &HashSet<String>,
+    timeout: Duration,
+) -> Result<Vec<Record>> {
+    let mut remaining = keys.clone();
+    let mut done = 0usize;
+    collect_until(bootstrap, topics, timeout, move |recs: &[Record]| {
+        for r in &recs[done..] {
+            if let Some(ek) = r.header("event_key") {
+                remaining.remove(ek);
+            }
+        }
+        done = recs.len();
+        remaining.is_empty()
+    })
+    .await
+}
+
 /// Commits a probe and waits until a fresh reader finds it on `probe_topic` (which the broker
 /// creates on the relay's first record), then returns a [`ProbeWatcher`] of that topic.
 ///
@@ -1549,23 +1574,8 @@ pub async fn run(opts: &Options) -> Result<Report> {
         .chain((1..=fresh).map(|n| spec.topic_for(&workload::fresh_type(n))))
         .collect();
     let drain_start = Instant::now();
-    let mut remaining = committed.clone();
-    let mut done = 0usize;
-    let read = collect_until(
-        &bootstrap,
-        &topics,
-        Duration::from_secs(300),
-        move |recs: &[Record]| {
-            for r in &recs[done..] {
-                if let Some(ek) = r.header("event_key") {
-                    remaining.remove(ek);
-                }
-            }
-            done = recs.len();
-            remaining.is_empty()
-        },
-    )
-    .await?;
+    let read =
+        read_until_delivered(&bootstrap, &topics, &committed, Duration::from_secs(300)).await?;
     let drain = drain_start.elapsed();
     let seen: HashSet<&str> = read.iter().filter_map(|r| r.header("event_key")).collect();
     let not_yet = committed
