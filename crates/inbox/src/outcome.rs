@@ -18,13 +18,17 @@ pub enum Outcome {
     /// A parked record applied by itself once the version before it was: the handler ran and
     /// its transaction (inbox row, version, removal of the parked row) committed.
     Resumed,
+    /// Failed `max_attempts` times and copied to the next retry tier's topic
+    /// ([`InboxConfig::retry_tiers`](crate::InboxConfig::retry_tiers)); the copy is processed
+    /// at its `retry_at`.
+    Retried,
     /// Failed `max_attempts` times (or could never be processed): dead-lettered.
     DeadLettered,
 }
 
 impl Outcome {
     /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `resumed`,
-    /// `dead_lettered`.
+    /// `retried`, `dead_lettered`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",
@@ -32,6 +36,7 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Parked => "parked",
             Outcome::Resumed => "resumed",
+            Outcome::Retried => "retried",
             Outcome::DeadLettered => "dead_lettered",
         }
     }
@@ -46,6 +51,7 @@ pub struct Settled {
     /// or the handler (0 when the record was dead-lettered before any); those ended by an
     /// infrastructure error are not counted.
     pub attempts: u32,
-    /// Why it was dead-lettered or parked (the dead letter's `dlq_reason`).
+    /// Why it was dead-lettered, parked or retried (the dead letter's `dlq_reason`, the copy's
+    /// `retry_error`).
     pub reason: Option<String>,
 }
