@@ -141,16 +141,24 @@ impl Hooks for CrashHooks {
     fn after_commit(&self, record: &InboxRecord, settled: &Settled) {
         // Every settled record passes here once: those the runner polled, and those settled
         // later by themselves (resumed parked versions, a sweep's dead letters).
+        // A retry copy is named by the original record (its original_* headers).
+        let partition = record
+            .header_str("original_partition")
+            .map_or_else(|| record.partition.to_string(), str::to_owned);
+        let offset = record
+            .header_str("original_offset")
+            .map_or_else(|| record.offset.to_string(), str::to_owned);
         println!(
-            "OUTCOME {} {} {} {} {}",
+            "OUTCOME {} {} {partition} {offset} {}",
             settled.outcome.as_str(),
             record.header_str("event_key").unwrap_or("-"),
-            record.partition,
-            record.offset,
             settled.attempts
         );
-        if settled.outcome == Outcome::Processed {
-            self.maybe_crash("after_db_commit", record);
+        match settled.outcome {
+            Outcome::Processed => self.maybe_crash("after_db_commit", record),
+            // The copy is on its tier; the record's offset is not committed yet.
+            Outcome::Retried => self.maybe_crash("after_retry_copy", record),
+            _ => {}
         }
     }
 }
