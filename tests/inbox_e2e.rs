@@ -165,7 +165,8 @@ impl World {
         }
         conn.query_drop(
             "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(191), \
-             order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL)",
+             order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL, \
+             created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3))",
         )
         .await?;
         drop(conn);
@@ -369,6 +370,13 @@ impl ScenarioConsumer {
         Ok(())
     }
 
+    /// kill -9, and waits for the process to end.
+    fn kill9(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     fn pid(&self) -> nix::unistd::Pid {
         nix::unistd::Pid::from_raw(self.child.id() as i32)
     }
@@ -502,8 +510,25 @@ async fn rewind_group(w: &World, group: &str) -> Result<()> {
 }
 
 async fn assert_group_committed_to_end(w: &World, group: &str, lang: &str) -> Result<()> {
-    let (bootstrap, topic, g) = (w.bootstrap.clone(), w.topic.clone(), group.to_owned());
-    let (committed, ends) = tokio::task::spawn_blocking(move || -> Result<_> {
+    assert_committed_to_end_of(w, group, &w.topic, lang).await
+}
+
+/// The group's committed offsets in `topic` equal its end offsets.
+async fn assert_committed_to_end_of(w: &World, group: &str, topic: &str, lang: &str) -> Result<()> {
+    let (committed, ends) = committed_and_ends(w, group, topic).await?;
+    ensure!(
+        committed == ends,
+        "[{lang}] group {group} committed {committed:?} in {topic}, the partitions end at {ends:?}"
+    );
+    Ok(())
+}
+
+type Offsets = HashMap<i32, i64>;
+
+/// The group's committed offsets in `topic` and the topic's end offsets, per partition.
+async fn committed_and_ends(w: &World, group: &str, topic: &str) -> Result<(Offsets, Offsets)> {
+    let (bootstrap, topic, g) = (w.bootstrap.clone(), topic.to_owned(), group.to_owned());
+    tokio::task::spawn_blocking(move || -> Result<_> {
         let c: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .set("group.id", &g)
@@ -532,12 +557,7 @@ async fn assert_group_committed_to_end(w: &World, group: &str, lang: &str) -> Re
             .collect();
         Ok((committed, ends))
     })
-    .await??;
-    ensure!(
-        committed == ends,
-        "[{lang}] group {group} committed {committed:?}, the partitions end at {ends:?}"
-    );
-    Ok(())
+    .await?
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1143,6 +1163,294 @@ async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<(
         let want: Vec<String> = evs.iter().map(|e| e.event_key.clone()).collect();
         ensure!(order == want, "[{}] settled in order {order:?}", lang.name);
         assert_group_committed_to_end(&w, &group, &lang.name).await?;
+        w.finish().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retry tiers (inbox/CONTRACT.md, "Retry tiers").
+
+fn tier_env(s: &Value) -> Vec<(&'static str, String)> {
+    let tiers: Vec<String> = s["retry_tiers_ms"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|v| v.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    vec![
+        (
+            "INBOX_MAX_ATTEMPTS",
+            s["max_attempts"].as_u64().unwrap_or(3).to_string(),
+        ),
+        ("INBOX_RETRY_TIERS_MS", tiers.join(",")),
+    ]
+}
+
+/// Tier `n`'s topic under the default format.
+fn tier_topic(w: &World, n: u64) -> String {
+    format!("{}.retry.{n}", w.topic)
+}
+
+/// The copies on tier `n`'s topic, once `at_least` are there.
+async fn tier_copies(w: &World, n: u64, at_least: usize) -> Result<Vec<Record>> {
+    collect_records(&w.bootstrap, &[tier_topic(w, n)], at_least, WAIT).await
+}
+
+/// `(id, ms since the epoch)` of the coupons of `event_key`, in id order.
+async fn coupon_times(w: &World, event_key: &str) -> Result<Vec<(u64, i64)>> {
+    let rows: Vec<(u64, i64)> =
+        w.db.conn()
+            .await?
+            .exec(
+                "SELECT id, CAST(ROUND(UNIX_TIMESTAMP(created_at) * 1000) AS SIGNED) FROM coupons \
+             WHERE event_key = ? ORDER BY id",
+                (event_key,),
+            )
+            .await?;
+    Ok(rows)
+}
+
+/// The coupon of each `expect.coupon_after_retry_at` event (key -> tier) was granted no earlier
+/// than the `retry_at` of its first copy on that tier.
+async fn check_coupon_after_retry_at(w: &World, s: &Value, lang: &str) -> Result<()> {
+    let Some(want) = s["expect"]["coupon_after_retry_at"].as_object() else {
+        return Ok(());
+    };
+    for (k, tier) in want {
+        let tier = tier.as_u64().unwrap_or(1);
+        let copies = tier_copies(w, tier, 1).await?;
+        let retry_at = copies
+            .iter()
+            .filter(|r| r.header("event_key") == Some(k.as_str()))
+            .filter_map(|r| r.header("retry_at").and_then(|v| v.parse::<i64>().ok()))
+            .min()
+            .with_context(|| format!("[{lang}] no copy of {k} with retry_at on tier {tier}"))?;
+        let times = coupon_times(w, k).await?;
+        ensure!(
+            times.len() == 1,
+            "[{lang}] {k}: {} coupons, want 1",
+            times.len()
+        );
+        // The database's and the consumer's clocks are the machine's; 50 ms for rounding.
+        ensure!(
+            times[0].1 + 50 >= retry_at,
+            "[{lang}] {k}: coupon granted at {} ms, before its tier {tier} copy's retry_at {retry_at}",
+            times[0].1
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_tiers_move_the_partition_on_and_dead_letter_after_the_last() -> Result<()> {
+    each_lang("retry_tiers", async |lang, s| {
+        let evs = events(s);
+        let x = &s["expect"];
+        let w = World::new(
+            "rtier",
+            &lang.name,
+            s["partitions"].as_i64().unwrap_or(1) as i32,
+        )
+        .await?;
+        w.insert(&evs).await?;
+        let relayed = w.relayed(evs.len()).await?;
+        let group = format!("g-{}", unique_suffix());
+        let mut c = ScenarioConsumer::spawn(lang, &w, &group, &tier_env(s))?;
+        c.wait_settled(x["settled"].as_u64().unwrap_or(evs.len() as u64) as usize)
+            .await?;
+        c.stop().await?;
+        let dls = check_expectations(&w, &c, s, &lang.name).await?;
+        let zero: Vec<&str> = x["coupons"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(_, v)| v.as_u64() == Some(0))
+                    .map(|(k, _)| k.as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_one_coupon_each(&w, &evs, &zero, &lang.name).await?;
+        // The partition was not blocked: later orders got their coupons first.
+        if let Some(before) = x["coupons_before"].as_object() {
+            for (k, earlier) in before {
+                let id = coupon_times(&w, k).await?.first().map(|t| t.0);
+                let id = id.with_context(|| format!("[{}] no coupon for {k}", lang.name))?;
+                for e in earlier.as_array().into_iter().flatten() {
+                    let e = e.as_str().unwrap_or_default();
+                    let eid = coupon_times(&w, e).await?.first().map(|t| t.0);
+                    ensure!(
+                        eid.is_some_and(|eid| eid < id),
+                        "[{}] coupon of {e} ({eid:?}) not before that of {k} ({id})",
+                        lang.name
+                    );
+                }
+            }
+        }
+        check_coupon_after_retry_at(&w, s, &lang.name).await?;
+        // The dead letter after the last tier: the copy's history, naming the original record.
+        if let Some(want) = x["dead_letter_retry"].as_object() {
+            for (k, v) in want {
+                let dl = dls
+                    .iter()
+                    .find(|r| r.header("event_key") == Some(k.as_str()))
+                    .with_context(|| format!("[{}] no dead letter for {k}", lang.name))?;
+                let orig = relayed
+                    .iter()
+                    .find(|r| r.header("event_key") == Some(k.as_str()))
+                    .with_context(|| format!("no relayed record for {k}"))?;
+                let history: Value =
+                    serde_json::from_str(dl.header("retry_history").unwrap_or("null"))
+                        .unwrap_or(Value::Null);
+                let entries = history.as_array().map(Vec::len);
+                ensure!(
+                    dl.header("retry_count").and_then(|c| c.parse::<u64>().ok())
+                        == v["retry_count"].as_u64()
+                        && dl.header("original_topic") == Some(w.topic.as_str())
+                        && dl.header("original_offset") == Some(orig.offset.to_string().as_str())
+                        && dl.header("dlq_topic") == Some(w.topic.as_str())
+                        && dl.header("dlq_partition") == Some(orig.partition.to_string().as_str())
+                        && dl.header("dlq_offset") == Some(orig.offset.to_string().as_str())
+                        && entries.map(|n| n as u64) == v["retry_history_entries"].as_u64()
+                        && dl.key == orig.key
+                        && dl.value == orig.value,
+                    "[{}] dead letter of {k} after the last tier: {:?} (original {:?})",
+                    lang.name,
+                    dl,
+                    orig
+                );
+            }
+        }
+        // The tier topics were created and hold the copies.
+        for (i, want) in x["tier_copies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let n = i as u64 + 1;
+            let topic = tier_topic(&w, n);
+            let got = outbox_relay_testkit::high_watermark_total(
+                &w.bootstrap,
+                std::slice::from_ref(&topic),
+            )
+            .await?;
+            ensure!(
+                Some(got) == want.as_u64(),
+                "[{}] {topic} holds {got} copies, want {want}",
+                lang.name
+            );
+            let copies = tier_copies(&w, n, got as usize).await?;
+            for r in &copies {
+                ensure!(
+                    r.header("retry_count") == Some(n.to_string().as_str())
+                        && r.header("original_topic") == Some(w.topic.as_str())
+                        && r.header("retry_at")
+                            .is_some_and(|v| v.parse::<i64>().is_ok())
+                        && r.header("retry_error").is_some()
+                        && r.header("event_key").is_some(),
+                    "[{}] copy on {topic} without its headers: {r:?}",
+                    lang.name
+                );
+            }
+            assert_committed_to_end_of(&w, &group, &topic, &lang.name).await?;
+        }
+        assert_group_committed_to_end(&w, &group, &lang.name).await?;
+        w.finish().await
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_while_a_copy_waits_in_a_retry_tier_grants_once() -> Result<()> {
+    each_lang("crash_in_retry_tier", async |lang, s| {
+        let evs = events(s);
+        let key = s["kill_after_outcome"]["event_key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let outcome = s["kill_after_outcome"]["outcome"]
+            .as_str()
+            .unwrap_or("retried")
+            .to_owned();
+        let w = World::new(
+            "rtcrash",
+            &lang.name,
+            s["partitions"].as_i64().unwrap_or(1) as i32,
+        )
+        .await?;
+        w.insert(&evs).await?;
+        w.relayed(evs.len()).await?;
+        let group = format!("g-{}", unique_suffix());
+        let env = tier_env(s);
+        let mut first = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
+        wait_until(&format!("{key} {outcome}"), WAIT, POLL, async || {
+            first.ensure_running()?;
+            Ok(first
+                .outcomes()
+                .iter()
+                .any(|o| o.0 == outcome && o.1 == key)
+                .then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", first.describe()))?;
+        first.kill9()?;
+        let killed_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        // The copy is on the tier, and was killed before its retry_at.
+        let copies = tier_copies(&w, 1, 1).await?;
+        let retry_at = copies
+            .iter()
+            .filter(|r| r.header("event_key") == Some(key.as_str()))
+            .filter_map(|r| r.header("retry_at").and_then(|v| v.parse::<i64>().ok()))
+            .min()
+            .with_context(|| format!("[{}] no copy of {key} on tier 1", lang.name))?;
+        ensure!(
+            killed_at < retry_at,
+            "[{}] killed at {killed_at}, after the copy's retry_at {retry_at}: the scenario \
+             did not crash while the copy waited",
+            lang.name
+        );
+        ensure!(
+            w.coupons().await?.get(&key).copied().unwrap_or(0) == 0,
+            "[{}] {key} has a coupon before its retry",
+            lang.name
+        );
+        let mut second = ScenarioConsumer::spawn(lang, &w, &group, &env)?;
+        w.wait_coupons(evs.len() as u64, &[&second]).await?;
+        // Everything settled: the group's offsets at the end of the topic and of the tier.
+        let tier = tier_topic(&w, 1);
+        wait_until("the offsets committed to the end", WAIT, POLL, async || {
+            second.ensure_running()?;
+            let (c1, e1) = committed_and_ends(&w, &group, &w.topic).await?;
+            let (c2, e2) = committed_and_ends(&w, &group, &tier).await?;
+            Ok((c1 == e1 && c2 == e2).then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", second.describe()))?;
+        second.stop().await?;
+        assert_one_coupon_each(&w, &evs, &[], &lang.name).await?;
+        check_coupon_after_retry_at(&w, s, &lang.name).await?;
+        ensure!(
+            w.dead_letter_count().await? == 0,
+            "[{}] dead letters",
+            lang.name
+        );
+        ensure!(
+            second
+                .outcomes()
+                .iter()
+                .any(|o| o.1 == key && o.0 == "processed"),
+            "[{}] the restarted consumer did not process {key}: {:?}",
+            lang.name,
+            second.outcomes()
+        );
+        assert_group_committed_to_end(&w, &group, &lang.name).await?;
+        assert_committed_to_end_of(&w, &group, &tier, &lang.name).await?;
         w.finish().await
     })
     .await

@@ -50,6 +50,16 @@ impl GrantCoupon {
         if payload.get("poison").and_then(|v| v.as_bool()) == Some(true) {
             return Err("poison record".into());
         }
+        // Fails in every tier before tier N (the record's retry_count header; absent: 0).
+        if let Some(n) = payload.get("fail_until_tier").and_then(|v| v.as_u64()) {
+            let tier: u64 = record
+                .header_str("retry_count")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if tier < n {
+                return Err(format!("failing until tier {n}").into());
+            }
+        }
         let fail_times = payload
             .get("fail_times")
             .and_then(|v| v.as_u64())
@@ -131,16 +141,24 @@ impl Hooks for CrashHooks {
     fn after_commit(&self, record: &InboxRecord, settled: &Settled) {
         // Every settled record passes here once: those the runner polled, and those settled
         // later by themselves (resumed parked versions, a sweep's dead letters).
+        // A retry copy is named by the original record (its original_* headers).
+        let partition = record
+            .header_str("original_partition")
+            .map_or_else(|| record.partition.to_string(), str::to_owned);
+        let offset = record
+            .header_str("original_offset")
+            .map_or_else(|| record.offset.to_string(), str::to_owned);
         println!(
-            "OUTCOME {} {} {} {} {}",
+            "OUTCOME {} {} {partition} {offset} {}",
             settled.outcome.as_str(),
             record.header_str("event_key").unwrap_or("-"),
-            record.partition,
-            record.offset,
             settled.attempts
         );
-        if settled.outcome == Outcome::Processed {
-            self.maybe_crash("after_db_commit", record);
+        match settled.outcome {
+            Outcome::Processed => self.maybe_crash("after_db_commit", record),
+            // The copy is on its tier; the record's offset is not committed yet.
+            Outcome::Retried => self.maybe_crash("after_retry_copy", record),
+            _ => {}
         }
     }
 }
@@ -264,6 +282,19 @@ async fn run() -> anyhow::Result<()> {
     };
     config.gap_deadline = Duration::from_millis(number("INBOX_GAP_DEADLINE_MS", 3_600_000u64)?);
     config.park_sweep_interval = Duration::from_millis(number("INBOX_PARK_SWEEP_MS", 10_000u64)?);
+    // Comma-separated delays in ms; absent or empty: no tiers.
+    if let Some(tiers) = env("INBOX_RETRY_TIERS_MS") {
+        config.retry_tiers = tiers
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                t.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+                    anyhow::anyhow!("INBOX_RETRY_TIERS_MS={tiers:?}: {t:?} is not a number of ms")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
     let hooks = CrashHooks {
         point: env("INBOX_CRASH_POINT"),
         event_key: env("INBOX_CRASH_EVENT_KEY"),

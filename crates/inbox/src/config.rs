@@ -59,6 +59,16 @@ pub struct InboxConfig {
     /// predecessor was applied (after a crash between the two), drops stale ones,
     /// dead-letters expired ones. Also once before the first poll.
     pub park_sweep_interval: Duration,
+    /// Retry tiers (`inbox/CONTRACT.md`, "Retry tiers"): delays such as `[1 min, 5 min, 1 h]`.
+    /// Empty (default): blocking retries only, then the dead-letter topic. Otherwise a record
+    /// whose attempts are used up is copied to the next tier's topic (outcome
+    /// [`crate::Outcome::Retried`]) and the partition moves on; after the last tier, the
+    /// dead-letter topic. Consumer-wide for now: [`InboxConfig::retry_tiers_for`] is where a
+    /// per-topic value will take its place.
+    pub retry_tiers: Vec<Duration>,
+    /// Name of tier `n` (1-based) of a topic: `{topic}` and `{n}` replaced
+    /// (`{topic}.retry.{n}`).
+    pub retry_topic_format: String,
 }
 
 impl InboxConfig {
@@ -79,7 +89,30 @@ impl InboxConfig {
             dead_letter_topic: dead_letter_topic.into(),
             gap_deadline: Duration::from_secs(3600),
             park_sweep_interval: Duration::from_secs(10),
+            retry_tiers: Vec::new(),
+            retry_topic_format: "{topic}.retry.{n}".into(),
         }
+    }
+
+    /// The retry tiers of records first read from `topic` (consumer-wide for now: per-topic
+    /// settings will replace the value here).
+    pub fn retry_tiers_for(&self, _topic: &str) -> &[Duration] {
+        &self.retry_tiers
+    }
+
+    /// The topic of tier `n` (1-based) of `topic`: [`InboxConfig::retry_topic_format`] with
+    /// `{topic}` and `{n}` replaced.
+    pub fn retry_topic(&self, topic: &str, n: u32) -> String {
+        self.retry_topic_format
+            .replace("{topic}", topic)
+            .replace("{n}", &n.to_string())
+    }
+
+    /// The tier topics of `topic` (none without tiers).
+    pub fn retry_topics(&self, topic: &str) -> Vec<String> {
+        (1..=self.retry_tiers_for(topic).len() as u32)
+            .map(|n| self.retry_topic(topic, n))
+            .collect()
     }
 
     /// The waits between attempts: `backoff_initial`, doubled after each failed attempt, at
@@ -116,6 +149,13 @@ impl InboxConfig {
             return Err(
                 "inbox dead_letter_topic is empty: name the topic failed records go to".into(),
             );
+        }
+        if !self.retry_tiers.is_empty() && !self.retry_topic_format.contains("{n}") {
+            return Err(format!(
+                "inbox retry_topic_format {:?} has no {{n}}: every tier needs its own topic \
+                 (default {{topic}}.retry.{{n}})",
+                self.retry_topic_format
+            ));
         }
         if self.max_attempts == 0 {
             return Err("inbox max_attempts is 0: it must be at least 1".into());
@@ -175,5 +215,23 @@ mod tests {
         c = InboxConfig::new("c", "d");
         c.max_attempts = 0;
         assert!(c.validate().unwrap_err().contains("max_attempts"));
+        c = InboxConfig::new("c", "d");
+        c.retry_tiers = vec![Duration::from_secs(60)];
+        assert!(c.validate().is_ok());
+        c.retry_topic_format = "{topic}.retry".into();
+        assert!(c.validate().unwrap_err().contains("retry_topic_format"));
+    }
+
+    #[test]
+    fn tier_topics_follow_the_format() {
+        let mut c = InboxConfig::new("c", "d");
+        assert!(c.retry_topics("orders").is_empty());
+        c.retry_tiers = vec![Duration::from_secs(60), Duration::from_secs(300)];
+        assert_eq!(
+            c.retry_topics("orders"),
+            vec!["orders.retry.1", "orders.retry.2"]
+        );
+        c.retry_topic_format = "retry-{n}-{topic}".into();
+        assert_eq!(c.retry_topic("orders", 2), "retry-2-orders");
     }
 }

@@ -1,11 +1,17 @@
 //! The runner: a Kafka consumer loop around [`Inbox::process`]. Records are settled one at a
 //! time in the order received (so in offset order per partition, retries blocking the
 //! partition); the offsets of settled records are committed synchronously when the fetched batch
-//! is used up and when partitions are revoked.
+//! is used up and when partitions are revoked. With retry tiers
+//! ([`crate::InboxConfig::retry_tiers`]) it also consumes the tier topics; a copy whose
+//! `retry_at` has not come pauses its partition (position back on the copy, offset not
+//! committed) until then, and the other partitions go on.
 
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::FutureExt;
 use rdkafka::config::ClientConfig;
@@ -14,15 +20,19 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::ClientContext;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::error::InboxError;
 use crate::outcome::Settled;
 use crate::process::{Handler, Hooks, Inbox};
 use crate::record::InboxRecord;
 
-/// Commits the settled records' offsets before partitions are taken away.
-pub struct CommitOnRevoke;
+/// Commits the settled records' offsets before partitions are taken away; counts the
+/// rebalances (a retry copy's paused partition may have moved).
+#[derive(Default)]
+pub struct CommitOnRevoke {
+    rebalances: AtomicU64,
+}
 
 impl ClientContext for CommitOnRevoke {}
 
@@ -35,6 +45,10 @@ impl ConsumerContext for CommitOnRevoke {
             }
         }
     }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
+        self.rebalances.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Commits the offsets stored for settled records; "nothing stored" is not an error.
@@ -45,6 +59,13 @@ fn commit_stored<C: Consumer<CommitOnRevoke>>(consumer: &C) -> Result<(), KafkaE
     }
 }
 
+/// A paused partition's retry copy: due at `at` (ms since the epoch), paused after
+/// `rebalances` rebalances.
+struct Waiting {
+    at: i64,
+    rebalances: u64,
+}
+
 /// A consumer group member that settles every record through an [`Inbox`].
 pub struct InboxConsumer<F: Handler, H: Hooks> {
     consumer: StreamConsumer<CommitOnRevoke>,
@@ -52,6 +73,8 @@ pub struct InboxConsumer<F: Handler, H: Hooks> {
     handler: F,
     /// The client settings, for the dead-letter topic's check at the start of `run`.
     config: ClientConfig,
+    /// The topics subscribed to (without their retry tier topics, added by `run`).
+    topics: Vec<String>,
 }
 
 impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
@@ -95,10 +118,9 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         config
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        let consumer: StreamConsumer<CommitOnRevoke> =
-            config
-                .create_with_context(CommitOnRevoke)
-                .map_err(|e| InboxError::kafka("creating the consumer", e))?;
+        let consumer: StreamConsumer<CommitOnRevoke> = config
+            .create_with_context(CommitOnRevoke::default())
+            .map_err(|e| InboxError::kafka("creating the consumer", e))?;
         consumer
             .subscribe(topics)
             .map_err(|e| InboxError::kafka(format!("subscribing to {topics:?}"), e))?;
@@ -107,6 +129,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             inbox,
             handler,
             config,
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
         })
     }
 
@@ -117,11 +140,14 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
 
     /// Runs until `shutdown` completes, then commits the settled offsets and leaves the group.
     /// Before the first poll it makes sure the dead-letter topic exists
-    /// ([`crate::ensure_topic`]: created with the broker's defaults when missing).
+    /// ([`crate::ensure_topic`]: created with the broker's defaults when missing), and so the
+    /// retry tier topics of its topics ([`crate::InboxConfig::retry_topics`]), which it then
+    /// consumes too.
     ///
     /// # Errors
     /// [`InboxError::DeadLetterTopic`] when the dead-letter topic is missing and the broker
-    /// refuses to create it (before anything is consumed); [`InboxError::Kafka`] for a dead
+    /// refuses to create it (before anything is consumed), [`InboxError::RetryTopic`] the same
+    /// for a retry tier topic; [`InboxError::Kafka`] for a dead
     /// letter that could not be produced or an offset commit that failed,
     /// [`InboxError::Outage`] for a database outage longer than
     /// [`crate::InboxConfig::outage_budget`]: the offsets of the records settled before are
@@ -149,6 +175,32 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             Duration::from_secs(30),
         )
         .await?;
+        // Retry tiers: their topics exist (or are created now), and are consumed too.
+        let mut all_topics = self.topics.clone();
+        for topic in &self.topics {
+            for tier in self.inbox.config().retry_topics(topic) {
+                crate::dead_letter::ensure_topic(&self.config, &tier, Duration::from_secs(30))
+                    .await
+                    .map_err(|e| match e {
+                        InboxError::DeadLetterTopic { topic, why } => {
+                            InboxError::RetryTopic { topic, why }
+                        }
+                        other => other,
+                    })?;
+                if !all_topics.contains(&tier) {
+                    all_topics.push(tier);
+                }
+            }
+        }
+        if all_topics.len() > self.topics.len() {
+            let names: Vec<&str> = all_topics.iter().map(String::as_str).collect();
+            self.consumer
+                .subscribe(&names)
+                .map_err(|e| InboxError::kafka(format!("subscribing to {names:?}"), e))?;
+        }
+        // Retry copies waiting for their retry_at: their partitions are paused, the position
+        // back on the copy, until then (ms since the epoch).
+        let mut waiting: HashMap<(String, i32), Waiting> = HashMap::new();
         tokio::pin!(shutdown);
         let mut uncommitted = false;
         // Parked versions: swept before the first poll and every park_sweep_interval (checked
@@ -159,6 +211,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         };
         let mut last_sweep: Option<Instant> = None;
         loop {
+            self.resume_due(&mut waiting);
             if parks
                 && last_sweep.is_none_or(|t| t.elapsed() >= self.inbox.config().park_sweep_interval)
             {
@@ -188,11 +241,16 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
                             .map_err(|e| InboxError::kafka("committing offsets", e))?;
                         uncommitted = false;
                     }
-                    let sweep_in = if parks {
+                    let mut sweep_in = if parks {
                         self.inbox.config().park_sweep_interval
                     } else {
                         Duration::from_secs(3600)
                     };
+                    // Idle: also wake up when the first waiting copy is due.
+                    if let Some(due) = waiting.values().map(|w| w.at).min() {
+                        let ms = u64::try_from(due - crate::retry::now_ms()).unwrap_or(0);
+                        sweep_in = sweep_in.min(Duration::from_millis(ms));
+                    }
                     tokio::select! {
                         _ = &mut shutdown => break,
                         m = self.consumer.recv() => m,
@@ -211,6 +269,25 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             let received = Instant::now();
             let record = InboxRecord::from_message(&message);
             drop(message);
+            let tp = (record.topic.clone(), record.partition);
+            let rebalances = self.rebalances();
+            if let Some(w) = waiting.get(&tp) {
+                if w.rebalances == rebalances {
+                    // Fetched before the pause: delivered again after the resume (the position
+                    // is the copy's).
+                    continue;
+                }
+                // The partition was assigned again meanwhile (not paused any more, position
+                // from the committed offset): this record is the next one.
+                waiting.remove(&tp);
+            }
+            if let Some(at) = crate::retry::retry_at(&record) {
+                if at > crate::retry::now_ms() && crate::retry::tier(&record) > 0 {
+                    self.wait_for(&record, at)?;
+                    waiting.insert(tp, Waiting { at, rebalances });
+                    continue;
+                }
+            }
             let settled = match self.inbox.process(&record, &self.handler).await {
                 Ok(settled) => settled,
                 Err(e) => {
@@ -238,5 +315,55 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         }
         self.consumer.unsubscribe();
         Ok(())
+    }
+
+    fn rebalances(&self) -> u64 {
+        self.consumer.context().rebalances.load(Ordering::SeqCst)
+    }
+
+    /// A retry copy whose `retry_at` has not come: its partition is paused and its position set
+    /// back to the copy (its offset is not stored), until [`InboxConsumer::resume_due`].
+    fn wait_for(&self, record: &InboxRecord, retry_at: i64) -> Result<(), InboxError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&record.topic, record.partition);
+        self.consumer
+            .pause(&tpl)
+            .map_err(|e| InboxError::kafka(format!("pausing {}", record.topic), e))?;
+        self.consumer
+            .seek(
+                &record.topic,
+                record.partition,
+                Offset::Offset(record.offset),
+                Duration::from_secs(10),
+            )
+            .map_err(|e| InboxError::kafka(format!("seeking back in {}", record.topic), e))?;
+        tracing::debug!(
+            topic = %record.topic, partition = record.partition, offset = record.offset,
+            wait_ms = retry_at - crate::retry::now_ms(),
+            "inbox: retry copy not due; partition paused"
+        );
+        Ok(())
+    }
+
+    /// Resumes the paused partitions whose copy is due.
+    fn resume_due(&self, waiting: &mut HashMap<(String, i32), Waiting>) {
+        if waiting.is_empty() {
+            return;
+        }
+        let now = crate::retry::now_ms();
+        let due: Vec<(String, i32)> = waiting
+            .iter()
+            .filter(|(_, w)| w.at <= now)
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in due {
+            waiting.remove(&tp);
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&tp.0, tp.1);
+            // A partition revoked meanwhile is not paused any more: nothing to resume.
+            if let Err(e) = self.consumer.resume(&tpl) {
+                tracing::debug!(topic = %tp.0, partition = tp.1, error = %e, "inbox: resume");
+            }
+        }
     }
 }

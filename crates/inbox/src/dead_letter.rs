@@ -10,7 +10,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use crate::error::InboxError;
 use crate::record::InboxRecord;
 
-/// The dead-letter producer.
+/// The dead-letter (and retry copy) producer.
 pub(crate) struct DeadLetters {
     producer: FutureProducer,
     topic: String,
@@ -31,6 +31,8 @@ impl DeadLetters {
     }
 
     /// Produces `record` to the dead-letter topic and waits for the broker's acknowledgement.
+    /// `dlq_topic`, `dlq_partition`, `dlq_offset` name the original record (a retry copy's
+    /// `original_*` headers; the record itself otherwise).
     pub(crate) async fn send(
         &self,
         record: &InboxRecord,
@@ -38,30 +40,48 @@ impl DeadLetters {
         reason: &str,
         attempts: u32,
     ) -> Result<(), InboxError> {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 6);
-        for (k, v) in &record.headers {
-            headers = headers.insert(Header {
+        let origin = crate::retry::origin(record);
+        let mut headers = record.headers.clone();
+        for (k, v) in [
+            ("dlq_reason", reason.to_owned()),
+            ("dlq_topic", origin.topic),
+            ("dlq_partition", origin.partition.to_string()),
+            ("dlq_offset", origin.offset.to_string()),
+            ("dlq_consumer", consumer.to_owned()),
+            ("dlq_attempts", attempts.to_string()),
+        ] {
+            headers.push((k.to_owned(), Some(v.into_bytes())));
+        }
+        let topic = self.topic.clone();
+        self.produce(&topic, record, &headers, "dead letter").await
+    }
+
+    /// Produces a copy of `record` (key, value) with `headers` to `topic` (a retry tier) and
+    /// waits for the broker's acknowledgement.
+    pub(crate) async fn send_copy(
+        &self,
+        topic: &str,
+        record: &InboxRecord,
+        headers: &[(String, Option<Vec<u8>>)],
+    ) -> Result<(), InboxError> {
+        self.produce(topic, record, headers, "retry copy").await
+    }
+
+    async fn produce(
+        &self,
+        topic: &str,
+        record: &InboxRecord,
+        headers: &[(String, Option<Vec<u8>>)],
+        what: &str,
+    ) -> Result<(), InboxError> {
+        let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+        for (k, v) in headers {
+            owned = owned.insert(Header {
                 key: k,
                 value: v.as_deref(),
             });
         }
-        let partition = record.partition.to_string();
-        let offset = record.offset.to_string();
-        let attempts = attempts.to_string();
-        for (k, v) in [
-            ("dlq_reason", reason),
-            ("dlq_topic", record.topic.as_str()),
-            ("dlq_partition", partition.as_str()),
-            ("dlq_offset", offset.as_str()),
-            ("dlq_consumer", consumer),
-            ("dlq_attempts", attempts.as_str()),
-        ] {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v),
-            });
-        }
-        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.topic).headers(headers);
+        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(owned);
         if let Some(k) = record.key.as_deref() {
             out = out.key(k);
         }
@@ -74,7 +94,7 @@ impl DeadLetters {
             .send(out, Duration::from_secs(30))
             .await
             .map(|_| ())
-            .map_err(|(e, _)| InboxError::kafka(format!("dead letter to {}", self.topic), e))
+            .map_err(|(e, _)| InboxError::kafka(format!("{what} to {topic}"), e))
     }
 }
 

@@ -63,6 +63,20 @@ pub enum InboxError {
         /// What the broker said.
         why: String,
     },
+    /// A retry tier's topic is missing and the broker refused to create it (or could not be
+    /// asked); the text names the topic and the fix.
+    #[error(
+        "retry tier topic {topic:?} does not exist and the broker refused to create it: {why}; \
+         create it (kafka-topics.sh --create --topic {topic}), grant this client CREATE on it, \
+         or set retry_topic_format to name existing topics (a valid name: at most 249 of \
+         [a-zA-Z0-9._-])"
+    )]
+    RetryTopic {
+        /// The topic.
+        topic: String,
+        /// What the broker said.
+        why: String,
+    },
 }
 
 /// MySQL/MariaDB server errors that are the infrastructure's, not the record's

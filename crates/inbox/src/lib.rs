@@ -47,6 +47,20 @@
 //! committing only the records settled before: restart the consumer once the database is back and
 //! it resumes with that record (`inbox/CONTRACT.md`, "Attempts and outages").
 //!
+//! # Retry tiers
+//!
+//! Retries block the partition by default. With [`InboxConfig::retry_tiers`] (delays such as
+//! `[1 min, 5 min, 1 h]`) a record whose attempts are used up is instead copied to the next
+//! tier's topic ([`InboxConfig::retry_topic_format`], `{topic}.retry.{n}`): key, value and
+//! headers plus `retry_count`, `retry_at`, `original_topic`/`_partition`/`_offset`,
+//! `retry_error` and `retry_history`; the record is settled ([`Outcome::Retried`]) and the
+//! partition moves on. [`InboxConsumer::run`] creates and consumes the tier topics; a copy whose
+//! `retry_at` has not come pauses its partition until then. A copy is processed like any record
+//! (same `event_key`: a copy of an applied record is a duplicate); after the last tier it goes
+//! to the dead-letter topic with its history, `dlq_topic`/`dlq_partition`/`dlq_offset` naming
+//! the original record. Per-key order is given up for the records of a topic with tiers
+//! (`inbox/CONTRACT.md`, "Retry tiers").
+//!
 //! # Trace context
 //!
 //! [`Inbox::process`] continues the producer's trace (`inbox/CONTRACT.md`, "Trace context"): it
@@ -85,6 +99,7 @@ mod outcome;
 mod parked;
 mod process;
 mod record;
+mod retry;
 
 pub use config::{GapPolicy, InboxConfig};
 pub use consumer::InboxConsumer;

@@ -18,6 +18,10 @@ pub enum Outcome {
     /// A parked record applied by itself once the version before it was: the handler ran and
     /// its transaction (inbox row, version, removal of the parked row) committed.
     Resumed,
+    /// Failed `max_attempts` times and copied to the next retry tier's topic
+    /// ([`InboxConfig::retry_tiers`](crate::InboxConfig::retry_tiers)); the copy is processed
+    /// at its `retry_at`.
+    Retried,
     /// Failed `max_attempts` times (or could never be processed): dead-lettered.
     DeadLettered,
     /// A parked record whose gap deadline passed, handed to
@@ -28,7 +32,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The contract's name: `processed`, `duplicate`, `stale`, `parked`, `resumed`,
-    /// `dead_lettered`, `compensated`.
+    /// `retried`, `dead_lettered`, `compensated`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",
@@ -36,6 +40,7 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Parked => "parked",
             Outcome::Resumed => "resumed",
+            Outcome::Retried => "retried",
             Outcome::DeadLettered => "dead_lettered",
             Outcome::Compensated => "compensated",
         }
@@ -51,6 +56,7 @@ pub struct Settled {
     /// or the handler (0 when the record was dead-lettered before any); those ended by an
     /// infrastructure error are not counted.
     pub attempts: u32,
-    /// Why it was dead-lettered or parked (the dead letter's `dlq_reason`).
+    /// Why it was dead-lettered, parked or retried (the dead letter's `dlq_reason`, the copy's
+    /// `retry_error`).
     pub reason: Option<String>,
 }

@@ -18,6 +18,7 @@ use crate::otel::{self, Tracing};
 use crate::outcome::{Outcome, Settled};
 use crate::parked::{self, ParkedRow, ParkedSql, VersionKey};
 use crate::record::InboxRecord;
+use crate::retry;
 
 /// MySQL/MariaDB `ER_DUP_ENTRY`: the inbox row exists, the event was processed before.
 const ER_DUP_ENTRY: u16 = 1062;
@@ -220,7 +221,9 @@ impl<H: Hooks> Inbox<H> {
 
     /// Settles one record (`inbox/CONTRACT.md`): the inbox row and `handler`'s change in one
     /// database transaction; a duplicate, stale or parked record without the handler; failures
-    /// retried with the backoff, then dead-lettered. Call it for the records of a partition one
+    /// retried with the backoff, then copied to the next retry tier
+    /// ([`InboxConfig::retry_tiers`]; a copy is processed the same way, its inbox row naming the
+    /// original record) or dead-lettered. Call it for the records of a partition one
     /// at a time, in offset order, and commit the record's offset only after it returned `Ok`.
     ///
     /// Handler errors and data errors (a version gap under [`GapPolicy::Retry`]) count toward
@@ -665,13 +668,52 @@ impl<H: Hooks> Inbox<H> {
                     );
                     tokio::time::sleep(wait).await;
                 }
-                None => {
-                    return self
-                        .dead_letter_parked(record, error, attempt, parked)
-                        .await
-                }
+                None => return self.attempts_used_up(record, error, attempt, parked).await,
             }
         }
+    }
+
+    /// A record whose attempts are used up (2.5): a copy to the next retry tier when its
+    /// original topic has one left (outcome [`Outcome::Retried`]), else the dead-letter topic.
+    /// A parked record's row is removed once the copy or the dead letter is acknowledged.
+    async fn attempts_used_up(
+        &self,
+        record: &InboxRecord,
+        error: String,
+        attempts: u32,
+        parked: Option<&VersionKey>,
+    ) -> Result<Settled, InboxError> {
+        let origin = retry::origin(record);
+        let tiers = self.config.retry_tiers_for(&origin.topic);
+        let n = retry::tier(record).saturating_add(1);
+        let Some(delay) = tiers.get(n as usize - 1).copied() else {
+            return self
+                .dead_letter_parked(record, error, attempts, parked)
+                .await;
+        };
+        let topic = self.config.retry_topic(&origin.topic, n);
+        let headers = retry::copy_headers(record, n, delay, &error, attempts, retry::now_ms());
+        tracing::warn!(
+            consumer = %self.config.consumer, topic = %record.topic, partition = record.partition,
+            offset = record.offset, attempts, error = %error, tier = n, retry_topic = %topic,
+            delay_ms = delay.as_millis() as u64, "inbox: attempts used up; copied to a retry tier"
+        );
+        self.dead_letters
+            .send_copy(&topic, record, &headers)
+            .await?;
+        if let Some(key) = parked {
+            if let Err(e) = self.delete_parked(key).await {
+                tracing::warn!(
+                    consumer = %self.config.consumer, error = %e,
+                    "inbox: a retried parked row could not be removed"
+                );
+            }
+        }
+        Ok(Settled {
+            outcome: Outcome::Retried,
+            attempts,
+            reason: Some(error),
+        })
     }
 
     /// [`Inbox::dead_letter`] of a record, removing its parked row (when it is one) once the
@@ -806,15 +848,17 @@ impl<H: Hooks> Inbox<H> {
         handler: &F,
     ) -> Result<Attempt, Failed> {
         let consumer = self.config.consumer.as_str();
+        // A retry copy's row names the original record ("Retry tiers").
+        let origin = retry::origin(record);
         let inserted = tx
             .exec_drop(
                 &self.insert_sql,
                 (
                     consumer,
                     event_key,
-                    record.topic.as_str(),
-                    record.partition,
-                    record.offset,
+                    origin.topic.as_str(),
+                    origin.partition,
+                    origin.offset,
                 ),
             )
             .await;
