@@ -263,6 +263,24 @@ class RetryTiersTest {
   }
 
   @Test
+  void refusesToStartWhenTheBrokerWillNotCreateATierTopic() throws Exception {
+    String topic = servers.topic("tiers-bad", 1);
+    String dlq = servers.topic("tiers-bad-dlq", 1);
+    // '/' is not allowed in a topic name: the tier topic can never be created.
+    InboxSettings settings =
+        settings("inbox-java-tiers-bad", dlq, Duration.ofMillis(100)) // the group never joins
+            .retryTopicFormat("{topic}/retry/{n}")
+            .build();
+    InboxRunner runner = runner(settings, new StopAfter(1));
+    InboxException e = assertThrows(InboxException.class, () -> runner.run(List.of(topic)));
+    String tier = topic + "/retry/1";
+    assertTrue(
+        e.getMessage().contains("retry tier topic \"" + tier + "\"")
+            && e.getMessage().contains("kafka-topics.sh --create --topic " + tier),
+        e.getMessage());
+  }
+
+  @Test
   void anInfrastructureErrorNeverSendsToATier() throws Exception {
     String topic = servers.topic("tiers-infra", 1);
     String dlq = servers.topic("tiers-infra-dlq", 1);
