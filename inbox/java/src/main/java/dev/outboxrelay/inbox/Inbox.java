@@ -165,9 +165,13 @@ public final class Inbox {
 
   /**
    * Settles one record: runs {@code handler} in the inbox transaction unless the record is a
-   * duplicate or stale, retrying failed attempts with exponential backoff (blocking the caller),
-   * and dead-letters it when it cannot be processed. Then calls {@link Hooks#afterCommit}. On
-   * return, the record's offset + 1 may be committed to Kafka.
+   * duplicate or stale, retrying failed attempts with exponential backoff (blocking the caller);
+   * when they are used up, sends a copy to the next retry tier of its original topic ({@link
+   * InboxSettings#retryTiers(String)}, outcome {@link Outcome#RETRIED}) or, with no tier left,
+   * dead-letters it. Then calls {@link Hooks#afterCommit}. On return, the record's offset + 1 may
+   * be committed to Kafka. A retry copy (header {@code retry_count}) is processed the same way; its
+   * inbox row names the original record. Holding a copy until its {@code retry_at} is the poll
+   * loop's job ({@link InboxRunner} pauses its partition).
    *
    * @param record the record (key = aggregate id, headers {@code event_key}, {@code
    *     aggregate_type}, optionally the version header)
