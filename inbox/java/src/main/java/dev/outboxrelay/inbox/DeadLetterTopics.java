@@ -35,6 +35,39 @@ public final class DeadLetterTopics {
    *     topic and the fix
    */
   public static void ensure(Properties kafka, String topic, Duration timeout) {
+    ensure(kafka, topic, timeout, false);
+  }
+
+  /**
+   * Makes sure the retry tier topics of {@code topics} exist ({@link InboxSettings#retryTiers},
+   * {@link InboxSettings#retryTopic}), as {@link #ensure} does the dead-letter topic; {@link
+   * InboxRunner#run} calls it before subscribing.
+   *
+   * @param kafka the client properties
+   * @param settings the inbox settings
+   * @param topics the consumer's topics
+   * @param timeout the longest each admin request may take
+   * @return the tier topics of {@code topics}, tier 1 first for each
+   * @throws InboxException a tier topic is missing and the broker refused to create it
+   */
+  public static java.util.List<String> ensureRetryTopics(
+      Properties kafka,
+      InboxSettings settings,
+      java.util.Collection<String> topics,
+      Duration timeout) {
+    java.util.List<String> tierTopics = new java.util.ArrayList<>();
+    for (String topic : topics) {
+      int tiers = settings.retryTiers(topic).size();
+      for (int n = 1; n <= tiers; n++) {
+        String tierTopic = settings.retryTopic(topic, n);
+        ensure(kafka, tierTopic, timeout, true);
+        tierTopics.add(tierTopic);
+      }
+    }
+    return tierTopics;
+  }
+
+  private static void ensure(Properties kafka, String topic, Duration timeout, boolean tier) {
     Properties p = new Properties();
     p.putAll(kafka);
     p.keySet().removeIf(k -> !AdminClientConfig.configNames().contains(k.toString()));
@@ -45,7 +78,7 @@ public final class DeadLetterTopics {
         return;
       } catch (ExecutionException e) {
         if (!(e.getCause() instanceof UnknownTopicOrPartitionException)) {
-          throw refused(topic, e.getCause());
+          throw refused(topic, e.getCause(), tier);
         }
       }
       try {
@@ -55,21 +88,33 @@ public final class DeadLetterTopics {
             .get(ms, TimeUnit.MILLISECONDS);
       } catch (ExecutionException e) {
         if (!(e.getCause() instanceof TopicExistsException)) {
-          throw refused(topic, e.getCause());
+          throw refused(topic, e.getCause(), tier);
         }
       }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
-      throw refused(topic, e);
+      throw refused(topic, e, tier);
     } catch (TimeoutException | RuntimeException e) {
       if (e instanceof InboxException ie) {
         throw ie;
       }
-      throw refused(topic, e);
+      throw refused(topic, e, tier);
     }
   }
 
-  private static InboxException refused(String topic, Throwable cause) {
+  private static InboxException refused(String topic, Throwable cause, boolean tier) {
+    if (tier) {
+      return new InboxException(
+          "retry tier topic \""
+              + topic
+              + "\" does not exist and the broker refused to create it: "
+              + cause
+              + "; create it (kafka-topics.sh --create --topic "
+              + topic
+              + "), grant this client CREATE on it, or set retryTopicFormat to name existing"
+              + " topics (a valid name: at most 249 of [a-zA-Z0-9._-])",
+          cause);
+    }
     return new InboxException(
         "dead-letter topic \""
             + topic

@@ -81,8 +81,9 @@ public final class Inbox {
    * @param settings the settings
    * @param dataSource connections to the consumer's database (the one holding the inbox tables and
    *     the business tables); a pool, as one connection is taken per attempt
-   * @param deadLetters producer for the dead-letter topic: configure it with {@code acks=all} (see
-   *     {@link InboxRunner#deadLetterProducerConfig}); it is not closed by the inbox
+   * @param deadLetters producer for the dead-letter topic and the retry tier topics (retry copies):
+   *     configure it with {@code acks=all} (see {@link InboxRunner#deadLetterProducerConfig}); it
+   *     is not closed by the inbox
    * @param hooks the hooks, or {@link Hooks#NONE}
    */
   public Inbox(
@@ -164,9 +165,13 @@ public final class Inbox {
 
   /**
    * Settles one record: runs {@code handler} in the inbox transaction unless the record is a
-   * duplicate or stale, retrying failed attempts with exponential backoff (blocking the caller),
-   * and dead-letters it when it cannot be processed. Then calls {@link Hooks#afterCommit}. On
-   * return, the record's offset + 1 may be committed to Kafka.
+   * duplicate or stale, retrying failed attempts with exponential backoff (blocking the caller);
+   * when they are used up, sends a copy to the next retry tier of its original topic ({@link
+   * InboxSettings#retryTiers(String)}, outcome {@link Outcome#RETRIED}) or, with no tier left,
+   * dead-letters it. Then calls {@link Hooks#afterCommit}. On return, the record's offset + 1 may
+   * be committed to Kafka. A retry copy (header {@code retry_count}) is processed the same way; its
+   * inbox row names the original record. Holding a copy until its {@code retry_at} is the poll
+   * loop's job ({@link InboxRunner} pauses its partition).
    *
    * @param record the record (key = aggregate id, headers {@code event_key}, {@code
    *     aggregate_type}, optionally the version header)
@@ -259,7 +264,7 @@ public final class Inbox {
         attempt++;
         InboxTracing.attemptFailed(gap, attempt);
         if (attempt >= settings.maxAttempts()) {
-          return deadLetter(record, gap.getMessage(), attempt);
+          return exhausted(record, gap.getMessage(), attempt, parked);
         }
       } catch (Exception e) {
         String error = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
@@ -310,7 +315,7 @@ public final class Inbox {
             settings.maxAttempts(),
             error);
         if (attempt >= settings.maxAttempts()) {
-          return deadLetterParked(record, error, attempt, parked);
+          return exhausted(record, error, attempt, parked);
         }
       }
       sleep(settings.backoff(attempt));
@@ -402,9 +407,10 @@ public final class Inbox {
     try (PreparedStatement insert = tx.prepareStatement(insertInbox)) {
       insert.setString(1, settings.consumer());
       insert.setString(2, eventKey);
-      insert.setString(3, record.topic());
-      insert.setInt(4, record.partition());
-      insert.setLong(5, record.offset());
+      // A retry copy's row names the first record (inbox/CONTRACT.md, "Retry tiers").
+      insert.setString(3, RetryHeaders.originalTopic(record));
+      insert.setInt(4, RetryHeaders.originalPartition(record));
+      insert.setLong(5, RetryHeaders.originalOffset(record));
       insert.executeUpdate();
     } catch (SQLException e) {
       if (e.getErrorCode() == ER_DUP_ENTRY) {
@@ -749,10 +755,89 @@ public final class Inbox {
     }
   }
 
+  /**
+   * A record whose attempts are used up: a copy to the next retry tier of its original topic when
+   * one is left (outcome {@link Outcome#RETRIED}), else a dead letter; a parked one leaves the
+   * table once the copy or letter is out.
+   */
+  private Result exhausted(
+      ConsumerRecord<byte[], byte[]> record, String error, int attempts, VersionKey parked) {
+    int tier = RetryHeaders.retryCount(record);
+    List<Duration> tiers = settings.retryTiers(RetryHeaders.originalTopic(record));
+    if (tier < tiers.size()) {
+      return unparked(retryCopy(record, tier + 1, tiers.get(tier), error, attempts), parked);
+    }
+    return deadLetterParked(record, error, attempts, parked);
+  }
+
+  /**
+   * Produces a copy of {@code record} to tier {@code tier}'s topic (key, value and headers
+   * unchanged plus the retry headers, inbox/CONTRACT.md "Retry tiers") and waits for its
+   * acknowledgement.
+   */
+  private Result retryCopy(
+      ConsumerRecord<byte[], byte[]> record, int tier, Duration delay, String error, int attempts) {
+    long now = System.currentTimeMillis();
+    java.util.Set<String> replaced =
+        java.util.Set.of(
+            RetryHeaders.RETRY_COUNT,
+            RetryHeaders.RETRY_AT,
+            RetryHeaders.RETRY_ERROR,
+            RetryHeaders.RETRY_HISTORY);
+    RecordHeaders headers = new RecordHeaders();
+    for (Header h : record.headers()) {
+      if (!replaced.contains(h.key())) {
+        headers.add(h);
+      }
+    }
+    headers.add(RetryHeaders.RETRY_COUNT, utf8(Integer.toString(tier)));
+    headers.add(RetryHeaders.RETRY_AT, utf8(Long.toString(now + delay.toMillis())));
+    if (record.headers().lastHeader(RetryHeaders.ORIGINAL_TOPIC) == null) {
+      headers.add(RetryHeaders.ORIGINAL_TOPIC, utf8(record.topic()));
+    }
+    if (record.headers().lastHeader(RetryHeaders.ORIGINAL_PARTITION) == null) {
+      headers.add(RetryHeaders.ORIGINAL_PARTITION, utf8(Integer.toString(record.partition())));
+    }
+    if (record.headers().lastHeader(RetryHeaders.ORIGINAL_OFFSET) == null) {
+      headers.add(RetryHeaders.ORIGINAL_OFFSET, utf8(Long.toString(record.offset())));
+    }
+    headers.add(RetryHeaders.RETRY_ERROR, utf8(error));
+    headers.add(
+        RetryHeaders.RETRY_HISTORY,
+        utf8(
+            RetryHeaders.appendHistory(
+                RetryHeaders.text(record, RetryHeaders.RETRY_HISTORY),
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                attempts,
+                error,
+                now)));
+    String topic = settings.retryTopic(RetryHeaders.originalTopic(record), tier);
+    LOG.warn(
+        "sending {}-{}@{} to retry tier {} ({}, in {}): {}",
+        record.topic(),
+        record.partition(),
+        record.offset(),
+        tier,
+        topic,
+        delay,
+        error);
+    send(
+        new ProducerRecord<>(topic, null, record.key(), record.value(), headers),
+        record,
+        "retry copy");
+    return new Result(Outcome.RETRIED, attempts);
+  }
+
   /** Dead-letters {@code record}; a parked one leaves the table once the letter is out. */
   private Result deadLetterParked(
       ConsumerRecord<byte[], byte[]> record, String reason, int attempts, VersionKey parked) {
-    Result result = deadLetter(record, reason, attempts);
+    return unparked(deadLetter(record, reason, attempts), parked);
+  }
+
+  /** Removes the parked row {@code parked} (when set) of a record settled elsewhere. */
+  private Result unparked(Result result, VersionKey parked) {
     if (parked != null) {
       try {
         unpark(parked);
@@ -782,9 +867,10 @@ public final class Inbox {
       headers.add(h);
     }
     headers.add("dlq_reason", utf8(reason));
-    headers.add("dlq_topic", utf8(record.topic()));
-    headers.add("dlq_partition", utf8(Integer.toString(record.partition())));
-    headers.add("dlq_offset", utf8(Long.toString(record.offset())));
+    // A retry copy's letter names the first record (its original_* headers).
+    headers.add("dlq_topic", utf8(RetryHeaders.originalTopic(record)));
+    headers.add("dlq_partition", utf8(Integer.toString(RetryHeaders.originalPartition(record))));
+    headers.add("dlq_offset", utf8(Long.toString(RetryHeaders.originalOffset(record))));
     headers.add("dlq_consumer", utf8(settings.consumer()));
     headers.add("dlq_attempts", utf8(Integer.toString(attempts)));
     ProducerRecord<byte[], byte[]> letter =
@@ -797,28 +883,36 @@ public final class Inbox {
         record.offset(),
         settings.deadLetterTopic(),
         reason);
+    send(letter, record, "dead letter");
+    InboxTracing.deadLettered(reason);
+    return new Result(Outcome.DEAD_LETTERED, attempts);
+  }
+
+  /** Produces {@code out} (a dead letter or a retry copy of {@code record}) and awaits its ack. */
+  private void send(
+      ProducerRecord<byte[], byte[]> out, ConsumerRecord<byte[], byte[]> record, String what) {
     try {
-      deadLetters.send(letter).get();
+      deadLetters.send(out).get();
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
-      throw new InboxException("interrupted while producing a dead letter", e);
+      throw new InboxException("interrupted while producing a " + what, e);
     } catch (ExecutionException | RuntimeException e) {
       Throwable cause = e instanceof ExecutionException ? e.getCause() : e;
       throw new InboxException(
-          "cannot produce the dead letter of "
+          "cannot produce the "
+              + what
+              + " of "
               + record.topic()
               + "-"
               + record.partition()
               + "@"
               + record.offset()
               + " to "
-              + settings.deadLetterTopic()
+              + out.topic()
               + ": "
               + cause,
           cause);
     }
-    InboxTracing.deadLettered(reason);
-    return new Result(Outcome.DEAD_LETTERED, attempts);
   }
 
   private static byte[] utf8(String s) {

@@ -1,8 +1,10 @@
 package dev.outboxrelay.inbox;
 
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Properties;
@@ -56,6 +58,12 @@ import org.slf4j.LoggerFactory;
  * InboxSettings#parkSweepInterval()} (checked between records, and the poll waits at most that
  * long): parked records whose predecessor was applied resume, stale ones are removed, expired ones
  * are dead-lettered. A sweep that cannot read the tables is logged and done again later.
+ *
+ * <p>With retry tiers ({@link InboxSettings#retryTiers}), {@link #run} first creates the missing
+ * tier topics of its topics (as the dead-letter topic, {@link DeadLetterTopics#ensureRetryTopics})
+ * and subscribes to them too. A retry copy whose {@code retry_at} has not come pauses its partition
+ * (the position goes back to the copy, its offset is not committed) until then; the other
+ * partitions go on, and the poll waits at most until the first paused one is due.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -104,6 +112,12 @@ public final class InboxRunner implements AutoCloseable {
   private final Duration sweepInterval;
   private long lastSweep;
   private final Map<TopicPartition, OffsetAndMetadata> pending = new HashMap<>();
+  private final InboxSettings settings;
+  private final Properties kafka;
+
+  /** Partitions paused on a retry copy: when it is due (ms since the epoch). */
+  private final Map<TopicPartition, Long> waiting = new HashMap<>();
+
   private final AtomicBoolean started = new AtomicBoolean();
   private final AtomicBoolean closed = new AtomicBoolean();
   private final CountDownLatch finished = new CountDownLatch(1);
@@ -119,6 +133,8 @@ public final class InboxRunner implements AutoCloseable {
       Duration sweepInterval) {
     this.sweeper = sweeper;
     this.sweepInterval = sweepInterval;
+    this.settings = b.settings;
+    this.kafka = b.kafka;
     this.consumer = consumer;
     this.ownedProducer = producer;
     this.processor = processor;
@@ -201,13 +217,24 @@ public final class InboxRunner implements AutoCloseable {
     }
     loopThread = Thread.currentThread();
     try {
-      consumer.subscribe(topics, new Revocations());
+      List<String> subscription = new ArrayList<>(topics);
+      if (settings != null) {
+        // The tier topics exist, are created now, or the runner refuses to start.
+        for (String tierTopic :
+            DeadLetterTopics.ensureRetryTopics(kafka, settings, topics, Duration.ofSeconds(30))) {
+          if (!subscription.contains(tierTopic)) {
+            subscription.add(tierTopic);
+          }
+        }
+      }
+      consumer.subscribe(subscription, new Revocations());
       listener.subscribed();
       while (!stopping) {
         sweepWhenDue();
+        resumeDue();
         ConsumerRecords<byte[], byte[]> records;
         try {
-          records = consumer.poll(pollTimeout);
+          records = consumer.poll(nextPollTimeout());
         } catch (WakeupException e) {
           continue;
         }
@@ -218,6 +245,15 @@ public final class InboxRunner implements AutoCloseable {
         for (ConsumerRecord<byte[], byte[]> record : records) {
           if (stopping) {
             break;
+          }
+          TopicPartition tp = new TopicPartition(record.topic(), record.partition());
+          if (waiting.containsKey(tp)) {
+            continue; // after a copy that is not due: fetched again once it is
+          }
+          Long due = RetryHeaders.retryAt(record);
+          if (due != null && due > System.currentTimeMillis()) {
+            hold(tp, record, due);
+            continue;
           }
           sweepWhenDue();
           settle(record);
@@ -235,6 +271,52 @@ public final class InboxRunner implements AutoCloseable {
       closeClients();
       finished.countDown();
     }
+  }
+
+  /**
+   * Pauses {@code tp} on a retry copy that is not due: its position goes back to the copy (the
+   * records fetched after it are dropped), and {@link #resumeDue} resumes it at {@code due}.
+   */
+  private void hold(TopicPartition tp, ConsumerRecord<byte[], byte[]> record, long due) {
+    consumer.pause(List.of(tp));
+    consumer.seek(tp, record.offset());
+    waiting.put(tp, due);
+    LOG.debug(
+        "{}@{}: retry copy due in {} ms, partition paused",
+        tp,
+        record.offset(),
+        due - System.currentTimeMillis());
+  }
+
+  /** Resumes the partitions whose retry copy is due (those still assigned). */
+  private void resumeDue() {
+    if (waiting.isEmpty()) {
+      return;
+    }
+    long now = System.currentTimeMillis();
+    List<TopicPartition> due = new ArrayList<>();
+    waiting.forEach(
+        (tp, at) -> {
+          if (at <= now) {
+            due.add(tp);
+          }
+        });
+    if (due.isEmpty()) {
+      return;
+    }
+    due.forEach(waiting::remove);
+    due.retainAll(consumer.assignment());
+    consumer.resume(due);
+  }
+
+  /** The poll timeout, shortened to the first paused partition's due time. */
+  private Duration nextPollTimeout() {
+    if (waiting.isEmpty()) {
+      return pollTimeout;
+    }
+    long first = waiting.values().stream().mapToLong(Long::longValue).min().getAsLong();
+    long ms = Math.max(1, first - System.currentTimeMillis());
+    return ms < pollTimeout.toMillis() ? Duration.ofMillis(ms) : pollTimeout;
   }
 
   /** Sweeps the parked table before the first poll and every park sweep interval. */
@@ -371,6 +453,7 @@ public final class InboxRunner implements AutoCloseable {
         LOG.warn("offset commit on revocation: {}", e.toString());
       }
       pending.keySet().removeAll(partitions);
+      waiting.keySet().removeAll(partitions);
     }
 
     @Override
@@ -379,6 +462,7 @@ public final class InboxRunner implements AutoCloseable {
     @Override
     public void onPartitionsLost(Collection<TopicPartition> partitions) {
       pending.keySet().removeAll(partitions);
+      waiting.keySet().removeAll(partitions);
     }
   }
 

@@ -6,6 +6,7 @@ import io.opentelemetry.api.trace.propagation.W3CTraceContextPropagator;
 import io.opentelemetry.context.propagation.TextMapPropagator;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.List;
 import java.util.Objects;
 import java.util.function.Function;
 import java.util.regex.Pattern;
@@ -40,6 +41,8 @@ public final class InboxSettings {
   private final Duration outageBudget;
   private final Duration gapDeadline;
   private final Duration parkSweepInterval;
+  private final List<Duration> retryTiers;
+  private final String retryTopicFormat;
   private final OpenTelemetry openTelemetry;
   private final TextMapPropagator propagator;
 
@@ -59,6 +62,8 @@ public final class InboxSettings {
     this.outageBudget = b.outageBudget;
     this.gapDeadline = b.gapDeadline;
     this.parkSweepInterval = b.parkSweepInterval;
+    this.retryTiers = List.copyOf(b.retryTiers);
+    this.retryTopicFormat = b.retryTopicFormat;
     this.openTelemetry = b.openTelemetry;
     this.propagator = b.propagator;
   }
@@ -133,6 +138,45 @@ public final class InboxSettings {
    */
   public boolean parks() {
     return checksVersions() && gapPolicy == GapPolicy.PARK;
+  }
+
+  /**
+   * The retry tiers of a topic (inbox/CONTRACT.md, "Retry tiers"): the delays of its tier topics,
+   * tier 1 first; empty (the default): blocking retries only, a record whose attempts are used up
+   * is dead-lettered. For now every topic has the consumer-wide list ({@link Builder#retryTiers});
+   * per-topic settings will replace it here.
+   *
+   * @param topic the record's original topic (a copy's {@code original_topic})
+   * @return the delays, possibly empty
+   */
+  public List<Duration> retryTiers(String topic) {
+    return retryTiers;
+  }
+
+  /**
+   * @return the consumer-wide retry tiers (default none)
+   */
+  public List<Duration> retryTiers() {
+    return retryTiers;
+  }
+
+  /**
+   * @return the format of the tier topics' names (default {@code {topic}.retry.{n}})
+   */
+  public String retryTopicFormat() {
+    return retryTopicFormat;
+  }
+
+  /**
+   * The topic of tier {@code n} of {@code topic}: {@link #retryTopicFormat()} with {@code {topic}}
+   * and {@code {n}} replaced.
+   *
+   * @param topic the original topic
+   * @param n the tier, from 1
+   * @return the tier topic's name
+   */
+  public String retryTopic(String topic, int n) {
+    return retryTopicFormat.replace("{topic}", topic).replace("{n}", Integer.toString(n));
   }
 
   /**
@@ -270,6 +314,8 @@ public final class InboxSettings {
     private Duration outageBudget = Duration.ofMinutes(5);
     private Duration gapDeadline = Duration.ofHours(1);
     private Duration parkSweepInterval = Duration.ofSeconds(10);
+    private List<Duration> retryTiers = List.of();
+    private String retryTopicFormat = "{topic}.retry.{n}";
     private OpenTelemetry openTelemetry;
     private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
 
@@ -326,6 +372,32 @@ public final class InboxSettings {
      */
     public Builder parkSweepInterval(Duration interval) {
       this.parkSweepInterval = interval;
+      return this;
+    }
+
+    /**
+     * Non-blocking retry tiers (inbox/CONTRACT.md, "Retry tiers"): when a record's attempts are
+     * used up (handler and data errors only; infrastructure errors never count), a copy goes to the
+     * next tier's topic ({@link #retryTopicFormat}) to be processed again once the tier's delay has
+     * passed, and the partition moves on; after the last tier, the dead-letter topic. Per-key order
+     * is broken while a record waits in a tier: opt in only with a version header or for handlers
+     * whose effects commute. Applies to every topic of the consumer for now.
+     *
+     * @param delays the tiers' delays, tier 1 first (default none: blocking retries only)
+     * @return this builder
+     */
+    public Builder retryTiers(List<Duration> delays) {
+      this.retryTiers = delays == null ? List.of() : delays;
+      return this;
+    }
+
+    /**
+     * @param format the tier topics' names: {@code {topic}} is the original topic, {@code {n}} the
+     *     tier from 1 (default {@code {topic}.retry.{n}})
+     * @return this builder
+     */
+    public Builder retryTopicFormat(String format) {
+      this.retryTopicFormat = format;
       return this;
     }
 
@@ -492,6 +564,14 @@ public final class InboxSettings {
           || parkSweepInterval.isZero()) {
         throw new IllegalArgumentException(
             "gap_deadline must not be negative, park_sweep_interval must be positive");
+      }
+      for (Duration d : retryTiers) {
+        if (d == null || d.isNegative()) {
+          throw new IllegalArgumentException("retry_tiers: delays must not be negative");
+        }
+      }
+      if (retryTopicFormat == null || !retryTopicFormat.contains("{n}")) {
+        throw new IllegalArgumentException("retry_topic_format must contain {n}");
       }
       return new InboxSettings(this);
     }

@@ -22,12 +22,18 @@ public enum Outcome {
    * {@code true}) instead of the dead-letter topic.
    */
   COMPENSATED,
+  /**
+   * Its attempts were used up and its topic has a retry tier left: a copy was sent to the next
+   * tier's topic (inbox/CONTRACT.md, "Retry tiers"), to be processed again after the tier's delay.
+   */
+  RETRIED,
   /** Poison: sent to the dead-letter topic (attempts exhausted, or unusable at once). */
   DEAD_LETTERED;
 
   /**
    * The outcome's name as the contract writes it: {@code processed}, {@code duplicate}, {@code
-   * stale}, {@code parked}, {@code resumed}, {@code compensated} or {@code dead_lettered}.
+   * stale}, {@code parked}, {@code resumed}, {@code compensated}, {@code retried} or {@code
+   * dead_lettered}.
    *
    * @return the lower-case name
    */

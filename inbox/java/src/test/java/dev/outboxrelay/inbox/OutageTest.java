@@ -335,6 +335,40 @@ class OutageTest {
     assertEquals(Map.of(0, 0L), servers.endOffsets(dlq), "dead letters");
   }
 
+  /**
+   * With retry tiers and a single attempt, an outage sends no record to a tier (nor to the
+   * dead-letter topic): once the database is back every record is processed once in its topic.
+   */
+  @Test
+  void anOutageNeverSendsARecordToARetryTier() throws Exception {
+    String topic = servers.topic("outage-tiers", 1);
+    String dlq = servers.topic("outage-tiers-dlq", 1);
+    String tier = topic + ".retry.1";
+    servers.track(tier);
+    String group = servers.group("outage-tiers");
+    Running running =
+        new Running(
+            topic,
+            group,
+            settings(dlq).maxAttempts(1).retryTiers(List.of(Duration.ofMillis(100))).build());
+    produce(topic, 0, 3);
+    awaitCommitted(group, 3);
+
+    proxy.down();
+    produce(topic, 3, 6);
+    Thread.sleep(2000); // the outage (the stimulus): far longer than one attempt's backoff
+    assertEquals(3L, committed(group), "committed during the outage");
+    proxy.up();
+
+    awaitCommitted(group, 6);
+    running.stop();
+    assertNull(running.error);
+    assertEffectsOnce(6);
+    long copies = servers.endOffsets(tier).values().stream().mapToLong(Long::longValue).sum();
+    assertEquals(0, copies, "retry copies");
+    assertEquals(Map.of(0, 0L), servers.endOffsets(dlq), "dead letters");
+  }
+
   @Test
   void infrastructureErrorsAreClassifiedByCodeStateAndType() {
     for (int code : new int[] {1205, 1213, 1290, 1836, 1053, 1077, 1927, 4031, 2002, 2003, 2006}) {

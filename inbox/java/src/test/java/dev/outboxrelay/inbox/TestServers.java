@@ -116,6 +116,24 @@ final class TestServers {
     return topic;
   }
 
+  /** Deletes {@code topic} on close (e.g. a tier topic the runner created). */
+  void track(String topic) {
+    if (!topics.contains(topic)) {
+      topics.add(topic);
+    }
+  }
+
+  /** The group's committed offset of one partition of a topic, or {@code null}. */
+  Long committed(String group, String topic, int partition) throws Exception {
+    OffsetAndMetadata om =
+        admin
+            .listConsumerGroupOffsets(group)
+            .partitionsToOffsetAndMetadata()
+            .get()
+            .get(new TopicPartition(topic, partition));
+    return om == null ? null : om.offset();
+  }
+
   /** A consumer group id {@code inbox-java-<name>-<random>}, deleted on close. */
   String group(String name) {
     String group = "inbox-java-" + name + "-" + UUID.randomUUID().toString().substring(0, 8);

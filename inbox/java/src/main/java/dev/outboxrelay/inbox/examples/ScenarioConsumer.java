@@ -9,6 +9,7 @@ import dev.outboxrelay.inbox.InboxRunner;
 import dev.outboxrelay.inbox.InboxSettings;
 import dev.outboxrelay.inbox.Outcome;
 import dev.outboxrelay.inbox.Result;
+import dev.outboxrelay.inbox.RetryHeaders;
 import java.io.FileDescriptor;
 import java.io.FileOutputStream;
 import java.io.IOException;
@@ -23,6 +24,7 @@ import java.sql.PreparedStatement;
 import java.sql.SQLException;
 import java.sql.Types;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
@@ -175,8 +177,20 @@ public final class ScenarioConsumer {
                 Duration.ofMillis(Long.parseLong(orDefault("INBOX_GAP_DEADLINE_MS", "3600000"))))
             .parkSweepInterval(
                 Duration.ofMillis(Long.parseLong(orDefault("INBOX_PARK_SWEEP_MS", "10000"))))
+            .retryTiers(retryTiers(env.getOrDefault("INBOX_RETRY_TIERS_MS", "")))
             .build();
     return builder.inbox(settings, dataSource, this::handle).hooks(new CrashHooks()).build();
+  }
+
+  /** {@code INBOX_RETRY_TIERS_MS}: comma-separated delays in ms; empty: none. */
+  private static List<Duration> retryTiers(String text) {
+    List<Duration> tiers = new ArrayList<>();
+    for (String part : text.split(",")) {
+      if (!part.isBlank()) {
+        tiers.add(Duration.ofMillis(Long.parseLong(part.trim())));
+      }
+    }
+    return tiers;
   }
 
   private MariaDbPoolDataSource dataSource() throws SQLException {
@@ -220,6 +234,10 @@ public final class ScenarioConsumer {
     if (payload.path("poison").asBoolean(false)) {
       throw new Exception("poison record");
     }
+    int failUntilTier = payload.path("fail_until_tier").asInt(0);
+    if (RetryHeaders.retryCount(record) < failUntilTier) {
+      throw new Exception("failing until tier " + failUntilTier);
+    }
     int failTimes = payload.path("fail_times").asInt(0);
     if (failTimes > 0) {
       int failed = failures.getOrDefault(eventKey, 0);
@@ -245,6 +263,9 @@ public final class ScenarioConsumer {
       // by themselves (resumed parked versions, a sweep's dead letters).
       outcome(record, result);
       if (crashPoint.equals("after_db_commit") && result.outcome() == Outcome.PROCESSED) {
+        maybeCrash(record);
+      }
+      if (crashPoint.equals("after_retry_copy") && result.outcome() == Outcome.RETRIED) {
         maybeCrash(record);
       }
     }
@@ -310,9 +331,9 @@ public final class ScenarioConsumer {
             + " "
             + printable(header(record, "event_key"))
             + " "
-            + record.partition()
+            + RetryHeaders.originalPartition(record) // a retry copy's: the first record's
             + " "
-            + record.offset()
+            + RetryHeaders.originalOffset(record)
             + " "
             + result.attempts());
   }
