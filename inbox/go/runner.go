@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,6 +44,10 @@ type Runner struct {
 	maxPoll int
 	log     *slog.Logger
 
+	// Retry tiers: the partitions paused on a copy whose retry_at has not come, and when to
+	// resume each (only the polling goroutine uses it).
+	waiting map[topicPartition]time.Time
+
 	mu      sync.Mutex
 	pending map[topicPartition]*kgo.Record // last settled record per partition, not yet committed
 }
@@ -76,11 +81,21 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	r := &Runner{h: h, maxPoll: cfg.MaxPollRecords, log: cfg.Logger, pending: map[topicPartition]*kgo.Record{}}
+	r := &Runner{h: h, maxPoll: cfg.MaxPollRecords, log: cfg.Logger, pending: map[topicPartition]*kgo.Record{},
+		waiting: map[topicPartition]time.Time{}}
+	// The tier topics of the topics (retry tiers): subscribed to as well.
+	var tierTopics []string
+	probe, err := New(db, noProducer{}, s) // the settings checked, defaults filled in
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range cfg.Topics {
+		tierTopics = append(tierTopics, probe.RetryTopics(t)...)
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
-		kgo.ConsumeTopics(cfg.Topics...),
+		kgo.ConsumeTopics(append(slices.Clone(cfg.Topics), tierTopics...)...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -108,10 +123,22 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		cl.Close()
 		return nil, err
 	}
+	// Likewise the retry tiers' topics.
+	for _, t := range tierTopics {
+		if err := ensureTopic(ctx, cl, t, "retry tier topic", "set Settings.RetryTopicFormat so that it names existing topics"); err != nil {
+			cl.Close()
+			return nil, err
+		}
+	}
 	in.group = cfg.Group
 	r.cl, r.in = cl, in
 	return r, nil
 }
+
+// noProducer stands in for the client before it exists (NewRunner's check of the settings).
+type noProducer struct{}
+
+func (noProducer) ProduceSync(context.Context, ...*kgo.Record) kgo.ProduceResults { return nil }
 
 // Client returns the runner's Kafka client (for metrics or admin requests).
 func (r *Runner) Client() *kgo.Client { return r.cl }
@@ -155,9 +182,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err := sweep(); err != nil {
 			return err
 		}
-		pctx, cancel := ctx, context.CancelFunc(func() {})
+		// Wake up for the next sweep, or the next paused partition to resume.
+		var wake time.Time
 		if sweeps {
-			pctx, cancel = context.WithTimeout(ctx, max(time.Until(lastSweep.Add(s.ParkSweepInterval)), time.Millisecond))
+			wake = lastSweep.Add(s.ParkSweepInterval)
+		}
+		if next, ok := r.resumeDue(); ok && (wake.IsZero() || next.Before(wake)) {
+			wake = next
+		}
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if !wake.IsZero() {
+			pctx, cancel = context.WithTimeout(ctx, max(time.Until(wake), time.Millisecond))
 		}
 		fetches := r.cl.PollRecords(pctx, r.maxPoll)
 		cancel()
@@ -176,6 +211,14 @@ func (r *Runner) Run(ctx context.Context) error {
 				break
 			}
 			rec := iter.Next()
+			tp := topicPartition{rec.Topic, rec.Partition}
+			if _, ok := r.waiting[tp]; ok {
+				continue // paused on an earlier copy of this batch: fetched again once resumed
+			}
+			if at, ok := RetryAt(rec); ok && time.Now().Before(at) {
+				r.wait(tp, rec, at)
+				continue
+			}
 			if _, err := r.in.Process(work, rec, r.h); err != nil {
 				procErr = err
 				break
@@ -191,6 +234,35 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// wait pauses the partition of a retry copy whose retry_at has not come, moves its position
+// back to the copy (so it is fetched again) and remembers when to resume it.
+func (r *Runner) wait(tp topicPartition, rec *kgo.Record, at time.Time) {
+	r.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+	r.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		tp.topic: {tp.partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset}},
+	})
+	r.waiting[tp] = at
+	r.log.Debug("inbox: partition paused until its retry copy is due", "topic", tp.topic,
+		"partition", tp.partition, "offset", rec.Offset, "retry_at", at)
+}
+
+// resumeDue resumes the paused partitions whose retry_at has come and returns when the next one
+// is due (ok=false: none is waiting).
+func (r *Runner) resumeDue() (next time.Time, ok bool) {
+	now := time.Now()
+	for tp, at := range r.waiting {
+		if !now.Before(at) {
+			r.cl.ResumeFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+			delete(r.waiting, tp)
+			continue
+		}
+		if !ok || at.Before(next) {
+			next, ok = at, true
+		}
+	}
+	return next, ok
 }
 
 // commit commits the offsets of the settled records synchronously.

@@ -45,6 +45,7 @@ type config struct {
 	versionHeader                          string
 	gapPolicy                              inbox.GapPolicy
 	gapDeadline, parkSweep                 time.Duration
+	retryTiers                             []time.Duration
 	crashPoint, crashKey, crashMarker      string
 	mode                                   string
 	exitAfter                              int
@@ -107,6 +108,17 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	c.parkSweep = time.Duration(sweep) * time.Millisecond
+	// INBOX_RETRY_TIERS_MS: comma-separated delays in ms (absent or empty: no tiers).
+	for _, f := range strings.Split(os.Getenv("INBOX_RETRY_TIERS_MS"), ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ms, err := strconv.Atoi(f)
+		if err != nil || ms < 0 {
+			return c, fmt.Errorf("INBOX_RETRY_TIERS_MS: %q is not a delay in ms", f)
+		}
+		c.retryTiers = append(c.retryTiers, time.Duration(ms)*time.Millisecond)
+	}
 	if c.exitAfter, err = envInt("INBOX_EXIT_AFTER", 0); err != nil {
 		return c, err
 	}
@@ -178,8 +190,9 @@ type business struct {
 
 func (b *business) handle(ctx context.Context, db execer, rec *kgo.Record) error {
 	var payload struct {
-		Poison    bool  `json:"poison"`
-		FailTimes int64 `json:"fail_times"`
+		Poison        bool  `json:"poison"`
+		FailTimes     int64 `json:"fail_times"`
+		FailUntilTier int64 `json:"fail_until_tier"`
 	}
 	if err := json.Unmarshal(rec.Value, &payload); err != nil {
 		return fmt.Errorf("payload is not a JSON object: %w", err)
@@ -198,6 +211,9 @@ func (b *business) handle(ctx context.Context, db execer, rec *kgo.Record) error
 	}
 	if payload.Poison {
 		return errors.New("poison record")
+	}
+	if payload.FailUntilTier > 0 && int64(inbox.RetryTier(rec)) < payload.FailUntilTier {
+		return fmt.Errorf("failing until tier %d", payload.FailUntilTier)
 	}
 	if payload.FailTimes > 0 {
 		b.mu.Lock()
@@ -344,6 +360,7 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		BackoffMax:        max(time.Second, c.backoff),
 		OutageBudget:      c.outageBudget,
 		DeadLetterTopic:   c.dlq,
+		RetryTiers:        c.retryTiers,
 		Hooks: inbox.Hooks{
 			BeforeCommit: func(rec *kgo.Record) { c.crash("after_handler", rec) },
 			// Every settled record passes here once: those the runner polled, and those settled
