@@ -322,3 +322,97 @@ func TestOutageNeverSendsToATier(t *testing.T) {
 		t.Errorf("%d dead letters, want none", n)
 	}
 }
+
+func TestRetrySettings(t *testing.T) {
+	db, p := &sql.DB{}, &kgo.Client{}
+	base := inbox.Settings{Consumer: "c", DeadLetterTopic: "d"}
+	in, err := inbox.New(db, p, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := in.Settings(); len(s.RetryTiers) != 0 || s.RetryTopicFormat != "{topic}.retry.{n}" || len(in.RetryTopics("orders")) != 0 {
+		t.Errorf("defaults: %+v", s)
+	}
+	s := base
+	s.RetryTiers = []time.Duration{time.Minute, 5 * time.Minute, time.Hour}
+	if in, err = inbox.New(db, p, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(in.RetryTopics("orders"), ","); got != "orders.retry.1,orders.retry.2,orders.retry.3" {
+		t.Errorf("tier topics: %s", got)
+	}
+	s.RetryTopicFormat = "retry-{n}-of-{topic}"
+	if in, err = inbox.New(db, p, s); err != nil || in.RetryTopic("orders", 2) != "retry-2-of-orders" {
+		t.Errorf("custom format: %v", err)
+	}
+	s.RetryTopicFormat = "{topic}.retry"
+	if _, err := inbox.New(db, p, s); err == nil {
+		t.Error("a format without {n} was accepted")
+	}
+	s.RetryTopicFormat, s.RetryTiers = "", []time.Duration{-time.Second}
+	if _, err := inbox.New(db, p, s); err == nil {
+		t.Error("a negative tier was accepted")
+	}
+}
+
+// A copy of a record whose effect committed (a crash after the commit, before the offset) is a
+// duplicate; a parked record whose handler keeps failing goes to tier 1 and leaves the parked
+// table, and its copy is applied from there.
+func TestCopiesWithProcess(t *testing.T) {
+	e := newEnv(t, 1)
+	tier1 := e.topic + ".retry.1"
+	newTopics(t, 1, tier1)
+	var l settledLog
+	s := e.parkedSettings(&l)
+	s.RetryTiers = []time.Duration{time.Minute}
+	in := e.newInbox(t, s)
+	failP3 := true
+	var calls atomic.Int32
+	h := effectHandler(&calls, nil)
+	handler := func(ctx context.Context, tx *sql.Tx, rec *kgo.Record) error {
+		if err := h(ctx, tx, rec); err != nil {
+			return err
+		}
+		if failP3 && hdr(rec, "event_key") == "P-v3" {
+			return fmt.Errorf("P-v3 fails")
+		}
+		return nil
+	}
+
+	// A copy of an applied record: duplicate, the handler does not run.
+	mustProcess(t, in, versioned(e, 0, "D", "D-v1", "1"), handler, inbox.Processed)
+	cp := versioned(e, 0, "D", "D-v1", "1")
+	cp.Topic = tier1
+	cp.Headers = append(cp.Headers, kgo.RecordHeader{Key: "retry_count", Value: []byte("1")},
+		kgo.RecordHeader{Key: "original_topic", Value: []byte(e.topic)},
+		kgo.RecordHeader{Key: "original_partition", Value: []byte("0")},
+		kgo.RecordHeader{Key: "original_offset", Value: []byte("0")})
+	mustProcess(t, in, cp, handler, inbox.Duplicate)
+	if e.effects(t, "D-v1") != 1 {
+		t.Errorf("D-v1: %d effects", e.effects(t, "D-v1"))
+	}
+
+	// P-v3 parked, resumed after P-v2, fails: a copy to tier 1, the parked row deleted.
+	mustProcess(t, in, versioned(e, 1, "P", "P-v1", "1"), handler, inbox.Processed)
+	mustProcess(t, in, versioned(e, 2, "P", "P-v3", "3"), handler, inbox.Parked)
+	mustProcess(t, in, versioned(e, 3, "P", "P-v2", "2"), handler, inbox.Processed)
+	if n := e.parked(t); n != 0 {
+		t.Errorf("parked rows after the retried resumption: %d", n)
+	}
+	c := readTopic(t, tier1, 1)[0]
+	if hdr(c, "original_offset") != "2" || hdr(c, "retry_count") != "1" || hdr(c, "retry_error") != "P-v3 fails" {
+		t.Errorf("copy of the parked record: %v", c.Headers)
+	}
+	failP3 = false
+	mustProcess(t, in, c, handler, inbox.Processed)
+	want := "D-v1:processed@0,D-v1:duplicate@0,P-v1:processed@1,P-v3:parked@2,P-v2:processed@3,P-v3:retried@2,P-v3:processed@0"
+	if got := l.String(); got != want {
+		t.Errorf("settled:\n got %s\nwant %s", got, want)
+	}
+	if v := e.storedVersion(t, "P"); v != 3 || e.effects(t, "P-v3") != 1 {
+		t.Errorf("stored version %d, P-v3 effects %d", v, e.effects(t, "P-v3"))
+	}
+	if n := e.count(t, "SELECT kafka_offset FROM outbox_inbox WHERE event_key = 'P-v3'"); n != 2 {
+		t.Errorf("inbox row of P-v3: offset %d, want the original 2", n)
+	}
+}
