@@ -47,6 +47,14 @@ func originOf(rec *kgo.Record) location {
 	return location{t, int32(pn), on}
 }
 
+// Origin is where the first record of a retry copy was (its original_topic,
+// original_partition, original_offset headers), or rec's own topic, partition and offset when it
+// is not a copy.
+func Origin(rec *kgo.Record) (topic string, partition int32, offset int64) {
+	at := originOf(rec)
+	return at.topic, at.partition, at.offset
+}
+
 // RetryTier is the retry tier a record is in: its retry_count header, 0 when absent (not a
 // copy) or not an integer.
 func RetryTier(rec *kgo.Record) int {

@@ -127,7 +127,8 @@ func loadConfig() (config, error) {
 		return c, errors.New("INBOX_TOPIC and INBOX_CONSUMER are required")
 	case c.mode != "inbox" && c.mode != "plain":
 		return c, fmt.Errorf("INBOX_MODE: %q is neither inbox nor plain", c.mode)
-	case c.crashPoint != "" && c.crashPoint != "after_handler" && c.crashPoint != "after_db_commit":
+	case c.crashPoint != "" && c.crashPoint != "after_handler" && c.crashPoint != "after_db_commit" &&
+		c.crashPoint != "after_retry_copy":
 		return c, fmt.Errorf("INBOX_CRASH_POINT: unknown %q", c.crashPoint)
 	}
 	return c, nil
@@ -318,7 +319,9 @@ func run() error {
 	biz := &business{consumer: c.consumer, failures: map[string]int{}}
 	bm := &bench{polled: map[*kgo.Record]time.Time{}}
 	onSettled := func(rec *kgo.Record, outcome inbox.Outcome, attempts int) {
-		say("OUTCOME %s %s %d %d %d", outcome, eventKeyOf(rec), rec.Partition, rec.Offset, attempts)
+		// A retry copy is reported at the original record's partition and offset.
+		_, partition, offset := inbox.Origin(rec)
+		say("OUTCOME %s %s %d %d %d", outcome, eventKeyOf(rec), partition, offset, attempts)
 		if n := bm.settled(rec); c.exitAfter > 0 && n >= c.exitAfter {
 			finish()
 		}
@@ -366,8 +369,12 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 			// Every settled record passes here once: those the runner polled, and those settled
 			// later by themselves (resumed parked versions, a sweep's dead letters).
 			AfterCommit: func(rec *kgo.Record, res inbox.Result) {
-				if res.Outcome == inbox.Processed {
+				switch res.Outcome {
+				case inbox.Processed:
 					c.crash("after_db_commit", rec)
+				case inbox.Retried:
+					// The copy is on its tier, the record's offset not committed.
+					c.crash("after_retry_copy", rec)
 				}
 				onSettled(rec, res.Outcome, res.Attempts)
 			},
