@@ -6,8 +6,9 @@
 // second delivery of K finds the row and is acknowledged without running the handler again.
 // Optionally it checks a per-aggregate version (stale records skipped; a record ahead of its
 // aggregate's next version parked and applied by itself once its predecessor is), retries
-// failed attempts with exponential backoff and sends records that keep failing to a
-// dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
+// failed attempts with exponential backoff, optionally sends records whose attempts are used up
+// to delayed retry tiers (copies on retry topics, Settings.RetryTiers) and sends records that
+// keep failing to a dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
 // the tables are in migrations/0004_inbox.sql and 0006_inbox_parked.sql.
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
@@ -149,7 +150,8 @@ type Settings struct {
 	// also once before the first poll: rows whose predecessor was applied are resumed, stale
 	// ones removed, expired ones dead-lettered. Default 10 s.
 	ParkSweepInterval time.Duration
-	// MaxAttempts is the number of attempts before a record is dead-lettered. Default 5.
+	// MaxAttempts is the number of attempts before a record is dead-lettered (or sent to its
+	// next retry tier). Default 5.
 	MaxAttempts int
 	// BackoffInitial is the wait after the first failed attempt; it doubles after each further
 	// failure. Default 100 ms.
@@ -197,7 +199,8 @@ type Result struct {
 	// counted); 0 for a record dead-lettered before any attempt (missing event_key, invalid
 	// version).
 	Attempts int
-	// Reason is the dlq_reason of a DeadLettered record, the gap of a Parked one ("version
+	// Reason is the dlq_reason of a DeadLettered record, the last error (retry_error) of a
+	// Retried one, the gap of a Parked one ("version
 	// gap: expected N, got M"; "...; parked since T" for an expired one), else empty.
 	Reason string
 }
@@ -376,7 +379,9 @@ func (e *gapError) Error() string {
 // applies the aggregate's parked successors (outcome Resumed, through the hooks) before it
 // returns (an error from them is returned with the record's own Result).
 //
-// Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts;
+// Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts; when
+// they are used up the record goes to its next retry tier (Settings.RetryTiers: a copy on the
+// tier's topic, outcome Retried) or, after the last one, to the dead-letter topic;
 // infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
 // counting, up to Settings.OutageBudget.
 //

@@ -416,3 +416,19 @@ func TestCopiesWithProcess(t *testing.T) {
 		t.Errorf("inbox row of P-v3: offset %d, want the original 2", n)
 	}
 }
+
+func TestRunnerRefusesATierTopicTheBrokerWillNotCreate(t *testing.T) {
+	e := newEnv(t, 1)
+	s := e.settings()
+	s.RetryTiers = []time.Duration{time.Second}
+	s.RetryTopicFormat = "{topic}/retry.{n}" // '/' is not allowed in a topic name
+	_, err := inbox.NewRunner(e.db, s, effectHandler(&atomic.Int32{}, nil), inbox.RunnerConfig{
+		Brokers: strings.Split(bootstrap, ","), Topics: []string{e.topic}})
+	if err == nil {
+		t.Fatal("NewRunner accepted a tier topic the broker cannot create")
+	}
+	if !strings.Contains(err.Error(), e.topic+"/retry.1") || !strings.Contains(err.Error(), "kafka-topics.sh --create") ||
+		!strings.Contains(err.Error(), "RetryTopicFormat") {
+		t.Errorf("error does not name the topic and the fix: %v", err)
+	}
+}

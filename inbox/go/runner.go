@@ -34,7 +34,10 @@ type RunnerConfig struct {
 
 // Runner owns a franz-go consumer loop around an [Inbox]: it polls, processes each record in
 // partition order with [Inbox.Process], commits the processed offsets synchronously after each
-// poll batch and when partitions are revoked, and produces dead letters with the same client.
+// poll batch and when partitions are revoked, and produces dead letters (and retry copies) with
+// the same client. With Settings.RetryTiers it also consumes the tier topics of its topics: a
+// copy whose retry_at has not come pauses its partition (position back to the copy, nothing of
+// it committed) until then, while the other partitions go on.
 // Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
 // finish within the group's rebalance timeout (60 s by default): bound it with MaxPollRecords.
 type Runner struct {
@@ -60,11 +63,11 @@ type topicPartition struct {
 	partition int32
 }
 
-// NewRunner creates the Kafka client (subscribing to cfg.Topics with auto.offset.reset
-// earliest) and the [Inbox] for db and s, makes sure the dead-letter topic exists
-// ([EnsureTopic]: created with the broker's defaults when missing), and returns a Runner that
-// calls h for each record. It returns an error for invalid settings or client options, and when
-// the dead-letter topic is missing and the broker refuses to create it.
+// NewRunner creates the Kafka client (subscribing to cfg.Topics and their retry tier topics with
+// auto.offset.reset earliest) and the [Inbox] for db and s, makes sure the dead-letter topic
+// and the tier topics exist ([EnsureTopic]: created with the broker's defaults when missing),
+// and returns a Runner that calls h for each record. It returns an error for invalid settings or
+// client options, and when one of those topics is missing and the broker refuses to create it.
 func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, error) {
 	if len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
 		return nil, errors.New("inbox: RunnerConfig.Brokers and Topics are required")
