@@ -383,7 +383,8 @@ func (e *gapError) Error() string {
 // they are used up the record goes to its next retry tier (Settings.RetryTiers: a copy on the
 // tier's topic, outcome Retried) or, after the last one, to the dead-letter topic;
 // infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
-// counting, up to Settings.OutageBudget.
+// counting, up to Settings.OutageBudget. Process does not wait for a retry copy's retry_at:
+// the [Runner] does (with your own poll loop, pause the partition until [RetryAt]).
 //
 // A non-nil error means the record is NOT settled and its offset must not be committed: the
 // dead letter could not be produced, the database stayed unreachable longer than the outage
