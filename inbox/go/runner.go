@@ -28,7 +28,7 @@ type RunnerConfig struct {
 	// Opts are extra franz-go options (TLS, SASL, client id, hooks, ...), applied last.
 	// The runner sets: SeedBrokers, ConsumerGroup, ConsumeTopics, DisableAutoCommit,
 	// BlockRebalanceOnPoll, ConsumeResetOffset (earliest), OnPartitionsRevoked/Lost,
-	// UnknownTopicRetries(-1).
+	// UnknownTopicRetries(-1); with retry tiers also FetchMaxWait(1 s).
 	Opts []kgo.Opt
 }
 
@@ -107,6 +107,11 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		// A dead letter waits (up to Settings.DeadLetterTimeout) for a topic the broker does
 		// not serve yet, instead of failing after kgo's default 4 metadata refreshes.
 		kgo.UnknownTopicRetries(-1),
+	}
+	if len(tierTopics) > 0 {
+		// A resumed partition is fetched once the broker's in-flight fetch ends: at most 1 s
+		// after its copy's retry_at instead of kgo's default 5 s.
+		opts = append(opts, kgo.FetchMaxWait(time.Second))
 	}
 	cl, err := kgo.NewClient(append(opts, cfg.Opts...)...)
 	if err != nil {
