@@ -6,8 +6,9 @@
 // second delivery of K finds the row and is acknowledged without running the handler again.
 // Optionally it checks a per-aggregate version (stale records skipped; a record ahead of its
 // aggregate's next version parked and applied by itself once its predecessor is), retries
-// failed attempts with exponential backoff and sends records that keep failing to a
-// dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
+// failed attempts with exponential backoff, optionally sends records whose attempts are used up
+// to delayed retry tiers (copies on retry topics, Settings.RetryTiers) and sends records that
+// keep failing to a dead-letter topic. The contract every helper of the project follows is inbox/CONTRACT.md;
 // the tables are in migrations/0004_inbox.sql and 0006_inbox_parked.sql.
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
@@ -24,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +60,9 @@ const (
 	// times, missing event_key header, invalid version, gap under [GapDeadLetter] or
 	// [GapRetry], a parked record past its gap deadline).
 	DeadLettered Outcome = "dead_lettered"
+	// Retried: the record's attempts were used up and a copy of it was sent to the next
+	// retry tier's topic (Settings.RetryTiers; acknowledged before the outcome is reported).
+	Retried Outcome = "retried"
 	// Compensated: a parked record past its gap deadline was handed to Hooks.OnGapExpired
 	// (instead of the dead-letter topic), which returned nil; the parked row is deleted.
 	Compensated Outcome = "compensated"
@@ -145,7 +150,8 @@ type Settings struct {
 	// also once before the first poll: rows whose predecessor was applied are resumed, stale
 	// ones removed, expired ones dead-lettered. Default 10 s.
 	ParkSweepInterval time.Duration
-	// MaxAttempts is the number of attempts before a record is dead-lettered. Default 5.
+	// MaxAttempts is the number of attempts before a record is dead-lettered (or sent to its
+	// next retry tier). Default 5.
 	MaxAttempts int
 	// BackoffInitial is the wait after the first failed attempt; it doubles after each further
 	// failure. Default 100 ms.
@@ -158,6 +164,16 @@ type Settings struct {
 	// once the record has failed only with them for longer than this, Process returns an
 	// [*OutageError] and the record stays unsettled. Default 5 min.
 	OutageBudget time.Duration
+	// RetryTiers are the delays of the retry tiers (inbox/CONTRACT.md, "Retry tiers"): a record
+	// whose MaxAttempts are used up by handler or data errors is not dead-lettered but copied
+	// to the next tier's topic (outcome [Retried]) and processed again from there once the
+	// tier's delay has passed; after the last tier it is dead-lettered. Per-key order is
+	// broken while a record waits in a tier. Empty (the default): blocking retries only.
+	// Consumer-wide for now (every topic of the consumer).
+	RetryTiers []time.Duration
+	// RetryTopicFormat names the topic of tier n (1-based) of topic T: "{topic}" is replaced
+	// by T and "{n}" by n. Default "{topic}.retry.{n}".
+	RetryTopicFormat string
 	// DeadLetterTopic receives records that are dead-lettered. Required.
 	DeadLetterTopic string
 	// DeadLetterTimeout bounds producing one dead letter (acks=all); past it Process returns
@@ -183,7 +199,8 @@ type Result struct {
 	// counted); 0 for a record dead-lettered before any attempt (missing event_key, invalid
 	// version).
 	Attempts int
-	// Reason is the dlq_reason of a DeadLettered record, the gap of a Parked one ("version
+	// Reason is the dlq_reason of a DeadLettered record, the last error (retry_error) of a
+	// Retried one, the gap of a Parked one ("version
 	// gap: expected N, got M"; "...; parked since T" for an expired one), else empty.
 	Reason string
 }
@@ -249,6 +266,16 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox: invalid GapPolicy %q (park, dead_letter or retry)", s.GapPolicy)
 	}
 	def(&s.ParkedTable, "outbox_inbox_parked")
+	def(&s.RetryTopicFormat, "{topic}.retry.{n}")
+	for _, d := range s.RetryTiers {
+		if d < 0 {
+			return nil, errors.New("inbox: RetryTiers must not be negative")
+		}
+	}
+	if len(s.RetryTiers) > 0 && !strings.Contains(s.RetryTopicFormat, "{n}") {
+		return nil, fmt.Errorf("inbox: RetryTopicFormat %q lacks {n}", s.RetryTopicFormat)
+	}
+	s.RetryTiers = slices.Clone(s.RetryTiers)
 	if s.GapDeadline == 0 {
 		s.GapDeadline = time.Hour
 	}
@@ -352,9 +379,12 @@ func (e *gapError) Error() string {
 // applies the aggregate's parked successors (outcome Resumed, through the hooks) before it
 // returns (an error from them is returned with the record's own Result).
 //
-// Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts;
+// Handler errors and data errors (a version gap under GapRetry) count toward MaxAttempts; when
+// they are used up the record goes to its next retry tier (Settings.RetryTiers: a copy on the
+// tier's topic, outcome Retried) or, after the last one, to the dead-letter topic;
 // infrastructure errors ([IsInfrastructureError]) are retried with the same backoff without
-// counting, up to Settings.OutageBudget.
+// counting, up to Settings.OutageBudget. Process does not wait for a retry copy's retry_at:
+// the [Runner] does (with your own poll loop, pause the partition until [RetryAt]).
 //
 // A non-nil error means the record is NOT settled and its offset must not be committed: the
 // dead letter could not be produced, the database stayed unreachable longer than the outage
@@ -464,7 +494,7 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 			outageRetries = nil
 			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
 			if attempts >= in.s.MaxAttempts {
-				return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()}, parked)
+				return in.exhausted(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()}, parked)
 			}
 			wait = retries.NextBackOff()
 		}
@@ -564,7 +594,8 @@ func (in *Inbox) attempt(ctx context.Context, rec *kgo.Record, key string, versi
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after a commit
 
-	if _, err := tx.ExecContext(ctx, in.insert, in.s.Consumer, key, rec.Topic, rec.Partition, rec.Offset); err != nil {
+	at := originOf(rec)
+	if _, err := tx.ExecContext(ctx, in.insert, in.s.Consumer, key, at.topic, at.partition, at.offset); err != nil {
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1062 {
 			return Duplicate, nil
@@ -649,10 +680,12 @@ func (in *Inbox) produceDeadLetter(ctx context.Context, rec *kgo.Record, res Res
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+6)
 	hs = append(hs, rec.Headers...)
 	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	// A retry copy's dead letter names the original record (its original_* headers).
+	at := originOf(rec)
 	add("dlq_reason", res.Reason)
-	add("dlq_topic", rec.Topic)
-	add("dlq_partition", strconv.FormatInt(int64(rec.Partition), 10))
-	add("dlq_offset", strconv.FormatInt(rec.Offset, 10))
+	add("dlq_topic", at.topic)
+	add("dlq_partition", strconv.FormatInt(int64(at.partition), 10))
+	add("dlq_offset", strconv.FormatInt(at.offset, 10))
 	add("dlq_consumer", in.s.Consumer)
 	add("dlq_attempts", strconv.Itoa(res.Attempts))
 	dl := &kgo.Record{Topic: in.s.DeadLetterTopic, Key: rec.Key, Value: rec.Value, Headers: hs}

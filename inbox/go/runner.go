@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,13 +28,16 @@ type RunnerConfig struct {
 	// Opts are extra franz-go options (TLS, SASL, client id, hooks, ...), applied last.
 	// The runner sets: SeedBrokers, ConsumerGroup, ConsumeTopics, DisableAutoCommit,
 	// BlockRebalanceOnPoll, ConsumeResetOffset (earliest), OnPartitionsRevoked/Lost,
-	// UnknownTopicRetries(-1).
+	// UnknownTopicRetries(-1); with retry tiers also FetchMaxWait(1 s).
 	Opts []kgo.Opt
 }
 
 // Runner owns a franz-go consumer loop around an [Inbox]: it polls, processes each record in
 // partition order with [Inbox.Process], commits the processed offsets synchronously after each
-// poll batch and when partitions are revoked, and produces dead letters with the same client.
+// poll batch and when partitions are revoked, and produces dead letters (and retry copies) with
+// the same client. With Settings.RetryTiers it also consumes the tier topics of its topics: a
+// copy whose retry_at has not come pauses its partition (position back to the copy, nothing of
+// it committed) until then, while the other partitions go on.
 // Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
 // finish within the group's rebalance timeout (60 s by default): bound it with MaxPollRecords.
 type Runner struct {
@@ -42,6 +46,10 @@ type Runner struct {
 	h       Handler
 	maxPoll int
 	log     *slog.Logger
+
+	// Retry tiers: the partitions paused on a copy whose retry_at has not come, and when to
+	// resume each (only the polling goroutine uses it).
+	waiting map[topicPartition]time.Time
 
 	mu      sync.Mutex
 	pending map[topicPartition]*kgo.Record // last settled record per partition, not yet committed
@@ -55,11 +63,11 @@ type topicPartition struct {
 	partition int32
 }
 
-// NewRunner creates the Kafka client (subscribing to cfg.Topics with auto.offset.reset
-// earliest) and the [Inbox] for db and s, makes sure the dead-letter topic exists
-// ([EnsureTopic]: created with the broker's defaults when missing), and returns a Runner that
-// calls h for each record. It returns an error for invalid settings or client options, and when
-// the dead-letter topic is missing and the broker refuses to create it.
+// NewRunner creates the Kafka client (subscribing to cfg.Topics and their retry tier topics with
+// auto.offset.reset earliest) and the [Inbox] for db and s, makes sure the dead-letter topic
+// and the tier topics exist ([EnsureTopic]: created with the broker's defaults when missing),
+// and returns a Runner that calls h for each record. It returns an error for invalid settings or
+// client options, and when one of those topics is missing and the broker refuses to create it.
 func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, error) {
 	if len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
 		return nil, errors.New("inbox: RunnerConfig.Brokers and Topics are required")
@@ -76,11 +84,21 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	r := &Runner{h: h, maxPoll: cfg.MaxPollRecords, log: cfg.Logger, pending: map[topicPartition]*kgo.Record{}}
+	r := &Runner{h: h, maxPoll: cfg.MaxPollRecords, log: cfg.Logger, pending: map[topicPartition]*kgo.Record{},
+		waiting: map[topicPartition]time.Time{}}
+	// The tier topics of the topics (retry tiers): subscribed to as well.
+	var tierTopics []string
+	probe, err := New(db, noProducer{}, s) // the settings checked, defaults filled in
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range cfg.Topics {
+		tierTopics = append(tierTopics, probe.RetryTopics(t)...)
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
-		kgo.ConsumeTopics(cfg.Topics...),
+		kgo.ConsumeTopics(append(slices.Clone(cfg.Topics), tierTopics...)...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -89,6 +107,11 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		// A dead letter waits (up to Settings.DeadLetterTimeout) for a topic the broker does
 		// not serve yet, instead of failing after kgo's default 4 metadata refreshes.
 		kgo.UnknownTopicRetries(-1),
+	}
+	if len(tierTopics) > 0 {
+		// A resumed partition is fetched once the broker's in-flight fetch ends: at most 1 s
+		// after its copy's retry_at instead of kgo's default 5 s.
+		opts = append(opts, kgo.FetchMaxWait(time.Second))
 	}
 	cl, err := kgo.NewClient(append(opts, cfg.Opts...)...)
 	if err != nil {
@@ -108,10 +131,22 @@ func NewRunner(db *sql.DB, s Settings, h Handler, cfg RunnerConfig) (*Runner, er
 		cl.Close()
 		return nil, err
 	}
+	// Likewise the retry tiers' topics.
+	for _, t := range tierTopics {
+		if err := ensureTopic(ctx, cl, t, "retry tier topic", "set Settings.RetryTopicFormat so that it names existing topics"); err != nil {
+			cl.Close()
+			return nil, err
+		}
+	}
 	in.group = cfg.Group
 	r.cl, r.in = cl, in
 	return r, nil
 }
+
+// noProducer stands in for the client before it exists (NewRunner's check of the settings).
+type noProducer struct{}
+
+func (noProducer) ProduceSync(context.Context, ...*kgo.Record) kgo.ProduceResults { return nil }
 
 // Client returns the runner's Kafka client (for metrics or admin requests).
 func (r *Runner) Client() *kgo.Client { return r.cl }
@@ -155,9 +190,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err := sweep(); err != nil {
 			return err
 		}
-		pctx, cancel := ctx, context.CancelFunc(func() {})
+		// Wake up for the next sweep, or the next paused partition to resume.
+		var wake time.Time
 		if sweeps {
-			pctx, cancel = context.WithTimeout(ctx, max(time.Until(lastSweep.Add(s.ParkSweepInterval)), time.Millisecond))
+			wake = lastSweep.Add(s.ParkSweepInterval)
+		}
+		if next, ok := r.resumeDue(); ok && (wake.IsZero() || next.Before(wake)) {
+			wake = next
+		}
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if !wake.IsZero() {
+			pctx, cancel = context.WithTimeout(ctx, max(time.Until(wake), time.Millisecond))
 		}
 		fetches := r.cl.PollRecords(pctx, r.maxPoll)
 		cancel()
@@ -176,6 +219,14 @@ func (r *Runner) Run(ctx context.Context) error {
 				break
 			}
 			rec := iter.Next()
+			tp := topicPartition{rec.Topic, rec.Partition}
+			if _, ok := r.waiting[tp]; ok {
+				continue // paused on an earlier copy of this batch: fetched again once resumed
+			}
+			if at, ok := RetryAt(rec); ok && time.Now().Before(at) {
+				r.wait(tp, rec, at)
+				continue
+			}
 			if _, err := r.in.Process(work, rec, r.h); err != nil {
 				procErr = err
 				break
@@ -191,6 +242,35 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// wait pauses the partition of a retry copy whose retry_at has not come, moves its position
+// back to the copy (so it is fetched again) and remembers when to resume it.
+func (r *Runner) wait(tp topicPartition, rec *kgo.Record, at time.Time) {
+	r.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+	r.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		tp.topic: {tp.partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset}},
+	})
+	r.waiting[tp] = at
+	r.log.Debug("inbox: partition paused until its retry copy is due", "topic", tp.topic,
+		"partition", tp.partition, "offset", rec.Offset, "retry_at", at)
+}
+
+// resumeDue resumes the paused partitions whose retry_at has come and returns when the next one
+// is due (ok=false: none is waiting).
+func (r *Runner) resumeDue() (next time.Time, ok bool) {
+	now := time.Now()
+	for tp, at := range r.waiting {
+		if !now.Before(at) {
+			r.cl.ResumeFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+			delete(r.waiting, tp)
+			continue
+		}
+		if !ok || at.Before(next) {
+			next, ok = at, true
+		}
+	}
+	return next, ok
 }
 
 // commit commits the offsets of the settled records synchronously.

@@ -45,6 +45,7 @@ type config struct {
 	versionHeader                          string
 	gapPolicy                              inbox.GapPolicy
 	gapDeadline, parkSweep                 time.Duration
+	retryTiers                             []time.Duration
 	crashPoint, crashKey, crashMarker      string
 	mode                                   string
 	exitAfter                              int
@@ -107,6 +108,17 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	c.parkSweep = time.Duration(sweep) * time.Millisecond
+	// INBOX_RETRY_TIERS_MS: comma-separated delays in ms (absent or empty: no tiers).
+	for _, f := range strings.Split(os.Getenv("INBOX_RETRY_TIERS_MS"), ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ms, err := strconv.Atoi(f)
+		if err != nil || ms < 0 {
+			return c, fmt.Errorf("INBOX_RETRY_TIERS_MS: %q is not a delay in ms", f)
+		}
+		c.retryTiers = append(c.retryTiers, time.Duration(ms)*time.Millisecond)
+	}
 	if c.exitAfter, err = envInt("INBOX_EXIT_AFTER", 0); err != nil {
 		return c, err
 	}
@@ -115,7 +127,8 @@ func loadConfig() (config, error) {
 		return c, errors.New("INBOX_TOPIC and INBOX_CONSUMER are required")
 	case c.mode != "inbox" && c.mode != "plain":
 		return c, fmt.Errorf("INBOX_MODE: %q is neither inbox nor plain", c.mode)
-	case c.crashPoint != "" && c.crashPoint != "after_handler" && c.crashPoint != "after_db_commit":
+	case c.crashPoint != "" && c.crashPoint != "after_handler" && c.crashPoint != "after_db_commit" &&
+		c.crashPoint != "after_retry_copy":
 		return c, fmt.Errorf("INBOX_CRASH_POINT: unknown %q", c.crashPoint)
 	}
 	return c, nil
@@ -178,8 +191,9 @@ type business struct {
 
 func (b *business) handle(ctx context.Context, db execer, rec *kgo.Record) error {
 	var payload struct {
-		Poison    bool  `json:"poison"`
-		FailTimes int64 `json:"fail_times"`
+		Poison        bool  `json:"poison"`
+		FailTimes     int64 `json:"fail_times"`
+		FailUntilTier int64 `json:"fail_until_tier"`
 	}
 	if err := json.Unmarshal(rec.Value, &payload); err != nil {
 		return fmt.Errorf("payload is not a JSON object: %w", err)
@@ -198,6 +212,9 @@ func (b *business) handle(ctx context.Context, db execer, rec *kgo.Record) error
 	}
 	if payload.Poison {
 		return errors.New("poison record")
+	}
+	if payload.FailUntilTier > 0 && int64(inbox.RetryTier(rec)) < payload.FailUntilTier {
+		return fmt.Errorf("failing until tier %d", payload.FailUntilTier)
 	}
 	if payload.FailTimes > 0 {
 		b.mu.Lock()
@@ -302,7 +319,9 @@ func run() error {
 	biz := &business{consumer: c.consumer, failures: map[string]int{}}
 	bm := &bench{polled: map[*kgo.Record]time.Time{}}
 	onSettled := func(rec *kgo.Record, outcome inbox.Outcome, attempts int) {
-		say("OUTCOME %s %s %d %d %d", outcome, eventKeyOf(rec), rec.Partition, rec.Offset, attempts)
+		// A retry copy is reported at the original record's partition and offset.
+		_, partition, offset := inbox.Origin(rec)
+		say("OUTCOME %s %s %d %d %d", outcome, eventKeyOf(rec), partition, offset, attempts)
 		if n := bm.settled(rec); c.exitAfter > 0 && n >= c.exitAfter {
 			finish()
 		}
@@ -344,13 +363,18 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		BackoffMax:        max(time.Second, c.backoff),
 		OutageBudget:      c.outageBudget,
 		DeadLetterTopic:   c.dlq,
+		RetryTiers:        c.retryTiers,
 		Hooks: inbox.Hooks{
 			BeforeCommit: func(rec *kgo.Record) { c.crash("after_handler", rec) },
 			// Every settled record passes here once: those the runner polled, and those settled
 			// later by themselves (resumed parked versions, a sweep's dead letters).
 			AfterCommit: func(rec *kgo.Record, res inbox.Result) {
-				if res.Outcome == inbox.Processed {
+				switch res.Outcome {
+				case inbox.Processed:
 					c.crash("after_db_commit", rec)
+				case inbox.Retried:
+					// The copy is on its tier, the record's offset not committed.
+					c.crash("after_retry_copy", rec)
 				}
 				onSettled(rec, res.Outcome, res.Attempts)
 			},
