@@ -16,14 +16,17 @@ from support import BOOTSTRAP, DB, TIMEOUT, Database, Topics, headers_of, record
 
 from outbox_inbox import (
     DeadLetterTopicError,
+    Hooks,
     Inbox,
     InboxRunner,
     InboxSettings,
     Outcome,
     dead_letter_producer,
+    ensure_topic,
     origin,
     retry_tier,
 )
+from outbox_inbox.inbox import ParkedRecord
 
 
 @pytest.fixture
@@ -254,3 +257,68 @@ def test_the_runner_refuses_to_start_when_a_tier_topic_cannot_be_created(db, top
     ):
         InboxRunner(inbox, fail_until_tier, {"bootstrap.servers": BOOTSTRAP}, [topics.topic])
     inbox.close()
+
+
+def copy_of(topic: str, partition: int, offset: int, headers: list, tier: int = 1):
+    """A retry copy as a tier topic would deliver it (read at offset 0 of partition 0)."""
+    extra = [
+        ("retry_count", str(tier).encode()),
+        ("retry_at", b"0"),
+        ("original_topic", topic.encode()),
+        ("original_partition", str(partition).encode()),
+        ("original_offset", str(offset).encode()),
+    ]
+    return ParkedRecord(f"{topic}.retry.{tier}", 0, 0, b"order-1", b"{}", headers + extra)
+
+
+def test_a_copy_of_an_applied_record_is_a_duplicate(db, topics) -> None:
+    """A copy of a record whose effect committed (a crash after the commit, before the offset) is
+    a duplicate: the handler does not run again."""
+    s = InboxSettings(consumer="c1", dead_letter_topic=topics.dlq, retry_tiers=[1.0])
+    connect = functools.partial(pymysql.connect, **DB, database=db.name)
+    inbox = Inbox(s, connect, dead_letter_producer({"bootstrap.servers": BOOTSTRAP}))
+    headers = record("e-1")["headers"]
+    original = ParkedRecord(topics.topic, 1, 7, b"order-1", b"{}", headers)
+    assert inbox.process(original, fail_until_tier).outcome is Outcome.PROCESSED
+    copy = copy_of(topics.topic, 1, 7, headers)
+    assert origin(copy) == (topics.topic, 1, 7)
+    assert inbox.process(copy, fail_until_tier).outcome is Outcome.DUPLICATE
+    inbox.close()
+    assert db.query("SELECT COUNT(*) FROM coupons") == [(1,)]
+    assert db.query("SELECT topic, kafka_partition, kafka_offset FROM outbox_inbox") == [
+        (topics.topic, 1, 7)
+    ]
+
+
+def test_a_parked_record_failing_when_resumed_goes_to_tier_1(db, topics, tiers) -> None:
+    """A parked version whose handler keeps failing when its predecessor resumes it is sent to
+    tier 1 (outcome retried) and its parked row deleted."""
+    ensure_topic({"bootstrap.servers": BOOTSTRAP}, tiers[0])
+    s = InboxSettings(
+        consumer="c1",
+        dead_letter_topic=topics.dlq,
+        version_header="version",
+        max_attempts=2,
+        backoff_initial=0.01,
+        retry_tiers=[0.1],
+    )
+    outcomes: list[tuple] = []
+    hooks = Hooks(after_commit=lambda rec, res: outcomes.append((res.outcome, rec.offset())))
+    connect = functools.partial(pymysql.connect, **DB, database=db.name)
+    inbox = Inbox(s, connect, dead_letter_producer({"bootstrap.servers": BOOTSTRAP}), hooks)
+    v3 = failing("e-3", "order-1", 1)
+    v3["headers"].append(("version", b"3"))
+
+    def rec(offset: int, r: dict) -> ParkedRecord:
+        return ParkedRecord(topics.topic, 0, offset, b"order-1", r["value"], r["headers"])
+
+    v1, v2 = record("e-1", "order-1", version=1), record("e-2", "order-1", version=2)
+    assert inbox.process(rec(0, v1), fail_until_tier).outcome is Outcome.PROCESSED
+    assert inbox.process(rec(1, v3), fail_until_tier).outcome is Outcome.PARKED
+    assert inbox.process(rec(2, v2), fail_until_tier).outcome is Outcome.PROCESSED
+    inbox.close()
+    assert sorted(outcomes[2:]) == sorted([(Outcome.RETRIED, 1), (Outcome.PROCESSED, 2)])
+    assert db.query("SELECT COUNT(*) FROM outbox_inbox_parked") == [(0,)]
+    (copy,) = topics.read(1, tiers[0], partitions(tiers[0]))
+    h = headers_of(copy)
+    assert (h["retry_count"], h["version"], h["original_offset"]) == ("1", "3", "1")
