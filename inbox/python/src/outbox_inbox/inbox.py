@@ -604,11 +604,16 @@ class Inbox:
         exponential backoff, or dead-letter it. Blocks until settled (retries included).
 
         Handler errors and data errors (a version gap under ``retry``) count toward
-        ``max_attempts``; infrastructure errors (:func:`is_infrastructure_error`) are retried
-        with the same backoff without counting, for at most ``outage_budget``.
+        ``max_attempts``; when they are used up the record goes to its next retry tier
+        (``InboxSettings.retry_tiers``: a copy on the tier's topic, outcome ``retried``) or, after
+        the last one, to the dead-letter topic. A retry copy is processed like any record (its
+        inbox row names the original record); this does not wait for its ``retry_at``: the
+        :class:`InboxRunner` does (with your own poll loop, check :func:`retry_at`).
+        Infrastructure errors (:func:`is_infrastructure_error`) are retried with the same backoff
+        without counting, for at most ``outage_budget``, and never send a record to a tier.
 
         Returns the :class:`ProcessResult`; afterwards ``record.offset() + 1`` may be committed.
-        Raises :class:`DeadLetterError` when a dead letter cannot be produced,
+        Raises :class:`DeadLetterError` when a dead letter (or a retry copy) cannot be produced,
         :class:`OutageError` when the database stayed unreachable longer than the outage budget
         (the record is then not settled: stop without committing its offset), and whatever
         ``hooks.after_commit`` raises.

@@ -190,8 +190,11 @@ class InboxRunner:
         now, due = time.time(), None
         for key, at in list(self._waiting.items()):
             if at <= now:
-                self._consumer.resume([TopicPartition(*key)])
                 del self._waiting[key]
+                try:
+                    self._consumer.resume([TopicPartition(*key)])
+                except KafkaException as error:  # no longer assigned: nothing to resume
+                    log.warning("resuming %s[%d] failed: %s", key[0], key[1], error)
             elif due is None or at < due:
                 due = at
         return due
