@@ -322,3 +322,29 @@ def test_a_parked_record_failing_when_resumed_goes_to_tier_1(db, topics, tiers) 
     (copy,) = topics.read(1, tiers[0], partitions(tiers[0]))
     h = headers_of(copy)
     assert (h["retry_count"], h["version"], h["original_offset"]) == ("1", "3", "1")
+
+
+def test_a_version_gap_under_retry_goes_to_a_tier(db, topics, tiers) -> None:
+    """Under gap_policy retry, a gap whose attempts run out is sent to tier 1, not dead-lettered."""
+    ensure_topic({"bootstrap.servers": BOOTSTRAP}, tiers[0])
+    s = InboxSettings(
+        consumer="c1",
+        dead_letter_topic=topics.dlq,
+        version_header="version",
+        gap_policy="retry",
+        max_attempts=2,
+        backoff_initial=0.01,
+        retry_tiers=[0.1],
+    )
+    connect = functools.partial(pymysql.connect, **DB, database=db.name)
+    inbox = Inbox(s, connect, dead_letter_producer({"bootstrap.servers": BOOTSTRAP}))
+    v1, v3 = record("e-1", version=1), record("e-3", version=3)
+    rec1 = ParkedRecord(topics.topic, 0, 0, b"order-1", v1["value"], v1["headers"])
+    rec3 = ParkedRecord(topics.topic, 0, 1, b"order-1", v3["value"], v3["headers"])
+    assert inbox.process(rec1, fail_until_tier).outcome is Outcome.PROCESSED
+    result = inbox.process(rec3, fail_until_tier)
+    inbox.close()
+    assert (result.outcome, result.attempts) == (Outcome.RETRIED, 2)
+    (copy,) = topics.read(1, tiers[0], partitions(tiers[0]))
+    h = headers_of(copy)
+    assert (h["retry_count"], h["retry_error"]) == ("1", "version gap: expected 2, got 3")
