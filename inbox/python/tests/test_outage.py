@@ -17,6 +17,7 @@ import uuid
 import pymysql
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from support import BOOTSTRAP, DB, TIMEOUT, Database, Topics, headers_of, record, wait_until
 
 from outbox_inbox import (
@@ -144,12 +145,14 @@ class Running:
             pymysql.connect, **{**DB, "port": proxy.port}, database=db.name, connect_timeout=5
         )
         s = InboxSettings(
-            consumer="c1",
-            dead_letter_topic=topics.dlq,
-            max_attempts=3,
-            backoff_initial=0.01,
-            backoff_max=0.02,
-            **settings,
+            **{
+                "consumer": "c1",
+                "dead_letter_topic": topics.dlq,
+                "max_attempts": 3,
+                "backoff_initial": 0.01,
+                "backoff_max": 0.02,
+                **settings,
+            }
         )
         self.inbox = Inbox(s, connect, dead_letter_producer({"bootstrap.servers": BOOTSTRAP}))
         config = {
@@ -242,6 +245,52 @@ def test_outage_longer_than_the_budget_stops_the_runner(db, topics, proxy) -> No
     assert restarted.error is None
     assert effects(db) == once(6)
     assert dead_letters(topics) == 0
+
+
+def test_an_outage_never_sends_a_record_to_a_retry_tier(db, topics, proxy) -> None:
+    """With retry tiers and a single attempt, an outage sends no record to a tier (nor to the
+    dead-letter topic): once the database is back every record is processed once in its
+    topic."""
+    tier = topics.topic + ".retry.1"
+    group = f"inbox-python-g-{uuid.uuid4().hex[:8]}"
+    try:
+        running = Running(db, topics, proxy, group, max_attempts=1, retry_tiers=[0.1])
+        produce(topics, 0, 3)
+        wait_until(lambda: committed(group, topics.topic) == 3, "offset 3 committed")
+
+        proxy.down()
+        produce(topics, 3, 6)
+        time.sleep(2.0)  # the outage (the stimulus): far longer than one attempt's backoff
+        assert committed(group, topics.topic) == 3, "committed during the outage"
+        proxy.up()
+
+        wait_until(lambda: committed(group, topics.topic) == 6, "offset 6 committed")
+        running.stop()
+        assert running.error is None
+        assert effects(db) == once(6)
+        assert end_offset(tier) == 0, "retry copies"
+        assert dead_letters(topics) == 0
+    finally:
+        delete_topics([tier])
+
+
+def end_offset(topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "inbox-python-watermarks"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=TIMEOUT).topics[topic]
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT)[1]
+            for p in metadata.partitions
+        )
+    finally:
+        consumer.close()
+
+
+def delete_topics(names: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for future in admin.delete_topics(names).values():
+        with contextlib.suppress(Exception):
+            future.result(TIMEOUT)
 
 
 def test_infrastructure_errors_are_classified_by_code() -> None:

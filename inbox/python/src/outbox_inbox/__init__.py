@@ -17,6 +17,9 @@ from .inbox import (
     ProcessResult,
     dead_letter_producer,
     is_infrastructure_error,
+    origin,
+    retry_at,
+    retry_tier,
 )
 from .runner import InboxRunner, Processor
 from .settings import GapPolicy, InboxSettings, backoff_delay
@@ -39,4 +42,7 @@ __all__ = [
     "dead_letter_producer",
     "ensure_topic",
     "is_infrastructure_error",
+    "origin",
+    "retry_at",
+    "retry_tier",
 ]

@@ -34,6 +34,9 @@ __all__ = [
     "ProcessResult",
     "dead_letter_producer",
     "is_infrastructure_error",
+    "origin",
+    "retry_at",
+    "retry_tier",
 ]
 
 log = logging.getLogger("outbox_inbox")
@@ -94,6 +97,9 @@ class Outcome(str, enum.Enum):
     """A parked record applied by itself once the version before it was (handler run)."""
     DEAD_LETTERED = "dead_lettered"
     """Failed ``max_attempts`` times, or a poison record: sent to the dead-letter topic."""
+    RETRIED = "retried"
+    """Its attempts were used up and a copy of it was sent to the next retry tier's topic
+    (``InboxSettings.retry_tiers``; acknowledged before the outcome is reported)."""
     COMPENSATED = "compensated"
     """A parked record past its gap deadline handed to ``Hooks.on_gap_expired`` (instead of the
     dead-letter topic), which returned normally; its parked row was deleted."""
@@ -110,7 +116,8 @@ class ProcessResult:
     """Attempts counted for the record (0 when dead-lettered before any); attempts ended by an
     infrastructure error (:func:`is_infrastructure_error`) are not counted."""
     reason: str | None = None
-    """Why it was dead-lettered or parked (the ``dlq_reason`` header), else ``None``."""
+    """Why it was dead-lettered or parked (the ``dlq_reason`` header), the last error
+    (``retry_error``) of a retried one, else ``None``."""
 
 
 @dataclass
@@ -186,6 +193,8 @@ class ParkedSweep:
     """Age in seconds of the oldest of them."""
     compensated: int = 0
     """Rows past their deadline handed to ``Hooks.on_gap_expired`` (instead of a dead letter)."""
+    retried: int = 0
+    """Resumed rows whose handler kept failing, sent to their next retry tier."""
 
 
 class ParkedRecord:
@@ -267,6 +276,58 @@ def _header(record: Message, name: str) -> bytes | None:
 
 def _text(raw: bytes | None) -> str:
     return "" if raw is None else raw.decode("utf-8", errors="replace")
+
+
+# The headers of a retry copy (inbox/CONTRACT.md, "Retry tiers").
+HEADER_RETRY_COUNT = "retry_count"
+HEADER_RETRY_AT = "retry_at"
+HEADER_ORIGINAL_TOPIC = "original_topic"
+HEADER_ORIGINAL_PARTITION = "original_partition"
+HEADER_ORIGINAL_OFFSET = "original_offset"
+HEADER_RETRY_ERROR = "retry_error"
+HEADER_RETRY_HISTORY = "retry_history"
+_RETRY_HEADERS = (
+    HEADER_RETRY_COUNT,
+    HEADER_RETRY_AT,
+    HEADER_ORIGINAL_TOPIC,
+    HEADER_ORIGINAL_PARTITION,
+    HEADER_ORIGINAL_OFFSET,
+    HEADER_RETRY_ERROR,
+    HEADER_RETRY_HISTORY,
+)
+
+
+def origin(record: Message) -> tuple[str, int, int]:
+    """Where the first record of a retry copy was (its ``original_topic``,
+    ``original_partition``, ``original_offset`` headers), or the record's own topic, partition
+    and offset when it is not a copy (or those headers are not readable)."""
+    own = (record.topic(), record.partition(), record.offset())
+    topic = _header(record, HEADER_ORIGINAL_TOPIC)
+    partition = _text(_header(record, HEADER_ORIGINAL_PARTITION)).strip()
+    offset = _text(_header(record, HEADER_ORIGINAL_OFFSET)).strip()
+    if not topic or not _DECIMAL.fullmatch(partition) or not _DECIMAL.fullmatch(offset):
+        return own
+    return _text(topic), int(partition), int(offset)
+
+
+def retry_tier(record: Message) -> int:
+    """The retry tier a record is in: its ``retry_count`` header, 0 when absent (not a copy) or
+    not an integer."""
+    text = _text(_header(record, HEADER_RETRY_COUNT)).strip()
+    if not _DECIMAL.fullmatch(text) or int(text) < 0:
+        return 0
+    return int(text)
+
+
+def retry_at(record: Message) -> float | None:
+    """When a retry copy may be processed (its ``retry_at`` header, as seconds since the epoch),
+    ``None`` for a record without a readable one."""
+    if retry_tier(record) == 0:
+        return None
+    text = _text(_header(record, HEADER_RETRY_AT)).strip()
+    if not _DECIMAL.fullmatch(text):
+        return None
+    return int(text) / 1000.0
 
 
 class Inbox:
@@ -399,7 +460,7 @@ class Inbox:
         dead-lettered and removed. Raises PyMySQL's error when the tables cannot be read (sweep
         again later) and what :meth:`process` raises."""
         s = self.settings
-        resumed = stale = dead = compensated = 0
+        resumed = stale = dead = compensated = retried = 0
         for row in self._query_all(self._sql_parked_due, (s.consumer,)):
             record, key, parked_at, expired = self._parked_row(row)
             stored_row = self._query_one(self._sql_stored, (s.consumer, key[0], key[1]))
@@ -413,6 +474,8 @@ class Inbox:
                     stale += 1
                 elif outcome is Outcome.DEAD_LETTERED:
                     dead += 1
+                elif outcome is Outcome.RETRIED:
+                    retried += 1
             elif expired:
                 reason = (
                     f"version gap: expected {stored + 1}, got {key[2]}; parked since {parked_at}"
@@ -452,6 +515,7 @@ class Inbox:
             int(count),
             None if oldest_us is None else oldest_us / 1e6,
             compensated,
+            retried,
         )
 
     def _parked_row(self, row):
@@ -540,11 +604,16 @@ class Inbox:
         exponential backoff, or dead-letter it. Blocks until settled (retries included).
 
         Handler errors and data errors (a version gap under ``retry``) count toward
-        ``max_attempts``; infrastructure errors (:func:`is_infrastructure_error`) are retried
-        with the same backoff without counting, for at most ``outage_budget``.
+        ``max_attempts``; when they are used up the record goes to its next retry tier
+        (``InboxSettings.retry_tiers``: a copy on the tier's topic, outcome ``retried``) or, after
+        the last one, to the dead-letter topic. A retry copy is processed like any record (its
+        inbox row names the original record); this does not wait for its ``retry_at``: the
+        :class:`InboxRunner` does (with your own poll loop, check :func:`retry_at`).
+        Infrastructure errors (:func:`is_infrastructure_error`) are retried with the same backoff
+        without counting, for at most ``outage_budget``, and never send a record to a tier.
 
         Returns the :class:`ProcessResult`; afterwards ``record.offset() + 1`` may be committed.
-        Raises :class:`DeadLetterError` when a dead letter cannot be produced,
+        Raises :class:`DeadLetterError` when a dead letter (or a retry copy) cannot be produced,
         :class:`OutageError` when the database stayed unreachable longer than the outage budget
         (the record is then not settled: stop without committing its offset), and whatever
         ``hooks.after_commit`` raises.
@@ -682,7 +751,7 @@ class Inbox:
                 attempt += 1
                 trace.get_current_span().record_exception(error, {"inbox.attempt": attempt})
                 if attempt >= s.max_attempts:
-                    return self._dead_letter_parked(record, key, reason, attempt, parked)
+                    return self._exhausted(record, key, reason, attempt, parked)
                 delay = backoff_delay(attempt, s.backoff_initial, s.backoff_max)
                 log.warning(
                     "event_key %s: attempt %d of %d failed (%s); retrying in %.3fs",
@@ -744,10 +813,7 @@ class Inbox:
         conn.begin()
         with conn.cursor() as cur:
             try:
-                cur.execute(
-                    self._sql_insert,
-                    (s.consumer, key, record.topic(), record.partition(), record.offset()),
-                )
+                cur.execute(self._sql_insert, (s.consumer, key, *origin(record)))
             except pymysql.err.IntegrityError as error:
                 if error.args and error.args[0] == ER_DUP_ENTRY:
                     conn.rollback()
@@ -794,23 +860,13 @@ class Inbox:
         with contextlib.suppress(Exception):
             conn.close()
 
-    def _dead_letter(
-        self, record: Message, key: str | None, outcome: Outcome, reason: str, attempts: int
-    ) -> ProcessResult:
-        """Produce the record to the dead-letter topic with acks=all and wait for the broker."""
-        headers = list(record.headers() or [])
-        headers += [
-            ("dlq_reason", reason.encode()),
-            ("dlq_topic", record.topic().encode()),
-            ("dlq_partition", str(record.partition()).encode()),
-            ("dlq_offset", str(record.offset()).encode()),
-            ("dlq_consumer", self.settings.consumer.encode()),
-            ("dlq_attempts", str(attempts).encode()),
-        ]
+    def _produce(self, topic: str, record: Message, headers, what: str) -> None:
+        """Produce a copy of ``record`` with ``headers`` to ``topic`` (acks=all) and wait for the
+        broker; :class:`DeadLetterError` when it is not acknowledged."""
         report: list[KafkaError | None] = []
         try:
             self._producer.produce(
-                self.settings.dead_letter_topic,
+                topic,
                 value=record.value(),
                 key=record.key(),
                 headers=headers,
@@ -819,9 +875,82 @@ class Inbox:
             while not report:  # librdkafka reports failure after message.timeout.ms at the latest
                 self._producer.flush(1.0)
         except Exception as error:
-            raise DeadLetterError(f"dead letter for event_key {key}: {error}") from error
+            raise DeadLetterError(f"{what}: {error}") from error
         if report[0] is not None:
-            raise DeadLetterError(f"dead letter for event_key {key}: {report[0]}")
+            raise DeadLetterError(f"{what}: {report[0]}")
+
+    def _exhausted(self, record, key: str, reason: str, attempts: int, parked) -> ProcessResult:
+        """Settle a record whose attempts are used up: a copy to the next retry tier of its
+        original topic when one is left (outcome ``retried``), else the dead letter. A parked
+        record's row is deleted once the copy or dead letter is acknowledged."""
+        s = self.settings
+        at = origin(record)
+        tiers = s.retry_tiers_of(at[0])
+        n = retry_tier(record) + 1
+        if n > len(tiers):
+            return self._dead_letter_parked(record, key, reason, attempts, parked)
+        now_ms = int(time.time() * 1000)
+        history: list = []
+        raw = _header(record, HEADER_RETRY_HISTORY)
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                old = json.loads(_text(raw))
+                if isinstance(old, list):
+                    history = old
+        history.append(
+            {
+                "topic": record.topic(),
+                "partition": record.partition(),
+                "offset": record.offset(),
+                "attempts": attempts,
+                "error": reason,
+                "failed_at": now_ms,
+            }
+        )
+        values = {
+            HEADER_RETRY_COUNT: str(n),
+            HEADER_RETRY_AT: str(now_ms + round(tiers[n - 1] * 1000)),
+            HEADER_ORIGINAL_TOPIC: at[0],
+            HEADER_ORIGINAL_PARTITION: str(at[1]),
+            HEADER_ORIGINAL_OFFSET: str(at[2]),
+            HEADER_RETRY_ERROR: reason,
+            HEADER_RETRY_HISTORY: json.dumps(history, separators=(",", ":")),
+        }
+        headers = [(k, v) for k, v in record.headers() or () if k not in values]
+        headers += [(k, values[k].encode()) for k in _RETRY_HEADERS]
+        topic = s.retry_topic(at[0], n)
+        self._produce(
+            topic,
+            record,
+            headers,
+            f"retry copy of {record.topic()}/{record.partition()}@{record.offset()} to {topic}",
+        )
+        if parked is not None:
+            try:
+                self._execute(self._sql_unpark, (s.consumer, *parked))
+            except Exception as error:  # the sweep finds it again: a second copy at worst
+                log.warning("a retried parked row could not be removed: %s", error)
+        log.warning("event_key %s retried to %s (tier %d): %s", key, topic, n, reason)
+        return ProcessResult(Outcome.RETRIED, key, attempts, reason)
+
+    def _dead_letter(
+        self, record: Message, key: str | None, outcome: Outcome, reason: str, attempts: int
+    ) -> ProcessResult:
+        """Produce the record to the dead-letter topic with acks=all and wait for the broker."""
+        headers = list(record.headers() or [])
+        # A retry copy's dead letter names the original record (its original_* headers).
+        topic, partition, offset = origin(record)
+        headers += [
+            ("dlq_reason", reason.encode()),
+            ("dlq_topic", topic.encode()),
+            ("dlq_partition", str(partition).encode()),
+            ("dlq_offset", str(offset).encode()),
+            ("dlq_consumer", self.settings.consumer.encode()),
+            ("dlq_attempts", str(attempts).encode()),
+        ]
+        self._produce(
+            self.settings.dead_letter_topic, record, headers, f"dead letter for event_key {key}"
+        )
         log.warning(
             "event_key %s %s to %s: %s", key, outcome.value, self.settings.dead_letter_topic, reason
         )

@@ -12,7 +12,7 @@ from typing import Protocol
 import pymysql
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .inbox import Handler, Inbox, ProcessResult
+from .inbox import Handler, Inbox, ProcessResult, retry_at
 from .topics import ensure_topic
 
 __all__ = ["InboxRunner", "Processor"]
@@ -43,6 +43,11 @@ class InboxRunner:
     With an :class:`Inbox` as processor, the dead-letter topic is checked at construction and
     created with the broker's defaults when missing (:func:`ensure_topic`); when the broker
     refuses, :class:`DeadLetterTopicError` names the topic and the fix.
+
+    With ``InboxSettings.retry_tiers`` the runner also subscribes to the tier topics of its
+    topics (created at construction like the dead-letter topic). A retry copy whose
+    ``retry_at`` has not come pauses its partition (position back to the copy, nothing of it
+    committed) until then, while the other partitions go on.
     """
 
     def __init__(
@@ -62,11 +67,22 @@ class InboxRunner:
             processor.consumer_group = str(config["group.id"])  # the spans' consumer group name
             # The dead-letter topic exists, is created now, or the runner refuses to start.
             ensure_topic(config, processor.settings.dead_letter_topic)
+            # Likewise the retry tiers' topics, subscribed to as well.
+            tier_topics = [t for topic in topics for t in processor.settings.retry_topics(topic)]
+            for tier_topic in tier_topics:
+                ensure_topic(
+                    config,
+                    tier_topic,
+                    role="retry tier topic",
+                    fix="set retry_topic_format so that it names existing topics",
+                )
+        else:
+            tier_topics = []
         config["enable.auto.commit"] = False
         config["enable.auto.offset.store"] = False
         self._processor = processor
         self._handler = handler
-        self._topics = list(topics)
+        self._topics = list(topics) + [t for t in tier_topics if t not in topics]
         self._max_batch = max_batch
         self._poll_timeout = poll_timeout
         self._on_settled = on_settled
@@ -74,6 +90,9 @@ class InboxRunner:
         self._stop = threading.Event()
         self._subscribed = False
         self._pending: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
+        # Partitions paused on a retry copy whose retry_at has not come -> when to resume them
+        # (time.time() seconds).
+        self._waiting: dict[tuple[str, int], float] = {}
 
     def subscribe(self) -> None:
         """Subscribe to the topics (done by :meth:`run` when not done before). Non-blocking."""
@@ -117,13 +136,24 @@ class InboxRunner:
                         log.warning("parked sweep failed (next one later): %s", error)
                 # One record per poll: a rebalance happens inside poll(), so no record in hand
                 # ever belongs to a partition revoked meanwhile.
-                record = self._consumer.poll(0 if in_batch else self._poll_timeout)
+                timeout = 0 if in_batch else self._poll_timeout
+                due = self._resume_due()
+                if due is not None:  # wake up when the next paused partition is due
+                    timeout = min(timeout, max(due - time.time(), 0.001))
+                record = self._consumer.poll(timeout)
                 polled_at = time.monotonic()
                 if record is None:  # nothing more ready: the batch is complete
                     self._commit()
                     in_batch = 0
                     continue
                 if not self._usable(record):
+                    continue
+                tp = (record.topic(), record.partition())
+                if tp in self._waiting:
+                    continue  # paused on an earlier copy: fetched again once resumed
+                at = retry_at(record)
+                if at is not None and time.time() < at:
+                    self._wait(record, at)
                     continue
                 result = self._processor.process(record, self._handler)
                 self._pending[(record.topic(), record.partition())] = record.offset() + 1
@@ -138,6 +168,36 @@ class InboxRunner:
                 self._commit()
             finally:
                 self._consumer.close()
+
+    def _wait(self, record: Message, at: float) -> None:
+        """Pause the partition of a retry copy whose retry_at has not come, move its position
+        back to the copy (fetched again once resumed) and remember when to resume it."""
+        tp = TopicPartition(record.topic(), record.partition(), record.offset())
+        self._consumer.pause([tp])
+        self._consumer.seek(tp)
+        self._waiting[(record.topic(), record.partition())] = at
+        log.debug(
+            "partition %s[%d] paused until its retry copy at offset %d is due (%.3f)",
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            at,
+        )
+
+    def _resume_due(self) -> float | None:
+        """Resume the paused partitions whose retry_at has come; when the next one is due
+        (``None``: none is waiting)."""
+        now, due = time.time(), None
+        for key, at in list(self._waiting.items()):
+            if at <= now:
+                del self._waiting[key]
+                try:
+                    self._consumer.resume([TopicPartition(*key)])
+                except KafkaException as error:  # no longer assigned: nothing to resume
+                    log.warning("resuming %s[%d] failed: %s", key[0], key[1], error)
+            elif due is None or at < due:
+                due = at
+        return due
 
     @staticmethod
     def _usable(message: Message) -> bool:
@@ -181,3 +241,4 @@ class InboxRunner:
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._pending.pop((tp.topic, tp.partition), None)
+            self._waiting.pop((tp.topic, tp.partition), None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
@@ -72,6 +72,16 @@ class InboxSettings:
     :func:`~outbox_inbox.is_infrastructure_error`) before :meth:`~outbox_inbox.Inbox.process`
     raises :class:`~outbox_inbox.OutageError`, the record unsettled. Those errors are retried
     with the backoff above and do not count toward ``max_attempts``."""
+    retry_tiers: list[float] = field(default_factory=list)
+    """Delays, in seconds, of the retry tiers (inbox/CONTRACT.md, "Retry tiers"): a record whose
+    ``max_attempts`` are used up by handler or data errors is not dead-lettered but copied to
+    the next tier's topic (outcome ``retried``) and processed again from there once the tier's
+    delay has passed; after the last tier it is dead-lettered. Per-key order is broken while a
+    record waits in a tier. Empty (the default): blocking retries only. Consumer-wide for now
+    (every topic of the consumer)."""
+    retry_topic_format: str = "{topic}.retry.{n}"
+    """Names the topic of tier ``n`` (1-based) of topic ``T``: ``{topic}`` is replaced by ``T``
+    and ``{n}`` by ``n``."""
 
     def __post_init__(self) -> None:
         if not self.consumer:
@@ -88,6 +98,11 @@ class InboxSettings:
             raise ValueError("gap_deadline must not be negative, park_sweep_interval positive")
         if self.outage_budget < 0:
             raise ValueError("outage_budget must not be negative")
+        if any(d < 0 for d in self.retry_tiers):
+            raise ValueError("retry_tiers must not be negative")
+        if self.retry_tiers and "{n}" not in self.retry_topic_format:
+            raise ValueError(f"retry_topic_format {self.retry_topic_format!r} lacks {{n}}")
+        object.__setattr__(self, "retry_tiers", [float(d) for d in self.retry_tiers])
         # Accept the plain strings "park"/"dead_letter"/"retry" too.
         object.__setattr__(self, "gap_policy", GapPolicy(self.gap_policy))
 
@@ -95,6 +110,20 @@ class InboxSettings:
     def checks_versions(self) -> bool:
         """Whether records are checked against the version table."""
         return self.version_fn is not None or bool(self.version_header)
+
+    def retry_tiers_of(self, topic: str) -> list[float]:
+        """The retry tiers of ``topic`` (the original topic of a copy). Consumer-wide for now:
+        ``retry_tiers`` for every topic."""
+        del topic  # per-topic settings will look it up
+        return self.retry_tiers
+
+    def retry_topic(self, topic: str, n: int) -> str:
+        """The topic of tier ``n`` (1-based) of ``topic``."""
+        return self.retry_topic_format.replace("{topic}", topic).replace("{n}", str(n))
+
+    def retry_topics(self, topic: str) -> list[str]:
+        """The tier topics of ``topic``, tier 1 first (none without tiers)."""
+        return [self.retry_topic(topic, n) for n in range(1, len(self.retry_tiers_of(topic)) + 1)]
 
 
 def backoff_delay(attempt: int, initial: float, maximum: float) -> float:

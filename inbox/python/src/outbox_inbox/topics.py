@@ -24,17 +24,25 @@ _CONSUMER_ONLY = {
 
 
 class DeadLetterTopicError(RuntimeError):
-    """The dead-letter topic is missing and the broker refused to create it (or was not
-    reachable); the message names the topic and the fix."""
+    """The dead-letter topic (or a retry tier topic) is missing and the broker refused to create
+    it (or was not reachable); the message names the topic and the fix."""
 
 
-def ensure_topic(config: dict, topic: str, timeout: float = 30.0) -> None:
+def ensure_topic(
+    config: dict,
+    topic: str,
+    timeout: float = 30.0,
+    *,
+    role: str = "dead-letter topic",
+    fix: str = "set dead_letter_topic to an existing topic",
+) -> None:
     """Make sure ``topic`` exists: read its metadata and, when the broker does not know it,
     create it with the broker's defaults (partitions, replication) through the admin
     CreateTopics request; a topic another client created meanwhile counts as there.
     ``config``: librdkafka properties (``bootstrap.servers`` at least; consumer-only ones are
     ignored). Raises :class:`DeadLetterTopicError` naming the topic and the fix when the broker
-    refuses (an invalid name, a creation policy, no CREATE permission) or cannot be asked."""
+    refuses (an invalid name, a creation policy, no CREATE permission) or cannot be asked.
+    ``role`` and ``fix`` word the error (the runner also ensures the retry tier topics)."""
     admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
     try:
         metadata = admin.list_topics(topic=topic, timeout=timeout)
@@ -51,8 +59,7 @@ def ensure_topic(config: dict, topic: str, timeout: float = 30.0) -> None:
                 raise
     except KafkaException as error:
         raise DeadLetterTopicError(
-            f"dead-letter topic {topic!r} does not exist and the broker refused to create it: "
+            f"{role} {topic!r} does not exist and the broker refused to create it: "
             f"{error}; create it (kafka-topics.sh --create --topic {topic}), grant this client "
-            "CREATE on it, or set dead_letter_topic to an existing topic (a valid name: at most "
-            "249 of [a-zA-Z0-9._-])"
+            f"CREATE on it, or {fix} (a valid name: at most 249 of [a-zA-Z0-9._-])"
         ) from error

@@ -27,6 +27,8 @@ from outbox_inbox import (
     Outcome,
     ProcessResult,
     dead_letter_producer,
+    origin,
+    retry_tier,
 )
 
 log = logging.getLogger("scenario_consumer")
@@ -57,7 +59,8 @@ def _say(line: str) -> None:
 
 
 class BusinessHandler:
-    """The contract's handler: one coupon row per record; ``poison`` and ``fail_times``."""
+    """The contract's handler: one coupon row per record; ``poison``, ``fail_until_tier`` and
+    ``fail_times``."""
 
     def __init__(self, consumer: str) -> None:
         self.consumer = consumer
@@ -80,6 +83,9 @@ class BusinessHandler:
             )
         if payload.get("poison") is True:
             raise RuntimeError("poison record")
+        fail_until_tier = payload.get("fail_until_tier")
+        if isinstance(fail_until_tier, int) and retry_tier(record) < fail_until_tier:
+            raise RuntimeError(f"failing until tier {fail_until_tier}")
         fail_times = payload.get("fail_times")
         if isinstance(fail_times, int) and fail_times > 0:
             failed = self.failures.get(event_key, 0)
@@ -102,13 +108,16 @@ class PlainProcessor:
         self._conn.close()
 
 
-def _crash_hook(point: str, crash_point: str, crash_key: str, marker: str):
-    """A hook that ends the process with status 137 at the crash point, once per marker file."""
+def _crash_hook(
+    point: str, crash_point: str, crash_key: str, marker: str, outcome: Outcome = Outcome.PROCESSED
+):
+    """A hook that ends the process with status 137 at the crash point, once per marker file;
+    called with a result, only for ``outcome``."""
 
     def crash(record: Message, result: ProcessResult | None = None) -> None:
         if crash_point != point or _header_text(record, "event_key") != crash_key:
             return
-        if result is not None and result.outcome is not Outcome.PROCESSED:
+        if result is not None and result.outcome is not outcome:
             return
         if marker:
             if os.path.exists(marker):
@@ -119,6 +128,19 @@ def _crash_hook(point: str, crash_point: str, crash_key: str, marker: str):
         os._exit(137)
 
     return crash
+
+
+def _retry_tiers(text: str) -> list[float]:
+    """INBOX_RETRY_TIERS_MS: comma-separated delays in ms (absent or empty: no tiers)."""
+    tiers = []
+    for field in text.split(","):
+        field = field.strip()
+        if not field:
+            continue
+        if not field.isdigit():
+            raise ValueError(f"INBOX_RETRY_TIERS_MS: {field!r} is not a delay in ms")
+        tiers.append(int(field) / 1000.0)
+    return tiers
 
 
 def _percentile(sorted_ms: list[float], p: float) -> float:
@@ -188,17 +210,23 @@ def main() -> int:
             outage_budget=int(_env("INBOX_OUTAGE_BUDGET_MS", "300000")) / 1000.0,
             gap_deadline=int(_env("INBOX_GAP_DEADLINE_MS", "3600000")) / 1000.0,
             park_sweep_interval=int(_env("INBOX_PARK_SWEEP_MS", "10000")) / 1000.0,
+            retry_tiers=_retry_tiers(_env("INBOX_RETRY_TIERS_MS")),
         )
         crash_after_commit = _crash_hook("after_db_commit", *crash)
+        # The copy is on its tier, the record's offset not committed.
+        crash_after_retry_copy = _crash_hook("after_retry_copy", *crash, Outcome.RETRIED)
 
         def after_commit(record: Message, result: ProcessResult) -> None:
             # Every settled record passes here once: those the runner polled, and those
             # settled later by themselves (resumed parked versions, a sweep's dead letters).
+            # A retry copy is reported at the original record's partition and offset.
+            _, partition, offset = origin(record)
             _say(
                 f"OUTCOME {result.outcome.value} {result.event_key or '-'} "
-                f"{record.partition()} {record.offset()} {result.attempts}"
+                f"{partition} {offset} {result.attempts}"
             )
             crash_after_commit(record, result)
+            crash_after_retry_copy(record, result)
 
         hooks = Hooks(
             before_commit=_crash_hook("after_handler", *crash),
