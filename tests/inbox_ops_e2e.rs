@@ -197,6 +197,19 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
     );
     ensure!(out.contains("would delete 5 inbox rows"), "{out}");
     ensure!(count("billing").await? == 20, "the dry run deleted rows");
+    // The topic's own retention (5 days: its rows are 3 days old) keeps them all.
+    let own = format!("{topic}=5d");
+    let (code, out, err) = prune(&["--dry-run", "--topic-retention", &own])?;
+    ensure!(code == 0, "--topic-retention: exit {code}\n{out}\n{err}");
+    ensure!(
+        out.contains("would delete 0 inbox rows") && out.contains("over 432000 s ago"),
+        "{out}"
+    );
+    let (code, _, err) = prune(&["--dry-run", "--topic-retention", "5d"])?;
+    ensure!(
+        code == 2 && err.contains("is not TOPIC=AGE"),
+        "exit {code}: {err}"
+    );
 
     let (code, out, err) = prune(&[])?;
     ensure!(code == 0, "prune --inbox: exit {code}\n{out}\n{err}");

@@ -149,9 +149,16 @@ pub enum OpsCommand {
         /// With --inbox: Kafka bootstrap servers of the consumer group.
         #[arg(long)]
         bootstrap_servers: Option<String>,
-        /// Retention: rows with created_at older than this (7d, 12h, 30m, 90s, 2w).
+        /// Retention: rows with created_at older than this (7d, 12h, 30m, 90s, 2w). With
+        /// --inbox: rows processed longer ago, for every topic without --topic-retention.
         #[arg(long, value_name = "AGE", value_parser = ops::prune::parse_retention)]
         older_than: Duration,
+        /// With --inbox: a topic's own retention, TOPIC=AGE (repeatable), for topics whose
+        /// window differs from --older-than (the consumer's per-topic `inbox_retention`). A
+        /// row's topic is its record's original topic (a retry copy's inbox row names it).
+        #[arg(long = "topic-retention", value_name = "TOPIC=AGE",
+              value_parser = ops::prune::parse_topic_retention, requires = "inbox")]
+        topic_retention: Vec<(String, Duration)>,
         /// Rows per DELETE statement.
         #[arg(long, default_value_t = 1000)]
         batch_size: usize,
@@ -758,12 +765,14 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             group,
             bootstrap_servers: Some(bootstrap_servers),
             older_than,
+            topic_retention,
             batch_size,
             pause_ms,
             dry_run,
             ..
         } => {
             let opts = ops::inbox::InboxPruneOptions {
+                topic_retention: topic_retention.into_iter().collect(),
                 database_url,
                 bootstrap_servers,
                 group: group.unwrap_or_else(|| consumer.clone()),

@@ -348,8 +348,10 @@ pub struct InboxPruneOptions {
     /// The consumer group whose committed offsets bound the delete (default: the consumer
     /// name, as the helpers use it).
     pub group: String,
-    /// Retention: rows processed longer ago than this may go.
+    /// Retention: rows processed longer ago than this may go (topics without their own).
     pub older_than: Duration,
+    /// Topics with their own retention (`--topic-retention TOPIC=AGE`).
+    pub topic_retention: std::collections::BTreeMap<String, Duration>,
     /// Rows per DELETE statement.
     pub batch_size: usize,
     /// Pause between two DELETE statements.
@@ -367,6 +369,8 @@ pub struct PartitionPrune {
     pub partition: i32,
     /// The group's committed offset (`None`: none, so nothing of it is deleted).
     pub committed: Option<i64>,
+    /// The retention applied to its rows.
+    pub retention: Duration,
     /// Rows deleted (or, with `dry_run`, that would be).
     pub deleted: u64,
 }
@@ -402,8 +406,12 @@ impl fmt::Display for InboxPruneReport {
             match p.committed {
                 Some(o) => writeln!(
                     f,
-                    "{}[{}]: group {} committed offset {o}: {verb} {} rows",
-                    p.topic, p.partition, self.group, p.deleted
+                    "{}[{}]: group {} committed offset {o}: {verb} {} rows processed over {} s ago",
+                    p.topic,
+                    p.partition,
+                    self.group,
+                    p.deleted,
+                    p.retention.as_secs()
                 )?,
                 None => writeln!(
                     f,
@@ -456,7 +464,6 @@ pub async fn prune_inbox(opts: &InboxPruneOptions) -> Result<InboxPruneReport, R
         .await
         .map_err(|e| RelayError::kafka(format!("reading committed offsets: {e}")))??
     };
-    let retention_s = opts.older_than.as_secs_f64();
     let mut report = InboxPruneReport {
         consumer: opts.consumer.clone(),
         group: opts.group.clone(),
@@ -465,8 +472,13 @@ pub async fn prune_inbox(opts: &InboxPruneOptions) -> Result<InboxPruneReport, R
     };
     let filter = "consumer = ? AND topic = ? AND kafka_partition = ? AND kafka_offset < ? AND \
                   processed_at < NOW(6) - INTERVAL ? MICROSECOND";
-    let retention_us = (retention_s * 1e6) as i64;
     for ((topic, partition), committed) in parts.into_iter().zip(committed) {
+        let retention = opts
+            .topic_retention
+            .get(&topic)
+            .copied()
+            .unwrap_or(opts.older_than);
+        let retention_us = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
         let mut deleted = 0u64;
         if let Some(offset) = committed {
             let params = (&opts.consumer, &topic, partition, offset, retention_us);
@@ -501,6 +513,7 @@ pub async fn prune_inbox(opts: &InboxPruneOptions) -> Result<InboxPruneReport, R
             topic,
             partition,
             committed,
+            retention,
             deleted,
         });
     }

@@ -79,6 +79,28 @@ pub fn parse_retention(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(secs)))
 }
 
+/// Parses `TOPIC=AGE` (`prune --inbox --topic-retention orders=30d`): a topic's own inbox
+/// retention, the age as [`parse_retention`] takes it. The topic is everything before the last
+/// `=` (topic names have no `=`).
+///
+/// # Errors
+/// No `=`, an empty topic, or an age `parse_retention` refuses: the message says which.
+pub fn parse_topic_retention(text: &str) -> Result<(String, Duration), String> {
+    let Some((topic, age)) = text.rsplit_once('=') else {
+        return Err(format!(
+            "{text:?} is not TOPIC=AGE (for example orders=30d)"
+        ));
+    };
+    let topic = topic.trim();
+    if topic.is_empty() {
+        return Err(format!(
+            "{text:?} names no topic before '=' (for example orders=30d)"
+        ));
+    }
+    let age = parse_retention(age).map_err(|e| format!("{text:?}: {e}"))?;
+    Ok((topic.to_owned(), age))
+}
+
 /// What `prune` did per table.
 #[derive(Debug, Clone)]
 pub struct PruneReport {
@@ -377,6 +399,22 @@ impl fmt::Display for PruneReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topic_retentions_parse() {
+        assert_eq!(
+            parse_topic_retention("orders=30d"),
+            Ok(("orders".to_owned(), Duration::from_secs(30 * 86_400)))
+        );
+        assert_eq!(
+            parse_topic_retention("shop.notifications=1d"),
+            Ok(("shop.notifications".to_owned(), Duration::from_secs(86_400)))
+        );
+        for bad in ["orders", "=7d", "orders=", "orders=7x"] {
+            let err = parse_topic_retention(bad).expect_err(bad);
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn retentions_parse() {
