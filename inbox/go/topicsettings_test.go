@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	inbox "github.com/outbox-relay/outbox-relay/inbox/go"
@@ -145,5 +146,61 @@ func TestTopicOverridesGapPolicy(t *testing.T) {
 	}
 	if dl := e.readDLQ(t, 1)[0]; hdr(dl, "event_key") != "B-v3" || hdr(dl, "dlq_topic") != strict {
 		t.Errorf("dead letter: %v", dl.Headers)
+	}
+}
+
+// The runner creates and subscribes to the tier topics of each topic by its own tier count: a
+// topic with 2 tiers of its own, one with none, one with the consumer-wide 1.
+func TestRunnerTierTopicsPerTopic(t *testing.T) {
+	e := newEnv(t, 1)
+	twice, never := e.topic+"-twice", e.topic+"-never"
+	newTopics(t, 1, twice, never)
+	group := "inbox-go-group-" + randSuffix()
+	adm := kadm.NewClient(newClient(t))
+	t.Cleanup(func() { _, _ = adm.DeleteGroups(context.Background(), group) })
+	deleteTopicsAtEnd(t, e.topic+".retry.1", twice+".retry.1", twice+".retry.2")
+	var l settledLog
+	s := e.settings()
+	s.Hooks.AfterCommit = l.hook
+	s.RetryTiers = []time.Duration{time.Hour}
+	s.Topics = map[string]inbox.TopicSettings{
+		twice: {RetryTiers: []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}, MaxAttempts: 1},
+		never: {RetryTiers: []time.Duration{}},
+	}
+	produce(t, e.producer, twice, 0, 0, 1)
+	produce(t, e.producer, never, 0, 1, 2)
+	h := tierFailing(func(rec *kgo.Record) int {
+		if hdr(rec, "event_key") == "e-0" {
+			return 2
+		}
+		return 99
+	}, nil)
+	stop, done := startRunner(t, e.db, s, h, inbox.RunnerConfig{
+		Brokers: strings.Split(bootstrap, ","), Topics: []string{e.topic, twice, never}, Group: group})
+	eventually(t, "e-0 processed from tier 2, e-1 dead-lettered", func() bool {
+		got := l.String()
+		return strings.Contains(got, "e-0:processed") && strings.Contains(got, "e-1:dead_lettered")
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got := l.String(); strings.Count(got, "e-0:retried") != 2 || strings.Count(got, "e-1:") != 1 {
+		t.Errorf("settled: %s", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	td, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for topic, want := range map[string]bool{
+		e.topic + ".retry.1": true, e.topic + ".retry.2": false,
+		twice + ".retry.1": true, twice + ".retry.2": true, twice + ".retry.3": false,
+		never + ".retry.1": false,
+	} {
+		if td.Has(topic) != want {
+			t.Errorf("tier topic %s exists: %v, want %v", topic, td.Has(topic), want)
+		}
 	}
 }
