@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"regexp"
 	"slices"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -169,7 +171,7 @@ type Settings struct {
 	// to the next tier's topic (outcome [Retried]) and processed again from there once the
 	// tier's delay has passed; after the last tier it is dead-lettered. Per-key order is
 	// broken while a record waits in a tier. Empty (the default): blocking retries only.
-	// Consumer-wide for now (every topic of the consumer).
+	// A topic may have its own (Topics).
 	RetryTiers []time.Duration
 	// RetryTopicFormat names the topic of tier n (1-based) of topic T: "{topic}" is replaced
 	// by T and "{n}" by n. Default "{topic}.retry.{n}".
@@ -179,6 +181,22 @@ type Settings struct {
 	// DeadLetterTimeout bounds producing one dead letter (acks=all); past it Process returns
 	// an error. Default 30 s.
 	DeadLetterTimeout time.Duration
+	// InboxRetention is how long inbox rows are kept: read by outbox-relay prune --inbox
+	// (--older-than, --topic-retention), see [Inbox.InboxRetention]; the helper deletes
+	// nothing itself. Default 7 days.
+	InboxRetention time.Duration
+	// Topics override, per topic, MaxAttempts, BackoffInitial, BackoffMax, RetryTiers,
+	// GapPolicy, GapDeadline and InboxRetention (inbox/CONTRACT.md, "Per-topic settings"). The
+	// settings of a record are those of its original_topic header when present (a retry
+	// copy), else of its own topic; a topic not in the map uses the consumer-wide values.
+	Topics map[string]TopicSettings
+	// Registerer, when set, receives the inbox's Prometheus metrics (inbox/CONTRACT.md,
+	// "Metrics"): outbox_inbox_records_total, outbox_inbox_parked_records,
+	// outbox_inbox_parked_oldest_seconds and (with a [Runner]) outbox_inbox_consumer_lag.
+	// nil (the default): no metrics (the global default registry is never used implicitly;
+	// pass prometheus.DefaultRegisterer for it). Inboxes of different consumers may share a
+	// registry.
+	Registerer prometheus.Registerer
 	// Hooks are called at fixed points of the processing of each record.
 	Hooks Hooks
 	// TracerProvider gives the tracer of the consumer span of each record (inbox/CONTRACT.md,
@@ -218,7 +236,10 @@ type Inbox struct {
 	db       *sql.DB
 	producer Producer
 	s        Settings
-	group    string // messaging.consumer.group.name of the spans: Consumer, or the Runner's group
+	defaults topicSettings            // the consumer-wide per-topic settings
+	topics   map[string]topicSettings // the topics that override them, resolved
+	metrics  *metrics                 // nil: no Registerer
+	group    string                   // messaging.consumer.group.name of the spans: Consumer, or the Runner's group
 	log      *slog.Logger
 	insert   string
 	selVer   string
@@ -272,10 +293,13 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 			return nil, errors.New("inbox: RetryTiers must not be negative")
 		}
 	}
-	if len(s.RetryTiers) > 0 && !strings.Contains(s.RetryTopicFormat, "{n}") {
-		return nil, fmt.Errorf("inbox: RetryTopicFormat %q lacks {n}", s.RetryTopicFormat)
-	}
 	s.RetryTiers = slices.Clone(s.RetryTiers)
+	if s.InboxRetention == 0 {
+		s.InboxRetention = 7 * 24 * time.Hour
+	}
+	if s.InboxRetention < 0 {
+		return nil, errors.New("inbox: InboxRetention must not be negative")
+	}
 	if s.GapDeadline == 0 {
 		s.GapDeadline = time.Hour
 	}
@@ -303,6 +327,22 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 || s.OutageBudget < 0 {
 		return nil, errors.New("inbox: MaxAttempts must be >= 1, 0 <= BackoffInitial <= BackoffMax and OutageBudget >= 0")
 	}
+	defaults, topics, err := resolveTopics(s)
+	if err != nil {
+		return nil, err
+	}
+	tiers := len(s.RetryTiers) > 0
+	for _, ts := range topics {
+		tiers = tiers || len(ts.retryTiers) > 0
+	}
+	if tiers && !strings.Contains(s.RetryTopicFormat, "{n}") {
+		return nil, fmt.Errorf("inbox: RetryTopicFormat %q lacks {n}", s.RetryTopicFormat)
+	}
+	s.Topics = maps.Clone(s.Topics)
+	m, err := newMetrics(s.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	it, err := quoteTable(s.InboxTable)
 	if err != nil {
 		return nil, err
@@ -319,6 +359,9 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 		db:       db,
 		producer: producer,
 		s:        s,
+		defaults: defaults,
+		topics:   topics,
+		metrics:  m,
 		group:    s.Consumer,
 		log:      slog.Default(),
 		insert:   "INSERT INTO " + it + " (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?)",
@@ -418,6 +461,7 @@ func (in *Inbox) processOne(ctx context.Context, rec *kgo.Record, h Handler, par
 
 // settled runs the AfterCommit hook and returns res.
 func (in *Inbox) settled(rec *kgo.Record, res Result) (Result, error) {
+	in.metrics.settled(in.s.Consumer, settingsTopic(rec), res.Outcome)
 	if f := in.s.Hooks.AfterCommit; f != nil {
 		f(rec, res)
 	}
@@ -436,8 +480,9 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 		return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Reason: err.Error()}, parked)
 	}
 
-	attempts := 0 // attempts that count: not those ended by an infrastructure error
-	retries := in.backoff()
+	ts := in.settingsOf(rec) // the record's topic's (its original topic's for a copy)
+	attempts := 0            // attempts that count: not those ended by an infrastructure error
+	retries := ts.backoff()
 	var outageRetries *backoff.ExponentialBackOff
 	var outageSince time.Time
 	for {
@@ -459,10 +504,10 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 			case parked != nil:
 				// Still ahead (a sweep read an older state): it stays parked.
 				return in.settled(rec, Result{Outcome: Parked, Attempts: attempts + 1, Reason: err.Error()})
-			case in.s.GapPolicy == GapDeadLetter:
+			case ts.gapPolicy == GapDeadLetter:
 				return in.deadLetter(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts + 1, Reason: err.Error()})
-			case in.s.GapPolicy == GapPark:
-				ok, perr := in.park(ctx, rec, key, versionKey{gap.aggType, gap.aggID, gap.got}, err.Error())
+			case ts.gapPolicy == GapPark:
+				ok, perr := in.park(ctx, rec, key, versionKey{gap.aggType, gap.aggID, gap.got}, err.Error(), ts.gapDeadline)
 				if perr == nil && ok {
 					return in.settled(rec, Result{Outcome: Parked, Attempts: attempts + 1, Reason: err.Error()})
 				}
@@ -478,7 +523,7 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(
 				attrInboxAttempt.Int(attempts+1), attrInboxOutage.Bool(true)))
 			if outageRetries == nil {
-				outageRetries, outageSince = in.backoff(), time.Now()
+				outageRetries, outageSince = ts.backoff(), time.Now()
 			}
 			down := time.Since(outageSince)
 			if down >= in.s.OutageBudget {
@@ -493,7 +538,7 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 			attempts++
 			outageRetries = nil
 			trace.SpanFromContext(ctx).RecordError(err, trace.WithAttributes(attrInboxAttempt.Int(attempts)))
-			if attempts >= in.s.MaxAttempts {
+			if attempts >= ts.maxAttempts {
 				return in.exhausted(ctx, rec, Result{Outcome: DeadLettered, Attempts: attempts, Reason: err.Error()}, parked)
 			}
 			wait = retries.NextBackOff()
@@ -508,13 +553,13 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 	}
 }
 
-// backoff is the wait schedule between attempts: BackoffInitial doubling up to BackoffMax, no
-// jitter (the same schedule in every helper).
-func (in *Inbox) backoff() *backoff.ExponentialBackOff {
+// backoff is the wait schedule between attempts: BackoffInitial doubling up to BackoffMax (the
+// topic's), no jitter (the same schedule in every helper).
+func (ts topicSettings) backoff() *backoff.ExponentialBackOff {
 	b := &backoff.ExponentialBackOff{
-		InitialInterval: in.s.BackoffInitial,
+		InitialInterval: ts.backoffInitial,
 		Multiplier:      2,
-		MaxInterval:     in.s.BackoffMax,
+		MaxInterval:     ts.backoffMax,
 	}
 	b.Reset()
 	return b

@@ -141,7 +141,7 @@ func (in *Inbox) versionKey(rec *kgo.Record) (versionKey, bool) {
 
 // park stores rec in the parked table: under the version row's lock, still a gap: stored
 // (true); the gap closed meanwhile: false (redo the attempt).
-func (in *Inbox) park(ctx context.Context, rec *kgo.Record, eventKey string, key versionKey, reason string) (bool, error) {
+func (in *Inbox) park(ctx context.Context, rec *kgo.Record, eventKey string, key versionKey, reason string, deadline time.Duration) (bool, error) {
 	tx, err := in.db.BeginTx(ctx, nil)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -170,7 +170,7 @@ func (in *Inbox) park(ctx context.Context, rec *kgo.Record, eventKey string, key
 	}
 	if _, err := tx.ExecContext(ctx, in.pk.insert, in.s.Consumer, key.aggType, key.aggID, key.version, eventKey,
 		rec.Topic, rec.Partition, rec.Offset, recKey, recValue, encodeHeaders(rec.Headers), reason,
-		in.s.GapDeadline.Microseconds()); err != nil {
+		deadline.Microseconds()); err != nil {
 		return false, err
 	}
 	return true, tx.Commit()
@@ -326,6 +326,7 @@ func (in *Inbox) SweepParked(ctx context.Context, h Handler) (ParkedSweep, error
 		return sw, &SweepReadError{err}
 	}
 	sw.Oldest = time.Duration(oldest.Int64) * time.Microsecond
+	in.metrics.swept(in.s.Consumer, sw.Parked, sw.Oldest)
 	return sw, nil
 }
 

@@ -86,11 +86,10 @@ func RetryAt(rec *kgo.Record) (time.Time, bool) {
 	return time.UnixMilli(ms), true
 }
 
-// RetryTiersOf returns the retry tiers of topic (the original topic of a copy). Consumer-wide
-// for now: Settings.RetryTiers for every topic.
+// RetryTiersOf returns the retry tiers of topic (the original topic of a copy):
+// Settings.Topics[topic].RetryTiers when set, else Settings.RetryTiers.
 func (in *Inbox) RetryTiersOf(topic string) []time.Duration {
-	_ = topic // per-topic settings will look it up
-	return in.s.RetryTiers
+	return in.topicSettings(topic).retryTiers
 }
 
 // RetryTopic is the topic of tier n (1-based) of topic: Settings.RetryTopicFormat with

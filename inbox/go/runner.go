@@ -35,7 +35,8 @@ type RunnerConfig struct {
 // Runner owns a franz-go consumer loop around an [Inbox]: it polls, processes each record in
 // partition order with [Inbox.Process], commits the processed offsets synchronously after each
 // poll batch and when partitions are revoked, and produces dead letters (and retry copies) with
-// the same client. With Settings.RetryTiers it also consumes the tier topics of its topics: a
+// the same client. With retry tiers (Settings.RetryTiers, or a topic's own in Settings.Topics)
+// it also consumes the tier topics of its topics, each topic by its own tier count: a
 // copy whose retry_at has not come pauses its partition (position back to the copy, nothing of
 // it committed) until then, while the other partitions go on.
 // Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
@@ -167,7 +168,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// Parked versions: swept before the first poll and every ParkSweepInterval (checked between
 	// records too, so a busy partition does not starve the sweep; an idle poll wakes up for it).
 	s := r.in.Settings()
-	sweeps := (s.VersionHeader != "" || s.VersionFunc != nil) && s.GapPolicy == GapPark
+	sweeps := (s.VersionHeader != "" || s.VersionFunc != nil) && r.in.anyGapPark()
 	var lastSweep time.Time
 	sweep := func() error {
 		if !sweeps || (!lastSweep.IsZero() && time.Since(lastSweep) < s.ParkSweepInterval) {
@@ -212,6 +213,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				r.log.Warn("inbox: fetch error", "topic", t, "partition", p, "err", err)
 			}
 		})
+		r.recordLag(fetches)
 		var procErr error
 		iter := fetches.RecordIter()
 		for !iter.Done() && ctx.Err() == nil {
@@ -242,6 +244,22 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// recordLag sets outbox_inbox_consumer_lag of the partitions the poll returned records for: the
+// partition's high watermark minus the consumer's position (the offset after the last record
+// returned).
+func (r *Runner) recordLag(fetches kgo.Fetches) {
+	if r.in.metrics == nil {
+		return
+	}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		pos := p.Records[len(p.Records)-1].Offset + 1
+		r.in.metrics.setLag(r.in.s.Consumer, p.Topic, p.Partition, p.HighWatermark-pos)
+	})
 }
 
 // wait pauses the partition of a retry copy whose retry_at has not come, moves its position
