@@ -61,9 +61,8 @@ class InboxMetrics:
 
     def __init__(self, registry: CollectorRegistry, consumer: str) -> None:
         self.consumer = consumer
-        self._records, parked, oldest, self._lag = _collectors_of(registry)
-        self._parked = parked.labels(consumer)
-        self._oldest = oldest.labels(consumer)
+        # The parked gauges appear with the first sweep (a consumer that never parks has none).
+        self._records, self._parked, self._oldest, self._lag = _collectors_of(registry)
 
     def settled(self, topic: str, outcome: str) -> None:
         """Count one settled record (``topic``: its original topic)."""
@@ -71,8 +70,8 @@ class InboxMetrics:
 
     def parked(self, count: int, oldest_seconds: float | None) -> None:
         """The parked rows found by a sweep, and the age of the oldest (``None``: none)."""
-        self._parked.set(count)
-        self._oldest.set(oldest_seconds or 0.0)
+        self._parked.labels(self.consumer).set(count)
+        self._oldest.labels(self.consumer).set(oldest_seconds or 0.0)
 
     def lag(self, topic: str, partition: int, lag: int) -> None:
         self._lag.labels(self.consumer, topic, str(partition)).set(lag)
