@@ -347,6 +347,12 @@ class Inbox:
     default ``TraceContextTextMapPropagator()`` (W3C, what the relay writes).
     ``consumer_group`` is the span's ``messaging.consumer.group.name`` (default: the consumer
     name; :class:`InboxRunner` sets it to its ``group.id``).
+
+    With ``settings.metrics_registry`` set, every settled record (those the sweep resumes,
+    compensates or dead-letters included) counts in ``outbox_inbox_records_total{consumer,
+    topic, outcome}`` (``topic``: the original topic of a retry copy), and each
+    :meth:`sweep_parked` sets ``outbox_inbox_parked_records`` and
+    ``outbox_inbox_parked_oldest_seconds`` (see :mod:`outbox_inbox.metrics`).
     """
 
     def __init__(
