@@ -22,12 +22,13 @@ from .inbox import (
     retry_tier,
 )
 from .runner import InboxRunner, Processor
-from .settings import GapPolicy, InboxSettings, backoff_delay
+from .settings import EffectiveSettings, GapPolicy, InboxSettings, TopicSettings, backoff_delay
 from .topics import DeadLetterTopicError, ensure_topic
 
 __all__ = [
     "DeadLetterError",
     "DeadLetterTopicError",
+    "EffectiveSettings",
     "GapPolicy",
     "Handler",
     "Hooks",
@@ -38,6 +39,7 @@ __all__ = [
     "Outcome",
     "ProcessResult",
     "Processor",
+    "TopicSettings",
     "backoff_delay",
     "dead_letter_producer",
     "ensure_topic",

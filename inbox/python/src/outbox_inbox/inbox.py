@@ -19,7 +19,8 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .settings import GapPolicy, InboxSettings, backoff_delay
+from .metrics import InboxMetrics
+from .settings import EffectiveSettings, GapPolicy, InboxSettings, backoff_delay
 from .tracing import HEADERS_GETTER, INSTRUMENTATION_NAME, span_attributes
 
 __all__ = [
@@ -346,6 +347,12 @@ class Inbox:
     default ``TraceContextTextMapPropagator()`` (W3C, what the relay writes).
     ``consumer_group`` is the span's ``messaging.consumer.group.name`` (default: the consumer
     name; :class:`InboxRunner` sets it to its ``group.id``).
+
+    With ``settings.metrics_registry`` set, every settled record (those the sweep resumes,
+    compensates or dead-letters included) counts in ``outbox_inbox_records_total{consumer,
+    topic, outcome}`` (``topic``: the original topic of a retry copy), and each
+    :meth:`sweep_parked` sets ``outbox_inbox_parked_records`` and
+    ``outbox_inbox_parked_oldest_seconds`` (see :mod:`outbox_inbox.metrics`).
     """
 
     def __init__(
@@ -368,6 +375,11 @@ class Inbox:
         self._producer = producer
         self._conn: pymysql.connections.Connection | None = None
         self._last_used = 0.0
+        self.metrics: InboxMetrics | None = (
+            None
+            if settings.metrics_registry is None
+            else InboxMetrics(settings.metrics_registry, settings.consumer)
+        )
         inbox, versions = _quote_table(settings.inbox_table), _quote_table(settings.version_table)
         self._sql_insert = (
             f"INSERT INTO {inbox} (consumer, event_key, topic, kafka_partition, kafka_offset)"
@@ -492,6 +504,7 @@ class Inbox:
                         )
                         continue
                     self._execute(self._sql_unpark, (s.consumer, *key))
+                    self._count(record, Outcome.COMPENSATED)
                     self.hooks.after_commit(
                         record, ProcessResult(Outcome.COMPENSATED, event_key, 0, reason)
                     )
@@ -505,9 +518,12 @@ class Inbox:
                     0,
                 )
                 self._execute(self._sql_unpark, (s.consumer, *key))
+                self._count(record, result.outcome)
                 self.hooks.after_commit(record, result)
                 dead += 1
         count, oldest_us = self._query_one(self._sql_parked_stats, (s.consumer,)) or (0, None)
+        if self.metrics is not None:
+            self.metrics.parked(int(count), None if oldest_us is None else oldest_us / 1e6)
         return ParkedSweep(
             resumed,
             stale,
@@ -593,7 +609,7 @@ class Inbox:
                     record.value(),
                     encode_headers(record.headers()),
                     reason[:512],
-                    int(s.gap_deadline * 1_000_000),
+                    int(self._topic_settings(record).gap_deadline * 1_000_000),
                 ),
             )
         conn.commit()
@@ -647,6 +663,7 @@ class Inbox:
             )
             if result.outcome is Outcome.DEAD_LETTERED:
                 span.set_status(Status(StatusCode.ERROR, result.reason))
+            self._count(record, result.outcome)
             try:
                 self.hooks.after_commit(record, result)
             except Exception as error:
@@ -657,8 +674,20 @@ class Inbox:
 
     @property
     def parks(self) -> bool:
-        """Whether gaps are parked (versions checked, gap policy ``park``): the runner sweeps."""
-        return self.settings.checks_versions and self.settings.gap_policy is GapPolicy.PARK
+        """Whether gaps may be parked (versions checked, gap policy ``park`` consumer-wide or for
+        a topic): the runner sweeps."""
+        return self.settings.checks_versions and any(
+            e.gap_policy is GapPolicy.PARK for e in self.settings.all_effective
+        )
+
+    def _topic_settings(self, record) -> EffectiveSettings:
+        """The settings of ``record``'s topic: its original topic for a retry copy."""
+        return self.settings.for_topic(origin(record)[0])
+
+    def _count(self, record, outcome: Outcome) -> None:
+        """Count a settled record in ``outbox_inbox_records_total`` (when metrics are on)."""
+        if self.metrics is not None:
+            self.metrics.settled(origin(record)[0], outcome.value)
 
     def close(self) -> None:
         """Close the database connection and flush the dead-letter producer."""
@@ -668,6 +697,7 @@ class Inbox:
 
     def _settle(self, record, handler: Handler, parked=None) -> ProcessResult:
         s = self.settings
+        t = self._topic_settings(record)
         key = _text(_header(record, s.event_key_header))
         if not key:
             return self._dead_letter_parked(record, None, "missing event_key header", 0, parked)
@@ -688,7 +718,7 @@ class Inbox:
             except _StillAhead:
                 return ProcessResult(Outcome.PARKED, key, attempt + 1)
             except _Park as gap:
-                if s.gap_policy is GapPolicy.DEAD_LETTER:
+                if t.gap_policy is GapPolicy.DEAD_LETTER:
                     return self._dead_letter(
                         record, key, Outcome.DEAD_LETTERED, str(gap), attempt + 1
                     )
@@ -701,7 +731,7 @@ class Inbox:
                     if not is_infrastructure_error(error):
                         raise
                     log.warning("event_key %s: parking failed (%s); retrying", key, error)
-                    time.sleep(backoff_delay(1, s.backoff_initial, s.backoff_max))
+                    time.sleep(backoff_delay(1, t.backoff_initial, t.backoff_max))
                     continue
             except Exception as error:
                 self._rollback()
@@ -734,7 +764,7 @@ class Inbox:
                         ) from error
                     outage_retries += 1
                     delay = min(
-                        backoff_delay(outage_retries, s.backoff_initial, s.backoff_max),
+                        backoff_delay(outage_retries, t.backoff_initial, t.backoff_max),
                         s.outage_budget - down,
                     )
                     log.warning(
@@ -750,14 +780,14 @@ class Inbox:
                 outage_since = None
                 attempt += 1
                 trace.get_current_span().record_exception(error, {"inbox.attempt": attempt})
-                if attempt >= s.max_attempts:
+                if attempt >= t.max_attempts:
                     return self._exhausted(record, key, reason, attempt, parked)
-                delay = backoff_delay(attempt, s.backoff_initial, s.backoff_max)
+                delay = backoff_delay(attempt, t.backoff_initial, t.backoff_max)
                 log.warning(
                     "event_key %s: attempt %d of %d failed (%s); retrying in %.3fs",
                     key,
                     attempt,
-                    s.max_attempts,
+                    t.max_attempts,
                     reason,
                     delay,
                 )
@@ -835,7 +865,7 @@ class Inbox:
                     if parked is not None:
                         raise _StillAhead()
                     reason = f"version gap: expected {stored + 1}, got {version}"
-                    if s.gap_policy is GapPolicy.RETRY:
+                    if self._topic_settings(record).gap_policy is GapPolicy.RETRY:
                         raise _Gap(reason)
                     raise _Park(reason, (agg_type, agg_id, version))
                 cur.execute(self._sql_upsert, (s.consumer, agg_type, agg_id, version))
@@ -885,7 +915,7 @@ class Inbox:
         record's row is deleted once the copy or dead letter is acknowledged."""
         s = self.settings
         at = origin(record)
-        tiers = s.retry_tiers_of(at[0])
+        tiers = s.for_topic(at[0]).retry_tiers
         n = retry_tier(record) + 1
         if n > len(tiers):
             return self._dead_letter_parked(record, key, reason, attempts, parked)

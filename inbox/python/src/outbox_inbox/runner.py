@@ -44,10 +44,15 @@ class InboxRunner:
     created with the broker's defaults when missing (:func:`ensure_topic`); when the broker
     refuses, :class:`DeadLetterTopicError` names the topic and the fix.
 
-    With ``InboxSettings.retry_tiers`` the runner also subscribes to the tier topics of its
-    topics (created at construction like the dead-letter topic). A retry copy whose
-    ``retry_at`` has not come pauses its partition (position back to the copy, nothing of it
-    committed) until then, while the other partitions go on.
+    With retry tiers (``InboxSettings.retry_tiers``, or a topic's own in
+    ``InboxSettings.topics``) the runner also subscribes to the tier topics of each of its
+    topics, as many as that topic has tiers (created at construction like the dead-letter
+    topic). A retry copy whose ``retry_at`` has not come pauses its partition (position back to
+    the copy, nothing of it committed) until then, while the other partitions go on.
+
+    With ``InboxSettings.metrics_registry`` set, the runner sets
+    ``outbox_inbox_consumer_lag{consumer, topic, partition}`` after each poll that returned a
+    record: the partition's high watermark (as last fetched) minus the consumer's position.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class InboxRunner:
         self._poll_timeout = poll_timeout
         self._on_settled = on_settled
         self._consumer = Consumer(config)
+        self._metrics = processor.metrics if isinstance(processor, Inbox) else None
         self._stop = threading.Event()
         self._subscribed = False
         self._pending: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
@@ -148,6 +154,8 @@ class InboxRunner:
                     continue
                 if not self._usable(record):
                     continue
+                if self._metrics is not None:
+                    self._record_lag(record)
                 tp = (record.topic(), record.partition())
                 if tp in self._waiting:
                     continue  # paused on an earlier copy: fetched again once resumed
@@ -168,6 +176,20 @@ class InboxRunner:
                 self._commit()
             finally:
                 self._consumer.close()
+
+    def _record_lag(self, record: Message) -> None:
+        """Set the lag gauge of ``record``'s partition: the high watermark last fetched minus the
+        position (the next offset to read); no broker request."""
+        tp = TopicPartition(record.topic(), record.partition())
+        try:
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            (position,) = self._consumer.position([tp])
+        except KafkaException as error:
+            log.debug("lag of %s[%d] unknown: %s", tp.topic, tp.partition, error)
+            return
+        if high is None or high < 0 or position.offset < 0:
+            return  # not known yet (OFFSET_INVALID)
+        self._metrics.lag(tp.topic, tp.partition, max(high - position.offset, 0))
 
     def _wait(self, record: Message, at: float) -> None:
         """Pause the partition of a retry copy whose retry_at has not come, move its position
@@ -242,3 +264,5 @@ class InboxRunner:
         for tp in partitions:
             self._pending.pop((tp.topic, tp.partition), None)
             self._waiting.pop((tp.topic, tp.partition), None)
+            if self._metrics is not None:
+                self._metrics.forget_partition(tp.topic, tp.partition)

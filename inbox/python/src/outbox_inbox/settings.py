@@ -5,10 +5,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Message
 
-__all__ = ["GapPolicy", "InboxSettings", "backoff_delay"]
+__all__ = ["EffectiveSettings", "GapPolicy", "InboxSettings", "TopicSettings", "backoff_delay"]
 
 
 class GapPolicy(str, enum.Enum):
@@ -21,6 +22,84 @@ class GapPolicy(str, enum.Enum):
     """Dead-letter the record at once (outcome ``dead_lettered``)."""
     RETRY = "retry"
     """Count it as a failed attempt; dead-letter it after ``max_attempts``."""
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """What one topic overrides of the consumer-wide settings (inbox/CONTRACT.md, "Per-topic
+    settings"): every field ``None`` (the default) inherits the :class:`InboxSettings` value.
+    ``retry_tiers=[]`` means no tiers for that topic (blocking retries only) even when the
+    consumer-wide ``retry_tiers`` has some. Durations in seconds. Validated by
+    :class:`InboxSettings` (errors name the topic and the field)."""
+
+    max_attempts: int | None = None
+    backoff_initial: float | None = None
+    backoff_max: float | None = None
+    retry_tiers: list[float] | None = None
+    gap_policy: GapPolicy | str | None = None
+    gap_deadline: float | None = None
+    inbox_retention: float | None = None
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    """The settings that apply to the records of one topic (:meth:`InboxSettings.for_topic`):
+    the topic's overrides over the consumer-wide values."""
+
+    max_attempts: int
+    backoff_initial: float
+    backoff_max: float
+    retry_tiers: tuple[float, ...]
+    gap_policy: GapPolicy
+    gap_deadline: float
+    inbox_retention: float
+
+
+_OVERRIDABLE = (
+    "max_attempts",
+    "backoff_initial",
+    "backoff_max",
+    "retry_tiers",
+    "gap_policy",
+    "gap_deadline",
+    "inbox_retention",
+)
+
+
+def _effective(where: str, values: dict[str, Any]) -> EffectiveSettings:
+    """Validate the effective ``values`` (``where`` prefixes the field in errors)."""
+
+    def fail(name: str, rule: str) -> ValueError:
+        return ValueError(f"{where}{name} {rule} (got {values[name]!r})")
+
+    attempts = values["max_attempts"]
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise fail("max_attempts", "must be an integer of at least 1")
+    for name in ("backoff_initial", "backoff_max", "gap_deadline"):
+        if values[name] < 0:
+            raise fail(name, "must not be negative")
+    if values["backoff_initial"] > values["backoff_max"]:
+        raise ValueError(
+            f"{where}backoff_initial ({values['backoff_initial']!r}) must not exceed "
+            f"{where}backoff_max ({values['backoff_max']!r})"
+        )
+    if values["inbox_retention"] <= 0:
+        raise fail("inbox_retention", "must be positive")
+    if any(d < 0 for d in values["retry_tiers"]):
+        raise fail("retry_tiers", "must not hold a negative delay")
+    try:
+        policy = GapPolicy(values["gap_policy"])
+    except ValueError:
+        raise fail("gap_policy", "must be one of park, dead_letter, retry") from None
+    return EffectiveSettings(
+        max_attempts=attempts,
+        backoff_initial=float(values["backoff_initial"]),
+        backoff_max=float(values["backoff_max"]),
+        retry_tiers=tuple(float(d) for d in values["retry_tiers"]),
+        gap_policy=policy,
+        gap_deadline=float(values["gap_deadline"]),
+        inbox_retention=float(values["inbox_retention"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -77,11 +156,24 @@ class InboxSettings:
     ``max_attempts`` are used up by handler or data errors is not dead-lettered but copied to
     the next tier's topic (outcome ``retried``) and processed again from there once the tier's
     delay has passed; after the last tier it is dead-lettered. Per-key order is broken while a
-    record waits in a tier. Empty (the default): blocking retries only. Consumer-wide for now
-    (every topic of the consumer)."""
+    record waits in a tier. Empty (the default): blocking retries only. A topic may have its own
+    (``topics``)."""
     retry_topic_format: str = "{topic}.retry.{n}"
     """Names the topic of tier ``n`` (1-based) of topic ``T``: ``{topic}`` is replaced by ``T``
     and ``{n}`` by ``n``."""
+    inbox_retention: float = 7 * 24 * 3600.0
+    """How long, in seconds, inbox rows are kept (7 days): read by ``outbox-relay prune --inbox``
+    (give it the same windows), not by the inbox itself. Keep it longer than the longest
+    redelivery."""
+    topics: dict[str, TopicSettings] = field(default_factory=dict)
+    """Per-topic overrides of ``max_attempts``, ``backoff_initial``, ``backoff_max``,
+    ``retry_tiers``, ``gap_policy``, ``gap_deadline`` and ``inbox_retention`` (see
+    :class:`TopicSettings` and :meth:`for_topic`), by topic name: a record's topic is its
+    ``original_topic`` header when it has one (a retry copy), else its own."""
+    metrics_registry: Any = None
+    """A ``prometheus_client.CollectorRegistry`` the inbox (and its runner) registers its metrics
+    in (inbox/CONTRACT.md, "Metrics"); ``None`` (the default): no metrics. Never the global
+    ``REGISTRY`` implicitly: pass ``prometheus_client.REGISTRY`` to expose them there."""
 
     def __post_init__(self) -> None:
         if not self.consumer:
@@ -90,21 +182,45 @@ class InboxSettings:
             raise ValueError("dead_letter_topic is required")
         if not self.event_key_header:
             raise ValueError("event_key_header must not be empty")
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.backoff_initial < 0 or self.backoff_max < 0:
-            raise ValueError("backoff durations must not be negative")
-        if self.gap_deadline < 0 or self.park_sweep_interval <= 0:
-            raise ValueError("gap_deadline must not be negative, park_sweep_interval positive")
+        if self.park_sweep_interval <= 0:
+            raise ValueError("park_sweep_interval must be positive")
         if self.outage_budget < 0:
             raise ValueError("outage_budget must not be negative")
-        if any(d < 0 for d in self.retry_tiers):
-            raise ValueError("retry_tiers must not be negative")
-        if self.retry_tiers and "{n}" not in self.retry_topic_format:
-            raise ValueError(f"retry_topic_format {self.retry_topic_format!r} lacks {{n}}")
-        object.__setattr__(self, "retry_tiers", [float(d) for d in self.retry_tiers])
+        defaults = {name: getattr(self, name) for name in _OVERRIDABLE}
+        default = _effective("", defaults)
         # Accept the plain strings "park"/"dead_letter"/"retry" too.
-        object.__setattr__(self, "gap_policy", GapPolicy(self.gap_policy))
+        object.__setattr__(self, "gap_policy", default.gap_policy)
+        object.__setattr__(self, "retry_tiers", list(default.retry_tiers))
+        resolved: dict[str, EffectiveSettings] = {}
+        for topic, overrides in self.topics.items():
+            if not isinstance(topic, str) or not topic:
+                raise ValueError(f"topics: {topic!r} is not a topic name")
+            if not isinstance(overrides, TopicSettings):
+                raise TypeError(f"topics[{topic!r}] must be a TopicSettings")
+            values = dict(defaults)
+            for name in _OVERRIDABLE:
+                value = getattr(overrides, name)
+                if value is not None:
+                    values[name] = value
+            resolved[topic] = _effective(f"topics[{topic!r}].", values)
+        tiers = any(e.retry_tiers for e in (default, *resolved.values()))
+        if tiers and "{n}" not in self.retry_topic_format:
+            raise ValueError(f"retry_topic_format {self.retry_topic_format!r} lacks {{n}}")
+        object.__setattr__(self, "_default", default)
+        object.__setattr__(self, "_resolved", resolved)
+
+    def for_topic(self, topic: str) -> EffectiveSettings:
+        """The settings that apply to the records of ``topic`` (for a retry copy: its
+        ``original_topic``): its :class:`TopicSettings` over the consumer-wide values. The one
+        place the inbox and the runner read ``max_attempts``, ``backoff_initial``,
+        ``backoff_max``, ``retry_tiers``, ``gap_policy``, ``gap_deadline`` and
+        ``inbox_retention``."""
+        return self._resolved.get(topic, self._default)  # type: ignore[attr-defined]
+
+    @property
+    def all_effective(self) -> list[EffectiveSettings]:
+        """The consumer-wide settings and those of every configured topic."""
+        return [self._default, *self._resolved.values()]  # type: ignore[attr-defined]
 
     @property
     def checks_versions(self) -> bool:
@@ -112,10 +228,8 @@ class InboxSettings:
         return self.version_fn is not None or bool(self.version_header)
 
     def retry_tiers_of(self, topic: str) -> list[float]:
-        """The retry tiers of ``topic`` (the original topic of a copy). Consumer-wide for now:
-        ``retry_tiers`` for every topic."""
-        del topic  # per-topic settings will look it up
-        return self.retry_tiers
+        """The retry tiers of ``topic`` (the original topic of a copy): ``for_topic(topic)``."""
+        return list(self.for_topic(topic).retry_tiers)
 
     def retry_topic(self, topic: str, n: int) -> str:
         """The topic of tier ``n`` (1-based) of ``topic``."""
