@@ -10,6 +10,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.micrometer.core.instrument.Counter;
 import io.micrometer.core.instrument.Gauge;
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -88,6 +90,31 @@ class MetricsTest {
     assertEquals(0, records(registry, c, "orders.retry.1", "dead_lettered"));
     assertEquals(1, records(registry, c, "payments", "processed"));
     assertEquals(5, registry.find("outbox_inbox_records").counters().size());
+  }
+
+  @Test
+  void prometheusShowsTheContractsNames() throws Exception {
+    PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+    String c = "metrics-prometheus";
+    InboxSettings s =
+        InboxSettings.builder(c, dlq).versionHeader("version").meterRegistry(registry).build();
+    Inbox inbox = new Inbox(s, servers.dataSource, servers.producer(), null);
+    inbox.process(record("orders", "A", "prom-1", 1L, null), (tx, record) -> {});
+    inbox.sweepParked((tx, record) -> {});
+    InboxMetrics.of(s).lag("orders", 0, 4);
+    String text = registry.scrape();
+    for (String series :
+        List.of(
+            "outbox_inbox_records_total{consumer=\""
+                + c
+                + "\",outcome=\"processed\",topic=\"orders\"} 1.0",
+            "outbox_inbox_parked_records{consumer=\"" + c + "\"} 0.0",
+            "outbox_inbox_parked_oldest_seconds{consumer=\"" + c + "\"} 0.0",
+            "outbox_inbox_consumer_lag{consumer=\""
+                + c
+                + "\",partition=\"0\",topic=\"orders\"} 4.0")) {
+      assertTrue(text.contains(series), series + " in\n" + text);
+    }
   }
 
   @Test
