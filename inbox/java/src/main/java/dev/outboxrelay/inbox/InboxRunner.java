@@ -60,11 +60,16 @@ import org.slf4j.LoggerFactory;
  * long): parked records whose predecessor was applied resume, stale ones are removed, expired ones
  * are dead-lettered. A sweep that cannot read the tables is logged and done again later.
  *
- * <p>With retry tiers ({@link InboxSettings#retryTiers}), {@link #run} first creates the missing
- * tier topics of its topics (as the dead-letter topic, {@link DeadLetterTopics#ensureRetryTopics})
- * and subscribes to them too. A retry copy whose {@code retry_at} has not come pauses its partition
- * (the position goes back to the copy, its offset is not committed) until then; the other
- * partitions go on, and the poll waits at most until the first paused one is due.
+ * <p>With retry tiers ({@link InboxSettings#retryTiers}, or a topic's own: {@link
+ * InboxSettings#forTopic}), {@link #run} first creates the missing tier topics of each of its
+ * topics (by that topic's tier count) (as the dead-letter topic, {@link
+ * DeadLetterTopics#ensureRetryTopics}) and subscribes to them too. A retry copy whose {@code
+ * retry_at} has not come pauses its partition (the position goes back to the copy, its offset is
+ * not committed) until then; the other partitions go on, and the poll waits at most until the first
+ * paused one is due.
+ *
+ * <p>With a meter registry ({@link InboxSettings.Builder#meterRegistry}), the runner sets {@code
+ * outbox_inbox_consumer_lag} after each poll for the partitions that returned records.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);

@@ -1,6 +1,8 @@
 package dev.outboxrelay.inbox;
 
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 
 /**
@@ -37,7 +39,9 @@ public final class TopicSettings {
     this.maxAttempts = b.maxAttempts;
     this.backoffInitial = b.backoffInitial;
     this.backoffMax = b.backoffMax;
-    this.retryTiers = b.retryTiers == null ? null : List.copyOf(b.retryTiers);
+    // Null delays are refused by InboxSettings.Builder.build() (naming the topic), not here.
+    this.retryTiers =
+        b.retryTiers == null ? null : Collections.unmodifiableList(new ArrayList<>(b.retryTiers));
     this.gapPolicy = b.gapPolicy;
     this.gapDeadline = b.gapDeadline;
     this.inboxRetention = b.inboxRetention;
