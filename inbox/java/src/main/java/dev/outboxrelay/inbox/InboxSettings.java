@@ -23,6 +23,7 @@ import org.apache.kafka.common.header.Header;
  * InboxSettings settings = InboxSettings.builder("billing", "billing.dlq")
  *     .versionHeader("version")
  *     .maxAttempts(3)
+ *     .topic("orders", TopicSettings.builder().maxAttempts(8).build())
  *     .build();
  * }</pre>
  */
