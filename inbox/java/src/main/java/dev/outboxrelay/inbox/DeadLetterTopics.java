@@ -39,9 +39,9 @@ public final class DeadLetterTopics {
   }
 
   /**
-   * Makes sure the retry tier topics of {@code topics} exist ({@link InboxSettings#retryTiers},
-   * {@link InboxSettings#retryTopic}), as {@link #ensure} does the dead-letter topic; {@link
-   * InboxRunner#run} calls it before subscribing.
+   * Makes sure the retry tier topics of {@code topics} exist, each topic by its own tier count
+   * ({@link InboxSettings#retryTiers(String)}, {@link InboxSettings#retryTopic}), as {@link
+   * #ensure} does the dead-letter topic; {@link InboxRunner#run} calls it before subscribing.
    *
    * @param kafka the client properties
    * @param settings the inbox settings

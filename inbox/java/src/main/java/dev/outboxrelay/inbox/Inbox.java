@@ -76,6 +76,7 @@ public final class Inbox {
   private final String selectParkedDue;
   private final String deleteParked;
   private final String parkedStats;
+  private final InboxMetrics metrics;
 
   /**
    * @param settings the settings
@@ -106,6 +107,7 @@ public final class Inbox {
     this.deadLetters = deadLetters;
     this.hooks = hooks == null ? Hooks.NONE : hooks;
     this.consumerGroup = consumerGroup == null ? settings.consumer() : consumerGroup;
+    this.metrics = InboxMetrics.of(settings);
     this.insertInbox =
         "INSERT INTO "
             + settings.inboxTable()
@@ -207,6 +209,7 @@ public final class Inbox {
     try {
       result = settle(record, handler, parked);
       InboxTracing.settled(span, result);
+      counted(record, result);
       hooks.afterCommit(record, result);
       return result;
     } catch (RuntimeException | Error e) {
@@ -230,6 +233,8 @@ public final class Inbox {
     } catch (IllegalArgumentException e) {
       return deadLetterParked(record, e.getMessage(), 0, parked);
     }
+    // The settings of the record's topic (its original topic's for a retry copy).
+    EffectiveSettings ts = settings.forTopic(InboxSettings.topicOf(record));
     int attempt = 0; // attempts that count: not those ended by an infrastructure error
     long outageSince = 0; // System.nanoTime() of the first infrastructure error in a row
     int outageRetries = 0;
@@ -239,13 +244,13 @@ public final class Inbox {
         try {
           outcome = attempt(record, eventKey, version, handler, parked);
         } catch (VersionGap gap) {
-          if (settings.gapPolicy() == GapPolicy.DEAD_LETTER) {
+          if (ts.gapPolicy() == GapPolicy.DEAD_LETTER) {
             return deadLetter(record, gap.getMessage(), attempt + 1);
           }
-          if (settings.gapPolicy() == GapPolicy.RETRY) {
+          if (ts.gapPolicy() == GapPolicy.RETRY) {
             throw gap;
           }
-          if (park(record, eventKey, gap)) {
+          if (park(record, eventKey, gap, ts.gapDeadline())) {
             return new Result(Outcome.PARKED, attempt + 1);
           }
           continue; // the gap closed meanwhile: redo the attempt
@@ -263,7 +268,7 @@ public final class Inbox {
       } catch (VersionGap gap) {
         attempt++;
         InboxTracing.attemptFailed(gap, attempt);
-        if (attempt >= settings.maxAttempts()) {
+        if (attempt >= ts.maxAttempts()) {
           return exhausted(record, gap.getMessage(), attempt, parked);
         }
       } catch (Exception e) {
@@ -289,7 +294,7 @@ public final class Inbox {
                 record.topic(), record.partition(), record.offset(), settings.outageBudget(), e);
           }
           outageRetries++;
-          Duration wait = settings.backoff(outageRetries);
+          Duration wait = ts.backoff(outageRetries);
           Duration left = settings.outageBudget().minus(down);
           LOG.warn(
               "{} {}-{}@{}: infrastructure error (not an attempt; down {}): {}",
@@ -312,13 +317,13 @@ public final class Inbox {
             record.partition(),
             record.offset(),
             attempt,
-            settings.maxAttempts(),
+            ts.maxAttempts(),
             error);
-        if (attempt >= settings.maxAttempts()) {
+        if (attempt >= ts.maxAttempts()) {
           return exhausted(record, error, attempt, parked);
         }
       }
-      sleep(settings.backoff(attempt));
+      sleep(ts.backoff(attempt));
     }
   }
 
@@ -482,9 +487,11 @@ public final class Inbox {
   /**
    * Parks a record after a gap (inbox/CONTRACT.md, "Parked versions"): under the version row's
    * lock, still a gap: stores it (ignored when it is parked already) and returns {@code true}; the
-   * gap closed meanwhile: {@code false} (redo the attempt).
+   * gap closed meanwhile: {@code false} (redo the attempt). It expires after {@code gapDeadline}
+   * (its topic's).
    */
-  private boolean park(ConsumerRecord<byte[], byte[]> record, String eventKey, VersionGap gap)
+  private boolean park(
+      ConsumerRecord<byte[], byte[]> record, String eventKey, VersionGap gap, Duration gapDeadline)
       throws SQLException {
     VersionKey key = gap.key;
     try (Connection tx = connection()) {
@@ -521,7 +528,7 @@ public final class Inbox {
           insert.setString(12, reason.length() > 512 ? reason.substring(0, 512) : reason);
           long micros;
           try {
-            micros = TimeUnit.NANOSECONDS.toMicros(settings.gapDeadline().toNanos());
+            micros = TimeUnit.NANOSECONDS.toMicros(gapDeadline.toNanos());
           } catch (ArithmeticException e) {
             micros = Long.MAX_VALUE / 2;
           }
@@ -665,6 +672,7 @@ public final class Inbox {
           dead++;
         }
         unpark(key);
+        counted(row.record(), result);
         hooks.afterCommit(row.record(), result);
       }
     }
@@ -674,10 +682,27 @@ public final class Inbox {
       try (ResultSet rs = select.executeQuery()) {
         rs.next();
         long micros = rs.getLong(2);
-        return new ParkedSweep(
-            resumed, stale, dead, compensated, rs.getLong(1), Duration.ofNanos(micros * 1000));
+        ParkedSweep sweep =
+            new ParkedSweep(
+                resumed, stale, dead, compensated, rs.getLong(1), Duration.ofNanos(micros * 1000));
+        if (metrics != null) {
+          metrics.swept(sweep.parked(), sweep.oldest());
+        }
+        return sweep;
       }
     }
+  }
+
+  /** Counts a settled record (outbox_inbox_records, with a meter registry). */
+  private void counted(ConsumerRecord<byte[], byte[]> record, Result result) {
+    if (metrics != null) {
+      metrics.settled(record, result.outcome());
+    }
+  }
+
+  /** The metrics, or {@code null} (no meter registry): the runner sets the lag with them. */
+  InboxMetrics metrics() {
+    return metrics;
   }
 
   private static final DateTimeFormatter RFC_3339 =

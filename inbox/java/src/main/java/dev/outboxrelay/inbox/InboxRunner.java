@@ -7,6 +7,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.OptionalLong;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
@@ -59,11 +60,16 @@ import org.slf4j.LoggerFactory;
  * long): parked records whose predecessor was applied resume, stale ones are removed, expired ones
  * are dead-lettered. A sweep that cannot read the tables is logged and done again later.
  *
- * <p>With retry tiers ({@link InboxSettings#retryTiers}), {@link #run} first creates the missing
- * tier topics of its topics (as the dead-letter topic, {@link DeadLetterTopics#ensureRetryTopics})
- * and subscribes to them too. A retry copy whose {@code retry_at} has not come pauses its partition
- * (the position goes back to the copy, its offset is not committed) until then; the other
- * partitions go on, and the poll waits at most until the first paused one is due.
+ * <p>With retry tiers ({@link InboxSettings#retryTiers}, or a topic's own: {@link
+ * InboxSettings#forTopic}), {@link #run} first creates the missing tier topics of each of its
+ * topics (by that topic's tier count) (as the dead-letter topic, {@link
+ * DeadLetterTopics#ensureRetryTopics}) and subscribes to them too. A retry copy whose {@code
+ * retry_at} has not come pauses its partition (the position goes back to the copy, its offset is
+ * not committed) until then; the other partitions go on, and the poll waits at most until the first
+ * paused one is due.
+ *
+ * <p>With a meter registry ({@link InboxSettings.Builder#meterRegistry}), the runner sets {@code
+ * outbox_inbox_consumer_lag} after each poll for the partitions that returned records.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -110,6 +116,7 @@ public final class InboxRunner implements AutoCloseable {
   private final Duration pollTimeout;
   private final Sweeper sweeper;
   private final Duration sweepInterval;
+  private final InboxMetrics metrics;
   private long lastSweep;
   private final Map<TopicPartition, OffsetAndMetadata> pending = new HashMap<>();
   private final InboxSettings settings;
@@ -130,7 +137,9 @@ public final class InboxRunner implements AutoCloseable {
       Consumer<byte[], byte[]> consumer,
       Producer<byte[], byte[]> producer,
       Sweeper sweeper,
-      Duration sweepInterval) {
+      Duration sweepInterval,
+      InboxMetrics metrics) {
+    this.metrics = metrics;
     this.sweeper = sweeper;
     this.sweepInterval = sweepInterval;
     this.settings = b.settings;
@@ -241,6 +250,7 @@ public final class InboxRunner implements AutoCloseable {
         if (records.isEmpty()) {
           continue;
         }
+        recordLag(records);
         listener.polled(records);
         for (ConsumerRecord<byte[], byte[]> record : records) {
           if (stopping) {
@@ -270,6 +280,23 @@ public final class InboxRunner implements AutoCloseable {
     } finally {
       closeClients();
       finished.countDown();
+    }
+  }
+
+  /**
+   * Sets {@code outbox_inbox_consumer_lag} (with a meter registry) of the partitions the poll
+   * returned records for: the partition's high watermark minus the consumer's position ({@link
+   * Consumer#currentLag}, known from the fetch).
+   */
+  private void recordLag(ConsumerRecords<byte[], byte[]> records) {
+    if (metrics == null) {
+      return;
+    }
+    for (TopicPartition tp : records.partitions()) {
+      OptionalLong lag = consumer.currentLag(tp);
+      if (lag.isPresent()) {
+        metrics.lag(tp.topic(), tp.partition(), lag.getAsLong());
+      }
     }
   }
 
@@ -553,6 +580,7 @@ public final class InboxRunner implements AutoCloseable {
       Producer<byte[], byte[]> producer = null;
       RecordProcessor p = processor;
       Sweeper sweeper = null;
+      InboxMetrics metrics = null;
       Properties consumerConfig = consumerConfig(kafka, groupId);
       if (settings != null) {
         // The dead-letter topic exists, is created now, or the runner refuses to start.
@@ -567,6 +595,7 @@ public final class InboxRunner implements AutoCloseable {
                 consumerConfig.getProperty(ConsumerConfig.GROUP_ID_CONFIG));
         Handler h = handler;
         p = record -> inbox.process(record, h);
+        metrics = inbox.metrics();
         if (settings.parks()) {
           sweeper = () -> inbox.sweepParked(h);
         }
@@ -578,7 +607,8 @@ public final class InboxRunner implements AutoCloseable {
             new KafkaConsumer<>(consumerConfig),
             producer,
             sweeper,
-            settings == null ? null : settings.parkSweepInterval());
+            settings == null ? null : settings.parkSweepInterval(),
+            metrics);
       } catch (RuntimeException e) {
         if (producer != null) {
           producer.close();

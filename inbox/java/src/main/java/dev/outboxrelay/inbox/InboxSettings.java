@@ -1,12 +1,15 @@
 package dev.outboxrelay.inbox;
 
+import io.micrometer.core.instrument.MeterRegistry;
 import io.opentelemetry.api.GlobalOpenTelemetry;
 import io.opentelemetry.api.OpenTelemetry;
 import io.opentelemetry.api.trace.propagation.W3CTraceContextPropagator;
 import io.opentelemetry.context.propagation.TextMapPropagator;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.function.Function;
 import java.util.regex.Pattern;
@@ -20,6 +23,7 @@ import org.apache.kafka.common.header.Header;
  * InboxSettings settings = InboxSettings.builder("billing", "billing.dlq")
  *     .versionHeader("version")
  *     .maxAttempts(3)
+ *     .topic("orders", TopicSettings.builder().maxAttempts(8).build())
  *     .build();
  * }</pre>
  */
@@ -45,8 +49,13 @@ public final class InboxSettings {
   private final String retryTopicFormat;
   private final OpenTelemetry openTelemetry;
   private final TextMapPropagator propagator;
+  private final Duration inboxRetention;
+  private final EffectiveSettings defaults;
+  private final Map<String, EffectiveSettings> topics;
+  private final MeterRegistry meterRegistry;
 
-  private InboxSettings(Builder b) {
+  private InboxSettings(
+      Builder b, EffectiveSettings defaults, Map<String, EffectiveSettings> topics) {
     this.consumer = b.consumer;
     this.deadLetterTopic = b.deadLetterTopic;
     this.inboxTable = b.inboxTable;
@@ -66,6 +75,10 @@ public final class InboxSettings {
     this.retryTopicFormat = b.retryTopicFormat;
     this.openTelemetry = b.openTelemetry;
     this.propagator = b.propagator;
+    this.inboxRetention = b.inboxRetention;
+    this.defaults = defaults;
+    this.topics = Map.copyOf(topics);
+    this.meterRegistry = b.meterRegistry;
   }
 
   /**
@@ -117,8 +130,9 @@ public final class InboxSettings {
   }
 
   /**
-   * @return how long a parked record may wait for the version before it; then the sweep
-   *     dead-letters it (default 1 h)
+   * @return the consumer-wide gap deadline: how long a parked record may wait for the version
+   *     before it; then the sweep dead-letters it (default 1 h). A topic's: {@code
+   *     forTopic(topic).gapDeadline()}
    */
   public Duration gapDeadline() {
     return gapDeadline;
@@ -133,24 +147,81 @@ public final class InboxSettings {
   }
 
   /**
-   * @return whether gaps are parked (versions checked, gap policy {@link GapPolicy#PARK}): then the
-   *     runner sweeps the parked table
+   * @return whether gaps are parked (versions checked, gap policy {@link GapPolicy#PARK} by default
+   *     or for some topic): then the runner sweeps the parked table
    */
   public boolean parks() {
-    return checksVersions() && gapPolicy == GapPolicy.PARK;
+    if (!checksVersions()) {
+      return false;
+    }
+    if (defaults.gapPolicy() == GapPolicy.PARK) {
+      return true;
+    }
+    return topics.values().stream().anyMatch(t -> t.gapPolicy() == GapPolicy.PARK);
+  }
+
+  /**
+   * The settings in effect for a topic (inbox/CONTRACT.md, "Per-topic settings"): its {@link
+   * TopicSettings} ({@link Builder#topic}) over the consumer-wide values. The one place the inbox
+   * and the runner read {@code maxAttempts}, {@code backoffInitial}, {@code backoffMax}, {@code
+   * retryTiers}, {@code gapPolicy}, {@code gapDeadline} and {@code inboxRetention}.
+   *
+   * @param topic an original topic (a retry copy's {@code original_topic}, see {@link
+   *     #topicOf(ConsumerRecord)})
+   * @return the effective settings
+   */
+  public EffectiveSettings forTopic(String topic) {
+    EffectiveSettings t = topics.get(topic);
+    return t != null ? t : defaults;
+  }
+
+  /**
+   * The topic whose settings apply to a record: its {@code original_topic} header when present (a
+   * retry copy), else its own topic.
+   *
+   * @param record the record
+   * @return the original topic
+   */
+  public static String topicOf(ConsumerRecord<?, ?> record) {
+    return RetryHeaders.originalTopic(record);
+  }
+
+  /**
+   * @return the topics with their own settings ({@link Builder#topic}), each resolved over the
+   *     consumer-wide values
+   */
+  public Map<String, EffectiveSettings> topics() {
+    return topics;
   }
 
   /**
    * The retry tiers of a topic (inbox/CONTRACT.md, "Retry tiers"): the delays of its tier topics,
    * tier 1 first; empty (the default): blocking retries only, a record whose attempts are used up
-   * is dead-lettered. For now every topic has the consumer-wide list ({@link Builder#retryTiers});
-   * per-topic settings will replace it here.
+   * is dead-lettered. {@code forTopic(topic).retryTiers()}: the topic's own list ({@link
+   * TopicSettings.Builder#retryTiers}), else the consumer-wide one ({@link Builder#retryTiers}).
    *
    * @param topic the record's original topic (a copy's {@code original_topic})
    * @return the delays, possibly empty
    */
   public List<Duration> retryTiers(String topic) {
-    return retryTiers;
+    return forTopic(topic).retryTiers();
+  }
+
+  /**
+   * @return the consumer-wide inbox retention (default 7 days): read by {@code outbox-relay prune
+   *     --inbox}; the helper deletes nothing itself. A topic's: {@code
+   *     forTopic(topic).inboxRetention()}
+   */
+  public Duration inboxRetention() {
+    return inboxRetention;
+  }
+
+  /**
+   * @return the registry of the inbox's metrics (inbox/CONTRACT.md, "Metrics"), or {@code null}
+   *     (the default: no metrics)
+   */
+  public MeterRegistry meterRegistry() {
+    return meterRegistry;
   }
 
   /**
@@ -201,28 +272,32 @@ public final class InboxSettings {
   }
 
   /**
-   * @return the gap policy (default {@link GapPolicy#PARK})
+   * @return the consumer-wide gap policy (default {@link GapPolicy#PARK}); a topic's: {@code
+   *     forTopic(topic).gapPolicy()}
    */
   public GapPolicy gapPolicy() {
     return gapPolicy;
   }
 
   /**
-   * @return the attempts per record before it is dead-lettered (default 5)
+   * @return the consumer-wide attempts per record before its next tier or dead letter (default 5);
+   *     a topic's: {@code forTopic(topic).maxAttempts()}
    */
   public int maxAttempts() {
     return maxAttempts;
   }
 
   /**
-   * @return the wait after the first failed attempt (default 100 ms)
+   * @return the consumer-wide wait after the first failed attempt (default 100 ms); a topic's:
+   *     {@code forTopic(topic).backoffInitial()}
    */
   public Duration backoffInitial() {
     return backoffInitial;
   }
 
   /**
-   * @return the longest wait between attempts (default 10 s)
+   * @return the consumer-wide longest wait between attempts (default 10 s); a topic's: {@code
+   *     forTopic(topic).backoffMax()}
    */
   public Duration backoffMax() {
     return backoffMax;
@@ -238,18 +313,15 @@ public final class InboxSettings {
   }
 
   /**
-   * The wait after failed attempt {@code attempt}: {@code backoffInitial × 2^(attempt-1)}, capped
-   * at {@code backoffMax}.
+   * The wait after failed attempt {@code attempt} with the consumer-wide backoff: {@code
+   * backoffInitial × 2^(attempt-1)}, capped at {@code backoffMax}. A topic's: {@code
+   * forTopic(topic).backoff(attempt)}.
    *
    * @param attempt the failed attempt's number, from 1
    * @return the wait before the next attempt
    */
   public Duration backoff(int attempt) {
-    int shift = Math.min(Math.max(attempt - 1, 0), 30);
-    long millis = backoffInitial.toMillis();
-    long capped = backoffMax.toMillis();
-    long wait = millis > (capped >> shift) ? capped : millis << shift;
-    return Duration.ofMillis(Math.min(wait, capped));
+    return defaults.backoff(attempt);
   }
 
   /**
@@ -318,6 +390,9 @@ public final class InboxSettings {
     private String retryTopicFormat = "{topic}.retry.{n}";
     private OpenTelemetry openTelemetry;
     private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
+    private Duration inboxRetention = Duration.ofDays(7);
+    private final Map<String, TopicSettings> topics = new LinkedHashMap<>();
+    private MeterRegistry meterRegistry;
 
     private Builder(String consumer, String deadLetterTopic) {
       this.consumer = consumer;
@@ -381,7 +456,9 @@ public final class InboxSettings {
      * next tier's topic ({@link #retryTopicFormat}) to be processed again once the tier's delay has
      * passed, and the partition moves on; after the last tier, the dead-letter topic. Per-key order
      * is broken while a record waits in a tier: opt in only with a version header or for handlers
-     * whose effects commute. Applies to every topic of the consumer for now.
+     * whose effects commute. The consumer-wide default: a topic may have its own ({@link
+     * TopicSettings.Builder#retryTiers}), and the runner creates and consumes each topic's own tier
+     * topics.
      *
      * @param delays the tiers' delays, tier 1 first (default none: blocking retries only)
      * @return this builder
@@ -506,6 +583,53 @@ public final class InboxSettings {
     }
 
     /**
+     * Overrides, for one topic, {@code maxAttempts}, {@code backoffInitial}, {@code backoffMax},
+     * {@code retryTiers}, {@code gapPolicy}, {@code gapDeadline} and {@code inboxRetention}
+     * (inbox/CONTRACT.md, "Per-topic settings"). A record uses the settings of its {@code
+     * original_topic} header when present (a retry copy), else of its own topic; a topic not given
+     * here uses the consumer-wide values. Given again for the same topic: the last one wins.
+     *
+     * @param topic the topic (an original topic, not a tier topic)
+     * @param settings its overrides (unset fields inherit)
+     * @return this builder
+     */
+    public Builder topic(String topic, TopicSettings settings) {
+      this.topics.put(topic, Objects.requireNonNull(settings, "settings"));
+      return this;
+    }
+
+    /**
+     * How long inbox rows are kept: read by {@code outbox-relay prune --inbox} ({@code
+     * --older-than}, and {@code --topic-retention} for topics with their own, {@link
+     * TopicSettings.Builder#inboxRetention}); the helper deletes nothing itself.
+     *
+     * @param retention the inbox retention (default 7 days), positive
+     * @return this builder
+     */
+    public Builder inboxRetention(Duration retention) {
+      this.inboxRetention = retention;
+      return this;
+    }
+
+    /**
+     * Turns on the inbox's metrics (inbox/CONTRACT.md, "Metrics"): the counter {@code
+     * outbox_inbox_records} (Prometheus: {@code outbox_inbox_records_total}; tags {@code consumer},
+     * {@code topic} (the original topic), {@code outcome}), the gauges {@code
+     * outbox_inbox_parked_records} and {@code outbox_inbox_parked_oldest_seconds} (tag {@code
+     * consumer}, set after each sweep) and, with an {@link InboxRunner}, {@code
+     * outbox_inbox_consumer_lag} (tags {@code consumer}, {@code topic}, {@code partition}, set
+     * after each poll). Unset (the default): no metrics; the global registry is never used
+     * implicitly (pass {@code Metrics.globalRegistry} for it).
+     *
+     * @param registry the registry, or {@code null} for none
+     * @return this builder
+     */
+    public Builder meterRegistry(MeterRegistry registry) {
+      this.meterRegistry = registry;
+      return this;
+    }
+
+    /**
      * The OpenTelemetry instance for the consumer spans (inbox/CONTRACT.md, "Trace context").
      *
      * @param openTelemetry an instance (e.g. the application's {@code OpenTelemetrySdk}), or {@code
@@ -554,6 +678,9 @@ public final class InboxSettings {
           || backoffMax.compareTo(backoffInitial) < 0) {
         throw new IllegalArgumentException("backoff: need 0 <= backoff_initial <= backoff_max");
       }
+      if (inboxRetention == null || inboxRetention.isNegative() || inboxRetention.isZero()) {
+        throw new IllegalArgumentException("inbox_retention must be positive");
+      }
       if (outageBudget == null || outageBudget.isNegative()) {
         throw new IllegalArgumentException("outage_budget must not be negative");
       }
@@ -573,7 +700,70 @@ public final class InboxSettings {
       if (retryTopicFormat == null || !retryTopicFormat.contains("{n}")) {
         throw new IllegalArgumentException("retry_topic_format must contain {n}");
       }
-      return new InboxSettings(this);
+      EffectiveSettings defaults =
+          new EffectiveSettings(
+              maxAttempts,
+              backoffInitial,
+              backoffMax,
+              retryTiers,
+              gapPolicy,
+              gapDeadline,
+              inboxRetention);
+      Map<String, EffectiveSettings> resolved = new LinkedHashMap<>();
+      for (Map.Entry<String, TopicSettings> e : topics.entrySet()) {
+        resolved.put(e.getKey(), resolve(e.getKey(), e.getValue(), defaults));
+      }
+      return new InboxSettings(this, defaults, resolved);
+    }
+
+    /** A topic's overrides over the consumer-wide values, checked. */
+    private static EffectiveSettings resolve(
+        String topic, TopicSettings t, EffectiveSettings defaults) {
+      if (topic == null || topic.isEmpty()) {
+        throw new IllegalArgumentException("topic settings: the topic name is required");
+      }
+      String where = "topic " + topic + ": ";
+      if (t.maxAttempts() != null && t.maxAttempts() < 1) {
+        throw new IllegalArgumentException(where + "max_attempts must be at least 1");
+      }
+      nonNegative(where, "backoff_initial", t.backoffInitial());
+      nonNegative(where, "backoff_max", t.backoffMax());
+      nonNegative(where, "gap_deadline", t.gapDeadline());
+      if (t.inboxRetention() != null
+          && (t.inboxRetention().isNegative() || t.inboxRetention().isZero())) {
+        throw new IllegalArgumentException(where + "inbox_retention must be positive");
+      }
+      if (t.retryTiers() != null) {
+        for (Duration d : t.retryTiers()) {
+          if (d == null || d.isNegative()) {
+            throw new IllegalArgumentException(where + "retry_tiers: delays must not be negative");
+          }
+        }
+      }
+      Duration initial = or(t.backoffInitial(), defaults.backoffInitial());
+      Duration max = or(t.backoffMax(), defaults.backoffMax());
+      if (max.compareTo(initial) < 0) {
+        throw new IllegalArgumentException(
+            where + "backoff_initial (" + initial + ") must not exceed backoff_max (" + max + ")");
+      }
+      return new EffectiveSettings(
+          t.maxAttempts() != null ? t.maxAttempts() : defaults.maxAttempts(),
+          initial,
+          max,
+          or(t.retryTiers(), defaults.retryTiers()),
+          or(t.gapPolicy(), defaults.gapPolicy()),
+          or(t.gapDeadline(), defaults.gapDeadline()),
+          or(t.inboxRetention(), defaults.inboxRetention()));
+    }
+
+    private static void nonNegative(String where, String name, Duration d) {
+      if (d != null && d.isNegative()) {
+        throw new IllegalArgumentException(where + name + " must not be negative");
+      }
+    }
+
+    private static <T> T or(T value, T fallback) {
+      return value != null ? value : fallback;
     }
 
     private static void require(String value, String name) {
