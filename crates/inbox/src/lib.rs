@@ -94,6 +94,7 @@ mod config;
 mod consumer;
 mod dead_letter;
 mod error;
+mod metrics;
 pub mod otel;
 mod outcome;
 mod parked;
@@ -101,7 +102,7 @@ mod process;
 mod record;
 mod retry;
 
-pub use config::{GapPolicy, InboxConfig};
+pub use config::{GapPolicy, InboxConfig, TopicSettings, TopicView};
 pub use consumer::InboxConsumer;
 pub use dead_letter::ensure_topic;
 pub use error::{is_infrastructure_error, HandlerError, InboxError};
