@@ -9,7 +9,8 @@ use anyhow::{ensure, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::Transaction;
 use outbox_inbox::{
-    GapPolicy, Handler, HandlerError, Inbox, InboxConfig, InboxRecord, Outcome, TopicSettings,
+    GapPolicy, Handler, HandlerError, Inbox, InboxConfig, InboxConsumer, InboxRecord, Outcome,
+    TopicSettings,
 };
 use outbox_relay_testkit::db::migrations_dir;
 use outbox_relay_testkit::kafka::{collect_records, create_topic, Record};
@@ -279,5 +280,139 @@ async fn a_retry_copy_uses_its_original_topics_settings() -> Result<()> {
         "{letters:?}"
     );
     drop(inbox);
+    db.drop_database().await
+}
+
+#[tokio::test]
+async fn the_runner_creates_and_reads_each_topics_own_tier_topics_and_sweeps_when_one_parks(
+) -> Result<()> {
+    use outbox_relay_testkit::kafka::list_topics;
+    use outbox_relay_testkit::rdkafka::config::ClientConfig;
+    use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
+    use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};
+    use std::ops::ControlFlow;
+
+    let suffix = unique_suffix();
+    let prefix = format!("inbox-rust-pt-run-{suffix}");
+    let two = format!("{prefix}-two");
+    let none = format!("{prefix}-none");
+    let wide = format!("{prefix}-wide");
+    let dlq = format!("{prefix}.dlq");
+    let bootstrap = kafka_bootstrap();
+    for t in [&two, &none, &wide] {
+        create_topic(&bootstrap, t, 1_000_000).await?;
+    }
+    let db = database().await?;
+    let registry = prometheus::Registry::new();
+    let consumer = format!("pt-run-{suffix}");
+    // Consumer-wide: one tier, gaps dead-lettered. `two`: two tiers and parked gaps; `none`: no
+    // tiers; `wide`: the default.
+    let mut config = InboxConfig::new(&consumer, &dlq)
+        .topic(
+            &two,
+            TopicSettings {
+                retry_tiers: Some(vec![Duration::from_secs(60), Duration::from_secs(120)]),
+                gap_policy: Some(GapPolicy::Park),
+                ..TopicSettings::default()
+            },
+        )
+        .topic(
+            &none,
+            TopicSettings {
+                retry_tiers: Some(vec![]),
+                ..TopicSettings::default()
+            },
+        );
+    config.retry_tiers = vec![Duration::from_secs(60)];
+    config.gap_policy = GapPolicy::DeadLetter;
+    config.version_header = Some("version".into());
+    config.metrics_registry = Some(registry.clone());
+    let inbox = Inbox::new(db.pool().clone(), config, &bootstrap)?;
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", &consumer)
+        .set("auto.offset.reset", "earliest");
+    let runner = InboxConsumer::with_config(
+        client,
+        &[two.as_str(), none.as_str(), wide.as_str()],
+        inbox,
+        Effects,
+    )?;
+    let run = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        runner
+            .run_with(tokio::time::sleep(TIMEOUT), move |r, s, _| {
+                seen.push((r.topic.clone(), s.outcome));
+                // The copy on `two`'s second tier, due at once: read because subscribed.
+                if r.topic.ends_with("-two.retry.2") {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .await
+    });
+    // The tier topics: each topic's own count.
+    let expected: std::collections::BTreeSet<String> = [
+        format!("{two}.retry.1"),
+        format!("{two}.retry.2"),
+        format!("{wide}.retry.1"),
+    ]
+    .into_iter()
+    .collect();
+    let mut tiers = Default::default();
+    for _ in 0..100 {
+        tiers = list_topics(&bootstrap, &prefix)
+            .await?
+            .into_iter()
+            .filter(|t| t.contains(".retry."))
+            .collect::<std::collections::BTreeSet<_>>();
+        if tiers == expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(tiers == expected, "{tiers:?}");
+    // A copy on `two`'s second tier, due now: the runner reads it.
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis()
+        .to_string();
+    let headers = [
+        ("event_key", "run-copy"),
+        ("retry_count", "2"),
+        ("retry_at", now.as_str()),
+        ("original_topic", two.as_str()),
+        ("original_partition", "0"),
+        ("original_offset", "0"),
+    ]
+    .iter()
+    .fold(OwnedHeaders::new(), |h, (k, v)| {
+        h.insert(Header {
+            key: k,
+            value: Some(*v),
+        })
+    });
+    producer
+        .send(
+            FutureRecord::to(&format!("{two}.retry.2"))
+                .key("agg")
+                .payload("{}")
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+    tokio::time::timeout(TIMEOUT, run).await???;
+    // The sweep ran (one topic parks, though the default does not): its gauge is set.
+    let swept = registry
+        .gather()
+        .iter()
+        .any(|f| f.name() == "outbox_inbox_parked_records");
+    ensure!(swept, "no parked sweep");
     db.drop_database().await
 }
