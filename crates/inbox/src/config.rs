@@ -129,7 +129,9 @@ pub struct InboxConfig {
     pub version_header: Option<String>,
     /// What to do on a version gap (a topic may override it: [`InboxConfig::topic`]).
     pub gap_policy: GapPolicy,
-    /// Attempts before a failing record is dead-lettered (5); at least 1.
+    /// Attempts before a failing record is dead-lettered (5); at least 1. A topic may override
+    /// it ([`InboxConfig::topic`]), like `backoff_initial`, `backoff_max`, `retry_tiers`,
+    /// `gap_policy`, `gap_deadline` and `inbox_retention`.
     pub max_attempts: u32,
     /// Wait before the second attempt (100 ms); doubled each attempt.
     pub backoff_initial: Duration,
@@ -144,7 +146,7 @@ pub struct InboxConfig {
     /// Dead-letter topic (required).
     pub dead_letter_topic: String,
     /// How long a parked record may wait for the version before it (1 h); then it is
-    /// dead-lettered by the sweep.
+    /// dead-lettered by the sweep (a topic may override it).
     pub gap_deadline: Duration,
     /// How often [`crate::InboxConsumer`] sweeps the parked table (10 s): resumes rows whose
     /// predecessor was applied (after a crash between the two), drops stale ones,
