@@ -24,6 +24,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::error::InboxError;
+use crate::metrics::Metrics;
 use crate::outcome::Settled;
 use crate::process::{Handler, Hooks, Inbox};
 use crate::record::InboxRecord;
@@ -34,16 +35,19 @@ use crate::record::InboxRecord;
 #[derive(Default)]
 pub struct CommitOnRevoke {
     rebalances: AtomicU64,
-    /// (topic, partition) → high watermark, as of the last statistics
+    /// topic → partition → high watermark, as of the last statistics
     /// (`statistics.interval.ms`, set when the inbox has metrics).
-    high_watermarks: Mutex<HashMap<(String, i32), i64>>,
+    high_watermarks: Mutex<HashMap<String, HashMap<i32, i64>>>,
+    /// The lag gauge and the consumer name (with metrics): a revoked partition's series is
+    /// removed (its next owner reports it).
+    lag: Option<(Metrics, String)>,
 }
 
 impl CommitOnRevoke {
     /// The partition's high watermark as of the last statistics (no broker request).
     fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
         let map = self.high_watermarks.lock().ok()?;
-        map.get(&(topic.to_owned(), partition)).copied()
+        map.get(topic)?.get(&partition).copied()
     }
 }
 
@@ -53,10 +57,11 @@ impl ClientContext for CommitOnRevoke {
             return;
         };
         for (name, topic) in statistics.topics {
+            let partitions = map.entry(name).or_default();
             for (partition, p) in topic.partitions {
                 // -1: the internal "unassigned" partition, or not known yet.
                 if partition >= 0 && p.hi_offset >= 0 {
-                    map.insert((name.clone(), partition), p.hi_offset);
+                    partitions.insert(partition, p.hi_offset);
                 }
             }
         }
@@ -65,10 +70,15 @@ impl ClientContext for CommitOnRevoke {
 
 impl ConsumerContext for CommitOnRevoke {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(_) = rebalance {
+        if let Rebalance::Revoke(revoked) = rebalance {
             if let Err(e) = commit_stored(consumer) {
                 // The next owner gets those records again: duplicates, which the inbox absorbs.
                 tracing::warn!(error = %e, "inbox: offset commit before revocation failed");
+            }
+            if let Some((metrics, name)) = &self.lag {
+                for tp in revoked.elements() {
+                    metrics.forget_lag(name, tp.topic(), tp.partition());
+                }
             }
         }
     }
@@ -151,7 +161,12 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             config.set("statistics.interval.ms", "1000");
         }
         let consumer: StreamConsumer<CommitOnRevoke> = config
-            .create_with_context(CommitOnRevoke::default())
+            .create_with_context(CommitOnRevoke {
+                lag: inbox
+                    .metrics()
+                    .map(|m| (m.clone(), inbox.config().consumer.clone())),
+                ..CommitOnRevoke::default()
+            })
             .map_err(|e| InboxError::kafka("creating the consumer", e))?;
         consumer
             .subscribe(topics)

@@ -105,7 +105,8 @@
 //!   The high watermark is the one librdkafka reports in its statistics (the runner sets
 //!   `statistics.interval.ms` to 1000 when metrics are on and the client settings have none),
 //!   so no broker round trip per record; it may be up to that interval old (a lag under the
-//!   truth, never below 0).
+//!   truth, never below 0). A revoked partition's series is removed (its next owner reports
+//!   it).
 //!
 //! Inboxes of one process on the same registry share the series (told apart by `consumer`);
 //! a series of the same name that is not an inbox's makes [`Inbox::new`] fail.

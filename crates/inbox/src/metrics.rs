@@ -134,6 +134,13 @@ impl Metrics {
             .set(oldest.map_or(0.0, |d| d.as_secs_f64()));
     }
 
+    /// Removes a revoked partition's lag series.
+    pub(crate) fn forget_lag(&self, consumer: &str, topic: &str, partition: i32) {
+        let _ = self
+            .lag
+            .remove_label_values(&[consumer, topic, &partition.to_string()]);
+    }
+
     /// A partition's lag after a poll.
     pub(crate) fn lag(&self, consumer: &str, topic: &str, partition: i32, lag: i64) {
         self.lag
