@@ -271,7 +271,7 @@ async fn run() -> anyhow::Result<()> {
     let mut config = InboxConfig::new(consumer_name, required("INBOX_DLQ_TOPIC")?);
     config.max_attempts = number("INBOX_MAX_ATTEMPTS", 3u32)?;
     config.backoff_initial = Duration::from_millis(number("INBOX_BACKOFF_MS", 50u64)?);
-    config.backoff_max = Duration::from_secs(1);
+    config.backoff_max = Duration::from_secs(1).max(config.backoff_initial);
     config.outage_budget = Duration::from_millis(number("INBOX_OUTAGE_BUDGET_MS", 300_000u64)?);
     config.version_header = env("INBOX_VERSION_HEADER");
     config.gap_policy = match env("INBOX_GAP_POLICY").as_deref() {

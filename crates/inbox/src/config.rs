@@ -1,5 +1,6 @@
 //! Settings of an inbox (`inbox/CONTRACT.md`, "Settings").
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// What to do with an event whose version is ahead of the next expected one (an earlier version
@@ -20,6 +21,96 @@ pub enum GapPolicy {
     Retry,
 }
 
+/// The settings a topic may override (`inbox/CONTRACT.md`, "Per-topic settings"): `None`
+/// inherits the consumer-wide value of the same name in [`InboxConfig`]. Given with
+/// [`InboxConfig::topic`]; read through [`InboxConfig::for_topic`]. The topic whose settings
+/// apply to a record is its `original_topic` header when present (a retry copy), else its own
+/// topic.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_inbox::{GapPolicy, InboxConfig, TopicSettings};
+///
+/// let config = InboxConfig::new("fulfilment", "fulfilment.dead_letter")
+///     .topic("orders", TopicSettings {
+///         max_attempts: Some(10),
+///         retry_tiers: Some(vec![Duration::from_secs(60), Duration::from_secs(3600)]),
+///         ..TopicSettings::default()
+///     })
+///     .topic("notifications", TopicSettings {
+///         max_attempts: Some(1),
+///         gap_policy: Some(GapPolicy::DeadLetter),
+///         inbox_retention: Some(Duration::from_secs(86_400)),
+///         ..TopicSettings::default()
+///     });
+/// assert_eq!(config.for_topic("orders").max_attempts, 10);
+/// assert_eq!(config.for_topic("payments").max_attempts, 5); // the default
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicSettings {
+    /// Overrides [`InboxConfig::max_attempts`] (at least 1).
+    pub max_attempts: Option<u32>,
+    /// Overrides [`InboxConfig::backoff_initial`] (at most the topic's `backoff_max`).
+    pub backoff_initial: Option<Duration>,
+    /// Overrides [`InboxConfig::backoff_max`].
+    pub backoff_max: Option<Duration>,
+    /// Overrides [`InboxConfig::retry_tiers`]; `Some(vec![])`: no tiers for this topic.
+    pub retry_tiers: Option<Vec<Duration>>,
+    /// Overrides [`InboxConfig::gap_policy`].
+    pub gap_policy: Option<GapPolicy>,
+    /// Overrides [`InboxConfig::gap_deadline`].
+    pub gap_deadline: Option<Duration>,
+    /// Overrides [`InboxConfig::inbox_retention`] (more than zero).
+    pub inbox_retention: Option<Duration>,
+}
+
+/// The settings in effect for one topic: its [`TopicSettings`] over the consumer-wide values
+/// ([`InboxConfig::for_topic`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicView<'a> {
+    /// Attempts before the record goes to the next retry tier or the dead-letter topic.
+    pub max_attempts: u32,
+    /// Wait before the second attempt; doubled each attempt.
+    pub backoff_initial: Duration,
+    /// Longest wait between attempts.
+    pub backoff_max: Duration,
+    /// Retry tier delays (empty: none).
+    pub retry_tiers: &'a [Duration],
+    /// What to do on a version gap.
+    pub gap_policy: GapPolicy,
+    /// How long a parked record may wait for the version before it.
+    pub gap_deadline: Duration,
+    /// How long inbox rows of the topic are kept (read by `outbox-relay prune --inbox`).
+    pub inbox_retention: Duration,
+}
+
+impl TopicView<'_> {
+    /// The waits between attempts: `backoff_initial`, doubled after each failed attempt, at
+    /// most `backoff_max`, one per retry (`max_attempts - 1` of them); backon's exponential
+    /// backoff without jitter, so the contract's schedule holds in every language.
+    pub fn backoff(&self) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_factor(2.0)
+            .with_min_delay(self.backoff_initial)
+            .with_max_delay(self.backoff_max)
+            .with_max_times(self.max_attempts.saturating_sub(1) as usize)
+            .build()
+    }
+
+    /// The waits between retries after infrastructure errors: the same schedule as
+    /// [`TopicView::backoff`] without a count (the outage budget bounds them).
+    pub fn outage_backoff(&self) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_factor(2.0)
+            .with_min_delay(self.backoff_initial)
+            .with_max_delay(self.backoff_max)
+            .without_max_times()
+            .build()
+    }
+}
+
 /// Settings of one inbox. Build with [`InboxConfig::new`] and change fields as needed.
 #[derive(Debug, Clone)]
 pub struct InboxConfig {
@@ -36,9 +127,11 @@ pub struct InboxConfig {
     pub event_key_header: String,
     /// Header carrying the event's version (decimal integer); `None` (default): no version check.
     pub version_header: Option<String>,
-    /// What to do on a version gap.
+    /// What to do on a version gap (a topic may override it: [`InboxConfig::topic`]).
     pub gap_policy: GapPolicy,
-    /// Attempts before a failing record is dead-lettered (5); at least 1.
+    /// Attempts before a failing record is dead-lettered (5); at least 1. A topic may override
+    /// it ([`InboxConfig::topic`]), like `backoff_initial`, `backoff_max`, `retry_tiers`,
+    /// `gap_policy`, `gap_deadline` and `inbox_retention`.
     pub max_attempts: u32,
     /// Wait before the second attempt (100 ms); doubled each attempt.
     pub backoff_initial: Duration,
@@ -53,7 +146,7 @@ pub struct InboxConfig {
     /// Dead-letter topic (required).
     pub dead_letter_topic: String,
     /// How long a parked record may wait for the version before it (1 h); then it is
-    /// dead-lettered by the sweep.
+    /// dead-lettered by the sweep (a topic may override it).
     pub gap_deadline: Duration,
     /// How often [`crate::InboxConsumer`] sweeps the parked table (10 s): resumes rows whose
     /// predecessor was applied (after a crash between the two), drops stale ones,
@@ -63,12 +156,26 @@ pub struct InboxConfig {
     /// Empty (default): blocking retries only, then the dead-letter topic. Otherwise a record
     /// whose attempts are used up is copied to the next tier's topic (outcome
     /// [`crate::Outcome::Retried`]) and the partition moves on; after the last tier, the
-    /// dead-letter topic. Consumer-wide for now: [`InboxConfig::retry_tiers_for`] is where a
-    /// per-topic value will take its place.
+    /// dead-letter topic. A topic may have its own ([`InboxConfig::topic`]).
     pub retry_tiers: Vec<Duration>,
     /// Name of tier `n` (1-based) of a topic: `{topic}` and `{n}` replaced
     /// (`{topic}.retry.{n}`).
     pub retry_topic_format: String,
+    /// How long inbox rows are kept (7 days): read by `outbox-relay prune --inbox`
+    /// (`--older-than`, `--topic-retention`); the inbox itself deletes nothing. More than zero.
+    pub inbox_retention: Duration,
+    /// Per-topic overrides of `max_attempts`, `backoff_initial`, `backoff_max`, `retry_tiers`,
+    /// `gap_policy`, `gap_deadline` and `inbox_retention` (empty: the values above for every
+    /// topic). Set with [`InboxConfig::topic`]; read with [`InboxConfig::for_topic`].
+    pub topics: BTreeMap<String, TopicSettings>,
+    /// Where the inbox's Prometheus metrics go (`inbox/CONTRACT.md`, "Metrics"):
+    /// `outbox_inbox_records_total{consumer,topic,outcome}`,
+    /// `outbox_inbox_parked_records{consumer}`, `outbox_inbox_parked_oldest_seconds{consumer}`
+    /// and, with [`crate::InboxConsumer`], `outbox_inbox_consumer_lag{consumer,topic,partition}`.
+    /// `None` (default): no metrics (the default registry is never used implicitly: pass
+    /// `prometheus::default_registry().clone()` for it). Inboxes sharing a registry share
+    /// the series (told apart by `consumer`).
+    pub metrics_registry: Option<prometheus::Registry>,
 }
 
 impl InboxConfig {
@@ -91,13 +198,66 @@ impl InboxConfig {
             park_sweep_interval: Duration::from_secs(10),
             retry_tiers: Vec::new(),
             retry_topic_format: "{topic}.retry.{n}".into(),
+            inbox_retention: Duration::from_secs(7 * 24 * 3600),
+            topics: BTreeMap::new(),
+            metrics_registry: None,
         }
     }
 
-    /// The retry tiers of records first read from `topic` (consumer-wide for now: per-topic
-    /// settings will replace the value here).
-    pub fn retry_tiers_for(&self, _topic: &str) -> &[Duration] {
-        &self.retry_tiers
+    /// The same settings with `settings` overriding the consumer-wide values for records of
+    /// `topic` (and retry copies whose `original_topic` is `topic`); replaces an earlier call
+    /// for the same topic.
+    #[must_use]
+    pub fn topic(mut self, name: impl Into<String>, settings: TopicSettings) -> Self {
+        self.topics.insert(name.into(), settings);
+        self
+    }
+
+    /// The settings in effect for `topic` (an original topic: for a retry copy, its
+    /// `original_topic`): its [`TopicSettings`] where set, else the consumer-wide values. The
+    /// one lookup every read of these settings goes through.
+    pub fn for_topic(&self, topic: &str) -> TopicView<'_> {
+        let wide = self.defaults();
+        let Some(t) = self.topics.get(topic) else {
+            return wide;
+        };
+        TopicView {
+            max_attempts: t.max_attempts.unwrap_or(wide.max_attempts),
+            backoff_initial: t.backoff_initial.unwrap_or(wide.backoff_initial),
+            backoff_max: t.backoff_max.unwrap_or(wide.backoff_max),
+            retry_tiers: t.retry_tiers.as_deref().unwrap_or(wide.retry_tiers),
+            gap_policy: t.gap_policy.unwrap_or(wide.gap_policy),
+            gap_deadline: t.gap_deadline.unwrap_or(wide.gap_deadline),
+            inbox_retention: t.inbox_retention.unwrap_or(wide.inbox_retention),
+        }
+    }
+
+    /// The consumer-wide values (those of a topic without [`TopicSettings`]).
+    pub fn defaults(&self) -> TopicView<'_> {
+        TopicView {
+            max_attempts: self.max_attempts,
+            backoff_initial: self.backoff_initial,
+            backoff_max: self.backoff_max,
+            retry_tiers: &self.retry_tiers,
+            gap_policy: self.gap_policy,
+            gap_deadline: self.gap_deadline,
+            inbox_retention: self.inbox_retention,
+        }
+    }
+
+    /// The retry tiers of records first read from `topic` ([`InboxConfig::for_topic`]).
+    pub fn retry_tiers_for(&self, topic: &str) -> &[Duration] {
+        self.for_topic(topic).retry_tiers
+    }
+
+    /// Whether the default or some topic parks version gaps ([`GapPolicy::Park`]): then
+    /// [`crate::InboxConsumer`] sweeps the parked table.
+    pub fn parks_anywhere(&self) -> bool {
+        self.gap_policy == GapPolicy::Park
+            || self
+                .topics
+                .values()
+                .any(|t| t.gap_policy == Some(GapPolicy::Park))
     }
 
     /// The topic of tier `n` (1-based) of `topic`: [`InboxConfig::retry_topic_format`] with
@@ -115,29 +275,15 @@ impl InboxConfig {
             .collect()
     }
 
-    /// The waits between attempts: `backoff_initial`, doubled after each failed attempt, at
-    /// most `backoff_max`, one per retry (`max_attempts - 1` of them); backon's exponential
-    /// backoff without jitter, so the contract's schedule holds in every language.
+    /// The consumer-wide waits between attempts ([`TopicView::backoff`] of the defaults; a
+    /// record uses its topic's: [`InboxConfig::for_topic`]).
     pub fn backoff(&self) -> backon::ExponentialBackoff {
-        use backon::BackoffBuilder;
-        backon::ExponentialBuilder::default()
-            .with_factor(2.0)
-            .with_min_delay(self.backoff_initial)
-            .with_max_delay(self.backoff_max)
-            .with_max_times(self.max_attempts.saturating_sub(1) as usize)
-            .build()
+        self.defaults().backoff()
     }
 
-    /// The waits between retries after infrastructure errors: the same schedule as
-    /// [`InboxConfig::backoff`] without a count (the outage budget bounds them).
+    /// The consumer-wide waits after infrastructure errors ([`TopicView::outage_backoff`]).
     pub fn outage_backoff(&self) -> backon::ExponentialBackoff {
-        use backon::BackoffBuilder;
-        backon::ExponentialBuilder::default()
-            .with_factor(2.0)
-            .with_min_delay(self.backoff_initial)
-            .with_max_delay(self.backoff_max)
-            .without_max_times()
-            .build()
+        self.defaults().outage_backoff()
     }
 
     /// Checks the names the SQL is built from (letters, digits, `_`, `$`, one optional `.`).
@@ -150,7 +296,12 @@ impl InboxConfig {
                 "inbox dead_letter_topic is empty: name the topic failed records go to".into(),
             );
         }
-        if !self.retry_tiers.is_empty() && !self.retry_topic_format.contains("{n}") {
+        let any_tiers = !self.retry_tiers.is_empty()
+            || self
+                .topics
+                .values()
+                .any(|t| t.retry_tiers.as_ref().is_some_and(|v| !v.is_empty()));
+        if any_tiers && !self.retry_topic_format.contains("{n}") {
             return Err(format!(
                 "inbox retry_topic_format {:?} has no {{n}}: every tier needs its own topic \
                  (default {{topic}}.retry.{{n}})",
@@ -159,6 +310,37 @@ impl InboxConfig {
         }
         if self.max_attempts == 0 {
             return Err("inbox max_attempts is 0: it must be at least 1".into());
+        }
+        if self.backoff_initial > self.backoff_max {
+            return Err(format!(
+                "inbox backoff_initial ({:?}) is more than backoff_max ({:?})",
+                self.backoff_initial, self.backoff_max
+            ));
+        }
+        if self.inbox_retention.is_zero() {
+            return Err("inbox inbox_retention is 0: it must be more than zero".into());
+        }
+        for (name, t) in &self.topics {
+            if name.is_empty() {
+                return Err("inbox topics: a topic name is empty".into());
+            }
+            let view = self.for_topic(name);
+            if t.max_attempts == Some(0) {
+                return Err(format!(
+                    "inbox topic {name:?}: max_attempts is 0: it must be at least 1"
+                ));
+            }
+            if view.backoff_initial > view.backoff_max {
+                return Err(format!(
+                    "inbox topic {name:?}: backoff_initial ({:?}) is more than backoff_max ({:?})",
+                    view.backoff_initial, view.backoff_max
+                ));
+            }
+            if t.inbox_retention == Some(Duration::ZERO) {
+                return Err(format!(
+                    "inbox topic {name:?}: inbox_retention is 0: it must be more than zero"
+                ));
+            }
         }
         for (what, name) in [
             ("inbox_table", &self.inbox_table),
@@ -233,5 +415,147 @@ mod tests {
         );
         c.retry_topic_format = "retry-{n}-{topic}".into();
         assert_eq!(c.retry_topic("orders", 2), "retry-2-orders");
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_topic_overrides_only_what_it_sets() {
+        let mut c = InboxConfig::new("c", "d").topic(
+            "orders",
+            TopicSettings {
+                max_attempts: Some(1),
+                retry_tiers: Some(vec![ms(10), ms(20)]),
+                gap_policy: Some(GapPolicy::DeadLetter),
+                inbox_retention: Some(Duration::from_secs(86_400)),
+                ..TopicSettings::default()
+            },
+        );
+        c.retry_tiers = vec![ms(5)];
+        let o = c.for_topic("orders");
+        assert_eq!(o.max_attempts, 1);
+        assert_eq!(o.retry_tiers, &[ms(10), ms(20)]);
+        assert_eq!(o.gap_policy, GapPolicy::DeadLetter);
+        assert_eq!(o.inbox_retention, Duration::from_secs(86_400));
+        // Inherited.
+        assert_eq!(o.backoff_initial, ms(100));
+        assert_eq!(o.backoff_max, Duration::from_secs(10));
+        assert_eq!(o.gap_deadline, Duration::from_secs(3600));
+        // Another topic: the consumer-wide values.
+        assert_eq!(c.for_topic("payments"), c.defaults());
+        assert_eq!(c.for_topic("payments").max_attempts, 5);
+        assert_eq!(
+            c.for_topic("payments").inbox_retention,
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(c.retry_tiers_for("payments"), &[ms(5)]);
+        assert_eq!(c.retry_topics("orders").len(), 2);
+        assert_eq!(c.retry_topics("payments"), vec!["payments.retry.1"]);
+        // Some(vec![]): no tiers for that topic even though the default has some.
+        let c = c.topic(
+            "notifications",
+            TopicSettings {
+                retry_tiers: Some(vec![]),
+                ..TopicSettings::default()
+            },
+        );
+        assert!(c.retry_topics("notifications").is_empty());
+        // The topic's backoff schedule.
+        let c = c.topic(
+            "fast",
+            TopicSettings {
+                max_attempts: Some(3),
+                backoff_initial: Some(ms(1)),
+                backoff_max: Some(ms(2)),
+                ..TopicSettings::default()
+            },
+        );
+        let waits: Vec<u128> = c
+            .for_topic("fast")
+            .backoff()
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(waits, vec![1, 2]);
+    }
+
+    #[test]
+    fn the_sweep_runs_when_any_topic_parks() {
+        let mut c = InboxConfig::new("c", "d");
+        assert!(c.parks_anywhere());
+        c.gap_policy = GapPolicy::DeadLetter;
+        assert!(!c.parks_anywhere());
+        let c = c.topic(
+            "orders",
+            TopicSettings {
+                gap_policy: Some(GapPolicy::Park),
+                ..TopicSettings::default()
+            },
+        );
+        assert!(c.parks_anywhere());
+    }
+
+    #[test]
+    fn topic_settings_are_validated_naming_the_topic_and_the_field() {
+        let with = |t: TopicSettings| InboxConfig::new("c", "d").topic("orders", t);
+        let e = with(TopicSettings {
+            max_attempts: Some(0),
+            ..TopicSettings::default()
+        })
+        .validate()
+        .unwrap_err();
+        assert!(
+            e.contains("\"orders\"") && e.contains("max_attempts"),
+            "{e}"
+        );
+        let e = with(TopicSettings {
+            backoff_initial: Some(Duration::from_secs(20)),
+            ..TopicSettings::default()
+        })
+        .validate()
+        .unwrap_err();
+        assert!(
+            e.contains("\"orders\"") && e.contains("backoff_initial"),
+            "{e}"
+        );
+        let e = with(TopicSettings {
+            backoff_max: Some(ms(50)),
+            ..TopicSettings::default()
+        })
+        .validate()
+        .unwrap_err();
+        assert!(e.contains("\"orders\"") && e.contains("backoff_max"), "{e}");
+        let e = with(TopicSettings {
+            inbox_retention: Some(Duration::ZERO),
+            ..TopicSettings::default()
+        })
+        .validate()
+        .unwrap_err();
+        assert!(
+            e.contains("\"orders\"") && e.contains("inbox_retention"),
+            "{e}"
+        );
+        assert!(with(TopicSettings {
+            backoff_initial: Some(ms(1)),
+            backoff_max: Some(ms(1)),
+            retry_tiers: Some(vec![]),
+            ..TopicSettings::default()
+        })
+        .validate()
+        .is_ok());
+        let mut c = InboxConfig::new("c", "d");
+        c.backoff_initial = Duration::from_secs(11);
+        assert!(c.validate().unwrap_err().contains("backoff_initial"));
+        let mut c = InboxConfig::new("c", "d");
+        c.inbox_retention = Duration::ZERO;
+        assert!(c.validate().unwrap_err().contains("inbox_retention"));
+        // A topic with tiers needs {n} in the format even when the default has none.
+        let mut c = with(TopicSettings {
+            retry_tiers: Some(vec![ms(10)]),
+            ..TopicSettings::default()
+        });
+        c.retry_topic_format = "{topic}.retry".into();
+        assert!(c.validate().unwrap_err().contains("retry_topic_format"));
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use futures::FutureExt;
 use rdkafka::config::ClientConfig;
@@ -23,25 +24,61 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::error::InboxError;
+use crate::metrics::Metrics;
 use crate::outcome::Settled;
 use crate::process::{Handler, Hooks, Inbox};
 use crate::record::InboxRecord;
 
 /// Commits the settled records' offsets before partitions are taken away; counts the
-/// rebalances (a retry copy's paused partition may have moved).
+/// rebalances (a retry copy's paused partition may have moved); keeps the partitions' high
+/// watermarks from librdkafka's statistics (`outbox_inbox_consumer_lag`).
 #[derive(Default)]
 pub struct CommitOnRevoke {
     rebalances: AtomicU64,
+    /// topic → partition → high watermark, as of the last statistics
+    /// (`statistics.interval.ms`, set when the inbox has metrics).
+    high_watermarks: Mutex<HashMap<String, HashMap<i32, i64>>>,
+    /// The lag gauge and the consumer name (with metrics): a revoked partition's series is
+    /// removed (its next owner reports it).
+    lag: Option<(Metrics, String)>,
 }
 
-impl ClientContext for CommitOnRevoke {}
+impl CommitOnRevoke {
+    /// The partition's high watermark as of the last statistics (no broker request).
+    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        let map = self.high_watermarks.lock().ok()?;
+        map.get(topic)?.get(&partition).copied()
+    }
+}
+
+impl ClientContext for CommitOnRevoke {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Ok(mut map) = self.high_watermarks.lock() else {
+            return;
+        };
+        for (name, topic) in statistics.topics {
+            let partitions = map.entry(name).or_default();
+            for (partition, p) in topic.partitions {
+                // -1: the internal "unassigned" partition, or not known yet.
+                if partition >= 0 && p.hi_offset >= 0 {
+                    partitions.insert(partition, p.hi_offset);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for CommitOnRevoke {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(_) = rebalance {
+        if let Rebalance::Revoke(revoked) = rebalance {
             if let Err(e) = commit_stored(consumer) {
                 // The next owner gets those records again: duplicates, which the inbox absorbs.
                 tracing::warn!(error = %e, "inbox: offset commit before revocation failed");
+            }
+            if let Some((metrics, name)) = &self.lag {
+                for tp in revoked.elements() {
+                    metrics.forget_lag(name, tp.topic(), tp.partition());
+                }
             }
         }
     }
@@ -118,8 +155,18 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         config
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
+        // The lag gauge reads the high watermarks librdkafka reports in its statistics (no
+        // broker round trip per record).
+        if inbox.metrics().is_some() && config.get("statistics.interval.ms").is_none() {
+            config.set("statistics.interval.ms", "1000");
+        }
         let consumer: StreamConsumer<CommitOnRevoke> = config
-            .create_with_context(CommitOnRevoke::default())
+            .create_with_context(CommitOnRevoke {
+                lag: inbox
+                    .metrics()
+                    .map(|m| (m.clone(), inbox.config().consumer.clone())),
+                ..CommitOnRevoke::default()
+            })
             .map_err(|e| InboxError::kafka("creating the consumer", e))?;
         consumer
             .subscribe(topics)
@@ -207,7 +254,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         // between records, so a busy partition does not starve the sweep).
         let parks = {
             let c = self.inbox.config();
-            c.version_header.is_some() && c.gap_policy == crate::GapPolicy::Park
+            c.version_header.is_some() && c.parks_anywhere()
         };
         let mut last_sweep: Option<Instant> = None;
         loop {
@@ -269,6 +316,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             let received = Instant::now();
             let record = InboxRecord::from_message(&message);
             drop(message);
+            self.record_lag(&record);
             let tp = (record.topic.clone(), record.partition);
             let rebalances = self.rebalances();
             if let Some(w) = waiting.get(&tp) {
@@ -315,6 +363,29 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         }
         self.consumer.unsubscribe();
         Ok(())
+    }
+
+    /// Sets `outbox_inbox_consumer_lag` of the record's partition (with metrics): the high
+    /// watermark of librdkafka's last statistics (at most `statistics.interval.ms` old; at
+    /// least the position) minus the position after this record (its offset + 1).
+    fn record_lag(&self, record: &InboxRecord) {
+        let Some(metrics) = self.inbox.metrics() else {
+            return;
+        };
+        let Some(high) = self
+            .consumer
+            .context()
+            .high_watermark(&record.topic, record.partition)
+        else {
+            return;
+        };
+        let position = record.offset + 1;
+        metrics.lag(
+            &self.inbox.config().consumer,
+            &record.topic,
+            record.partition,
+            high.max(position) - position,
+        );
     }
 
     fn rebalances(&self) -> u64 {

@@ -61,6 +61,56 @@
 //! the original record. Per-key order is given up for the records of a topic with tiers
 //! (`inbox/CONTRACT.md`, "Retry tiers").
 //!
+//! # Per-topic settings
+//!
+//! `max_attempts`, `backoff_initial`, `backoff_max`, `retry_tiers`, `gap_policy`,
+//! `gap_deadline` and `inbox_retention` of [`InboxConfig`] are consumer-wide defaults that a
+//! topic may override with [`InboxConfig::topic`] and a [`TopicSettings`] (`None` fields
+//! inherit; `retry_tiers: Some(vec![])` means no tiers for that topic). The settings of a
+//! record are those of its `original_topic` header when present (a retry copy), else of its own
+//! topic; every read goes through [`InboxConfig::for_topic`]. [`InboxConsumer::run`] creates and
+//! reads each topic's own tier topics, and sweeps the parked table when the default or any
+//! topic parks version gaps. [`Inbox::new`] refuses ([`InboxError::Config`], naming the topic
+//! and the field) `max_attempts` 0, `backoff_initial` above `backoff_max` and a zero
+//! `inbox_retention`. `inbox_retention` is read by `outbox-relay prune --inbox`
+//! (`--topic-retention TOPIC=DURATION`); the inbox deletes nothing itself.
+//!
+//! ```
+//! # use std::time::Duration;
+//! use outbox_inbox::{InboxConfig, TopicSettings};
+//! let config = InboxConfig::new("fulfilment", "fulfilment.dead_letter").topic(
+//!     "outbox.event.order",
+//!     TopicSettings {
+//!         max_attempts: Some(10),
+//!         retry_tiers: Some(vec![Duration::from_secs(60), Duration::from_secs(3600)]),
+//!         ..TopicSettings::default()
+//!     },
+//! );
+//! assert_eq!(config.for_topic("outbox.event.order").max_attempts, 10);
+//! ```
+//!
+//! # Metrics
+//!
+//! With [`InboxConfig::metrics_registry`] set (a `prometheus::Registry`; `None`, the default:
+//! no metrics, and the default registry is never used implicitly) the inbox keeps
+//! (`inbox/CONTRACT.md`, "Metrics"):
+//!
+//! - `outbox_inbox_records_total{consumer,topic,outcome}`: records settled, `topic` the
+//!   original topic, outcomes of the sweep included (`resumed`, `stale`, `dead_lettered`,
+//!   `compensated`);
+//! - `outbox_inbox_parked_records{consumer}` and `outbox_inbox_parked_oldest_seconds{consumer}`:
+//!   set after each parked sweep ([`Inbox::sweep_parked`]);
+//! - `outbox_inbox_consumer_lag{consumer,topic,partition}`: set by [`InboxConsumer`] for each
+//!   record received: the partition's high watermark minus the position after the record.
+//!   The high watermark is the one librdkafka reports in its statistics (the runner sets
+//!   `statistics.interval.ms` to 1000 when metrics are on and the client settings have none),
+//!   so no broker round trip per record; it may be up to that interval old (a lag under the
+//!   truth, never below 0). A revoked partition's series is removed (its next owner reports
+//!   it).
+//!
+//! Inboxes of one process on the same registry share the series (told apart by `consumer`);
+//! a series of the same name that is not an inbox's makes [`Inbox::new`] fail.
+//!
 //! # Trace context
 //!
 //! [`Inbox::process`] continues the producer's trace (`inbox/CONTRACT.md`, "Trace context"): it
@@ -94,6 +144,7 @@ mod config;
 mod consumer;
 mod dead_letter;
 mod error;
+mod metrics;
 pub mod otel;
 mod outcome;
 mod parked;
@@ -101,7 +152,7 @@ mod process;
 mod record;
 mod retry;
 
-pub use config::{GapPolicy, InboxConfig};
+pub use config::{GapPolicy, InboxConfig, TopicSettings, TopicView};
 pub use consumer::InboxConsumer;
 pub use dead_letter::ensure_topic;
 pub use error::{is_infrastructure_error, HandlerError, InboxError};

@@ -14,6 +14,7 @@ use mysql_async::{Conn, Pool, Transaction, TxOpts};
 use crate::config::{GapPolicy, InboxConfig};
 use crate::dead_letter::DeadLetters;
 use crate::error::{HandlerError, InboxError};
+use crate::metrics::Metrics;
 use crate::otel::{self, Tracing};
 use crate::outcome::{Outcome, Settled};
 use crate::parked::{self, ParkedRow, ParkedSql, VersionKey};
@@ -104,6 +105,8 @@ pub struct Inbox<H: Hooks = NoHooks> {
     select_version_sql: String,
     upsert_version_sql: String,
     parked_sql: ParkedSql,
+    /// `None`: no [`InboxConfig::metrics_registry`].
+    metrics: Option<Metrics>,
 }
 
 /// What one sweep of the parked table did ([`Inbox::sweep_parked`]).
@@ -137,6 +140,12 @@ impl Inbox<NoHooks> {
         bootstrap_servers: &str,
     ) -> Result<Self, InboxError> {
         config.validate().map_err(InboxError::Config)?;
+        let metrics = config
+            .metrics_registry
+            .as_ref()
+            .map(Metrics::register)
+            .transpose()
+            .map_err(InboxError::Config)?;
         let dead_letters = DeadLetters::new(bootstrap_servers, &config.dead_letter_topic)?;
         let t = &config.inbox_table;
         let v = &config.version_table;
@@ -160,6 +169,7 @@ impl Inbox<NoHooks> {
             dead_letters,
             hooks: NoHooks,
             tracing: Tracing::default(),
+            metrics,
         })
     }
 }
@@ -178,6 +188,7 @@ impl<H: Hooks> Inbox<H> {
             select_version_sql: self.select_version_sql,
             upsert_version_sql: self.upsert_version_sql,
             parked_sql: self.parked_sql,
+            metrics: self.metrics,
         }
     }
 
@@ -217,6 +228,23 @@ impl<H: Hooks> Inbox<H> {
     /// Its settings.
     pub fn config(&self) -> &InboxConfig {
         &self.config
+    }
+
+    /// Its metrics (`None` without [`InboxConfig::metrics_registry`]).
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    /// A record settled: counted (by its original topic) and told to `after_commit`.
+    fn after_settled(&self, record: &InboxRecord, settled: &Settled) {
+        if let Some(m) = &self.metrics {
+            m.settled(
+                &self.config.consumer,
+                retry::settings_topic(record),
+                settled.outcome,
+            );
+        }
+        self.hooks.after_commit(record, settled);
     }
 
     /// Settles one record (`inbox/CONTRACT.md`): the inbox row and `handler`'s change in one
@@ -391,7 +419,7 @@ impl<H: Hooks> Inbox<H> {
                             attempts: 0,
                             reason: None,
                         };
-                        self.hooks.after_commit(&row.record, &settled);
+                        self.after_settled(&row.record, &settled);
                         sweep.compensated += 1;
                         continue;
                     }
@@ -414,7 +442,7 @@ impl<H: Hooks> Inbox<H> {
                     .dead_letter(&row.record, reason, 0, Outcome::DeadLettered)
                     .await?;
                 self.delete_parked(&row.key).await.map_err(db)?;
-                self.hooks.after_commit(&row.record, &settled);
+                self.after_settled(&row.record, &settled);
                 sweep.dead_lettered += 1;
             }
         }
@@ -428,6 +456,9 @@ impl<H: Hooks> Inbox<H> {
             sweep.oldest = oldest_us
                 .and_then(|us| u64::try_from(us).ok())
                 .map(std::time::Duration::from_micros);
+        }
+        if let Some(m) = &self.metrics {
+            m.swept(&self.config.consumer, sweep.parked, sweep.oldest);
         }
         Ok(sweep)
     }
@@ -476,7 +507,11 @@ impl<H: Hooks> Inbox<H> {
             let _ = tx.rollback().await;
             return Ok(false);
         }
-        let deadline_us = u64::try_from(self.config.gap_deadline.as_micros()).unwrap_or(u64::MAX);
+        let gap_deadline = self
+            .config
+            .for_topic(retry::settings_topic(record))
+            .gap_deadline;
+        let deadline_us = u64::try_from(gap_deadline.as_micros()).unwrap_or(u64::MAX);
         // Thirteen parameters: more than mysql_async's tuples take.
         let params: Vec<mysql_async::Value> = vec![
             consumer.into(),
@@ -520,7 +555,7 @@ impl<H: Hooks> Inbox<H> {
             let settled = self.settle(record, handler, parked).await?;
 
             otel::settled(&opentelemetry::Context::current(), &settled);
-            self.hooks.after_commit(record, &settled);
+            self.after_settled(record, &settled);
             Ok(settled)
         }
         .with_context(cx.clone())
@@ -559,7 +594,9 @@ impl<H: Hooks> Inbox<H> {
                 },
             },
         };
-        let mut delays = cfg.backoff();
+        // The settings of the record's topic (a retry copy: its original topic's).
+        let ts = cfg.for_topic(retry::settings_topic(record));
+        let mut delays = ts.backoff();
         // Attempts that count: not those ended by an infrastructure error.
         let mut attempt = 0u32;
         // Since when, and with which waits, the record fails with infrastructure errors only.
@@ -592,7 +629,7 @@ impl<H: Hooks> Inbox<H> {
                 }
                 Ok(Attempt::Gap { expected, got }) => {
                     let reason = format!("version gap: expected {expected}, got {got}");
-                    match (cfg.gap_policy, self.version_key(record)) {
+                    match (ts.gap_policy, self.version_key(record)) {
                         (GapPolicy::Park, Some(key)) => {
                             match self.park(record, event_key, &key, &reason).await {
                                 Ok(true) => {
@@ -624,7 +661,7 @@ impl<H: Hooks> Inbox<H> {
                 // Not an attempt: the record is redone once the database answers.
                 otel::outage_failed(&failed.text, attempt + 1);
                 let (since, waits) =
-                    outage.get_or_insert_with(|| (Instant::now(), cfg.outage_backoff()));
+                    outage.get_or_insert_with(|| (Instant::now(), ts.outage_backoff()));
                 let down = since.elapsed();
                 if down >= cfg.outage_budget {
                     tracing::error!(
@@ -643,7 +680,7 @@ impl<H: Hooks> Inbox<H> {
                 }
                 let wait = waits
                     .next()
-                    .unwrap_or(cfg.backoff_max)
+                    .unwrap_or(ts.backoff_max)
                     .min(cfg.outage_budget - down);
                 tracing::warn!(
                     consumer = %cfg.consumer, event_key, topic = %record.topic,
@@ -684,7 +721,7 @@ impl<H: Hooks> Inbox<H> {
         parked: Option<&VersionKey>,
     ) -> Result<Settled, InboxError> {
         let origin = retry::origin(record);
-        let tiers = self.config.retry_tiers_for(&origin.topic);
+        let tiers = self.config.retry_tiers_for(retry::settings_topic(record));
         let n = retry::tier(record).saturating_add(1);
         let Some(delay) = tiers.get(n as usize - 1).copied() else {
             return self

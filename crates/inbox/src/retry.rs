@@ -39,6 +39,16 @@ pub(crate) fn origin(record: &InboxRecord) -> Origin {
     })
 }
 
+/// The topic whose settings apply to the record (`inbox/CONTRACT.md`, "Per-topic settings"):
+/// its `original_topic` header when present and not empty (a retry copy), else its own topic.
+/// Also the `topic` label of `outbox_inbox_records_total`.
+pub(crate) fn settings_topic(record: &InboxRecord) -> &str {
+    match record.header_str(ORIGINAL_TOPIC) {
+        Some(t) if !t.is_empty() => t,
+        _ => &record.topic,
+    }
+}
+
 /// The tier the record is in: its `retry_count` header (absent or not a number: 0, not a copy).
 pub(crate) fn tier(record: &InboxRecord) -> u32 {
     record
