@@ -4,56 +4,20 @@
 //! resumed; a retry copy under its original topic), the parked gauges after sweeps, a second
 //! inbox sharing the registry, and `outbox_inbox_consumer_lag` set by the runner.
 
+mod common;
+use common::{database, Effects};
 use std::ops::ControlFlow;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use mysql_async::prelude::Queryable;
-use mysql_async::Transaction;
-use outbox_inbox::{
-    Handler, HandlerError, Inbox, InboxConfig, InboxConsumer, InboxRecord, Outcome,
-};
-use outbox_relay_testkit::db::migrations_dir;
+use outbox_inbox::{Inbox, InboxConfig, InboxConsumer, InboxRecord, Outcome};
 use outbox_relay_testkit::kafka::create_topic;
+use outbox_relay_testkit::kafka_bootstrap;
 use outbox_relay_testkit::rdkafka::config::ClientConfig;
 use outbox_relay_testkit::rdkafka::message::{Header, OwnedHeaders};
 use outbox_relay_testkit::rdkafka::producer::{FutureProducer, FutureRecord};
 use outbox_relay_testkit::unique::unique_suffix;
-use outbox_relay_testkit::{kafka_bootstrap, TestDb};
 use prometheus::Registry;
-
-/// Inserts a row, then fails when the value is `poison`.
-struct Effects;
-
-impl Handler for Effects {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'_>,
-        record: &InboxRecord,
-    ) -> Result<(), HandlerError> {
-        tx.exec_drop(
-            "INSERT INTO effects (event_key) VALUES (?)",
-            (record.header_str("event_key").unwrap_or_default(),),
-        )
-        .await?;
-        if record.value.as_deref() == Some(b"poison") {
-            return Err("poison record".into());
-        }
-        Ok(())
-    }
-}
-
-async fn database() -> Result<TestDb> {
-    let db = TestDb::create("inbox_metrics").await?;
-    let mut conn = db.conn().await?;
-    for m in ["0004_inbox.sql", "0006_inbox_parked.sql"] {
-        conn.query_drop(std::fs::read_to_string(migrations_dir().join(m))?)
-            .await?;
-    }
-    conn.query_drop("CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_key TEXT)")
-        .await?;
-    Ok(db)
-}
 
 fn record(
     topic: &str,
@@ -110,7 +74,7 @@ async fn settled_records_are_counted_by_outcome_and_the_parked_gauges_follow_the
     let dlq = format!("{topic}.dlq");
     let bootstrap = kafka_bootstrap();
     create_topic(&bootstrap, &dlq, 1_000_000).await?;
-    let db = database().await?;
+    let db = database("inbox_metrics").await?;
     let registry = Registry::new();
     let consumer = format!("metrics-{suffix}");
     let mut config = InboxConfig::new(&consumer, &dlq);
@@ -206,7 +170,7 @@ async fn settled_records_are_counted_by_outcome_and_the_parked_gauges_follow_the
 
 #[tokio::test]
 async fn no_registry_no_metrics_in_the_default_registry() -> Result<()> {
-    let db = database().await?;
+    let db = database("inbox_metrics").await?;
     let inbox = Inbox::new(
         db.pool().clone(),
         InboxConfig::new(format!("nometrics-{}", unique_suffix()), "nometrics.dlq"),
@@ -229,7 +193,7 @@ async fn the_runner_sets_the_consumer_lag_of_the_partitions_it_reads() -> Result
     let dlq = format!("{topic}.dlq");
     let bootstrap = kafka_bootstrap();
     create_topic(&bootstrap, &topic, 1_000_000).await?;
-    let db = database().await?;
+    let db = database("inbox_metrics").await?;
     let registry = Registry::new();
     let consumer = format!("lag-{suffix}");
     let mut config = InboxConfig::new(&consumer, &dlq);

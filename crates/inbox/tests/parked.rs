@@ -4,38 +4,17 @@
 //! hook leaves the row for the next sweep; a hook that succeeds removes it (outcome
 //! `compensated`), and no dead letter is written.
 
+mod common;
+use common::{database, Effects};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use mysql_async::prelude::Queryable;
-use mysql_async::Transaction;
-use outbox_inbox::{
-    Handler, HandlerError, Hooks, Inbox, InboxConfig, InboxRecord, Outcome, Settled,
-};
-use outbox_relay_testkit::db::migrations_dir;
+use outbox_inbox::{Hooks, Inbox, InboxConfig, InboxRecord, Outcome, Settled};
 use outbox_relay_testkit::kafka::{create_topic, high_watermark_total};
 use outbox_relay_testkit::unique::unique_suffix;
-use outbox_relay_testkit::{kafka_bootstrap, wait_until, TestDb};
-
-/// Inserts one `effects` row with the record's event key in the inbox's transaction.
-struct Effects;
-
-impl Handler for Effects {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'_>,
-        record: &InboxRecord,
-    ) -> Result<(), HandlerError> {
-        let key = record
-            .header_str("event_key")
-            .unwrap_or_default()
-            .to_owned();
-        tx.exec_drop("INSERT INTO effects (event_key) VALUES (?)", (key,))
-            .await?;
-        Ok(())
-    }
-}
+use outbox_relay_testkit::{kafka_bootstrap, wait_until};
 
 /// Fails its first compensation, then compensates; notes what it was given and the outcomes.
 #[derive(Default)]
@@ -93,18 +72,7 @@ fn record(topic: &str, offset: i64, key: &str, version: &str) -> InboxRecord {
 
 #[tokio::test]
 async fn an_expired_gap_goes_to_the_compensation_hook_not_the_dead_letter_topic() -> Result<()> {
-    let db = TestDb::create("inbox_parked").await?;
-    let mut conn = db.conn().await?;
-    for m in ["0004_inbox.sql", "0006_inbox_parked.sql"] {
-        conn.query_drop(std::fs::read_to_string(migrations_dir().join(m))?)
-            .await?;
-    }
-    conn.query_drop(
-        "CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_key VARCHAR(255)) \
-         DEFAULT CHARSET = utf8mb4",
-    )
-    .await?;
-    drop(conn);
+    let db = database("inbox_parked").await?;
     let suffix = unique_suffix();
     let topic = format!("inbox-rust-parked-{suffix}");
     let dlq = format!("{topic}.dlq");

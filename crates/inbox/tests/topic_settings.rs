@@ -3,54 +3,20 @@
 //! attempt and another after 3; one topic parks version gaps while another dead-letters them; a
 //! retry copy is processed under its original topic's settings, not the consumer-wide ones.
 
+mod common;
+use common::{database, Effects};
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use mysql_async::prelude::Queryable;
-use mysql_async::Transaction;
 use outbox_inbox::{
-    GapPolicy, Handler, HandlerError, Inbox, InboxConfig, InboxConsumer, InboxRecord, Outcome,
-    TopicSettings,
+    GapPolicy, Inbox, InboxConfig, InboxConsumer, InboxRecord, Outcome, TopicSettings,
 };
-use outbox_relay_testkit::db::migrations_dir;
 use outbox_relay_testkit::kafka::{collect_records, create_topic, Record};
+use outbox_relay_testkit::kafka_bootstrap;
 use outbox_relay_testkit::unique::unique_suffix;
-use outbox_relay_testkit::{kafka_bootstrap, TestDb};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Inserts a row, then fails when the value is `poison`.
-struct Effects;
-
-impl Handler for Effects {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'_>,
-        record: &InboxRecord,
-    ) -> Result<(), HandlerError> {
-        tx.exec_drop(
-            "INSERT INTO effects (event_key) VALUES (?)",
-            (record.header_str("event_key").unwrap_or_default(),),
-        )
-        .await?;
-        if record.value.as_deref() == Some(b"poison") {
-            return Err("poison record".into());
-        }
-        Ok(())
-    }
-}
-
-async fn database() -> Result<TestDb> {
-    let db = TestDb::create("inbox_topics").await?;
-    let mut conn = db.conn().await?;
-    for m in ["0004_inbox.sql", "0006_inbox_parked.sql"] {
-        conn.query_drop(std::fs::read_to_string(migrations_dir().join(m))?)
-            .await?;
-    }
-    conn.query_drop("CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_key TEXT)")
-        .await?;
-    Ok(db)
-}
 
 fn record(
     topic: &str,
@@ -100,7 +66,7 @@ async fn each_topic_dead_letters_after_its_own_max_attempts() -> Result<()> {
     let dlq = format!("inbox-rust-pt-{suffix}.dlq");
     let bootstrap = kafka_bootstrap();
     create_topic(&bootstrap, &dlq, 1_000_000).await?;
-    let db = database().await?;
+    let db = database("inbox_topics").await?;
     let mut config = InboxConfig::new("pt-attempts", &dlq).topic(
         &once,
         TopicSettings {
@@ -157,7 +123,7 @@ async fn one_topic_parks_a_version_gap_another_dead_letters_it() -> Result<()> {
     let dlq = format!("inbox-rust-pt-gap-{suffix}.dlq");
     let bootstrap = kafka_bootstrap();
     create_topic(&bootstrap, &dlq, 1_000_000).await?;
-    let db = database().await?;
+    let db = database("inbox_topics").await?;
     // Consumer-wide: dead-letter gaps; one topic parks them, with its own deadline.
     let mut config = InboxConfig::new("pt-gaps", &dlq).topic(
         &parks,
@@ -240,7 +206,7 @@ async fn a_retry_copy_uses_its_original_topics_settings() -> Result<()> {
     for t in [&dlq, &tier1] {
         create_topic(&bootstrap, t, 1_000_000).await?;
     }
-    let db = database().await?;
+    let db = database("inbox_topics").await?;
     // Consumer-wide: 3 attempts, no tiers. The topic: 1 attempt, one tier.
     let mut config = InboxConfig::new("pt-copy", &dlq).topic(
         &topic,
@@ -302,7 +268,7 @@ async fn the_runner_creates_and_reads_each_topics_own_tier_topics_and_sweeps_whe
     for t in [&two, &none, &wide] {
         create_topic(&bootstrap, t, 1_000_000).await?;
     }
-    let db = database().await?;
+    let db = database("inbox_topics").await?;
     let registry = prometheus::Registry::new();
     let consumer = format!("pt-run-{suffix}");
     // Consumer-wide: one tier, gaps dead-lettered. `two`: two tiers and parked gaps; `none`: no
