@@ -40,6 +40,15 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Where the Java, Go and Python scenario consumers are: `OUTBOX_INBOX_HELPERS_DIR` (an `inbox/`
+/// folder of another checkout, to run these scenarios against helpers built there), else this
+/// repository's `inbox/`.
+fn helpers_dir() -> PathBuf {
+    std::env::var_os("OUTBOX_INBOX_HELPERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("inbox"))
+}
+
 /// A helper's scenario consumer: the command line of `inbox/CONTRACT.md`.
 #[derive(Debug, Clone)]
 struct Lang {
@@ -61,10 +70,10 @@ fn langs() -> Result<Vec<Lang>> {
     for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (program, args): (PathBuf, Vec<String>) = match name {
             "rust" => (target_debug.join("examples/scenario_consumer"), vec![]),
-            "java" => (repo().join("inbox/java/run-scenario-consumer"), vec![]),
-            "go" => (repo().join("inbox/go/bin/scenario-consumer"), vec![]),
+            "java" => (helpers_dir().join("java/run-scenario-consumer"), vec![]),
+            "go" => (helpers_dir().join("go/bin/scenario-consumer"), vec![]),
             "python" => (
-                repo().join("inbox/python/.venv/bin/python"),
+                helpers_dir().join("python/.venv/bin/python"),
                 vec![
                     "-m".into(),
                     "outbox_inbox.examples.scenario_consumer".into(),
