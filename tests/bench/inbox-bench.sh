@@ -42,7 +42,7 @@ kafka_topics() { java -cp "${KAFKA_LIBS_DIR:-$SERVICES_DIR/kafka-libs-$KAFKA_VER
 
 program() {
   case "$1" in
-    rust) echo "target/release/examples/scenario_consumer" ;;
+    rust) echo "${CARGO_TARGET_DIR:-target}/release/examples/scenario_consumer" ;;
     java) echo "inbox/java/run-scenario-consumer" ;;
     go) echo "inbox/go/bin/scenario-consumer" ;;
     python) echo "inbox/python/.venv/bin/python -m outbox_inbox.examples.scenario_consumer" ;;
