@@ -295,6 +295,10 @@ async fn run() -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?;
     }
+    // Batch mode (plain mode above ignores it): INBOX_BATCH records at most per transaction,
+    // waiting INBOX_BATCH_WAIT_MS for more.
+    config.batch_max_records = number("INBOX_BATCH", 1usize)?;
+    config.batch_max_wait = Duration::from_millis(number("INBOX_BATCH_WAIT_MS", 20u64)?);
     let hooks = CrashHooks {
         point: env("INBOX_CRASH_POINT"),
         event_key: env("INBOX_CRASH_EVENT_KEY"),

@@ -176,7 +176,18 @@ pub struct InboxConfig {
     /// `prometheus::default_registry().clone()` for it). Inboxes sharing a registry share
     /// the series (told apart by `consumer`).
     pub metrics_registry: Option<prometheus::Registry>,
+    /// Batch mode (`inbox/CONTRACT.md`, "Batch mode"): the most records [`crate::InboxConsumer`]
+    /// settles in one database transaction through [`crate::Inbox::process_batch`]. 1 (the
+    /// default): batch mode off, every record through [`crate::Inbox::process`]. Consumer-wide;
+    /// 1 to 10,000 ([`crate::Inbox::new`] refuses other values).
+    pub batch_max_records: usize,
+    /// Batch mode: how long the runner waits for more records once a poll returned at least
+    /// one (20 ms), at most `batch_max_records` in all. Ignored when `batch_max_records` is 1.
+    pub batch_max_wait: Duration,
 }
+
+/// The largest [`InboxConfig::batch_max_records`].
+pub(crate) const BATCH_MAX_RECORDS_LIMIT: usize = 10_000;
 
 impl InboxConfig {
     /// The defaults of `inbox/CONTRACT.md` for `consumer`, dead-lettering to `dead_letter_topic`.
@@ -201,6 +212,8 @@ impl InboxConfig {
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             topics: BTreeMap::new(),
             metrics_registry: None,
+            batch_max_records: 1,
+            batch_max_wait: Duration::from_millis(20),
         }
     }
 
@@ -308,6 +321,13 @@ impl InboxConfig {
                 self.retry_topic_format
             ));
         }
+        if !(1..=BATCH_MAX_RECORDS_LIMIT).contains(&self.batch_max_records) {
+            return Err(format!(
+                "inbox batch_max_records is {}: it must be between 1 and {BATCH_MAX_RECORDS_LIMIT} \
+                 (1: batch mode off)",
+                self.batch_max_records
+            ));
+        }
         if self.max_attempts == 0 {
             return Err("inbox max_attempts is 0: it must be at least 1".into());
         }
@@ -371,6 +391,28 @@ impl InboxConfig {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_max_records_outside_1_to_10000_is_refused_with_the_value_and_range() {
+        for bad in [0usize, 10_001] {
+            let mut c = InboxConfig::new("c", "dlq");
+            c.batch_max_records = bad;
+            let e = c.validate().unwrap_err();
+            assert!(e.contains("batch_max_records"), "{e}");
+            assert!(e.contains(&format!("is {bad}")), "{e}");
+            assert!(e.contains("between 1 and 10000"), "{e}");
+        }
+        for good in [1usize, 2, 10_000] {
+            let mut c = InboxConfig::new("c", "dlq");
+            c.batch_max_records = good;
+            c.validate().unwrap();
+        }
+        assert_eq!(InboxConfig::new("c", "dlq").batch_max_records, 1);
+        assert_eq!(
+            InboxConfig::new("c", "dlq").batch_max_wait,
+            Duration::from_millis(20)
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {

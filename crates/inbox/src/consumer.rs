@@ -257,6 +257,7 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             c.version_header.is_some() && c.parks_anywhere()
         };
         let mut last_sweep: Option<Instant> = None;
+        let batch_max = self.inbox.config().batch_max_records;
         loop {
             self.resume_due(&mut waiting);
             if parks
@@ -316,25 +317,23 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
             let received = Instant::now();
             let record = InboxRecord::from_message(&message);
             drop(message);
-            self.record_lag(&record);
-            let tp = (record.topic.clone(), record.partition);
-            let rebalances = self.rebalances();
-            if let Some(w) = waiting.get(&tp) {
-                if w.rebalances == rebalances {
-                    // Fetched before the pause: delivered again after the resume (the position
-                    // is the copy's).
-                    continue;
+            if batch_max > 1 {
+                let polled = self
+                    .poll_batch(record, received, batch_max, &mut waiting)
+                    .await?;
+                let stop = self.settle_polled(polled, &mut on_settled).await;
+                // The poll batch's settled records, committed synchronously.
+                commit_stored(&self.consumer)
+                    .map_err(|e| InboxError::kafka("committing offsets", e))?;
+                uncommitted = false;
+                if stop? {
+                    break;
                 }
-                // The partition was assigned again meanwhile (not paused any more, position
-                // from the committed offset): this record is the next one.
-                waiting.remove(&tp);
+                continue;
             }
-            if let Some(at) = crate::retry::retry_at(&record) {
-                if at > crate::retry::now_ms() && crate::retry::tier(&record) > 0 {
-                    self.wait_for(&record, at)?;
-                    waiting.insert(tp, Waiting { at, rebalances });
-                    continue;
-                }
+            self.record_lag(&record);
+            if !self.admit(&record, &mut waiting)? {
+                continue;
             }
             let settled = match self.inbox.process(&record, &self.handler).await {
                 Ok(settled) => settled,
@@ -363,6 +362,132 @@ impl<F: Handler, H: Hooks> InboxConsumer<F, H> {
         }
         self.consumer.unsubscribe();
         Ok(())
+    }
+
+    /// Whether `record` is to be settled now: not when its partition is paused for a retry
+    /// copy (fetched before the pause: delivered again after the resume), nor when it is a
+    /// retry copy whose `retry_at` has not come (its partition is paused now).
+    fn admit(
+        &self,
+        record: &InboxRecord,
+        waiting: &mut HashMap<(String, i32), Waiting>,
+    ) -> Result<bool, InboxError> {
+        let tp = (record.topic.clone(), record.partition);
+        let rebalances = self.rebalances();
+        if let Some(w) = waiting.get(&tp) {
+            if w.rebalances == rebalances {
+                // Fetched before the pause: delivered again after the resume (the position
+                // is the copy's).
+                return Ok(false);
+            }
+            // The partition was assigned again meanwhile (not paused any more, position
+            // from the committed offset): this record is the next one.
+            waiting.remove(&tp);
+        }
+        if let Some(at) = crate::retry::retry_at(record) {
+            if at > crate::retry::now_ms() && crate::retry::tier(record) > 0 {
+                self.wait_for(record, at)?;
+                waiting.insert(tp, Waiting { at, rebalances });
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Batch mode: `first` and the records that follow it within
+    /// [`crate::InboxConfig::batch_max_wait`], at most `batch_max` received, those to be
+    /// settled now ([`InboxConsumer::admit`]) with when each was received.
+    async fn poll_batch(
+        &self,
+        first: InboxRecord,
+        received: Instant,
+        batch_max: usize,
+        waiting: &mut HashMap<(String, i32), Waiting>,
+    ) -> Result<Vec<(InboxRecord, Instant)>, InboxError> {
+        let deadline = received + self.inbox.config().batch_max_wait;
+        let mut polled = Vec::with_capacity(batch_max.min(1024));
+        let mut next = Some((first, received));
+        let mut count = 0usize;
+        loop {
+            let (record, at) = match next.take() {
+                Some(r) => r,
+                None => {
+                    if count >= batch_max {
+                        break;
+                    }
+                    let m = match self.consumer.recv().now_or_never() {
+                        Some(m) => m,
+                        None => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                break;
+                            }
+                            match tokio::time::timeout(left, self.consumer.recv()).await {
+                                Ok(m) => m,
+                                Err(_) => break,
+                            }
+                        }
+                    };
+                    match m {
+                        Ok(m) => {
+                            let r = InboxRecord::from_message(&m);
+                            (r, Instant::now())
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "inbox: consumer error");
+                            continue;
+                        }
+                    }
+                }
+            };
+            count += 1;
+            self.record_lag(&record);
+            if self.admit(&record, waiting)? {
+                polled.push((record, at));
+            }
+        }
+        Ok(polled)
+    }
+
+    /// Batch mode: settles a poll batch in order, runs of ordinary records through
+    /// [`Inbox::process_batch`], each retry copy alone through [`Inbox::process`]; stores the
+    /// offsets of the settled records. `Ok(true)`: `on_settled` asked to stop.
+    async fn settle_polled(
+        &self,
+        polled: Vec<(InboxRecord, Instant)>,
+        on_settled: &mut impl FnMut(&InboxRecord, &Settled, Duration) -> ControlFlow<()>,
+    ) -> Result<bool, InboxError> {
+        let is_copy =
+            |r: &InboxRecord| crate::retry::tier(r) > 0 || !self.topics.contains(&r.topic);
+        let mut stop = false;
+        let mut i = 0;
+        while i < polled.len() {
+            let j = if is_copy(&polled[i].0) {
+                i + 1
+            } else {
+                i + polled[i..].iter().take_while(|(r, _)| !is_copy(r)).count()
+            };
+            let run = &polled[i..j];
+            let settled = if j == i + 1 && is_copy(&run[0].0) {
+                vec![self.inbox.process(&run[0].0, &self.handler).await?]
+            } else {
+                let records: Vec<InboxRecord> = run.iter().map(|(r, _)| r.clone()).collect();
+                self.inbox.process_batch(&records, &self.handler).await?
+            };
+            for ((record, received), settled) in run.iter().zip(&settled) {
+                self.consumer
+                    .store_offset(&record.topic, record.partition, record.offset)
+                    .map_err(|e| InboxError::kafka("storing the offset", e))?;
+                if !stop && on_settled(record, settled, received.elapsed()).is_break() {
+                    stop = true;
+                }
+            }
+            if stop {
+                break;
+            }
+            i = j;
+        }
+        Ok(stop)
     }
 
     /// Sets `outbox_inbox_consumer_lag` of the record's partition (with metrics): the high

@@ -21,6 +21,8 @@ use crate::parked::{self, ParkedRow, ParkedSql, VersionKey};
 use crate::record::InboxRecord;
 use crate::retry;
 
+mod batch;
+
 /// MySQL/MariaDB `ER_DUP_ENTRY`: the inbox row exists, the event was processed before.
 const ER_DUP_ENTRY: u16 = 1062;
 
@@ -107,6 +109,10 @@ pub struct Inbox<H: Hooks = NoHooks> {
     parked_sql: ParkedSql,
     /// `None`: no [`InboxConfig::metrics_registry`].
     metrics: Option<Metrics>,
+    /// Whether the server is MariaDB (batch mode's statements differ), asked once.
+    mariadb: tokio::sync::OnceCell<bool>,
+    /// Tests only: called in a batch between finding the duplicates and the multi-row insert.
+    batch_hook: Option<batch::BatchHook>,
 }
 
 /// What one sweep of the parked table did ([`Inbox::sweep_parked`]).
@@ -170,6 +176,8 @@ impl Inbox<NoHooks> {
             hooks: NoHooks,
             tracing: Tracing::default(),
             metrics,
+            mariadb: tokio::sync::OnceCell::new(),
+            batch_hook: None,
         })
     }
 }
@@ -189,6 +197,8 @@ impl<H: Hooks> Inbox<H> {
             upsert_version_sql: self.upsert_version_sql,
             parked_sql: self.parked_sql,
             metrics: self.metrics,
+            mariadb: self.mariadb,
+            batch_hook: self.batch_hook,
         }
     }
 
@@ -273,7 +283,17 @@ impl<H: Hooks> Inbox<H> {
         record: &InboxRecord,
         handler: &F,
     ) -> Result<Settled, InboxError> {
-        let settled = self.process_one(record, handler, None).await?;
+        self.process_in(record, handler, None).await
+    }
+
+    /// [`Inbox::process`] in the consumer span `cx` when given (a batch record's), else a new one.
+    async fn process_in<F: Handler>(
+        &self,
+        record: &InboxRecord,
+        handler: &F,
+        cx: Option<opentelemetry::Context>,
+    ) -> Result<Settled, InboxError> {
+        let settled = self.process_one_in(record, handler, None, cx).await?;
         if settled.outcome == Outcome::Processed {
             if let Some(key) = self.version_key(record) {
                 self.resume_after(key, handler).await?;
@@ -548,9 +568,21 @@ impl<H: Hooks> Inbox<H> {
         handler: &F,
         parked: Option<&VersionKey>,
     ) -> Result<Settled, InboxError> {
-        let cx = self
-            .tracing
-            .start(record, &self.config.consumer, &self.config.event_key_header);
+        self.process_one_in(record, handler, parked, None).await
+    }
+
+    /// [`Inbox::process_one`] in the consumer span `cx` when given, else a new one.
+    async fn process_one_in<F: Handler>(
+        &self,
+        record: &InboxRecord,
+        handler: &F,
+        parked: Option<&VersionKey>,
+        cx: Option<opentelemetry::Context>,
+    ) -> Result<Settled, InboxError> {
+        let cx = cx.unwrap_or_else(|| {
+            self.tracing
+                .start(record, &self.config.consumer, &self.config.event_key_header)
+        });
         let result = async {
             let settled = self.settle(record, handler, parked).await?;
 
