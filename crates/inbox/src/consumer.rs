@@ -5,6 +5,12 @@
 //! ([`crate::InboxConfig::retry_tiers`]) it also consumes the tier topics; a copy whose
 //! `retry_at` has not come pauses its partition (position back on the copy, offset not
 //! committed) until then, and the other partitions go on.
+//!
+//! Batch mode ([`crate::InboxConfig::batch_max_records`] above 1): each poll batch (up to that
+//! many records, waiting up to [`crate::InboxConfig::batch_max_wait`] for more once one arrived)
+//! is settled in order, runs of ordinary records through [`Inbox::process_batch`], each retry
+//! copy alone through [`Inbox::process`]; the batch's offsets are committed synchronously after
+//! it.
 
 use std::future::Future;
 use std::ops::ControlFlow;

@@ -111,6 +111,47 @@
 //! Inboxes of one process on the same registry share the series (told apart by `consumer`);
 //! a series of the same name that is not an inbox's makes [`Inbox::new`] fail.
 //!
+//! # Batch mode
+//!
+//! For throughput (thousands of records a second on one partition), set
+//! [`InboxConfig::batch_max_records`] above 1 (e.g. 100; at most 10,000; default 1: off) and
+//! optionally [`InboxConfig::batch_max_wait`] (20 ms): [`InboxConsumer`] then takes up to
+//! `batch_max_records` records per poll, waiting at most `batch_max_wait` for more once one
+//! arrived, and settles each run of them in **one database transaction** with
+//! [`Inbox::process_batch`] (retry copies of retry tier topics still go one at a time through
+//! [`Inbox::process`]); the offsets are committed after each poll batch (`inbox/CONTRACT.md`,
+//! "Batch mode").
+//!
+//! What stays guaranteed: every record gets the outcome, rows (inbox, version, parked), hooks,
+//! metrics and span the single path would give it; a key already in the inbox, or a second
+//! record with the same key in the batch, is a duplicate; versions are checked in batch order
+//! (v5 then v6 of one aggregate in a batch are both in order; a gap is parked, or goes through
+//! the single path under `dead_letter`/`retry`). A handler error at record `i` rolls the batch
+//! back: records before `i` are redone as a batch, `i` alone through the single path (its own
+//! attempts, tiers, dead letter), the records after it as a new batch. An infrastructure error
+//! redoes the whole batch after the backoff, within the outage budget; when that runs out
+//! nothing of the batch is settled ([`InboxError::Outage`]).
+//!
+//! The handler runs **inside the batch's transaction**, record after record: a slow handler
+//! delays (and holds the locks of) the whole batch, and a record failing often costs the
+//! batch's redo. Keep handlers short; leave batch mode off for slow or failure-prone ones.
+//!
+//! Statements: on MariaDB (10.5+) one `INSERT IGNORE INTO outbox_inbox (…) VALUES (…), …
+//! RETURNING event_key` (the keys returned are new). On MySQL (no `RETURNING`) `SELECT
+//! event_key FROM outbox_inbox WHERE consumer = ? AND event_key IN (…) FOR UPDATE`, then one
+//! multi-row `INSERT` of the others; should another transaction insert one of them between the
+//! two (possible under READ COMMITTED), the `INSERT` fails with 1062 and the batch is redone at
+//! once (at most 5 times in a row), finding it a duplicate. The server is asked once
+//! (`SELECT VERSION()`). With versions: one `SELECT … FOR UPDATE` of the batch's aggregates and
+//! one multi-row upsert.
+//!
+//! ```
+//! # use std::time::Duration;
+//! let mut config = outbox_inbox::InboxConfig::new("fulfilment", "fulfilment.dead_letter");
+//! config.batch_max_records = 100;
+//! config.batch_max_wait = Duration::from_millis(20);
+//! ```
+//!
 //! # Trace context
 //!
 //! [`Inbox::process`] continues the producer's trace (`inbox/CONTRACT.md`, "Trace context"): it
