@@ -1166,7 +1166,7 @@ async fn parked_versions_resume_by_themselves() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_mode_parked_versions_resume_by_themselves() -> Result<()> {
+async fn batch_mode_parked_versions_resume() -> Result<()> {
     in_batch_mode(parked_versions_resume_scenario()).await
 }
 
