@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -197,6 +198,15 @@ type Settings struct {
 	// pass prometheus.DefaultRegisterer for it). Inboxes of different consumers may share a
 	// registry.
 	Registerer prometheus.Registerer
+	// BatchMaxRecords turns batch mode on when > 1 (inbox/CONTRACT.md, "Batch mode"): a
+	// [Runner] polls up to this many records (waiting up to BatchMaxWait for more once one
+	// arrived) and settles each run of ordinary records with [Inbox.ProcessBatch], in one
+	// database transaction; retry copies still go one at a time through [Inbox.Process].
+	// Consumer-wide. 0 means the default 1 (batch mode off); allowed 1 ..= 10000.
+	BatchMaxRecords int
+	// BatchMaxWait is how long a [Runner] in batch mode waits for more records once a poll
+	// returned fewer than BatchMaxRecords. 0 means the default 20 ms; must not be negative.
+	BatchMaxWait time.Duration
 	// Hooks are called at fixed points of the processing of each record.
 	Hooks Hooks
 	// TracerProvider gives the tracer of the consumer span of each record (inbox/CONTRACT.md,
@@ -246,6 +256,10 @@ type Inbox struct {
 	stored   string
 	upsert   string
 	pk       parkedSQL
+	bsql     batchSQL
+
+	flavorMu sync.Mutex
+	flavor   serverFlavor // detected once (batch mode), then cached
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?$`)
@@ -324,6 +338,19 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if s.OutageBudget == 0 {
 		s.OutageBudget = 5 * time.Minute
 	}
+	if s.BatchMaxRecords == 0 {
+		s.BatchMaxRecords = 1
+	}
+	if s.BatchMaxRecords < 1 || s.BatchMaxRecords > maxBatchRecords {
+		return nil, fmt.Errorf("inbox: Settings.BatchMaxRecords = %d is out of range (allowed 1 ..= %d; 1: batch mode off)",
+			s.BatchMaxRecords, maxBatchRecords)
+	}
+	if s.BatchMaxWait == 0 {
+		s.BatchMaxWait = 20 * time.Millisecond
+	}
+	if s.BatchMaxWait < 0 {
+		return nil, fmt.Errorf("inbox: Settings.BatchMaxWait = %s must not be negative", s.BatchMaxWait)
+	}
 	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 || s.OutageBudget < 0 {
 		return nil, errors.New("inbox: MaxAttempts must be >= 1, 0 <= BackoffInitial <= BackoffMax and OutageBudget >= 0")
 	}
@@ -368,6 +395,7 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 		selVer:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
 		stored:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ?",
 		pk:       newParkedSQL(pt),
+		bsql:     newBatchSQL(it, vt),
 		upsert: "INSERT INTO " + vt + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)" +
 			" ON DUPLICATE KEY UPDATE version = VALUES(version)",
 	}, nil
