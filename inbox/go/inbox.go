@@ -13,6 +13,8 @@
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
 // consumer loop (poll, process in partition order, commit processed offsets synchronously).
+// Batch mode (Settings.BatchMaxRecords > 1, [Inbox.ProcessBatch]) settles a poll's records in
+// one database transaction, with the same outcomes.
 package inbox
 
 import (

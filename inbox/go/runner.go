@@ -21,7 +21,7 @@ type RunnerConfig struct {
 	// Group is the consumer group id. Default: Settings.Consumer.
 	Group string
 	// MaxPollRecords bounds the records processed between two offset commits (and while a
-	// rebalance waits). Default 500.
+	// rebalance waits). Default 500. In batch mode Settings.BatchMaxRecords is used instead.
 	MaxPollRecords int
 	// Logger receives poll and offset-commit errors the runner survives. Default slog.Default().
 	Logger *slog.Logger
@@ -39,6 +39,10 @@ type RunnerConfig struct {
 // it also consumes the tier topics of its topics, each topic by its own tier count: a
 // copy whose retry_at has not come pauses its partition (position back to the copy, nothing of
 // it committed) until then, while the other partitions go on.
+// In batch mode (Settings.BatchMaxRecords > 1) it polls up to BatchMaxRecords records (instead
+// of MaxPollRecords), waiting up to Settings.BatchMaxWait for more once some arrived, and
+// settles each run of ordinary records with [Inbox.ProcessBatch] (one transaction); retry
+// copies go one at a time through [Inbox.Process]. The offsets are committed as in single mode.
 // Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
 // finish within the group's rebalance timeout (60 s by default): bound it with MaxPollRecords.
 type Runner struct {
