@@ -571,3 +571,95 @@ func TestRunnerBatchModeRetryCopyGoesAlone(t *testing.T) {
 		t.Errorf("settled: %s", got)
 	}
 }
+
+// Step 1: a record without event_key, one with an invalid version and one with an event_key over
+// the column's 1020 bytes get exactly the single path's outcomes and dead letters; the others
+// of the batch are processed.
+func TestBatchPreSettlement(t *testing.T) {
+	for _, server := range batchServers {
+		t.Run(server, func(t *testing.T) {
+			e := newEnvOn(t, server, 1, nil)
+			s := e.settings()
+			s.VersionHeader = "version"
+			in := e.newInbox(t, s)
+			var calls atomic.Int32
+			long := strings.Repeat("k", 1021)
+			recs := []*kgo.Record{
+				e.record(0, "order-0", "event_key", "e-0"),
+				e.record(1, "order-1"), // no event_key
+				e.record(2, "order-2", "event_key", "e-2", "aggregate_type", "order", "version", "x"),
+				e.record(3, "order-3", "event_key", long),
+				e.record(4, "order-4", "event_key", "e-4"),
+			}
+			res := mustBatch(t, in, recs, effectHandler(&calls, nil))
+			if got := outcomes(res); got != "processed/1,dead_lettered/0,dead_lettered/0,dead_lettered/3,processed/1" {
+				t.Errorf("outcomes %s", got)
+			}
+			if res[1].Reason != "missing event_key header" || res[2].Reason != "invalid version header: x" ||
+				!strings.Contains(res[3].Reason, "Data too long") {
+				t.Errorf("reasons %q, %q, %q", res[1].Reason, res[2].Reason, res[3].Reason)
+			}
+			dls := e.readDLQ(t, 3)
+			var got []string
+			for _, dl := range dls {
+				got = append(got, hdr(dl, "dlq_offset")+":"+hdr(dl, "dlq_attempts"))
+			}
+			if strings.Join(got, ",") != "1:0,2:0,3:3" {
+				t.Errorf("dead letters (offset:attempts) %v", got)
+			}
+			if n := e.count(t, "SELECT COUNT(*) FROM effects"); n != 2 {
+				t.Errorf("%d effects, want 2", n)
+			}
+		})
+	}
+}
+
+// MySQL: a batch that keeps meeting rows inserted by others after its SELECT is redone at once
+// 5 times in a row, then after the backoff (as after an infrastructure error); every key found
+// is a duplicate, never ignored.
+func TestBatchRaceRedosAreBounded(t *testing.T) {
+	e := newEnvOn(t, serverMySQL, 1, map[string]string{"transaction_isolation": "'READ-COMMITTED'"})
+	s := e.settings()
+	s.BackoffInitial = 300 * time.Millisecond
+	s.BackoffMax = time.Second
+	in := e.newInbox(t, s)
+	other, err := sql.Open("mysql", dbConfigOn(serverMySQL, "").FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	var dbName string
+	if err := e.db.QueryRow("SELECT DATABASE()").Scan(&dbName); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	var seventh time.Time
+	inbox.SetTestHookAfterBatchSelect(func() {
+		n := runs.Add(1)
+		if n == 7 {
+			seventh = time.Now()
+		}
+		if n <= 7 { // the first 7 runs meet a new row each
+			if _, err := other.Exec(fmt.Sprintf("INSERT INTO %s.outbox_inbox (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES ('test-consumer', 'e-%d', 'elsewhere', 0, 0)", dbName, n-1)); err != nil {
+				t.Errorf("the other transaction: %v", err)
+			}
+		}
+	})
+	t.Cleanup(func() { inbox.SetTestHookAfterBatchSelect(nil) })
+	var calls atomic.Int32
+	start := time.Now()
+	res := mustBatch(t, in, e.batchRecords(0, 8), effectHandler(&calls, nil))
+	if got := outcomes(res); got != repeatOutcome("duplicate/1", 7)+",processed/1" {
+		t.Errorf("outcomes %s", got)
+	}
+	if n := runs.Load(); n != 8 {
+		t.Errorf("%d runs, want 8", n)
+	}
+	// Runs 1-6 back to back, then the backoff before run 7.
+	if d := seventh.Sub(start); d < 300*time.Millisecond {
+		t.Errorf("run 7 came %v after the start: want the backoff (300 ms) after 6 races", d)
+	}
+	if n := e.count(t, "SELECT COUNT(*) FROM effects"); n != 1 || calls.Load() != 1 {
+		t.Errorf("%d effects, handler ran %d times; want 1, 1", n, calls.Load())
+	}
+}
