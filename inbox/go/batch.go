@@ -109,6 +109,9 @@ type batchState struct {
 	results []Result
 	ctxs    []context.Context
 	spans   []trace.Span
+	// failed: the handler's error at the position batchAttempts last returned (nil when the
+	// batch fell back to single records for another reason).
+	failed error
 }
 
 // span returns the context carrying record i's consumer span, starting it on first use.
@@ -211,11 +214,14 @@ func (in *Inbox) batch(ctx context.Context, st *batchState, idx []int, h Handler
 		if failAt < 0 {
 			return nil
 		}
-		// Before it: again as a batch; it: alone through the single path; after it: a new batch.
+		failed := st.failed
+		st.failed = nil
+		// Before it: again as a batch; it: alone through the single path, the failed batch run
+		// counting as its first attempt; after it: a new batch.
 		if err := in.batch(ctx, st, idx[:failAt], h); err != nil {
 			return err
 		}
-		if err := in.single(ctx, st, idx[failAt], h); err != nil {
+		if err := in.single(ctx, st, idx[failAt], h, failed); err != nil {
 			return err
 		}
 		idx = idx[failAt+1:]
@@ -223,11 +229,12 @@ func (in *Inbox) batch(ctx context.Context, st *batchState, idx []int, h Handler
 	return nil
 }
 
-// single is Process for record i, in the consumer span its batch attempt started.
-func (in *Inbox) single(ctx context.Context, st *batchState, i int, h Handler) error {
+// single is Process for record i, in the consumer span its batch attempt started. failed: the
+// error of its failed batch run, which counts as its first attempt (nil: none).
+func (in *Inbox) single(ctx context.Context, st *batchState, i int, h Handler, failed error) error {
 	rec := st.recs[i]
 	sctx := in.span(ctx, st, i)
-	res, err := in.process(sctx, rec, h, nil)
+	res, err := in.processAfter(sctx, rec, h, nil, failed)
 	endSpan(st.spans[i], res, err)
 	st.spans[i] = nil
 	if err != nil {
@@ -284,6 +291,7 @@ func (in *Inbox) batchAttempts(ctx context.Context, st *batchState, idx []int, h
 		}
 		var hf *handlerFailure
 		if errors.As(err, &hf) {
+			st.failed = hf.err
 			return hf.at, nil
 		}
 		var race *raceError

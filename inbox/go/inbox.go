@@ -501,6 +501,14 @@ func (in *Inbox) settled(rec *kgo.Record, res Result) (Result, error) {
 // process is Process inside the consumer span (carried by ctx). parked: the record is a parked
 // row's (its slot in the parked table), applied by itself.
 func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey) (Result, error) {
+	return in.processAfter(ctx, rec, h, parked, nil)
+}
+
+// processAfter is process after an attempt already made elsewhere: failed, the error of a batch
+// run that failed at this record (inbox/CONTRACT.md, "Batch mode" 5), is its first attempt, and
+// the loop goes on from there (the backoff, attempt 2, or at once the tier or dead letter when
+// it was the last). nil: none.
+func (in *Inbox) processAfter(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey, failed error) (Result, error) {
 	key, _ := header(rec, in.s.EventKeyHeader)
 	if key == "" {
 		return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"}, parked)
@@ -516,7 +524,13 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 	var outageRetries *backoff.ExponentialBackOff
 	var outageSince time.Time
 	for {
-		out, err := in.attempt(ctx, rec, key, version, hasVersion, h, parked)
+		var out Outcome
+		var err error
+		if failed != nil {
+			err, failed = failed, nil
+		} else {
+			out, err = in.attempt(ctx, rec, key, version, hasVersion, h, parked)
+		}
 		if err == nil && out == Duplicate && parked != nil {
 			// Applied before (a redelivery of it was processed): not parked any more.
 			err = in.deleteParked(ctx, *parked)
