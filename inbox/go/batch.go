@@ -291,7 +291,12 @@ func (in *Inbox) batchAttempts(ctx context.Context, st *batchState, idx []int, h
 		}
 		var hf *handlerFailure
 		if errors.As(err, &hf) {
-			st.failed = hf.err
+			// A handler's error is the record's attempt 1; a version gap (dead_letter or
+			// retry policy) is not: the single path finds it again as its own attempt 1.
+			var gap *gapError
+			if !errors.As(hf.err, &gap) {
+				st.failed = hf.err
+			}
 			return hf.at, nil
 		}
 		var race *raceError
