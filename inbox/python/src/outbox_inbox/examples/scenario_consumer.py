@@ -211,6 +211,9 @@ def main() -> int:
             gap_deadline=int(_env("INBOX_GAP_DEADLINE_MS", "3600000")) / 1000.0,
             park_sweep_interval=int(_env("INBOX_PARK_SWEEP_MS", "10000")) / 1000.0,
             retry_tiers=_retry_tiers(_env("INBOX_RETRY_TIERS_MS")),
+            # Batch mode (1: off); the BENCH latency then runs until the record's batch settled.
+            batch_max_records=int(_env("INBOX_BATCH", "1")),
+            batch_max_wait=int(_env("INBOX_BATCH_WAIT_MS", "20")) / 1000.0,
         )
         crash_after_commit = _crash_hook("after_db_commit", *crash)
         # The copy is on its tier, the record's offset not committed.
