@@ -205,6 +205,7 @@ class _Item:
         "ended",
         "index",
         "key",
+        "origin",
         "outcome",
         "raw_agg",
         "raw_key",
@@ -217,6 +218,7 @@ class _Item:
     def __init__(self, index, record, key, raw_key, version, span):
         self.index, self.record, self.key, self.raw_key = index, record, key, raw_key
         self.version, self.span = version, span
+        self.origin = origin(record)  # (topic, partition, offset) for its inbox row
         self.agg = self.raw_agg = None
         self.outcome: Outcome | None = None
         self.reason: str | None = None
@@ -751,14 +753,16 @@ class Inbox:
         span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, str(error)))
 
-    def _report(self, record, result: ProcessResult, span: trace.Span) -> None:
-        """A settled record: its span's outcome, the metric, ``after_commit``."""
+    def _report(self, record, result: ProcessResult, span: trace.Span, topic=None) -> None:
+        """A settled record: its span's outcome, the metric (``topic``: its original topic,
+        when known), ``after_commit``."""
         span.set_attributes(
             {"inbox.outcome": result.outcome.value, "inbox.attempts": result.attempts}
         )
         if result.outcome is Outcome.DEAD_LETTERED:
             span.set_status(Status(StatusCode.ERROR, result.reason))
-        self._count(record, result.outcome)
+        if self.metrics is not None:
+            self.metrics.settled(topic or origin(record)[0], result.outcome.value)
         try:
             self.hooks.after_commit(record, result)
         except Exception as error:
@@ -931,7 +935,7 @@ class Inbox:
             for item in items:
                 item.ended = True
                 try:
-                    self._report(item.record, results[item.index], item.span)
+                    self._report(item.record, results[item.index], item.span, item.origin[0])
                 finally:
                     item.span.end()
             if moved:
@@ -975,7 +979,7 @@ class Inbox:
         rows = "(%s, %s, %s, %s, %s)"
         params: list = []
         for item in fresh:
-            params += (s.consumer, item.key, *origin(item.record))
+            params += (s.consumer, item.key, *item.origin)
         if self._mariadb:
             if _test_hook_after_batch_select is not None:
                 _test_hook_after_batch_select()
@@ -999,7 +1003,7 @@ class Inbox:
                 params = []
                 for item in fresh:
                     if item.raw_key in new:
-                        params += (s.consumer, item.key, *origin(item.record))
+                        params += (s.consumer, item.key, *item.origin)
                 try:
                     cur.execute(self._sql_batch_insert + ", ".join([rows] * len(new)), params)
                 except pymysql.err.IntegrityError as error:
