@@ -107,7 +107,7 @@ class InboxRunner:
             else 0
         )
         self._tier_topics = set(tier_topics)
-        self._lost: set[tuple[str, int]] = set()  # partitions lost during the current poll
+        self._lost: set[tuple[str, int]] = set()  # partitions lost during a batch's 2nd call
         self._subscribed = False
         self._pending: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         # Partitions paused on a retry copy whose retry_at has not come -> when to resume them
@@ -202,26 +202,28 @@ class InboxRunner:
         due = self._resume_due()
         if due is not None:  # wake up when the next paused partition is due
             timeout = min(timeout, max(due - time.time(), 0.001))
-        self._lost.clear()
         first = self._consumer.poll(timeout)
         polled_at = time.monotonic()
         if first is None:
             self._commit()
             return
         records = [first]
-        if self._batch > 1:
-            wait = self._processor.settings.batch_max_wait
-            records += self._consumer.consume(self._batch - 1, wait)
-            polled_at = time.monotonic()
-        lost = self._lost
+        wait = self._processor.settings.batch_max_wait
+        self._lost.clear()
+        records += self._consumer.consume(self._batch - 1, wait)
+        if (first.topic(), first.partition()) in self._lost:
+            # Revoked by a rebalance inside the second call: no longer ours (not committed; its
+            # partition's new owner, or this consumer once it gets it back, reads it again).
+            # What the second call returned was fetched after the rebalance.
+            records = records[1:]
+        # The first record was returned by the first call, the others by the second.
+        first_polled_at, polled_at = polled_at, time.monotonic()
         run: list[Message] = []
         last: dict[tuple[str, int], Message] = {}
         for record in records:
             if not self._usable(record):
                 continue
             tp = (record.topic(), record.partition())
-            if tp in lost:
-                continue  # revoked by a rebalance inside the second call: not ours any more
             last[tp] = record
             if tp in self._waiting:
                 continue  # paused on an earlier copy: fetched again once resumed
@@ -230,24 +232,28 @@ class InboxRunner:
                 if at is not None and time.time() < at:
                     self._wait(record, at)
                     continue
-                self._settle_run(run, polled_at)
+                self._settle_run(run, polled_at, first, first_polled_at)
                 run = []
                 result = self._processor.process(record, self._handler)
-                self._settled(record, result, polled_at)
+                self._settled(record, result, first_polled_at if record is first else polled_at)
                 continue
             run.append(record)
-        self._settle_run(run, polled_at)
+        self._settle_run(run, polled_at, first, first_polled_at)
         if self._metrics is not None:
             for record in last.values():
                 self._record_lag(record)
         self._commit()
 
-    def _settle_run(self, run: list[Message], polled_at: float) -> None:
+    def _settle_run(
+        self, run: list[Message], polled_at: float, first: Message, first_polled_at: float
+    ) -> None:
+        """``process_batch`` of ``run``; ``on_settled`` per record (``first_polled_at`` for
+        ``first``, the record the poll's first call returned)."""
         if not run:
             return
         results = self._processor.process_batch(run, self._handler)
         for record, result in zip(run, results, strict=True):
-            self._settled(record, result, polled_at)
+            self._settled(record, result, first_polled_at if record is first else polled_at)
 
     def _settled(self, record: Message, result: ProcessResult, polled_at: float) -> None:
         self._pending[(record.topic(), record.partition())] = record.offset() + 1
