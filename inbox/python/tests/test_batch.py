@@ -171,6 +171,8 @@ def test_batch_handler_error_splits_the_batch(any_db, topics) -> None:
     ]
     assert [r.attempts for r in results] == [1, 1, 1, 2, 1, 1, 1]
     assert results[3].reason == "poison record"
+    # The failed batch run was e-3's attempt 1: its handler ran max_attempts times in all.
+    assert handler.calls.count("e-3") == 2
     # The rolled-back batch left nothing: every other effect exactly once, none of e-3.
     assert effects(db) == ["e-0", "e-1", "e-2", "e-4", "e-5", "e-6"]
     assert [row[1] for row in inbox_rows(db)] == ["e-0", "e-1", "e-2", "e-4", "e-5", "e-6"]

@@ -203,6 +203,7 @@ class _Item:
     __slots__ = (
         "agg",
         "ended",
+        "failure",
         "index",
         "key",
         "origin",
@@ -219,6 +220,7 @@ class _Item:
         self.index, self.record, self.key, self.raw_key = index, record, key, raw_key
         self.version, self.span = version, span
         self.origin = origin(record)  # (topic, partition, offset) for its inbox row
+        self.failure: BaseException | None = None  # its handler's error in a failed batch run
         self.agg = self.raw_agg = None
         self.outcome: Outcome | None = None
         self.reason: str | None = None
@@ -513,8 +515,8 @@ class Inbox:
         versions")."""
         return self._process_single(record, handler, None)
 
-    def _process_single(self, record, handler: Handler, span) -> ProcessResult:
-        result = self._process_one(record, handler, None, span)
+    def _process_single(self, record, handler: Handler, span, failure=None) -> ProcessResult:
+        result = self._process_one(record, handler, None, span, failure)
         if result.outcome is Outcome.PROCESSED:
             key = self._version_key(record)
             if key is not None:
@@ -699,7 +701,9 @@ class Inbox:
         conn.commit()
         return True
 
-    def _process_one(self, record, handler: Handler, parked, span=None) -> ProcessResult:
+    def _process_one(
+        self, record, handler: Handler, parked, span=None, failure=None
+    ) -> ProcessResult:
         """Settle one record: run ``handler`` in a transaction with its inbox row, retrying with
         exponential backoff, or dead-letter it. Blocks until settled (retries included).
 
@@ -720,6 +724,9 @@ class Inbox:
 
         Runs inside the record's consumer span (see :class:`Inbox`): its status is ERROR for a
         parked or dead-lettered record and when this raises.
+
+        ``failure``: the handler's error of a batch run that failed at this record; it is the
+        record's attempt 1, and the attempts go on from there.
         """
         if span is None:
             span = self._start_span(record)
@@ -727,7 +734,7 @@ class Inbox:
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
             try:
-                result = self._settle(record, handler, parked)
+                result = self._settle(record, handler, parked, failure)
             except Exception as error:
                 self._unsettled(span, error)
                 raise
@@ -846,7 +853,10 @@ class Inbox:
             self._batch(items[:failed], handler, results)
             item = items[failed]
             item.ended = True  # the single path ends its span
-            results[item.index] = self._process_single(item.record, handler, item.span)
+            # The failed batch run is its attempt 1 (CONTRACT "Batch mode" 5).
+            results[item.index] = self._process_single(
+                item.record, handler, item.span, item.failure
+            )
             items = items[failed + 1 :]
 
     def _batch_transaction(self, items: list[_Item], handler: Handler, results: list) -> int | None:
@@ -864,6 +874,9 @@ class Inbox:
                 moved = self._batch_attempt(items, handler)
             except _HandlerFailed as failed:
                 self._rollback()
+                # A handler's error (its cause) is the record's attempt 1; a version gap (no
+                # cause) is not: the single path finds it again as its own attempt 1.
+                items[failed.position].failure = failed.__cause__
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(
                         "event_key %s: batch handler failed (%s); record alone",
@@ -1171,7 +1184,7 @@ class Inbox:
             self._drop_connection()
         self._producer.flush(10)
 
-    def _settle(self, record, handler: Handler, parked=None) -> ProcessResult:
+    def _settle(self, record, handler: Handler, parked=None, failure=None) -> ProcessResult:
         s = self.settings
         t = self._topic_settings(record)
         key = _text(_header(record, s.event_key_header))
@@ -1187,6 +1200,9 @@ class Inbox:
         outage_retries = 0
         while True:
             try:
+                if failure is not None:  # attempt 1 was a batch run's
+                    error, failure = failure, None
+                    raise error
                 outcome = self._attempt(record, key, version, handler, parked)
                 if outcome is Outcome.DUPLICATE and parked is not None:
                     # Applied before (a redelivery was processed): not parked any more.
