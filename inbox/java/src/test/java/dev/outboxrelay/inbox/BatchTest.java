@@ -566,6 +566,137 @@ class BatchTest {
     assertTrue(biggestPoll.get() <= 100, "max.poll.records = batch_max_records");
   }
 
+  /**
+   * (i) Retry copies in batch mode: ordinary records are settled in batches (the last three share
+   * one transaction), the retry copies from the tier topic each alone through the single path (a
+   * transaction each, attempts from 1).
+   */
+  @Test
+  void retryCopiesAreNotBatched() throws Exception {
+    TestServers s = SERVERS.get("mariadb");
+    String topic = s.topic("batch-tiers", 1);
+    String dlq = s.topic("batch-tiers-dlq", 1);
+    s.track(topic + ".retry.1");
+    String group = s.group("batch-tiers");
+    for (int i = 0; i < 6; i++) {
+      // B-1 and B-2 fail until they are in tier 1.
+      s.produceAsync(topic, 0, "o", "B-" + i, i == 1 || i == 2 ? "until-tier-1" : "{}");
+    }
+    s.producer().flush();
+    // The order of handler, beforeCommit and afterCommit calls shows the transactions: a batch
+    // runs its handlers, then its beforeCommits, then (after its commit) its afterCommits.
+    List<String> events = Collections.synchronizedList(new ArrayList<>());
+    Hooks hooks =
+        new Hooks() {
+          @Override
+          public void beforeCommit(ConsumerRecord<byte[], byte[]> record) {
+            events.add(
+                "before " + header(record, "event_key") + "/" + RetryHeaders.retryCount(record));
+          }
+
+          @Override
+          public void afterCommit(ConsumerRecord<byte[], byte[]> record, Result result) {
+            events.add(
+                "after " + header(record, "event_key") + "/" + RetryHeaders.retryCount(record));
+          }
+        };
+    Handler handler =
+        (tx, record) -> {
+          try (PreparedStatement ps =
+              tx.prepareStatement(
+                  "INSERT INTO coupons (consumer, order_id, event_key) VALUES (?, ?, ?)")) {
+            ps.setString(1, group);
+            ps.setString(2, "o");
+            ps.setString(3, header(record, "event_key"));
+            ps.executeUpdate();
+          }
+          events.add(
+              "handle " + header(record, "event_key") + "/" + RetryHeaders.retryCount(record));
+          boolean untilTier1 =
+              new String(record.value(), StandardCharsets.UTF_8).equals("until-tier-1");
+          if (untilTier1 && RetryHeaders.retryCount(record) < 1) {
+            throw new Exception("failing until tier 1");
+          }
+        };
+    List<String> outcomes = Collections.synchronizedList(new ArrayList<>());
+    InboxRunner[] runner = new InboxRunner[1];
+    runner[0] =
+        InboxRunner.builder(TestServers.kafka())
+            .inbox(
+                settings(group, dlq).retryTiers(List.of(Duration.ZERO)).build(),
+                s.dataSource,
+                handler)
+            .listener(
+                new InboxRunner.Listener() {
+                  @Override
+                  public void settled(ConsumerRecord<byte[], byte[]> record, Result result) {
+                    outcomes.add(
+                        header(record, "event_key")
+                            + " "
+                            + result.outcome().label()
+                            + " "
+                            + result.attempts());
+                    if (outcomes.size() >= 8) {
+                      runner[0].stop();
+                    }
+                  }
+                })
+            .hooks(hooks)
+            .pollTimeout(Duration.ofMillis(200))
+            .build();
+    runner[0].run(List.of(topic));
+    assertEquals(
+        List.of(
+            "B-0 processed 1",
+            "B-1 retried 2",
+            "B-2 retried 2",
+            "B-3 processed 1",
+            "B-4 processed 1",
+            "B-5 processed 1",
+            "B-1 processed 1",
+            "B-2 processed 1"),
+        outcomes);
+    for (int i = 0; i < 6; i++) {
+      assertEquals(1, s.coupons("B-" + i), "B-" + i);
+    }
+    // The batch after the split: one transaction (three handlers, then three beforeCommits).
+    int b3 = events.indexOf("handle B-3/0");
+    assertEquals(
+        List.of(
+            "handle B-3/0",
+            "handle B-4/0",
+            "handle B-5/0",
+            "before B-3/0",
+            "before B-4/0",
+            "before B-5/0",
+            "after B-3/0",
+            "after B-4/0",
+            "after B-5/0"),
+        events.subList(b3, b3 + 9));
+    // The copies: a transaction each.
+    int c1 = events.indexOf("handle B-1/1");
+    assertEquals(
+        List.of(
+            "handle B-1/1",
+            "before B-1/1",
+            "after B-1/1",
+            "handle B-2/1",
+            "before B-2/1",
+            "after B-2/1"),
+        events.subList(c1, c1 + 6),
+        events.toString());
+    assertEquals(6L, s.committed(group, topic, 0));
+    // The copies' offsets (the tier topic has the broker's default partitions).
+    long copies = 0;
+    for (Map.Entry<Integer, Long> end : s.endOffsets(topic + ".retry.1").entrySet()) {
+      copies += end.getValue();
+      if (end.getValue() > 0) {
+        assertEquals(end.getValue(), s.committed(group, topic + ".retry.1", end.getKey()));
+      }
+    }
+    assertEquals(2, copies);
+  }
+
   /** (h) batch_max_records outside 1..10000 and a negative batch_max_wait are refused. */
   @Test
   void batchSettingsAreChecked() {
