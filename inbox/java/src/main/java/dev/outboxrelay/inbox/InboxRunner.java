@@ -70,6 +70,14 @@ import org.slf4j.LoggerFactory;
  *
  * <p>With a meter registry ({@link InboxSettings.Builder#meterRegistry}), the runner sets {@code
  * outbox_inbox_consumer_lag} after each poll for the partitions that returned records.
+ *
+ * <p>Batch mode ({@link InboxSettings.Builder#batchMaxRecords} above 1; inbox/CONTRACT.md, "Batch
+ * mode"): the consumer's {@code max.poll.records} is set to {@code batchMaxRecords}; once a poll
+ * returned records the runner polls again for at most {@link InboxSettings#batchMaxWait()} (until
+ * it has {@code batchMaxRecords}), then settles consecutive ordinary records as batches of at most
+ * {@code batchMaxRecords} with {@link Inbox#processBatch} (one database transaction each) and each
+ * retry copy alone with {@link Inbox#process}. Offsets are committed after each poll batch as
+ * without it; a record's offset only once its batch settled.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -94,7 +102,8 @@ public final class InboxRunner implements AutoCloseable {
     default void subscribed() {}
 
     /**
-     * After a poll returned records, before they are processed.
+     * After a poll returned records, before they are processed (in batch mode also after each of
+     * the polls that fill a batch).
      *
      * @param records the batch
      */
@@ -402,13 +411,15 @@ public final class InboxRunner implements AutoCloseable {
         more.forEach(polled::add);
       }
     }
+    // A partition revoked during the extra polls is another member's now: leave its records.
+    java.util.Set<TopicPartition> assigned = consumer.assignment();
     List<ConsumerRecord<byte[], byte[]>> run = new ArrayList<>();
     for (ConsumerRecord<byte[], byte[]> record : polled) {
       if (stopping) {
         break;
       }
       TopicPartition tp = new TopicPartition(record.topic(), record.partition());
-      if (waiting.containsKey(tp)) {
+      if (waiting.containsKey(tp) || !assigned.contains(tp)) {
         continue; // after a copy that is not due: fetched again once it is
       }
       Long due = RetryHeaders.retryAt(record);
