@@ -295,9 +295,11 @@ class BatchTest {
             afterCommit.add(header(record, "event_key") + " " + result.outcome().label());
           }
         };
+    io.micrometer.core.instrument.simple.SimpleMeterRegistry registry =
+        new io.micrometer.core.instrument.simple.SimpleMeterRegistry();
     Inbox inbox =
         new Inbox(
-            settings(consumer, "unused").versionHeader("version").build(),
+            settings(consumer, "unused").versionHeader("version").meterRegistry(registry).build(),
             s.dataSource,
             s.producer(),
             hooks);
@@ -334,6 +336,14 @@ class BatchTest {
             "A-v4 resumed"),
         afterCommit);
     assertEquals(List.of("A-v1", "A-v2", "A-v3", "A-v4"), beforeCommit);
+    // outbox_inbox_records_total by outcome, as the single path counts (B-v5 processed alone).
+    Map<String, Double> counted = new HashMap<>();
+    registry
+        .find("outbox_inbox_records")
+        .tag("consumer", consumer)
+        .counters()
+        .forEach(c -> counted.put(c.getId().getTag("outcome"), c.count()));
+    assertEquals(Map.of("processed", 4.0, "parked", 1.0, "stale", 1.0, "resumed", 1.0), counted);
     assertEquals(
         4,
         s.count(
