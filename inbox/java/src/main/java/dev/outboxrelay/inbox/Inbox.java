@@ -516,8 +516,9 @@ public final class Inbox {
    * any other error: each record of the batch is settled by {@link #process}.
    *
    * <p>The records must be given in offset order per partition; records of several partitions may
-   * be mixed. Not for retry copies waiting for their {@code retry_at} (the poll loop's job, as with
-   * {@link #process}).
+   * be mixed. More than {@value InboxSettings#BATCH_MAX_RECORDS_LIMIT} are settled as consecutive
+   * batches of at most that many. Not for retry copies waiting for their {@code retry_at} (the poll
+   * loop's job, as with {@link #process}).
    *
    * @param records the records, in order (an empty list gives an empty result)
    * @param handler the business change, run once per record to apply, in the batch's transaction
@@ -554,7 +555,11 @@ public final class Inbox {
       }
       items.add(new BatchItem(i, record, eventKey, bytesKey(keyBytes), version));
     }
-    runBatch(items, handler, results);
+    // At most BATCH_MAX_RECORDS_LIMIT rows a statement (placeholders stay under 65,535).
+    for (int from = 0; from < items.size(); from += InboxSettings.BATCH_MAX_RECORDS_LIMIT) {
+      int to = Math.min(items.size(), from + InboxSettings.BATCH_MAX_RECORDS_LIMIT);
+      runBatch(items.subList(from, to), handler, results);
+    }
     return java.util.Collections.unmodifiableList(java.util.Arrays.asList(results));
   }
 
