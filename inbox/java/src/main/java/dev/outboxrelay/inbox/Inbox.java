@@ -668,8 +668,15 @@ public final class Inbox {
               first.record.offset(),
               items.size(),
               error);
-          for (BatchItem item : items) {
-            results[item.index] = process(item.record, handler, item.span);
+          try {
+            for (BatchItem item : items) {
+              Span span = item.span;
+              item.span = null; // ended by process
+              results[item.index] = process(item.record, handler, span);
+            }
+          } catch (RuntimeException | Error unsettled) {
+            failBatch(items, unsettled);
+            throw unsettled;
           }
           return;
         }
@@ -725,10 +732,17 @@ public final class Inbox {
       }
       if (failed >= 0) {
         // Record `failed` failed: the ones before as a batch, it alone, the ones after as a batch.
-        runBatch(items.subList(0, failed), handler, results);
-        BatchItem item = items.get(failed);
-        results[item.index] = process(item.record, handler, item.span);
-        runBatch(items.subList(failed + 1, items.size()), handler, results);
+        try {
+          runBatch(items.subList(0, failed), handler, results);
+          BatchItem item = items.get(failed);
+          Span span = item.span;
+          item.span = null; // ended by process
+          results[item.index] = process(item.record, handler, span);
+          runBatch(items.subList(failed + 1, items.size()), handler, results);
+        } catch (RuntimeException | Error unsettled) {
+          failBatch(items, unsettled); // the spans of the records not reached
+          throw unsettled;
+        }
         return;
       }
       settled(items, results);
@@ -788,7 +802,7 @@ public final class Inbox {
   }
 
   /** The batch could not be settled: every record's span says so and ends. */
-  private static void failBatch(List<BatchItem> items, RuntimeException error) {
+  private static void failBatch(List<BatchItem> items, Throwable error) {
     for (BatchItem item : items) {
       if (item.span != null) {
         InboxTracing.failed(item.span, error, false);
