@@ -190,12 +190,16 @@ public final class Inbox {
    *     during a backoff: the record is not settled
    */
   public Result process(ConsumerRecord<byte[], byte[]> record, Handler handler) {
-    return process(record, handler, null);
+    return process(record, handler, null, null);
   }
 
-  /** {@link #process} in {@code span} when set (a record split off a batch), else its own. */
-  private Result process(ConsumerRecord<byte[], byte[]> record, Handler handler, Span span) {
-    Result result = processOne(record, handler, null, span);
+  /**
+   * {@link #process} in {@code span} when set (a record split off a batch), else its own; {@code
+   * failure}: the error of the batch run that failed at this record, its attempt 1 (null: none).
+   */
+  private Result process(
+      ConsumerRecord<byte[], byte[]> record, Handler handler, Span span, Exception failure) {
+    Result result = processOne(record, handler, null, span, failure);
     if (result.outcome() == Outcome.PROCESSED) {
       VersionKey key = versionKey(record);
       if (key != null) {
@@ -208,17 +212,24 @@ public final class Inbox {
   /** Settles one record (a parked one when {@code parked} is set) in its span, then afterCommit. */
   private Result processOne(
       ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
-    return processOne(record, handler, parked, null);
+    return processOne(record, handler, parked, null, null);
   }
 
-  /** As above, in {@code existing} (started for the record by a batch) when set. */
+  /**
+   * As above, in {@code existing} (started for the record by a batch) when set, after {@code
+   * failure} (a failed batch run's error: attempt 1) when set.
+   */
   private Result processOne(
-      ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked, Span existing) {
+      ConsumerRecord<byte[], byte[]> record,
+      Handler handler,
+      VersionKey parked,
+      Span existing,
+      Exception failure) {
     Span span = existing != null ? existing : InboxTracing.start(settings, consumerGroup, record);
     Scope scope = span.makeCurrent();
     Result result = null;
     try {
-      result = settle(record, handler, parked);
+      result = settle(record, handler, parked, failure);
       InboxTracing.settled(span, result);
       counted(record, result);
       hooks.afterCommit(record, result);
@@ -232,7 +243,11 @@ public final class Inbox {
     }
   }
 
-  private Result settle(ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
+  private Result settle(
+      ConsumerRecord<byte[], byte[]> record,
+      Handler handler,
+      VersionKey parked,
+      Exception failure) {
     String eventKey = InboxSettings.header(record, settings.eventKeyHeader());
     if (eventKey == null || eventKey.isEmpty()) {
       return deadLetterParked(
@@ -249,10 +264,16 @@ public final class Inbox {
     int attempt = 0; // attempts that count: not those ended by an infrastructure error
     long outageSince = 0; // System.nanoTime() of the first infrastructure error in a row
     int outageRetries = 0;
+    Exception batchFailure = failure;
     while (true) {
       try {
         Outcome outcome;
         try {
+          if (batchFailure != null) { // attempt 1 was a batch run's
+            Exception e = batchFailure;
+            batchFailure = null;
+            throw e;
+          }
           outcome = attempt(record, eventKey, version, handler, parked);
         } catch (VersionGap gap) {
           if (ts.gapPolicy() == GapPolicy.DEAD_LETTER) {
@@ -575,6 +596,7 @@ public final class Inbox {
     Span span;
     Outcome outcome;
     String parkReason;
+    Exception failure; // its handler's (or beforeCommit's) error in the batch run that failed
 
     BatchItem(
         int index,
@@ -672,7 +694,7 @@ public final class Inbox {
             for (BatchItem item : items) {
               Span span = item.span;
               item.span = null; // ended by process
-              results[item.index] = process(item.record, handler, span);
+              results[item.index] = process(item.record, handler, span, null);
             }
           } catch (RuntimeException | Error unsettled) {
             failBatch(items, unsettled);
@@ -737,7 +759,8 @@ public final class Inbox {
           BatchItem item = items.get(failed);
           Span span = item.span;
           item.span = null; // ended by process
-          results[item.index] = process(item.record, handler, span);
+          // The failed batch run is its attempt 1 (a version gap is not: failure null).
+          results[item.index] = process(item.record, handler, span, item.failure);
           runBatch(items.subList(failed + 1, items.size()), handler, results);
         } catch (RuntimeException | Error unsettled) {
           failBatch(items, unsettled); // the spans of the records not reached
@@ -1005,6 +1028,7 @@ public final class Inbox {
   }
 
   private static void batchRecordFailed(BatchItem item, Exception e) {
+    item.failure = e; // its attempt 1 (CONTRACT "Batch mode" 5)
     LOG.info(
         "{} {}-{}@{}: failed in a batch (rolled back; it goes alone, the others as batches): {}",
         item.eventKey,

@@ -254,6 +254,9 @@ class BatchTest {
           "p-" + i);
     }
     assertEquals(4, s.count("SELECT COUNT(*) FROM outbox_inbox WHERE consumer = ?", consumer));
+    // Handler runs: the batch up to p-2 (3), p-0 and p-1 again (2), p-2 once more alone (the
+    // failed batch run was its attempt 1 of max_attempts 2), p-3 and p-4 (2).
+    assertEquals(8, runs.get());
     // afterCommit once per record: the batch before, the poison record, the batch after.
     assertEquals(
         List.of(
