@@ -110,6 +110,7 @@ run "inbox helper suites: Python (on $first)" env INBOX_TEST_DB_PORT="$inbox_por
   INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/python && .venv/bin/pytest -q'
 run "inbox helper suites: Java (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/java && mvn -q -B test'
 
 printf '\n[test] summary:\n' >&2
