@@ -99,7 +99,8 @@ for server in "${servers[@]}"; do
 done
 
 # The consumer helpers' own suites (inbox/, built by `make inbox`), once, against the first
-# server of OUTBOX_TEST_SERVERS and the shared Kafka; the shared inbox scenarios
+# server of OUTBOX_TEST_SERVERS and the shared Kafka, their batch-mode tests also against MySQL
+# 8.0 (INBOX_TEST_MYSQL_PORT: batch mode's MySQL statements differ); the shared inbox scenarios
 # (tests/inbox_e2e.rs) ran above against every server.
 first="${servers[0]// /}"
 inbox_port="$(tests/services/server.sh "${first:-mariadb10}" port)"
