@@ -104,6 +104,7 @@ done
 # (tests/inbox_e2e.rs) ran above against every server.
 first="${servers[0]// /}"
 inbox_port="$(tests/services/server.sh "${first:-mariadb10}" port)"
+tests/services/server.sh mysql8 up >&2 # started already unless OUTBOX_TEST_SERVERS leaves it out
 run "inbox helper suites: Go (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
   INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/go && go test -count=1 ./...'
