@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo demo-inbox test lint helm-lint fmt services-up services-down clean bench fuzz inbox
+.PHONY: all build release demo demo-inbox test lint helm-lint prometheus-lint fmt services-up services-down clean bench fuzz inbox
 
 all: build
 
@@ -33,13 +33,22 @@ test: services-up inbox
 
 ## Formatting and lints, as CI runs them: Rust (rustfmt, clippy), the consumer helpers in
 ## inbox/ (Go: gofmt, go vet, staticcheck; Python: ruff format, ruff check; Java: Spotless
-## with google-java-format, javac -Xlint -Werror) and the Helm chart (helm-lint).
-lint: inbox helm-lint
+## with google-java-format, javac -Xlint -Werror), the Helm chart (helm-lint) and the Prometheus
+## alert rules (prometheus-lint).
+lint: inbox helm-lint prometheus-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd inbox/go && test -z "$$(gofmt -l .)" && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	cd inbox/python && .venv/bin/ruff format --check . && .venv/bin/ruff check .
 	cd inbox/java && mvn -q -B spotless:check
+
+## The Prometheus alert rules in deploy/prometheus: promtool (pinned; built once from the Go module
+## proxy into .tools/bin by deploy/prometheus/install-promtool.sh, several minutes) `check rules`
+## on every rule file and `test rules` on every unit test in deploy/prometheus/tests.
+prometheus-lint:
+	@set -euo pipefail; promtool="$$(deploy/prometheus/install-promtool.sh)"; \
+	"$$promtool" check rules deploy/prometheus/*-alerts.yaml; \
+	"$$promtool" test rules deploy/prometheus/tests/*.test.yaml
 
 ## The Helm chart deploy/helm/outbox-relay, without a cluster: helm (pinned; built once from the
 ## Go module proxy into .tools/bin by deploy/helm/install-helm.sh, a few minutes), `helm lint

@@ -286,6 +286,23 @@ async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()> {
     Ok(())
 }
 
+tokio::task_local! {
+    /// Set by [`in_batch_mode`]: every scenario consumer of the scenario runs in batch mode.
+    static BATCH_MODE: bool;
+}
+
+/// Poll batches of the batch-mode variants: up to 50 records in one database transaction
+/// (inbox/CONTRACT.md, "Batch mode"), waiting up to 200 ms for more, so the scenarios' records
+/// (already on the topic when most consumers start) share batches, and a failure or a crash hits
+/// a batch, not a lone record.
+const BATCH_ENV: [(&str, &str); 2] = [("INBOX_BATCH", "50"), ("INBOX_BATCH_WAIT_MS", "200")];
+
+/// Runs a scenario with every scenario consumer it starts in batch mode: the contract's
+/// guarantees must hold unchanged.
+async fn in_batch_mode(scenario: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    BATCH_MODE.scope(true, scenario).await
+}
+
 /// A scenario consumer process; stdout and stderr go to files read back by the test.
 struct ScenarioConsumer {
     label: String,
@@ -316,6 +333,11 @@ impl ScenarioConsumer {
             .stdin(Stdio::null())
             .stdout(File::create(&stdout)?)
             .stderr(File::create(&stderr)?);
+        if BATCH_MODE.try_with(|b| *b).unwrap_or(false) {
+            for (k, v) in BATCH_ENV {
+                cmd.env(k, v);
+            }
+        }
         for (k, v) in extra {
             cmd.env(k, v);
         }
@@ -576,6 +598,12 @@ where
     F: AsyncFn(&Lang, &Value) -> Result<()>,
 {
     let s = scenario(name)?;
+    let batch = BATCH_MODE.try_with(|b| *b).unwrap_or(false);
+    let name = &if batch {
+        format!("{name}, batch mode")
+    } else {
+        name.to_owned()
+    };
     let mut failures = Vec::new();
     for lang in langs()? {
         eprintln!("[{name}] {} ...", lang.name);
@@ -591,8 +619,7 @@ where
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_deliveries_grant_one_coupon_each() -> Result<()> {
+async fn duplicate_deliveries_scenario() -> Result<()> {
     each_lang("duplicate_deliveries", async |lang, s| {
         let partitions = s["partitions"].as_i64().unwrap_or(1) as i32;
         let copies = s["redeliver"]["copies"].as_u64().unwrap_or(1) as usize;
@@ -656,6 +683,16 @@ async fn duplicate_deliveries_grant_one_coupon_each() -> Result<()> {
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_deliveries_grant_one_coupon_each() -> Result<()> {
+    duplicate_deliveries_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_duplicate_deliveries_grant_one_coupon_each() -> Result<()> {
+    in_batch_mode(duplicate_deliveries_scenario()).await
 }
 
 async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) -> Result<()> {
@@ -729,8 +766,7 @@ async fn crash_scenario(lang: &Lang, s: &Value, committed_before_crash: bool) ->
     w.finish().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_handler_before_db_commit_grants_once() -> Result<()> {
+async fn crash_after_handler_scenario() -> Result<()> {
     each_lang("crash_after_handler", async |lang, s| {
         crash_scenario(lang, s, false).await
     })
@@ -738,11 +774,30 @@ async fn crash_after_handler_before_db_commit_grants_once() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_db_commit_before_offset_commit_grants_once() -> Result<()> {
+async fn crash_after_handler_before_db_commit_grants_once() -> Result<()> {
+    crash_after_handler_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_crash_after_handler_before_db_commit_grants_once() -> Result<()> {
+    in_batch_mode(crash_after_handler_scenario()).await
+}
+
+async fn crash_after_db_commit_scenario() -> Result<()> {
     each_lang("crash_after_db_commit", async |lang, s| {
         crash_scenario(lang, s, true).await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_db_commit_before_offset_commit_grants_once() -> Result<()> {
+    crash_after_db_commit_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_crash_after_db_commit_before_offset_commit_grants_once() -> Result<()> {
+    in_batch_mode(crash_after_db_commit_scenario()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -868,8 +923,7 @@ async fn check_expectations(
     Ok(dls)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_order_versions_are_stale_or_parked() -> Result<()> {
+async fn out_of_order_versions_scenario() -> Result<()> {
     each_lang("out_of_order_versions", async |lang, s| {
         let evs = events(s);
         let w = World::new("vers", &lang.name, 1).await?;
@@ -900,6 +954,16 @@ async fn out_of_order_versions_are_stale_or_parked() -> Result<()> {
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_versions_are_stale_or_parked() -> Result<()> {
+    out_of_order_versions_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_out_of_order_versions_are_stale_or_parked() -> Result<()> {
+    in_batch_mode(out_of_order_versions_scenario()).await
 }
 
 /// Parked rows left for the scenario consumer `fulfilment`.
@@ -958,8 +1022,7 @@ fn version_env(s: &Value) -> Vec<(&'static str, String)> {
     env
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parked_versions_resume_by_themselves() -> Result<()> {
+async fn parked_versions_resume_scenario() -> Result<()> {
     each_lang("parked_versions_resume", async |lang, s| {
         let evs = events(s);
         let later = events(&serde_json::json!({ "events": s["after_restart"] }));
@@ -1098,6 +1161,16 @@ async fn parked_versions_resume_by_themselves() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_versions_resume_by_themselves() -> Result<()> {
+    parked_versions_resume_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_parked_versions_resume() -> Result<()> {
+    in_batch_mode(parked_versions_resume_scenario()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()> {
     each_lang("parked_gap_expires", async |lang, s| {
         let evs = events(s);
@@ -1122,8 +1195,7 @@ async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<()> {
+async fn poison_record_scenario() -> Result<()> {
     each_lang("poison_record", async |lang, s| {
         let evs = events(s);
         let w = World::new("poison", &lang.name, 1).await?;
@@ -1175,6 +1247,16 @@ async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<(
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<()> {
+    poison_record_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_poison_record_is_dead_lettered_and_the_partition_moves_on() -> Result<()> {
+    in_batch_mode(poison_record_scenario()).await
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -52,9 +52,10 @@ run "unit tests" "$CARGO" test --workspace --lib --bins --no-fail-fast -- "${tes
 # `make faults-fleet`, covers all three servers in both delivery modes): what they
 # test is Kafka's group protocol and the lease, whose server side (GET_LOCK, wait_timeout) both
 # flavors cover; `OUTBOX_TEST_SERVER=mariadb11 cargo test -p outbox-relay-e2e --test fleet_e2e`
-# runs them on 11.4 (they passed there when written). The inbox's parked-version and retry-tier
-# scenarios (tests/inbox_e2e.rs, four languages each, about 2 minutes a server) likewise run on
-# MariaDB 10.11 and MySQL 8.0: their SQL is the same on 10.11 and 11.4;
+# runs them on 11.4 (they passed there when written). The inbox's parked-version, retry-tier and
+# batch-mode scenarios (tests/inbox_e2e.rs, four languages each, a few minutes a server) likewise
+# run on MariaDB 10.11 and MySQL 8.0: their SQL is the same on 10.11 and 11.4 (batch mode's
+# RETURNING path on MariaDB, its SELECT … FOR UPDATE path on MySQL);
 # `OUTBOX_TEST_SERVER=mariadb11 cargo test -p outbox-relay-e2e --test inbox_e2e` runs them there.
 IFS=',' read -r -a servers <<<"$OUTBOX_TEST_SERVERS"
 skip=()
@@ -76,14 +77,15 @@ for server in "${servers[@]}"; do
                  --skip parked_versions_resume_by_themselves
                  --skip a_gap_that_never_closes_is_dead_lettered_at_its_deadline
                  --skip retry_tiers_move_the_partition_on_and_dead_letter_after_the_last
-                 --skip crash_while_a_copy_waits_in_a_retry_tier_grants_once) ;;
+                 --skip crash_while_a_copy_waits_in_a_retry_tier_grants_once
+                 --skip batch_mode_) ;;
   esac
   notes=()
   [ ${#skip[@]} -eq 0 ] || notes+=("without the exactly-once fault matrix")
   case "$server" in
     mysql8) ;;
     mariadb10) notes+=("without the fleet's exactly-once and join-retry tests") ;;
-    *) notes+=("without the runs of Debezium, the fleet's tests and the inbox's parked-version and retry-tier scenarios") ;;
+    *) notes+=("without the runs of Debezium, the fleet's tests and the inbox's parked-version, retry-tier and batch-mode scenarios") ;;
   esac
   label="$server"
   if [ ${#notes[@]} -gt 0 ]; then
@@ -97,15 +99,20 @@ for server in "${servers[@]}"; do
 done
 
 # The consumer helpers' own suites (inbox/, built by `make inbox`), once, against the first
-# server of OUTBOX_TEST_SERVERS and the shared Kafka; the shared inbox scenarios
+# server of OUTBOX_TEST_SERVERS and the shared Kafka, their batch-mode tests also against MySQL
+# 8.0 (INBOX_TEST_MYSQL_PORT: batch mode's MySQL statements differ); the shared inbox scenarios
 # (tests/inbox_e2e.rs) ran above against every server.
 first="${servers[0]// /}"
 inbox_port="$(tests/services/server.sh "${first:-mariadb10}" port)"
+tests/services/server.sh mysql8 up >&2 # started already unless OUTBOX_TEST_SERVERS leaves it out
 run "inbox helper suites: Go (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/go && go test -count=1 ./...'
 run "inbox helper suites: Python (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/python && .venv/bin/pytest -q'
 run "inbox helper suites: Java (on $first)" env INBOX_TEST_DB_PORT="$inbox_port" \
+  INBOX_TEST_MYSQL_PORT="$(tests/services/server.sh mysql8 port)" \
   INBOX_TEST_BOOTSTRAP="127.0.0.1:$KAFKA_PORT" bash -c 'cd inbox/java && mvn -q -B test'
 
 printf '\n[test] summary:\n' >&2

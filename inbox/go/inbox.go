@@ -13,6 +13,8 @@
 //
 // Use [Inbox.Process] from your own poll loop, or [Runner] to have the package own a franz-go
 // consumer loop (poll, process in partition order, commit processed offsets synchronously).
+// Batch mode (Settings.BatchMaxRecords > 1, [Inbox.ProcessBatch]) settles a poll's records in
+// one database transaction, with the same outcomes.
 package inbox
 
 import (
@@ -29,6 +31,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -197,6 +200,15 @@ type Settings struct {
 	// pass prometheus.DefaultRegisterer for it). Inboxes of different consumers may share a
 	// registry.
 	Registerer prometheus.Registerer
+	// BatchMaxRecords turns batch mode on when > 1 (inbox/CONTRACT.md, "Batch mode"): a
+	// [Runner] polls up to this many records (waiting up to BatchMaxWait for more once one
+	// arrived) and settles each run of ordinary records with [Inbox.ProcessBatch], in one
+	// database transaction; retry copies still go one at a time through [Inbox.Process].
+	// Consumer-wide. 0 means the default 1 (batch mode off); allowed 1 ..= 10000.
+	BatchMaxRecords int
+	// BatchMaxWait is how long a [Runner] in batch mode waits for more records once a poll
+	// returned fewer than BatchMaxRecords. 0 means the default 20 ms; must not be negative.
+	BatchMaxWait time.Duration
 	// Hooks are called at fixed points of the processing of each record.
 	Hooks Hooks
 	// TracerProvider gives the tracer of the consumer span of each record (inbox/CONTRACT.md,
@@ -246,6 +258,10 @@ type Inbox struct {
 	stored   string
 	upsert   string
 	pk       parkedSQL
+	bsql     batchSQL
+
+	flavorMu sync.Mutex
+	flavor   serverFlavor // detected once (batch mode), then cached
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?$`)
@@ -324,6 +340,19 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 	if s.OutageBudget == 0 {
 		s.OutageBudget = 5 * time.Minute
 	}
+	if s.BatchMaxRecords == 0 {
+		s.BatchMaxRecords = 1
+	}
+	if s.BatchMaxRecords < 1 || s.BatchMaxRecords > maxBatchRecords {
+		return nil, fmt.Errorf("inbox: Settings.BatchMaxRecords = %d is out of range (allowed 1 ..= %d; 1: batch mode off)",
+			s.BatchMaxRecords, maxBatchRecords)
+	}
+	if s.BatchMaxWait == 0 {
+		s.BatchMaxWait = 20 * time.Millisecond
+	}
+	if s.BatchMaxWait < 0 {
+		return nil, fmt.Errorf("inbox: Settings.BatchMaxWait = %s must not be negative", s.BatchMaxWait)
+	}
 	if s.MaxAttempts < 1 || s.BackoffInitial < 0 || s.BackoffMax < s.BackoffInitial || s.DeadLetterTimeout < 0 || s.OutageBudget < 0 {
 		return nil, errors.New("inbox: MaxAttempts must be >= 1, 0 <= BackoffInitial <= BackoffMax and OutageBudget >= 0")
 	}
@@ -368,6 +397,7 @@ func New(db *sql.DB, producer Producer, s Settings) (*Inbox, error) {
 		selVer:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
 		stored:   "SELECT version FROM " + vt + " WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ?",
 		pk:       newParkedSQL(pt),
+		bsql:     newBatchSQL(it, vt),
 		upsert: "INSERT INTO " + vt + " (consumer, aggregate_type, aggregate_id, version) VALUES (?, ?, ?, ?)" +
 			" ON DUPLICATE KEY UPDATE version = VALUES(version)",
 	}, nil
@@ -471,6 +501,14 @@ func (in *Inbox) settled(rec *kgo.Record, res Result) (Result, error) {
 // process is Process inside the consumer span (carried by ctx). parked: the record is a parked
 // row's (its slot in the parked table), applied by itself.
 func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey) (Result, error) {
+	return in.processAfter(ctx, rec, h, parked, nil)
+}
+
+// processAfter is process after an attempt already made elsewhere: failed, the error of a batch
+// run that failed at this record (inbox/CONTRACT.md, "Batch mode" 5), is its first attempt, and
+// the loop goes on from there (the backoff, attempt 2, or at once the tier or dead letter when
+// it was the last). nil: none.
+func (in *Inbox) processAfter(ctx context.Context, rec *kgo.Record, h Handler, parked *versionKey, failed error) (Result, error) {
 	key, _ := header(rec, in.s.EventKeyHeader)
 	if key == "" {
 		return in.deadLetterParked(ctx, rec, Result{Outcome: DeadLettered, Reason: "missing " + in.s.EventKeyHeader + " header"}, parked)
@@ -486,7 +524,13 @@ func (in *Inbox) process(ctx context.Context, rec *kgo.Record, h Handler, parked
 	var outageRetries *backoff.ExponentialBackOff
 	var outageSince time.Time
 	for {
-		out, err := in.attempt(ctx, rec, key, version, hasVersion, h, parked)
+		var out Outcome
+		var err error
+		if failed != nil {
+			err, failed = failed, nil
+		} else {
+			out, err = in.attempt(ctx, rec, key, version, hasVersion, h, parked)
+		}
 		if err == nil && out == Duplicate && parked != nil {
 			// Applied before (a redelivery of it was processed): not parked any more.
 			err = in.deleteParked(ctx, *parked)

@@ -43,11 +43,26 @@ func randSuffix() string {
 }
 
 func dbConfig(name string) *mysql.Config {
+	return dbConfigOn(serverMariaDB, name)
+}
+
+// The servers the batch tests run on: the suite's server (INBOX_TEST_DB_PORT, MariaDB in
+// tests/run.sh) and MySQL 8.0 (INBOX_TEST_MYSQL_PORT), same host, user and password.
+const (
+	serverMariaDB = "mariadb"
+	serverMySQL   = "mysql"
+)
+
+func dbConfigOn(server, name string) *mysql.Config {
 	mc := mysql.NewConfig()
 	mc.User = getenv("INBOX_TEST_DB_USER", "root")
 	mc.Passwd = os.Getenv("INBOX_TEST_DB_PASSWORD")
 	mc.Net = "tcp"
-	mc.Addr = net.JoinHostPort(getenv("INBOX_TEST_DB_HOST", "127.0.0.1"), getenv("INBOX_TEST_DB_PORT", "3306"))
+	port := getenv("INBOX_TEST_DB_PORT", "3306")
+	if server == serverMySQL {
+		port = getenv("INBOX_TEST_MYSQL_PORT", "3326")
+	}
+	mc.Addr = net.JoinHostPort(getenv("INBOX_TEST_DB_HOST", "127.0.0.1"), port)
 	mc.DBName = name
 	return mc
 }
@@ -57,12 +72,27 @@ func dbConfig(name string) *mysql.Config {
 // table the handlers write to; it is dropped when the test ends.
 func newDB(t *testing.T) *sql.DB {
 	t.Helper()
+	return newDBOn(t, serverMariaDB, nil)
+}
+
+// newDBOn is newDB on server; params are extra connection settings of the returned pool (system
+// variables set on each connection, e.g. transaction_isolation).
+func newDBOn(t *testing.T, server string, params map[string]string) *sql.DB {
+	t.Helper()
+	dbConfig := func(name string) *mysql.Config { return dbConfigOn(server, name) }
 	name := "inbox_go_" + randSuffix()
 	admin, err := sql.Open("mysql", dbConfig("").FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = admin.Close() })
+	if err := admin.Ping(); err != nil {
+		port := "INBOX_TEST_DB_PORT"
+		if server == serverMySQL {
+			port = "INBOX_TEST_MYSQL_PORT"
+		}
+		t.Fatalf("cannot connect to the %s test server at %s (set %s): %v", server, dbConfig("").Addr, port, err)
+	}
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +122,9 @@ func newDB(t *testing.T) *sql.DB {
 	if _, err := setup.Exec("CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_key VARCHAR(255))"); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("mysql", dbConfig(name).FormatDSN())
+	mc = dbConfig(name)
+	mc.Params = params
+	db, err := sql.Open("mysql", mc.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ type RunnerConfig struct {
 	// Group is the consumer group id. Default: Settings.Consumer.
 	Group string
 	// MaxPollRecords bounds the records processed between two offset commits (and while a
-	// rebalance waits). Default 500.
+	// rebalance waits). Default 500. In batch mode Settings.BatchMaxRecords is used instead.
 	MaxPollRecords int
 	// Logger receives poll and offset-commit errors the runner survives. Default slog.Default().
 	Logger *slog.Logger
@@ -39,6 +39,10 @@ type RunnerConfig struct {
 // it also consumes the tier topics of its topics, each topic by its own tier count: a
 // copy whose retry_at has not come pauses its partition (position back to the copy, nothing of
 // it committed) until then, while the other partitions go on.
+// In batch mode (Settings.BatchMaxRecords > 1) it polls up to BatchMaxRecords records (instead
+// of MaxPollRecords), waiting up to Settings.BatchMaxWait for more once some arrived, and
+// settles each run of ordinary records with [Inbox.ProcessBatch] (one transaction); retry
+// copies go one at a time through [Inbox.Process]. The offsets are committed as in single mode.
 // Rebalances are blocked while a batch is processed (kgo.BlockRebalanceOnPoll), so a batch must
 // finish within the group's rebalance timeout (60 s by default): bound it with MaxPollRecords.
 type Runner struct {
@@ -170,6 +174,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	s := r.in.Settings()
 	sweeps := (s.VersionHeader != "" || s.VersionFunc != nil) && r.in.anyGapPark()
 	var lastSweep time.Time
+	batch := s.BatchMaxRecords > 1
+	pollMax := r.maxPoll
+	if batch {
+		pollMax = s.BatchMaxRecords
+	}
 	sweep := func() error {
 		if !sweeps || (!lastSweep.IsZero() && time.Since(lastSweep) < s.ParkSweepInterval) {
 			return nil
@@ -203,8 +212,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		if !wake.IsZero() {
 			pctx, cancel = context.WithTimeout(ctx, max(time.Until(wake), time.Millisecond))
 		}
-		fetches := r.cl.PollRecords(pctx, r.maxPoll)
+		fetches := r.cl.PollRecords(pctx, pollMax)
 		cancel()
+		if batch && ctx.Err() == nil {
+			fetches = r.fill(ctx, fetches, pollMax, s.BatchMaxWait)
+		}
 		if fetches.IsClientClosed() {
 			return nil
 		}
@@ -215,15 +227,43 @@ func (r *Runner) Run(ctx context.Context) error {
 		})
 		r.recordLag(fetches)
 		var procErr error
+		// Batch mode: consecutive ordinary records are settled together (ProcessBatch); a
+		// retry copy ends the run and goes alone through Process.
+		var run []*kgo.Record
+		flush := func() error {
+			if len(run) == 0 {
+				return nil
+			}
+			if err := sweep(); err != nil {
+				return err
+			}
+			_, err := r.in.ProcessBatch(work, run, r.h)
+			if err == nil {
+				r.mu.Lock()
+				for _, rec := range run {
+					r.pending[topicPartition{rec.Topic, rec.Partition}] = rec
+				}
+				r.mu.Unlock()
+			}
+			run = run[:0]
+			return err
+		}
 		iter := fetches.RecordIter()
 		for !iter.Done() && ctx.Err() == nil {
-			if procErr = sweep(); procErr != nil {
-				break
-			}
 			rec := iter.Next()
 			tp := topicPartition{rec.Topic, rec.Partition}
 			if _, ok := r.waiting[tp]; ok {
 				continue // paused on an earlier copy of this batch: fetched again once resumed
+			}
+			if batch && RetryTier(rec) == 0 {
+				run = append(run, rec)
+				continue
+			}
+			if procErr = flush(); procErr != nil {
+				break
+			}
+			if procErr = sweep(); procErr != nil {
+				break
 			}
 			if at, ok := RetryAt(rec); ok && time.Now().Before(at) {
 				r.wait(tp, rec, at)
@@ -237,6 +277,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.pending[topicPartition{rec.Topic, rec.Partition}] = rec
 			r.mu.Unlock()
 		}
+		if procErr == nil {
+			procErr = flush()
+		}
 		r.commit(work)
 		r.cl.AllowRebalance()
 		if procErr != nil {
@@ -244,6 +287,27 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fill polls again, up to maxWait, while a batch-mode poll returned some but fewer than n
+// records, and returns all of them.
+func (r *Runner) fill(ctx context.Context, fetches kgo.Fetches, n int, maxWait time.Duration) kgo.Fetches {
+	got := fetches.NumRecords()
+	if got == 0 || got >= n || maxWait <= 0 {
+		return fetches
+	}
+	deadline := time.Now().Add(maxWait)
+	for got < n && time.Now().Before(deadline) {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		more := r.cl.PollRecords(wctx, n-got)
+		cancel()
+		fetches = append(fetches, more...)
+		if more.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		got += more.NumRecords()
+	}
+	return fetches
 }
 
 // recordLag sets outbox_inbox_consumer_lag of the partitions the poll returned records for: the

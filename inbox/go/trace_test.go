@@ -259,3 +259,75 @@ func TestRunnerSpanContinuesTheRecordsTrace(t *testing.T) {
 		t.Error("the record was not processed")
 	}
 }
+
+// Batch mode: one consumer span per record, as the single path makes it: the record's trace,
+// the handler's spans its children, outcome and attempts; a record whose handler fails in the
+// batch keeps its one span through the single path (exception events of its own attempts only).
+func TestBatchSpansAreTheSinglePaths(t *testing.T) {
+	e := newEnv(t, 1)
+	tp, exp := newTracing(t)
+	s := e.settings()
+	s.TracerProvider = tp
+	s.MaxAttempts = 2
+	in := e.newInbox(t, s)
+	recs := []*kgo.Record{
+		e.record(0, "order-0", "event_key", "e-0", "traceparent", traceparent),
+		e.record(1, "order-1", "event_key", "e-1"),
+		e.record(2, "order-2", "event_key", "e-0"), // a duplicate within the batch
+	}
+	var calls atomic.Int32
+	base := tracedHandler(tp, nil)
+	h := func(ctx context.Context, tx *sql.Tx, rec *kgo.Record) error {
+		if err := base(ctx, tx, rec); err != nil {
+			return err
+		}
+		if hdr(rec, "event_key") == "e-1" {
+			calls.Add(1)
+			return errors.New("poison record")
+		}
+		return nil
+	}
+	res, err := in.ProcessBatch(context.Background(), recs, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Outcome != inbox.Processed || res[1].Outcome != inbox.DeadLettered || res[2].Outcome != inbox.Duplicate {
+		t.Fatalf("results %+v", res)
+	}
+	var consumer []tracetest.SpanStub
+	for _, sp := range exp.GetSpans() {
+		if sp.Name == e.topic+" process" {
+			consumer = append(consumer, sp)
+		}
+	}
+	if len(consumer) != 3 {
+		t.Fatalf("%d consumer spans, want 3: %v", len(consumer), consumer)
+	}
+	byOffset := map[int64]tracetest.SpanStub{}
+	for _, sp := range consumer {
+		byOffset[attrs(sp)["messaging.kafka.offset"].AsInt64()] = sp
+	}
+	first := byOffset[0]
+	if first.SpanContext.TraceID().String() != producerTraceID || attrs(first)["inbox.outcome"].AsString() != "processed" ||
+		attrs(first)["inbox.attempts"].AsInt64() != 1 || first.Status.Code != codes.Unset {
+		t.Errorf("e-0's span: trace %s attributes %v", first.SpanContext.TraceID(), first.Attributes)
+	}
+	failed := byOffset[1]
+	if attrs(failed)["inbox.outcome"].AsString() != "dead_lettered" || attrs(failed)["inbox.attempts"].AsInt64() != 2 ||
+		failed.Status.Code != codes.Error || len(failed.Events) != 2 {
+		t.Errorf("e-1's span: attributes %v status %v events %v", failed.Attributes, failed.Status, failed.Events)
+	}
+	if dup := byOffset[2]; attrs(dup)["inbox.outcome"].AsString() != "duplicate" || attrs(dup)["inbox.attempts"].AsInt64() != 1 {
+		t.Errorf("the duplicate's span: attributes %v", dup.Attributes)
+	}
+	// Every handler span is a child of its record's consumer span.
+	ids := map[trace.SpanID]bool{}
+	for _, sp := range consumer {
+		ids[sp.SpanContext.SpanID()] = true
+	}
+	for _, sp := range exp.GetSpans() {
+		if sp.Name == "handler" && !ids[sp.Parent.SpanID()] {
+			t.Errorf("a handler span's parent %s is no consumer span", sp.Parent.SpanID())
+		}
+	}
+}

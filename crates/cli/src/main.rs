@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use outbox_relay_core::config::process::ProcessConfig;
 use outbox_relay_core::error::RelayError;
 use outbox_relay_mysql::binlog::replay::{parse_datetime, ReplayRange};
@@ -32,10 +32,20 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `outbox-relay --version`: the package version and the git commit it was built from
+/// (`build.rs`: `git rev-parse`, or `OUTBOX_RELAY_GIT_COMMIT` where the source has no `.git`,
+/// as in a Docker build; `unknown` when neither says).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("OUTBOX_RELAY_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "outbox-relay",
-    version,
+    version = VERSION,
     about = "Relays committed outbox INSERTs from the MySQL/MariaDB binlog to Kafka"
 )]
 struct Cli {
@@ -109,6 +119,26 @@ enum Command {
         #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
         stop_datetime: Option<i64>,
     },
+    /// Print a shell completion script to stdout.
+    ///
+    /// bash: `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`;
+    /// zsh: `outbox-relay completions zsh > "${fpath[1]}/_outbox-relay"`;
+    /// fish: `outbox-relay completions fish > ~/.config/fish/completions/outbox-relay.fish`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout, or write every page to a folder.
+    ///
+    /// `outbox-relay man > outbox-relay.1 && man ./outbox-relay.1`; `outbox-relay man --dir
+    /// /usr/local/share/man/man1` writes `outbox-relay.1` and one page per subcommand
+    /// (`outbox-relay-replay.1`, `outbox-relay-dlq-replay.1`, …), which the main page names.
+    Man {
+        /// Write every page into this existing folder instead of printing the main one.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     #[command(flatten)]
     Ops(commands::OpsCommand),
 }
@@ -143,6 +173,27 @@ fn main() -> ExitCode {
     commands::select_source(cli.source);
     let result = match cli.command {
         Command::Ops(command) => return commands::run(command, &runtime),
+        Command::Completions { shell } => {
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "outbox-relay", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { dir } => {
+            // No page for clap's `help` subcommand, so the main page names only pages that exist.
+            let written = match &dir {
+                None => clap_mangen::Man::new(Cli::command().disable_help_subcommand(true))
+                    .render(&mut std::io::stdout()),
+                Some(dir) => clap_mangen::generate_to(Cli::command(), dir),
+            };
+            return match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    let to = dir.map_or("stdout".to_owned(), |d| d.display().to_string());
+                    tracing::error!(error = %e, "cannot write the manual pages to {to}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         Command::Run { config } => runtime.block_on(run(config)),
         Command::Replay {
             config,

@@ -14,6 +14,7 @@ from support import (
     BOOTSTRAP,
     COUPONS,
     DB,
+    MYSQL_DB,
     TIMEOUT,
     Database,
     Topics,
@@ -35,6 +36,41 @@ def db() -> Iterator[Database]:
         yield database
     finally:
         server.query(f"DROP DATABASE IF EXISTS {name}")
+
+
+def _server_database(server: str) -> Iterator[Database]:
+    settings = DB if server == "mariadb" else MYSQL_DB
+    try:
+        pymysql.connect(**settings).close()
+    except pymysql.err.MySQLError as error:
+        env = "INBOX_TEST_DB_PORT" if server == "mariadb" else "INBOX_TEST_MYSQL_PORT"
+        pytest.fail(
+            f"cannot connect to the {server} test server at {settings['host']}:{settings['port']}"
+            f" (set {env}): {error}"
+        )
+    name = f"inbox_python_{uuid.uuid4().hex[:12]}"
+    database = Database(name, functools.partial(pymysql.connect, **settings, database=name), server)
+    admin = Database("", functools.partial(pymysql.connect, **settings), server)
+    admin.query(f"CREATE DATABASE {name}")
+    try:
+        for statement in create_table_statements():
+            database.query(statement)
+        database.query(COUPONS)
+        yield database
+    finally:
+        admin.query(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture(params=["mariadb", "mysql"])
+def any_db(request) -> Iterator[Database]:
+    """A fresh database on MariaDB, then on MySQL 8.0 (batch mode's statements differ)."""
+    yield from _server_database(request.param)
+
+
+@pytest.fixture
+def mysql_db() -> Iterator[Database]:
+    """A fresh database on MySQL 8.0 (INBOX_TEST_MYSQL_PORT)."""
+    yield from _server_database("mysql")
 
 
 @pytest.fixture

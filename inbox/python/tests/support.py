@@ -1,7 +1,9 @@
 """Helpers for the tests against the real MariaDB/MySQL and Kafka (no mocks).
 
 Connection settings: INBOX_TEST_DB_HOST (127.0.0.1), INBOX_TEST_DB_PORT (3306), INBOX_TEST_DB_USER
-(root), INBOX_TEST_DB_PASSWORD (empty), INBOX_TEST_BOOTSTRAP (127.0.0.1:9092). Every test gets its
+(root), INBOX_TEST_DB_PASSWORD (empty), INBOX_TEST_BOOTSTRAP (127.0.0.1:9092); the batch-mode
+tests also need MySQL 8.0 on INBOX_TEST_MYSQL_PORT (3326; same host, user and password) and
+fail when it cannot be reached. Every test gets its
 own database (``inbox_python_<random>``, dropped afterwards) and topics (``inbox-python-<random>``,
 deleted afterwards).
 """
@@ -31,6 +33,9 @@ DB = {
     "password": os.environ.get("INBOX_TEST_DB_PASSWORD", ""),
     "charset": "utf8mb4",
 }
+# MySQL 8.0 for the batch-mode tests whose statements differ from MariaDB's: same host, user and
+# password, port INBOX_TEST_MYSQL_PORT (3326).
+MYSQL_DB = {**DB, "port": int(os.environ.get("INBOX_TEST_MYSQL_PORT", "3326"))}
 COUPONS = (
     "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(191),"
     " order_id VARCHAR(255), event_key VARCHAR(255), version BIGINT NULL)"
@@ -64,6 +69,8 @@ def create_table_statements() -> list[str]:
 class Database:
     name: str
     connect: Callable[..., pymysql.connections.Connection]
+    server: str = "mariadb"
+    """``mariadb`` (INBOX_TEST_DB_PORT) or ``mysql`` (INBOX_TEST_MYSQL_PORT)."""
 
     def query(self, sql: str, *args: object) -> list[tuple]:
         conn = self.connect(autocommit=True)

@@ -49,6 +49,8 @@ type config struct {
 	crashPoint, crashKey, crashMarker      string
 	mode                                   string
 	exitAfter                              int
+	batch                                  int
+	batchWait                              time.Duration
 }
 
 func env(name, def string) string {
@@ -122,6 +124,15 @@ func loadConfig() (config, error) {
 	if c.exitAfter, err = envInt("INBOX_EXIT_AFTER", 0); err != nil {
 		return c, err
 	}
+	// Batch mode (inbox mode only; plain stays per-record autocommit).
+	if c.batch, err = envInt("INBOX_BATCH", 1); err != nil {
+		return c, err
+	}
+	wait, err := envInt("INBOX_BATCH_WAIT_MS", 20)
+	if err != nil {
+		return c, err
+	}
+	c.batchWait = time.Duration(wait) * time.Millisecond
 	switch {
 	case c.topic == "" || c.consumer == "":
 		return c, errors.New("INBOX_TOPIC and INBOX_CONSUMER are required")
@@ -141,6 +152,10 @@ func openDB() (*sql.DB, error) {
 	mc.Net = "tcp"
 	mc.Addr = net.JoinHostPort(env("INBOX_DB_HOST", "127.0.0.1"), env("INBOX_DB_PORT", "3306"))
 	mc.DBName = os.Getenv("INBOX_DB_NAME")
+	// One round trip per statement instead of prepare/execute/close: the driver interpolates
+	// the arguments itself, escaping them for the connection's utf8mb4 character set (and
+	// refusing to when the connection's charset is not one it can escape safely).
+	mc.InterpolateParams = true
 	db, err := sql.Open("mysql", mc.FormatDSN())
 	if err != nil {
 		return nil, err
@@ -364,6 +379,8 @@ func runInbox(ctx context.Context, c config, db *sql.DB, brokers []string, biz *
 		OutageBudget:      c.outageBudget,
 		DeadLetterTopic:   c.dlq,
 		RetryTiers:        c.retryTiers,
+		BatchMaxRecords:   c.batch,
+		BatchMaxWait:      c.batchWait,
 		Hooks: inbox.Hooks{
 			BeforeCommit: func(rec *kgo.Record) { c.crash("after_handler", rec) },
 			// Every settled record passes here once: those the runner polled, and those settled

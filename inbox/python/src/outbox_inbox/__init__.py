@@ -3,7 +3,8 @@
 Records every processed ``(consumer, event_key)`` in the same MySQL/MariaDB transaction as the
 business change, so a redelivered record is acknowledged without running its handler again.
 
-- :class:`Inbox` settles one record (:meth:`Inbox.process`) for users with their own poll loop;
+- :class:`Inbox` settles one record (:meth:`Inbox.process`), or a batch of records in one
+  transaction (:meth:`Inbox.process_batch`, batch mode), for users with their own poll loop;
 - :class:`InboxRunner` owns a confluent-kafka consumer loop around an :class:`Inbox`.
 """
 

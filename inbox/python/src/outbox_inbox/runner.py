@@ -12,7 +12,7 @@ from typing import Protocol
 import pymysql
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .inbox import Handler, Inbox, ProcessResult, retry_at
+from .inbox import Handler, Inbox, ProcessResult, retry_at, retry_tier
 from .topics import ensure_topic
 
 __all__ = ["InboxRunner", "Processor"]
@@ -49,6 +49,13 @@ class InboxRunner:
     topics, as many as that topic has tiers (created at construction like the dead-letter
     topic). A retry copy whose ``retry_at`` has not come pauses its partition (position back to
     the copy, nothing of it committed) until then, while the other partitions go on.
+
+    Batch mode (``InboxSettings.batch_max_records`` > 1, with an :class:`Inbox`): each poll
+    returns up to ``batch_max_records`` records (waiting up to ``batch_max_wait`` for more once
+    one arrived; ``max_batch`` is then not used); the consecutive ordinary records go to
+    :meth:`Inbox.process_batch` in one transaction, each retry copy alone to
+    :meth:`Inbox.process`; the offsets are committed after each poll. ``on_settled`` is called
+    per record once its batch settled.
 
     With ``InboxSettings.metrics_registry`` set, the runner sets
     ``outbox_inbox_consumer_lag{consumer, topic, partition}`` after each poll that returned a
@@ -94,6 +101,13 @@ class InboxRunner:
         self._consumer = Consumer(config)
         self._metrics = processor.metrics if isinstance(processor, Inbox) else None
         self._stop = threading.Event()
+        self._batch = (
+            processor.settings.batch_max_records
+            if isinstance(processor, Inbox) and processor.settings.batch_max_records > 1
+            else 0
+        )
+        self._tier_topics = set(tier_topics)
+        self._lost: set[tuple[str, int]] = set()  # partitions lost during a batch's 2nd call
         self._subscribed = False
         self._pending: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         # Partitions paused on a retry copy whose retry_at has not come -> when to resume them
@@ -140,6 +154,9 @@ class InboxRunner:
                         self._processor.sweep_parked(self._handler)
                     except pymysql.err.MySQLError as error:
                         log.warning("parked sweep failed (next one later): %s", error)
+                if self._batch:
+                    self._poll_batch()
+                    continue
                 # One record per poll: a rebalance happens inside poll(), so no record in hand
                 # ever belongs to a partition revoked meanwhile.
                 timeout = 0 if in_batch else self._poll_timeout
@@ -176,6 +193,72 @@ class InboxRunner:
                 self._commit()
             finally:
                 self._consumer.close()
+
+    def _poll_batch(self) -> None:
+        """Batch mode: one poll of up to ``batch_max_records`` records (after the first, more
+        for at most ``batch_max_wait``), settled in consecutive runs (ordinary records:
+        ``process_batch``; each retry copy: ``process``), then their offsets committed."""
+        timeout = self._poll_timeout
+        due = self._resume_due()
+        if due is not None:  # wake up when the next paused partition is due
+            timeout = min(timeout, max(due - time.time(), 0.001))
+        first = self._consumer.poll(timeout)
+        polled_at = time.monotonic()
+        if first is None:
+            self._commit()
+            return
+        records = [first]
+        wait = self._processor.settings.batch_max_wait
+        self._lost.clear()
+        records += self._consumer.consume(self._batch - 1, wait)
+        if (first.topic(), first.partition()) in self._lost:
+            # Revoked by a rebalance inside the second call: no longer ours (not committed; its
+            # partition's new owner, or this consumer once it gets it back, reads it again).
+            # What the second call returned was fetched after the rebalance.
+            records = records[1:]
+        # The first record was returned by the first call, the others by the second.
+        first_polled_at, polled_at = polled_at, time.monotonic()
+        run: list[Message] = []
+        last: dict[tuple[str, int], Message] = {}
+        for record in records:
+            if not self._usable(record):
+                continue
+            tp = (record.topic(), record.partition())
+            last[tp] = record
+            if tp in self._waiting:
+                continue  # paused on an earlier copy: fetched again once resumed
+            if record.topic() in self._tier_topics or retry_tier(record) > 0:
+                at = retry_at(record)
+                if at is not None and time.time() < at:
+                    self._wait(record, at)
+                    continue
+                self._settle_run(run, polled_at, first, first_polled_at)
+                run = []
+                result = self._processor.process(record, self._handler)
+                self._settled(record, result, first_polled_at if record is first else polled_at)
+                continue
+            run.append(record)
+        self._settle_run(run, polled_at, first, first_polled_at)
+        if self._metrics is not None:
+            for record in last.values():
+                self._record_lag(record)
+        self._commit()
+
+    def _settle_run(
+        self, run: list[Message], polled_at: float, first: Message, first_polled_at: float
+    ) -> None:
+        """``process_batch`` of ``run``; ``on_settled`` per record (``first_polled_at`` for
+        ``first``, the record the poll's first call returned)."""
+        if not run:
+            return
+        results = self._processor.process_batch(run, self._handler)
+        for record, result in zip(run, results, strict=True):
+            self._settled(record, result, first_polled_at if record is first else polled_at)
+
+    def _settled(self, record: Message, result: ProcessResult, polled_at: float) -> None:
+        self._pending[(record.topic(), record.partition())] = record.offset() + 1
+        if self._on_settled is not None:
+            self._on_settled(record, result, polled_at)
 
     def _record_lag(self, record: Message) -> None:
         """Set the lag gauge of ``record``'s partition: the high watermark last fetched minus the
@@ -262,6 +345,7 @@ class InboxRunner:
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
+            self._lost.add((tp.topic, tp.partition))
             self._pending.pop((tp.topic, tp.partition), None)
             self._waiting.pop((tp.topic, tp.partition), None)
             if self._metrics is not None:

@@ -9,7 +9,17 @@ from typing import Any
 
 from confluent_kafka import Message
 
-__all__ = ["EffectiveSettings", "GapPolicy", "InboxSettings", "TopicSettings", "backoff_delay"]
+MAX_BATCH_RECORDS = 10000
+"""The largest allowed ``InboxSettings.batch_max_records``."""
+
+__all__ = [
+    "MAX_BATCH_RECORDS",
+    "EffectiveSettings",
+    "GapPolicy",
+    "InboxSettings",
+    "TopicSettings",
+    "backoff_delay",
+]
 
 
 class GapPolicy(str, enum.Enum):
@@ -170,6 +180,14 @@ class InboxSettings:
     ``retry_tiers``, ``gap_policy``, ``gap_deadline`` and ``inbox_retention`` (see
     :class:`TopicSettings` and :meth:`for_topic`), by topic name: a record's topic is its
     ``original_topic`` header when it has one (a retry copy), else its own."""
+    batch_max_records: int = 1
+    """Batch mode (inbox/CONTRACT.md, "Batch mode"): at most this many records of one poll are
+    settled in one database transaction by :meth:`~outbox_inbox.Inbox.process_batch` (the
+    :class:`~outbox_inbox.InboxRunner` polls up to this many at once). ``1`` (the default): off,
+    one transaction per record. Consumer-wide. Allowed: 1 to 10000."""
+    batch_max_wait: float = 0.02
+    """Batch mode: how long, in seconds (default 0.02: 20 ms), the runner waits for more records
+    once a poll returned at least one, before processing the batch. Not negative."""
     metrics_registry: Any = None
     """A ``prometheus_client.CollectorRegistry`` the inbox (and its runner) registers its metrics
     in (inbox/CONTRACT.md, "Metrics"); ``None`` (the default): no metrics. Never the global
@@ -186,6 +204,18 @@ class InboxSettings:
             raise ValueError("park_sweep_interval must be positive")
         if self.outage_budget < 0:
             raise ValueError("outage_budget must not be negative")
+        records = self.batch_max_records
+        if (
+            isinstance(records, bool)
+            or not isinstance(records, int)
+            or not 1 <= records <= MAX_BATCH_RECORDS
+        ):
+            raise ValueError(
+                f"batch_max_records must be an integer from 1 to {MAX_BATCH_RECORDS}"
+                f" (got {records!r})"
+            )
+        if self.batch_max_wait < 0:
+            raise ValueError(f"batch_max_wait must not be negative (got {self.batch_max_wait!r})")
         defaults = {name: getattr(self, name) for name in _OVERRIDABLE}
         default = _effective("", defaults)
         # Accept the plain strings "park"/"dead_letter"/"retry" too.

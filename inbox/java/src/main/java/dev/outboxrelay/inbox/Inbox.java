@@ -190,7 +190,16 @@ public final class Inbox {
    *     during a backoff: the record is not settled
    */
   public Result process(ConsumerRecord<byte[], byte[]> record, Handler handler) {
-    Result result = processOne(record, handler, null);
+    return process(record, handler, null, null);
+  }
+
+  /**
+   * {@link #process} in {@code span} when set (a record split off a batch), else its own; {@code
+   * failure}: the error of the batch run that failed at this record, its attempt 1 (null: none).
+   */
+  private Result process(
+      ConsumerRecord<byte[], byte[]> record, Handler handler, Span span, Exception failure) {
+    Result result = processOne(record, handler, null, span, failure);
     if (result.outcome() == Outcome.PROCESSED) {
       VersionKey key = versionKey(record);
       if (key != null) {
@@ -203,11 +212,24 @@ public final class Inbox {
   /** Settles one record (a parked one when {@code parked} is set) in its span, then afterCommit. */
   private Result processOne(
       ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
-    Span span = InboxTracing.start(settings, consumerGroup, record);
+    return processOne(record, handler, parked, null, null);
+  }
+
+  /**
+   * As above, in {@code existing} (started for the record by a batch) when set, after {@code
+   * failure} (a failed batch run's error: attempt 1) when set.
+   */
+  private Result processOne(
+      ConsumerRecord<byte[], byte[]> record,
+      Handler handler,
+      VersionKey parked,
+      Span existing,
+      Exception failure) {
+    Span span = existing != null ? existing : InboxTracing.start(settings, consumerGroup, record);
     Scope scope = span.makeCurrent();
     Result result = null;
     try {
-      result = settle(record, handler, parked);
+      result = settle(record, handler, parked, failure);
       InboxTracing.settled(span, result);
       counted(record, result);
       hooks.afterCommit(record, result);
@@ -221,7 +243,11 @@ public final class Inbox {
     }
   }
 
-  private Result settle(ConsumerRecord<byte[], byte[]> record, Handler handler, VersionKey parked) {
+  private Result settle(
+      ConsumerRecord<byte[], byte[]> record,
+      Handler handler,
+      VersionKey parked,
+      Exception failure) {
     String eventKey = InboxSettings.header(record, settings.eventKeyHeader());
     if (eventKey == null || eventKey.isEmpty()) {
       return deadLetterParked(
@@ -238,10 +264,16 @@ public final class Inbox {
     int attempt = 0; // attempts that count: not those ended by an infrastructure error
     long outageSince = 0; // System.nanoTime() of the first infrastructure error in a row
     int outageRetries = 0;
+    Exception batchFailure = failure;
     while (true) {
       try {
         Outcome outcome;
         try {
+          if (batchFailure != null) { // attempt 1 was a batch run's
+            Exception e = batchFailure;
+            batchFailure = null;
+            throw e;
+          }
           outcome = attempt(record, eventKey, version, handler, parked);
         } catch (VersionGap gap) {
           if (ts.gapPolicy() == GapPolicy.DEAD_LETTER) {
@@ -465,6 +497,693 @@ public final class Inbox {
     }
     hooks.beforeCommit(record);
     return Outcome.PROCESSED;
+  }
+
+  /**
+   * Test seam (tests only): runs inside a batch's transaction after the duplicate-finding {@code
+   * SELECT … FOR UPDATE} (MySQL) and before the multi-row inbox {@code INSERT} (both flavors).
+   */
+  static volatile Runnable testHookAfterBatchSelect;
+
+  /** The longest event key the inbox column takes (VARBINARY(1020)). */
+  private static final int MAX_EVENT_KEY_BYTES = 1020;
+
+  /** Redos in a row of a batch whose MySQL INSERT met a concurrent insert (1062). */
+  private static final int MAX_BATCH_RACE_REDOS = 5;
+
+  /** The server's flavor: {@code true} MariaDB, {@code false} MySQL, {@code null} not known yet. */
+  private volatile Boolean mariaDb;
+
+  /**
+   * Settles several records in one database transaction (inbox/CONTRACT.md, "Batch mode"): records
+   * without an event key, with an invalid version header or with an event key longer than 1,020
+   * bytes go through {@link #process} first; a record whose event key (compared byte for byte) came
+   * earlier in the batch is a {@link Outcome#DUPLICATE}; the others get their inbox rows in one
+   * statement (MariaDB: {@code INSERT IGNORE … RETURNING event_key}; MySQL: {@code SELECT … FOR
+   * UPDATE} of the keys, then a multi-row {@code INSERT}), their versions checked with one {@code
+   * SELECT … FOR UPDATE} and written with one multi-row upsert, and their handlers run in batch
+   * order in that transaction, then {@link Hooks#beforeCommit} per record, the commit, and {@link
+   * Hooks#afterCommit} per record. Each record's rows, hooks, metrics, span and log lines are those
+   * {@link #process} gives it. After the commit, the parked successors of the aggregates whose
+   * version moved are resumed.
+   *
+   * <p>A handler (or {@code beforeCommit}) error that is not an infrastructure error at record
+   * {@code i}, or a version gap under {@link GapPolicy#DEAD_LETTER} or {@link GapPolicy#RETRY}: the
+   * transaction is rolled back, records {@code 0 .. i-1} are settled again as a batch, record
+   * {@code i} alone by {@link #process} (its attempts from 1, retry tiers, dead letter), and the
+   * records after it as a new batch. An infrastructure error ({@link #isInfrastructureError}) in a
+   * statement, a handler or the commit: rolled back and redone after the backoff, for at most
+   * {@link InboxSettings#outageBudget()} counted from the first one. A batch statement failing with
+   * any other error: each record of the batch is settled by {@link #process}.
+   *
+   * <p>The records must be given in offset order per partition; records of several partitions may
+   * be mixed. More than {@value InboxSettings#BATCH_MAX_RECORDS_LIMIT} are settled as consecutive
+   * batches of at most that many. Not for retry copies waiting for their {@code retry_at} (the poll
+   * loop's job, as with {@link #process}).
+   *
+   * @param records the records, in order (an empty list gives an empty result)
+   * @param handler the business change, run once per record to apply, in the batch's transaction
+   * @return one result per record, in the order of {@code records}
+   * @throws InboxOutageException the database stayed unreachable longer than the outage budget (the
+   *     exception names the first record of the batch): no record of the batch from the one in hand
+   *     on is settled, commit none of their offsets
+   * @throws InboxException as {@link #process}
+   */
+  public List<Result> processBatch(List<ConsumerRecord<byte[], byte[]>> records, Handler handler) {
+    Objects.requireNonNull(records, "records");
+    Objects.requireNonNull(handler, "handler");
+    Result[] results = new Result[records.size()];
+    List<BatchItem> items = new ArrayList<>(records.size());
+    for (int i = 0; i < records.size(); i++) {
+      ConsumerRecord<byte[], byte[]> record = records.get(i);
+      String eventKey = InboxSettings.header(record, settings.eventKeyHeader());
+      Long version = null;
+      boolean single = eventKey == null || eventKey.isEmpty();
+      byte[] keyBytes = null;
+      if (!single) {
+        try {
+          version = settings.versionOf(record);
+        } catch (IllegalArgumentException e) {
+          single = true;
+        }
+        keyBytes = eventKey.getBytes(StandardCharsets.UTF_8);
+        single = single || keyBytes.length > MAX_EVENT_KEY_BYTES;
+      }
+      if (single) {
+        // Settled first, exactly as one at a time: a dead letter (or the insert's own error).
+        results[i] = process(record, handler);
+        continue;
+      }
+      items.add(new BatchItem(i, record, eventKey, bytesKey(keyBytes), version));
+    }
+    // At most BATCH_MAX_RECORDS_LIMIT rows a statement (placeholders stay under 65,535).
+    for (int from = 0; from < items.size(); from += InboxSettings.BATCH_MAX_RECORDS_LIMIT) {
+      int to = Math.min(items.size(), from + InboxSettings.BATCH_MAX_RECORDS_LIMIT);
+      runBatch(items.subList(from, to), handler, results);
+    }
+    return java.util.Collections.unmodifiableList(java.util.Arrays.asList(results));
+  }
+
+  /** One record of a batch: its place, key, version and span; its outcome in the attempt. */
+  private static final class BatchItem {
+    final int index;
+    final ConsumerRecord<byte[], byte[]> record;
+    final String eventKey;
+    final String key; // the event key's UTF-8 bytes, one char per byte: compared byte for byte
+    final Long version;
+    final String aggregateType;
+    final String aggregateId;
+    Span span;
+    Outcome outcome;
+    String parkReason;
+    Exception failure; // its handler's (or beforeCommit's) error in the batch run that failed
+
+    BatchItem(
+        int index,
+        ConsumerRecord<byte[], byte[]> record,
+        String eventKey,
+        String key,
+        Long version) {
+      this.index = index;
+      this.record = record;
+      this.eventKey = eventKey;
+      this.key = key;
+      this.version = version;
+      this.aggregateType =
+          Objects.requireNonNullElse(InboxSettings.header(record, AGGREGATE_TYPE_HEADER), "");
+      this.aggregateId =
+          record.key() == null ? "" : new String(record.key(), StandardCharsets.UTF_8);
+    }
+
+    /** The aggregate, byte for byte. */
+    String aggregate() {
+      return bytesKey(aggregateType.getBytes(StandardCharsets.UTF_8))
+          + '\u0100'
+          + bytesKey(aggregateId.getBytes(StandardCharsets.UTF_8));
+    }
+  }
+
+  /** Bytes as a string of one char (0-255) per byte: equal exactly when the bytes are. */
+  private static String bytesKey(byte[] bytes) {
+    return new String(bytes, StandardCharsets.ISO_8859_1);
+  }
+
+  /** The MySQL INSERT of a batch met a row inserted meanwhile (1062): redo the batch. */
+  private static final class BatchRace extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    BatchRace(SQLException cause) {
+      super("a concurrent insert of a key of the batch: " + cause.getMessage(), cause);
+    }
+  }
+
+  /** Settles {@code items} as one batch (split on a record's failure), filling {@code results}. */
+  private void runBatch(List<BatchItem> items, Handler handler, Result[] results) {
+    if (items.isEmpty()) {
+      return;
+    }
+    for (BatchItem item : items) {
+      if (item.span == null) {
+        item.span = InboxTracing.start(settings, consumerGroup, item.record);
+      }
+    }
+    BatchItem first = items.get(0);
+    EffectiveSettings ts = settings.forTopic(InboxSettings.topicOf(first.record));
+    long outageSince = 0;
+    int outageRetries = 0;
+    int raceRedos = 0;
+    while (true) {
+      int failed;
+      try {
+        try {
+          failed = attemptBatch(items, handler);
+        } catch (BatchRace race) {
+          raceRedos++;
+          if (raceRedos <= MAX_BATCH_RACE_REDOS) {
+            LOG.info(
+                "{} {}-{}@{}: batch of {} redone: {}",
+                first.eventKey,
+                first.record.topic(),
+                first.record.partition(),
+                first.record.offset(),
+                items.size(),
+                race.getMessage());
+            continue;
+          }
+          // Racing again and again: as an infrastructure error (backoff, outage budget).
+          throw new SQLTransactionRollbackException(
+              race.getMessage(), "40001", ER_DUP_ENTRY, race.getCause());
+        }
+      } catch (Exception e) {
+        String error = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
+        if (e instanceof InboxException inbox) {
+          failBatch(items, inbox);
+          throw inbox;
+        }
+        if (!isInfrastructureError(e)) {
+          // A batch statement failed for another reason: each record by itself decides.
+          LOG.warn(
+              "{} {}-{}@{}: batch of {} failed ({}): settling its records one at a time",
+              first.eventKey,
+              first.record.topic(),
+              first.record.partition(),
+              first.record.offset(),
+              items.size(),
+              error);
+          try {
+            for (BatchItem item : items) {
+              Span span = item.span;
+              item.span = null; // ended by process
+              results[item.index] = process(item.record, handler, span, null);
+            }
+          } catch (RuntimeException | Error unsettled) {
+            failBatch(items, unsettled);
+            throw unsettled;
+          }
+          return;
+        }
+        for (BatchItem item : items) {
+          item.span.recordException(
+              e,
+              io.opentelemetry.api.common.Attributes.of(
+                  InboxTracing.INBOX_ATTEMPT, 1L, InboxTracing.INBOX_OUTAGE, true));
+        }
+        long now = System.nanoTime();
+        if (outageRetries == 0) {
+          outageSince = now;
+        }
+        Duration down = Duration.ofNanos(now - outageSince);
+        if (down.compareTo(settings.outageBudget()) >= 0) {
+          LOG.error(
+              "{} {}-{}@{}: database outage longer than the outage budget ({}): {}; stopping",
+              first.eventKey,
+              first.record.topic(),
+              first.record.partition(),
+              first.record.offset(),
+              settings.outageBudget(),
+              error);
+          InboxOutageException outage =
+              new InboxOutageException(
+                  first.record.topic(),
+                  first.record.partition(),
+                  first.record.offset(),
+                  settings.outageBudget(),
+                  e);
+          failBatch(items, outage);
+          throw outage;
+        }
+        outageRetries++;
+        Duration wait = ts.backoff(outageRetries);
+        Duration left = settings.outageBudget().minus(down);
+        LOG.warn(
+            "{} {}-{}@{}: infrastructure error in a batch of {} (not an attempt; down {}): {}",
+            first.eventKey,
+            first.record.topic(),
+            first.record.partition(),
+            first.record.offset(),
+            items.size(),
+            down,
+            error);
+        try {
+          sleep(wait.compareTo(left) < 0 ? wait : left);
+        } catch (InboxException interrupted) {
+          failBatch(items, interrupted);
+          throw interrupted;
+        }
+        continue;
+      }
+      if (failed >= 0) {
+        // Record `failed` failed: the ones before as a batch, it alone, the ones after as a batch.
+        try {
+          runBatch(items.subList(0, failed), handler, results);
+          BatchItem item = items.get(failed);
+          Span span = item.span;
+          item.span = null; // ended by process
+          // The failed batch run is its attempt 1 (a version gap is not: failure null).
+          results[item.index] = process(item.record, handler, span, item.failure);
+          runBatch(items.subList(failed + 1, items.size()), handler, results);
+        } catch (RuntimeException | Error unsettled) {
+          failBatch(items, unsettled); // the spans of the records not reached
+          throw unsettled;
+        }
+        return;
+      }
+      settled(items, results);
+      break;
+    }
+    // The aggregates whose version moved: their parked successors, in version order.
+    java.util.Map<String, VersionKey> moved = new java.util.LinkedHashMap<>();
+    for (BatchItem item : items) {
+      if (item.outcome == Outcome.PROCESSED && item.version != null) {
+        moved.put(
+            item.aggregate(), new VersionKey(item.aggregateType, item.aggregateId, item.version));
+      }
+    }
+    for (VersionKey key : moved.values()) {
+      resumeAfter(key, handler);
+    }
+  }
+
+  /** After the batch's commit: each record's span, metric, log line and afterCommit. */
+  private void settled(List<BatchItem> items, Result[] results) {
+    RuntimeException failure = null;
+    for (BatchItem item : items) {
+      Span span = item.span;
+      item.span = null;
+      if (failure != null) {
+        InboxTracing.failed(span, failure, false);
+        span.end();
+        continue;
+      }
+      Result result = new Result(item.outcome, 1);
+      if (item.outcome == Outcome.PARKED) {
+        LOG.info(
+            "{} {}-{}@{}: parked ({})",
+            item.eventKey,
+            item.record.topic(),
+            item.record.partition(),
+            item.record.offset(),
+            item.parkReason);
+      }
+      Scope scope = span.makeCurrent();
+      try {
+        InboxTracing.settled(span, result);
+        counted(item.record, result);
+        hooks.afterCommit(item.record, result);
+        results[item.index] = result;
+      } catch (RuntimeException e) {
+        InboxTracing.failed(span, e, true);
+        failure = e;
+      } finally {
+        scope.close();
+        span.end();
+      }
+    }
+    if (failure != null) {
+      throw failure;
+    }
+  }
+
+  /** The batch could not be settled: every record's span says so and ends. */
+  private static void failBatch(List<BatchItem> items, Throwable error) {
+    for (BatchItem item : items) {
+      if (item.span != null) {
+        InboxTracing.failed(item.span, error, false);
+        item.span.end();
+        item.span = null;
+      }
+    }
+  }
+
+  /**
+   * One attempt of a batch in one transaction: committed ({@code -1}, each item's outcome set), or
+   * rolled back because of the item at the returned index (its handler or beforeCommit failed, or a
+   * version gap that is not parked), or an exception (rolled back).
+   */
+  private int attemptBatch(List<BatchItem> items, Handler handler) throws Exception {
+    try (Connection tx = connection()) {
+      tx.setAutoCommit(false);
+      try {
+        int failed = inBatch(tx, items, handler);
+        if (failed >= 0) {
+          tx.rollback();
+        } else {
+          tx.commit();
+        }
+        return failed;
+      } catch (Throwable e) {
+        try {
+          tx.rollback();
+        } catch (SQLException rollbackError) {
+          e.addSuppressed(rollbackError);
+        }
+        throw e;
+      } finally {
+        restoreAutoCommit(tx);
+      }
+    }
+  }
+
+  /** Whether the server is MariaDB (detected once: {@code SELECT VERSION()}). */
+  private boolean isMariaDb(Connection c) throws SQLException {
+    Boolean known = mariaDb;
+    if (known == null) {
+      try (PreparedStatement select = c.prepareStatement("SELECT VERSION()");
+          ResultSet rs = select.executeQuery()) {
+        rs.next();
+        known = String.valueOf(rs.getString(1)).contains("MariaDB");
+      }
+      mariaDb = known;
+    }
+    return known;
+  }
+
+  private static String placeholders(int rows, String row) {
+    StringBuilder sb = new StringBuilder(rows * (row.length() + 1));
+    for (int i = 0; i < rows; i++) {
+      if (i > 0) {
+        sb.append(',');
+      }
+      sb.append(row);
+    }
+    return sb.toString();
+  }
+
+  private int inBatch(Connection tx, List<BatchItem> items, Handler handler) throws Exception {
+    boolean maria = isMariaDb(tx);
+    // In-batch duplicates: the second of one key (byte for byte) is a duplicate of the first.
+    java.util.Set<String> seen = new java.util.HashSet<>();
+    List<BatchItem> fresh = new ArrayList<>(items.size());
+    for (BatchItem item : items) {
+      item.parkReason = null;
+      item.outcome = null;
+      if (seen.add(item.key)) {
+        fresh.add(item);
+      } else {
+        item.outcome = Outcome.DUPLICATE;
+      }
+    }
+    String columns = " (consumer, event_key, topic, kafka_partition, kafka_offset) VALUES ";
+    if (maria) {
+      runTestHook();
+      java.util.Set<String> inserted = new java.util.HashSet<>();
+      String sql =
+          "INSERT IGNORE INTO "
+              + settings.inboxTable()
+              + columns
+              + placeholders(fresh.size(), "(?, ?, ?, ?, ?)")
+              + " RETURNING event_key";
+      try (PreparedStatement insert = tx.prepareStatement(sql)) {
+        bindInboxRows(insert, fresh);
+        try (ResultSet rs = insert.executeQuery()) {
+          while (rs.next()) {
+            inserted.add(bytesKey(rs.getBytes(1)));
+          }
+        }
+      }
+      for (BatchItem item : fresh) {
+        if (!inserted.contains(item.key)) {
+          item.outcome = Outcome.DUPLICATE;
+        }
+      }
+    } else {
+      java.util.Set<String> found = new java.util.HashSet<>();
+      String sql =
+          "SELECT event_key FROM "
+              + settings.inboxTable()
+              + " WHERE consumer = ? AND event_key IN ("
+              + placeholders(fresh.size(), "?")
+              + ") FOR UPDATE";
+      try (PreparedStatement select = tx.prepareStatement(sql)) {
+        select.setString(1, settings.consumer());
+        for (int i = 0; i < fresh.size(); i++) {
+          select.setString(i + 2, fresh.get(i).eventKey);
+        }
+        try (ResultSet rs = select.executeQuery()) {
+          while (rs.next()) {
+            found.add(bytesKey(rs.getBytes(1)));
+          }
+        }
+      }
+      List<BatchItem> insert = new ArrayList<>(fresh.size());
+      for (BatchItem item : fresh) {
+        if (found.contains(item.key)) {
+          item.outcome = Outcome.DUPLICATE;
+        } else {
+          insert.add(item);
+        }
+      }
+      runTestHook();
+      if (!insert.isEmpty()) {
+        String rows =
+            "INSERT INTO "
+                + settings.inboxTable()
+                + columns
+                + placeholders(insert.size(), "(?, ?, ?, ?, ?)");
+        try (PreparedStatement statement = tx.prepareStatement(rows)) {
+          bindInboxRows(statement, insert);
+          statement.executeUpdate();
+        } catch (SQLException e) {
+          if (e.getErrorCode() == ER_DUP_ENTRY) {
+            throw new BatchRace(e);
+          }
+          throw e;
+        }
+      }
+    }
+    int failed = checkVersions(tx, items);
+    if (failed >= 0) {
+      return failed;
+    }
+    for (int i = 0; i < items.size(); i++) {
+      BatchItem item = items.get(i);
+      if (item.outcome == null) {
+        item.outcome = Outcome.PROCESSED;
+      }
+    }
+    for (int i = 0; i < items.size(); i++) {
+      BatchItem item = items.get(i);
+      if (item.outcome != Outcome.PROCESSED) {
+        continue;
+      }
+      Scope scope = item.span.makeCurrent();
+      try {
+        handler.handle(tx, item.record);
+      } catch (Exception e) {
+        if (isInfrastructureError(e)) {
+          throw e;
+        }
+        batchRecordFailed(item, e);
+        return i;
+      } finally {
+        scope.close();
+      }
+    }
+    for (int i = 0; i < items.size(); i++) {
+      BatchItem item = items.get(i);
+      if (item.outcome != Outcome.PROCESSED) {
+        continue;
+      }
+      Scope scope = item.span.makeCurrent();
+      try {
+        hooks.beforeCommit(item.record);
+      } catch (Exception e) {
+        if (isInfrastructureError(e)) {
+          throw e;
+        }
+        batchRecordFailed(item, e);
+        return i;
+      } finally {
+        scope.close();
+      }
+    }
+    return -1;
+  }
+
+  private static void runTestHook() {
+    Runnable hook = testHookAfterBatchSelect;
+    if (hook != null) {
+      hook.run();
+    }
+  }
+
+  private static void batchRecordFailed(BatchItem item, Exception e) {
+    item.failure = e; // its attempt 1 (CONTRACT "Batch mode" 5)
+    LOG.info(
+        "{} {}-{}@{}: failed in a batch (rolled back; it goes alone, the others as batches): {}",
+        item.eventKey,
+        item.record.topic(),
+        item.record.partition(),
+        item.record.offset(),
+        e.getMessage() == null ? e.getClass().getName() : e.getMessage());
+  }
+
+  private void bindInboxRows(PreparedStatement statement, List<BatchItem> rows)
+      throws SQLException {
+    int p = 1;
+    for (BatchItem item : rows) {
+      statement.setString(p++, settings.consumer());
+      statement.setString(p++, item.eventKey);
+      // A retry copy's row names the first record (as the single path's).
+      statement.setString(p++, RetryHeaders.originalTopic(item.record));
+      statement.setInt(p++, RetryHeaders.originalPartition(item.record));
+      statement.setLong(p++, RetryHeaders.originalOffset(item.record));
+    }
+  }
+
+  /**
+   * The version check of the batch's new records (outcome still unset): one {@code SELECT … FOR
+   * UPDATE} of the stored versions, then in batch order in memory: in order (the expected version
+   * advances), stale, or a gap: parked (row inserted, the record's inbox row removed again, as the
+   * single path leaves none), or, under another gap policy, the failing index. Then the new
+   * versions in one upsert.
+   *
+   * @return -1, or the index of a record whose gap goes through the single path
+   */
+  private int checkVersions(Connection tx, List<BatchItem> items) throws SQLException {
+    java.util.Map<String, BatchItem> aggregates = new java.util.LinkedHashMap<>();
+    for (BatchItem item : items) {
+      if (item.outcome == null && item.version != null) {
+        aggregates.putIfAbsent(item.aggregate(), item);
+      }
+    }
+    if (aggregates.isEmpty()) {
+      return -1;
+    }
+    java.util.Map<String, Long> stored = new java.util.HashMap<>();
+    String sql =
+        "SELECT aggregate_type, aggregate_id, version FROM "
+            + settings.versionTable()
+            + " WHERE consumer = ? AND (aggregate_type, aggregate_id) IN ("
+            + placeholders(aggregates.size(), "(?, ?)")
+            + ") FOR UPDATE";
+    try (PreparedStatement select = tx.prepareStatement(sql)) {
+      int p = 1;
+      select.setString(p++, settings.consumer());
+      for (BatchItem item : aggregates.values()) {
+        select.setString(p++, item.aggregateType);
+        select.setString(p++, item.aggregateId);
+      }
+      try (ResultSet rs = select.executeQuery()) {
+        while (rs.next()) {
+          stored.put(bytesKey(rs.getBytes(1)) + '\u0100' + bytesKey(rs.getBytes(2)), rs.getLong(3));
+        }
+      }
+    }
+    java.util.Map<String, BatchItem> upserts = new java.util.LinkedHashMap<>();
+    List<BatchItem> parked = new ArrayList<>();
+    for (int i = 0; i < items.size(); i++) {
+      BatchItem item = items.get(i);
+      if (item.outcome != null || item.version == null) {
+        continue;
+      }
+      String aggregate = item.aggregate();
+      Long current = stored.get(aggregate);
+      long version = item.version;
+      if (current != null && version <= current) {
+        item.outcome = Outcome.STALE;
+      } else if (current != null && version > current + 1) {
+        String reason = "version gap: expected " + (current + 1) + ", got " + version;
+        GapPolicy policy = settings.forTopic(InboxSettings.topicOf(item.record)).gapPolicy();
+        if (policy != GapPolicy.PARK) {
+          batchRecordFailed(item, new Exception(reason));
+          return i; // the single path dead-letters or retries it
+        }
+        item.outcome = Outcome.PARKED;
+        item.parkReason = reason;
+        parked.add(item);
+      } else {
+        stored.put(aggregate, version);
+        upserts.put(aggregate, item);
+      }
+    }
+    if (!parked.isEmpty()) {
+      for (BatchItem item : parked) {
+        insertParked(tx, item);
+      }
+      // A parked record has no inbox row (its resumption writes it), as in the single path.
+      String delete =
+          "DELETE FROM "
+              + settings.inboxTable()
+              + " WHERE consumer = ? AND event_key IN ("
+              + placeholders(parked.size(), "?")
+              + ")";
+      try (PreparedStatement statement = tx.prepareStatement(delete)) {
+        statement.setString(1, settings.consumer());
+        for (int i = 0; i < parked.size(); i++) {
+          statement.setString(i + 2, parked.get(i).eventKey);
+        }
+        statement.executeUpdate();
+      }
+    }
+    if (!upserts.isEmpty()) {
+      String upsert =
+          "INSERT INTO "
+              + settings.versionTable()
+              + " (consumer, aggregate_type, aggregate_id, version) VALUES "
+              + placeholders(upserts.size(), "(?, ?, ?, ?)")
+              + " ON DUPLICATE KEY UPDATE version = VALUES(version)";
+      try (PreparedStatement statement = tx.prepareStatement(upsert)) {
+        int p = 1;
+        for (BatchItem item : upserts.values()) {
+          statement.setString(p++, settings.consumer());
+          statement.setString(p++, item.aggregateType);
+          statement.setString(p++, item.aggregateId);
+          statement.setLong(p++, stored.get(item.aggregate()));
+        }
+        statement.executeUpdate();
+      }
+    }
+    return -1;
+  }
+
+  /** Inserts the parked row of a batch record (the single path's statement and values). */
+  private void insertParked(Connection tx, BatchItem item) throws SQLException {
+    ConsumerRecord<byte[], byte[]> record = item.record;
+    EffectiveSettings ts = settings.forTopic(InboxSettings.topicOf(record));
+    try (PreparedStatement insert = tx.prepareStatement(insertParked)) {
+      insert.setString(1, settings.consumer());
+      insert.setString(2, item.aggregateType);
+      insert.setString(3, item.aggregateId);
+      insert.setLong(4, item.version);
+      insert.setString(5, item.eventKey);
+      insert.setString(6, record.topic());
+      insert.setInt(7, record.partition());
+      insert.setLong(8, record.offset());
+      insert.setBytes(9, record.key());
+      insert.setBytes(10, record.value());
+      insert.setString(11, ParkedHeaders.encode(record.headers()));
+      String reason = item.parkReason;
+      insert.setString(12, reason.length() > 512 ? reason.substring(0, 512) : reason);
+      long micros;
+      try {
+        micros = TimeUnit.NANOSECONDS.toMicros(ts.gapDeadline().toNanos());
+      } catch (ArithmeticException e) {
+        micros = Long.MAX_VALUE / 2;
+      }
+      insert.setLong(13, micros);
+      insert.executeUpdate();
+    }
   }
 
   /** The record's aggregate and version, or {@code null} when it is not version-checked. */

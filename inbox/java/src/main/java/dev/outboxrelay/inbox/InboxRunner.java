@@ -70,6 +70,14 @@ import org.slf4j.LoggerFactory;
  *
  * <p>With a meter registry ({@link InboxSettings.Builder#meterRegistry}), the runner sets {@code
  * outbox_inbox_consumer_lag} after each poll for the partitions that returned records.
+ *
+ * <p>Batch mode ({@link InboxSettings.Builder#batchMaxRecords} above 1; inbox/CONTRACT.md, "Batch
+ * mode"): the consumer's {@code max.poll.records} is set to {@code batchMaxRecords}; once a poll
+ * returned records the runner polls again for at most {@link InboxSettings#batchMaxWait()} (until
+ * it has {@code batchMaxRecords}), then settles consecutive ordinary records as batches of at most
+ * {@code batchMaxRecords} with {@link Inbox#processBatch} (one database transaction each) and each
+ * retry copy alone with {@link Inbox#process}. Offsets are committed after each poll batch as
+ * without it; a record's offset only once its batch settled.
  */
 public final class InboxRunner implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(InboxRunner.class);
@@ -94,7 +102,8 @@ public final class InboxRunner implements AutoCloseable {
     default void subscribed() {}
 
     /**
-     * After a poll returned records, before they are processed.
+     * After a poll returned records, before they are processed (in batch mode also after each of
+     * the polls that fill a batch).
      *
      * @param records the batch
      */
@@ -112,6 +121,9 @@ public final class InboxRunner implements AutoCloseable {
   private final Consumer<byte[], byte[]> consumer;
   private final Producer<byte[], byte[]> ownedProducer;
   private final RecordProcessor processor;
+  private final BatchProcessor batchProcessor;
+  private final int batchMaxRecords;
+  private final Duration batchMaxWait;
   private final Listener listener;
   private final Duration pollTimeout;
   private final Sweeper sweeper;
@@ -134,6 +146,7 @@ public final class InboxRunner implements AutoCloseable {
   private InboxRunner(
       Builder b,
       RecordProcessor processor,
+      BatchProcessor batchProcessor,
       Consumer<byte[], byte[]> consumer,
       Producer<byte[], byte[]> producer,
       Sweeper sweeper,
@@ -147,6 +160,9 @@ public final class InboxRunner implements AutoCloseable {
     this.consumer = consumer;
     this.ownedProducer = producer;
     this.processor = processor;
+    this.batchProcessor = batchProcessor;
+    this.batchMaxRecords = batchProcessor == null ? 1 : b.settings.batchMaxRecords();
+    this.batchMaxWait = batchProcessor == null ? Duration.ZERO : b.settings.batchMaxWait();
     this.listener = b.listener;
     this.pollTimeout =
         sweeper != null && sweepInterval.compareTo(b.pollTimeout) < 0
@@ -252,6 +268,11 @@ public final class InboxRunner implements AutoCloseable {
         }
         recordLag(records);
         listener.polled(records);
+        if (batchProcessor != null) {
+          settleBatches(records);
+          commit(pending);
+          continue;
+        }
         for (ConsumerRecord<byte[], byte[]> record : records) {
           if (stopping) {
             break;
@@ -362,6 +383,89 @@ public final class InboxRunner implements AutoCloseable {
     } catch (java.sql.SQLException e) {
       LOG.warn("parked sweep failed (the next one is in {}): {}", sweepInterval, e.toString());
     }
+  }
+
+  /**
+   * Batch mode: {@code first} plus what more polls return within {@code batchMaxWait} (up to {@code
+   * batchMaxRecords} in all), settled in consecutive runs: ordinary records as batches of at most
+   * {@code batchMaxRecords}, each retry copy alone (held when not due), in poll order.
+   */
+  private void settleBatches(ConsumerRecords<byte[], byte[]> first) throws Exception {
+    List<ConsumerRecord<byte[], byte[]>> polled = new ArrayList<>(first.count());
+    first.forEach(polled::add);
+    long deadline = System.nanoTime() + batchMaxWait.toNanos();
+    while (polled.size() < batchMaxRecords && !stopping) {
+      long left = deadline - System.nanoTime();
+      if (left <= 0) {
+        break;
+      }
+      ConsumerRecords<byte[], byte[]> more;
+      try {
+        more = consumer.poll(Duration.ofNanos(left));
+      } catch (WakeupException e) {
+        break;
+      }
+      if (!more.isEmpty()) {
+        recordLag(more);
+        listener.polled(more);
+        more.forEach(polled::add);
+      }
+    }
+    // A partition revoked during the extra polls is another member's now: leave its records.
+    java.util.Set<TopicPartition> assigned = consumer.assignment();
+    List<ConsumerRecord<byte[], byte[]>> run = new ArrayList<>();
+    for (ConsumerRecord<byte[], byte[]> record : polled) {
+      if (stopping) {
+        break;
+      }
+      TopicPartition tp = new TopicPartition(record.topic(), record.partition());
+      if (waiting.containsKey(tp) || !assigned.contains(tp)) {
+        continue; // after a copy that is not due: fetched again once it is
+      }
+      Long due = RetryHeaders.retryAt(record);
+      if (due == null && RetryHeaders.retryCount(record) == 0) {
+        run.add(record);
+        if (run.size() >= batchMaxRecords) {
+          settleRun(run);
+        }
+        continue;
+      }
+      // A retry copy: not batched (time-gated and rare), the single path.
+      settleRun(run);
+      if (due != null && due > System.currentTimeMillis()) {
+        hold(tp, record, due);
+        continue;
+      }
+      sweepWhenDue();
+      settle(record);
+    }
+    if (!stopping) {
+      settleRun(run);
+    }
+  }
+
+  /** Settles {@code run} (ordinary records) as one batch and empties it. */
+  private void settleRun(List<ConsumerRecord<byte[], byte[]>> run) throws Exception {
+    if (run.isEmpty()) {
+      return;
+    }
+    sweepWhenDue();
+    List<ConsumerRecord<byte[], byte[]>> batch = List.copyOf(run);
+    run.clear();
+    List<Result> results = batchProcessor.process(batch);
+    for (int i = 0; i < batch.size(); i++) {
+      ConsumerRecord<byte[], byte[]> record = batch.get(i);
+      listener.settled(record, results.get(i));
+      pending.put(
+          new TopicPartition(record.topic(), record.partition()),
+          new OffsetAndMetadata(record.offset() + 1, record.leaderEpoch(), ""));
+    }
+  }
+
+  /** Settles a batch of records ({@link Inbox#processBatch}). */
+  @FunctionalInterface
+  private interface BatchProcessor {
+    List<Result> process(List<ConsumerRecord<byte[], byte[]>> records) throws Exception;
   }
 
   /** One sweep of the parked table. */
@@ -579,9 +683,14 @@ public final class InboxRunner implements AutoCloseable {
       String groupId = settings == null ? null : settings.consumer();
       Producer<byte[], byte[]> producer = null;
       RecordProcessor p = processor;
+      BatchProcessor batch = null;
       Sweeper sweeper = null;
       InboxMetrics metrics = null;
       Properties consumerConfig = consumerConfig(kafka, groupId);
+      if (settings != null && settings.batchMaxRecords() > 1) {
+        consumerConfig.put(
+            ConsumerConfig.MAX_POLL_RECORDS_CONFIG, Integer.toString(settings.batchMaxRecords()));
+      }
       if (settings != null) {
         // The dead-letter topic exists, is created now, or the runner refuses to start.
         DeadLetterTopics.ensure(kafka, settings.deadLetterTopic(), Duration.ofSeconds(30));
@@ -595,6 +704,9 @@ public final class InboxRunner implements AutoCloseable {
                 consumerConfig.getProperty(ConsumerConfig.GROUP_ID_CONFIG));
         Handler h = handler;
         p = record -> inbox.process(record, h);
+        if (settings.batchMaxRecords() > 1) {
+          batch = records -> inbox.processBatch(records, h);
+        }
         metrics = inbox.metrics();
         if (settings.parks()) {
           sweeper = () -> inbox.sweepParked(h);
@@ -604,6 +716,7 @@ public final class InboxRunner implements AutoCloseable {
         return new InboxRunner(
             this,
             p,
+            batch,
             new KafkaConsumer<>(consumerConfig),
             producer,
             sweeper,

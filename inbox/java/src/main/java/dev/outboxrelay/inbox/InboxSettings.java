@@ -53,6 +53,11 @@ public final class InboxSettings {
   private final EffectiveSettings defaults;
   private final Map<String, EffectiveSettings> topics;
   private final MeterRegistry meterRegistry;
+  private final int batchMaxRecords;
+  private final Duration batchMaxWait;
+
+  /** The largest {@code batch_max_records} allowed. */
+  public static final int BATCH_MAX_RECORDS_LIMIT = 10_000;
 
   private InboxSettings(
       Builder b, EffectiveSettings defaults, Map<String, EffectiveSettings> topics) {
@@ -79,6 +84,24 @@ public final class InboxSettings {
     this.defaults = defaults;
     this.topics = Map.copyOf(topics);
     this.meterRegistry = b.meterRegistry;
+    this.batchMaxRecords = b.batchMaxRecords;
+    this.batchMaxWait = b.batchMaxWait;
+  }
+
+  /**
+   * @return the most records one database transaction settles in batch mode (inbox/CONTRACT.md,
+   *     "Batch mode"); 1 (the default): batch mode off
+   */
+  public int batchMaxRecords() {
+    return batchMaxRecords;
+  }
+
+  /**
+   * @return how long {@link InboxRunner} waits for more records of a batch once one arrived
+   *     (default 20 ms)
+   */
+  public Duration batchMaxWait() {
+    return batchMaxWait;
   }
 
   /**
@@ -391,6 +414,8 @@ public final class InboxSettings {
     private OpenTelemetry openTelemetry;
     private TextMapPropagator propagator = W3CTraceContextPropagator.getInstance();
     private Duration inboxRetention = Duration.ofDays(7);
+    private int batchMaxRecords = 1;
+    private Duration batchMaxWait = Duration.ofMillis(20);
     private final Map<String, TopicSettings> topics = new LinkedHashMap<>();
     private MeterRegistry meterRegistry;
 
@@ -583,6 +608,32 @@ public final class InboxSettings {
     }
 
     /**
+     * Batch mode (inbox/CONTRACT.md, "Batch mode"): with more than 1, {@link InboxRunner} settles
+     * up to this many records of a poll in one database transaction ({@link Inbox#processBatch}),
+     * with the same guarantees, rows, hooks and metrics per record as one at a time. Consumer-wide.
+     *
+     * @param records the most records per batch, 1 to {@value #BATCH_MAX_RECORDS_LIMIT} (default 1:
+     *     batch mode off); checked by {@link #build()}
+     * @return this builder
+     */
+    public Builder batchMaxRecords(int records) {
+      this.batchMaxRecords = records;
+      return this;
+    }
+
+    /**
+     * How long {@link InboxRunner} waits for more records once a poll returned at least one, to
+     * fill a batch (batch mode only, {@link #batchMaxRecords}).
+     *
+     * @param wait the wait (default 20 ms), not negative; checked by {@link #build()}
+     * @return this builder
+     */
+    public Builder batchMaxWait(Duration wait) {
+      this.batchMaxWait = wait;
+      return this;
+    }
+
+    /**
      * Overrides, for one topic, {@code maxAttempts}, {@code backoffInitial}, {@code backoffMax},
      * {@code retryTiers}, {@code gapPolicy}, {@code gapDeadline} and {@code inboxRetention}
      * (inbox/CONTRACT.md, "Per-topic settings"). A record uses the settings of its {@code
@@ -683,6 +734,17 @@ public final class InboxSettings {
       }
       if (outageBudget == null || outageBudget.isNegative()) {
         throw new IllegalArgumentException("outage_budget must not be negative");
+      }
+      if (batchMaxRecords < 1 || batchMaxRecords > BATCH_MAX_RECORDS_LIMIT) {
+        throw new IllegalArgumentException(
+            "batch_max_records must be between 1 and "
+                + BATCH_MAX_RECORDS_LIMIT
+                + ", got "
+                + batchMaxRecords);
+      }
+      if (batchMaxWait == null || batchMaxWait.isNegative()) {
+        throw new IllegalArgumentException(
+            "batch_max_wait must not be negative, got " + batchMaxWait);
       }
       if (gapDeadline == null
           || gapDeadline.isNegative()

@@ -195,6 +195,44 @@ class InboxTracingTest {
   }
 
   @Test
+  void aBatchGivesEachRecordItsOwnSpan() throws Exception {
+    Inbox inbox = inbox("unused");
+    ConsumerRecord<byte[], byte[]> first =
+        record("order-b", "trace-b1", "traceparent", TRACEPARENT);
+    ConsumerRecord<byte[], byte[]> second = record("order-b", "trace-b2");
+    ConsumerRecord<byte[], byte[]> again = record("order-b", "trace-b1");
+    assertEquals(
+        List.of(
+            new Result(Outcome.PROCESSED, 1),
+            new Result(Outcome.PROCESSED, 1),
+            new Result(Outcome.DUPLICATE, 1)),
+        inbox.processBatch(List.of(first, second, again), traced("traced", null)));
+    List<SpanData> spans =
+        exporter.getFinishedSpanItems().stream()
+            .filter(s -> s.getName().equals(sourceTopic + " process"))
+            .sorted(
+                java.util.Comparator.comparing(
+                    s -> s.getAttributes().get(AttributeKey.longKey("messaging.kafka.offset"))))
+            .toList();
+    assertEquals(3, spans.size(), exporter.getFinishedSpanItems().toString());
+    AttributeKey<String> outcome = AttributeKey.stringKey("inbox.outcome");
+    assertEquals("processed", spans.get(0).getAttributes().get(outcome));
+    assertEquals("processed", spans.get(1).getAttributes().get(outcome));
+    assertEquals("duplicate", spans.get(2).getAttributes().get(outcome));
+    assertEquals(TRACE_ID, spans.get(0).getTraceId());
+    assertEquals(PARENT_ID, spans.get(0).getParentSpanId());
+    assertEquals(1L, spans.get(1).getAttributes().get(AttributeKey.longKey("inbox.attempts")));
+    // Each handler span is the child of its own record's span.
+    List<SpanData> handlers =
+        exporter.getFinishedSpanItems().stream()
+            .filter(s -> s.getName().equals("handler"))
+            .toList();
+    assertEquals(2, handlers.size());
+    assertEquals(spans.get(0).getSpanId(), handlers.get(0).getParentSpanId());
+    assertEquals(spans.get(1).getSpanId(), handlers.get(1).getParentSpanId());
+  }
+
+  @Test
   void spanOfAFailingHandlerIsAnError() throws Exception {
     String dlq = servers.topic("traced-dlq", 1);
     Inbox inbox = inbox(dlq);

@@ -385,4 +385,78 @@ class OutageTest {
         Inbox.isInfrastructureError(
             new IllegalStateException("grant failed", new SQLException("m", "40001", 1213))));
   }
+
+  /** A record as polled from partition 0 of {@code topic} at {@code offset}. */
+  private static org.apache.kafka.clients.consumer.ConsumerRecord<byte[], byte[]> polled(
+      String topic, long offset) {
+    org.apache.kafka.common.header.internals.RecordHeaders headers =
+        new org.apache.kafka.common.header.internals.RecordHeaders();
+    headers.add("event_key", TestServers.bytes("b-" + offset));
+    headers.add("aggregate_type", TestServers.bytes("order"));
+    return new org.apache.kafka.clients.consumer.ConsumerRecord<>(
+        topic,
+        0,
+        offset,
+        0L,
+        org.apache.kafka.common.record.TimestampType.CREATE_TIME,
+        -1,
+        -1,
+        TestServers.bytes("order"),
+        TestServers.bytes("{}"),
+        headers,
+        java.util.Optional.empty());
+  }
+
+  /**
+   * Batch mode: a database outage shorter than the budget redoes the whole batch (attempts 1, once
+   * each); one longer than the budget fails with the outage error naming the batch's first record
+   * and settles nothing of it.
+   */
+  @Test
+  void aBatchWaitsOutAnOutageOrStopsWithNothingSettled() throws Exception {
+    List<org.apache.kafka.clients.consumer.ConsumerRecord<byte[], byte[]>> batch =
+        List.of(polled("t", 7), polled("t", 8), polled("t", 9));
+    Inbox shortBudget =
+        new Inbox(
+            settings("unused").outageBudget(Duration.ofMillis(500)).build(),
+            proxied,
+            servers.producer(),
+            null);
+    proxy.down();
+    InboxOutageException outage =
+        org.junit.jupiter.api.Assertions.assertThrows(
+            InboxOutageException.class,
+            () -> shortBudget.processBatch(batch, (tx, record) -> coupon(tx, "x")));
+    assertEquals("t", outage.topic());
+    assertEquals(0, outage.partition());
+    assertEquals(7L, outage.offset());
+    assertTrue(Inbox.isInfrastructureError(outage.getCause()), outage.getCause().toString());
+    assertEquals(0, servers.count("SELECT COUNT(*) FROM outbox_inbox"));
+
+    Inbox inbox =
+        new Inbox(
+            settings("unused").outageBudget(Duration.ofSeconds(60)).build(),
+            proxied,
+            servers.producer(),
+            null);
+    Thread revive =
+        new Thread(
+            () -> {
+              try {
+                Thread.sleep(1000);
+                proxy.up();
+              } catch (Exception e) {
+                throw new IllegalStateException(e);
+              }
+            });
+    revive.start();
+    List<Result> results =
+        inbox.processBatch(
+            batch, (tx, record) -> coupon(tx, TestServers.header(record, "event_key")));
+    revive.join();
+    assertEquals(java.util.Collections.nCopies(3, new Result(Outcome.PROCESSED, 1)), results);
+    for (String key : List.of("b-7", "b-8", "b-9")) {
+      assertEquals(1, servers.coupons(key), key);
+    }
+  }
 }

@@ -42,6 +42,7 @@ final class TestServers {
   static final String BOOTSTRAP = env("INBOX_TEST_BOOTSTRAP", "127.0.0.1:9092");
   private static final String HOST = env("INBOX_TEST_DB_HOST", "127.0.0.1");
   private static final String PORT = env("INBOX_TEST_DB_PORT", "3306");
+  private static final String MYSQL_PORT = env("INBOX_TEST_MYSQL_PORT", "3326");
   private static final String USER = env("INBOX_TEST_DB_USER", "root");
   private static final String PASSWORD = System.getenv().getOrDefault("INBOX_TEST_DB_PASSWORD", "");
 
@@ -51,11 +52,41 @@ final class TestServers {
   private final KafkaProducer<byte[], byte[]> producer;
   private final List<String> topics = new ArrayList<>();
   private final List<String> groups = new ArrayList<>();
+  private final String port;
+
+  /** The server in the name ({@code mariadb}, {@code mysql}) and the one of INBOX_TEST_DB_PORT. */
+  final String server;
 
   TestServers() throws Exception {
+    this("mariadb");
+  }
+
+  /**
+   * @param server {@code mariadb} (INBOX_TEST_DB_PORT) or {@code mysql} (MySQL 8.0 at
+   *     INBOX_TEST_MYSQL_PORT, default 3326; same host, user and password)
+   */
+  TestServers(String server) throws Exception {
+    this.server = server;
+    this.port = server.equals("mysql") ? MYSQL_PORT : PORT;
     try (Connection c = DriverManager.getConnection(url(""));
         Statement s = c.createStatement()) {
       s.execute("CREATE DATABASE " + database);
+    } catch (java.sql.SQLException e) {
+      throw new IllegalStateException(
+          "cannot connect to the "
+              + server
+              + " test server at "
+              + HOST
+              + ":"
+              + port
+              + " as "
+              + USER
+              + (server.equals("mysql")
+                  ? " (set INBOX_TEST_MYSQL_PORT to a MySQL 8.0 server's port)"
+                  : " (set INBOX_TEST_DB_PORT to a MariaDB server's port)")
+              + ": "
+              + e.getMessage(),
+          e);
     }
     try (Connection c = DriverManager.getConnection(url(database) + "&allowMultiQueries=true");
         Statement s = c.createStatement()) {
@@ -82,11 +113,11 @@ final class TestServers {
     return p;
   }
 
-  private static String url(String db) {
+  private String url(String db) {
     return "jdbc:mariadb://"
         + HOST
         + ":"
-        + PORT
+        + port
         + "/"
         + db
         + "?user="
@@ -161,6 +192,15 @@ final class TestServers {
       r.headers().add("version", bytes(version.toString()));
     }
     producer.send(r).get();
+  }
+
+  /** As {@link #produce} without waiting for the acknowledgement (flush the producer after). */
+  void produceAsync(String topic, Integer partition, String key, String eventKey, String value) {
+    ProducerRecord<byte[], byte[]> r =
+        new ProducerRecord<>(topic, partition, bytes(key), bytes(value));
+    r.headers().add("event_key", bytes(eventKey));
+    r.headers().add("aggregate_type", bytes("order"));
+    producer.send(r);
   }
 
   /** Reads every record of a topic from its beginning to its current end. */

@@ -27,6 +27,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
@@ -61,6 +62,10 @@ public final class ScenarioConsumer {
   private long[] latencies = new long[0];
   private int settled;
   private long pollNanos;
+
+  /** When the poll that returned each record not yet settled returned (batch mode polls more). */
+  private final Map<ConsumerRecord<byte[], byte[]>, Long> polledAt = new IdentityHashMap<>();
+
   private long firstPollNanos;
   private long lastSettledNanos;
   private InboxRunner runner;
@@ -178,6 +183,8 @@ public final class ScenarioConsumer {
             .parkSweepInterval(
                 Duration.ofMillis(Long.parseLong(orDefault("INBOX_PARK_SWEEP_MS", "10000"))))
             .retryTiers(retryTiers(env.getOrDefault("INBOX_RETRY_TIERS_MS", "")))
+            .batchMaxRecords(Integer.parseInt(orDefault("INBOX_BATCH", "1")))
+            .batchMaxWait(Duration.ofMillis(Long.parseLong(orDefault("INBOX_BATCH_WAIT_MS", "20"))))
             .build();
     return builder.inbox(settings, dataSource, this::handle).hooks(new CrashHooks()).build();
   }
@@ -302,6 +309,11 @@ public final class ScenarioConsumer {
       if (firstPollNanos == 0) {
         firstPollNanos = pollNanos;
       }
+      if (exitAfter > 0) {
+        for (ConsumerRecord<byte[], byte[]> record : records) {
+          polledAt.put(record, pollNanos);
+        }
+      }
     }
 
     @Override
@@ -313,8 +325,9 @@ public final class ScenarioConsumer {
       if (exitAfter <= 0) {
         return;
       }
+      Long at = polledAt.remove(record);
       if (settled < latencies.length) {
-        latencies[settled] = now - pollNanos;
+        latencies[settled] = now - (at == null ? pollNanos : at);
       }
       settled++;
       lastSettledNanos = now;
