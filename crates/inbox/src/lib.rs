@@ -128,7 +128,8 @@
 //! (v5 then v6 of one aggregate in a batch are both in order; a gap is parked, or goes through
 //! the single path under `dead_letter`/`retry`). A handler error at record `i` rolls the batch
 //! back: records before `i` are redone as a batch, `i` alone through the single path (its own
-//! attempts, tiers, dead letter), the records after it as a new batch. An infrastructure error
+//! attempts, tiers, dead letter; the failed batch run was its attempt 1, so its handler fails at
+//! most `max_attempts` times), the records after it as a new batch. An infrastructure error
 //! redoes the whole batch after the backoff, within the outage budget; when that runs out
 //! nothing of the batch is settled ([`InboxError::Outage`]).
 //!

@@ -283,17 +283,21 @@ impl<H: Hooks> Inbox<H> {
         record: &InboxRecord,
         handler: &F,
     ) -> Result<Settled, InboxError> {
-        self.process_in(record, handler, None).await
+        self.process_in(record, handler, None, None).await
     }
 
-    /// [`Inbox::process`] in the consumer span `cx` when given (a batch record's), else a new one.
+    /// [`Inbox::process`] in the consumer span `cx` when given (a batch record's), else a new
+    /// one; `failed`: the error of the batch run that was this record's attempt 1.
     async fn process_in<F: Handler>(
         &self,
         record: &InboxRecord,
         handler: &F,
         cx: Option<opentelemetry::Context>,
+        failed: Option<String>,
     ) -> Result<Settled, InboxError> {
-        let settled = self.process_one_in(record, handler, None, cx).await?;
+        let settled = self
+            .process_one_in(record, handler, None, cx, failed)
+            .await?;
         if settled.outcome == Outcome::Processed {
             if let Some(key) = self.version_key(record) {
                 self.resume_after(key, handler).await?;
@@ -568,7 +572,8 @@ impl<H: Hooks> Inbox<H> {
         handler: &F,
         parked: Option<&VersionKey>,
     ) -> Result<Settled, InboxError> {
-        self.process_one_in(record, handler, parked, None).await
+        self.process_one_in(record, handler, parked, None, None)
+            .await
     }
 
     /// [`Inbox::process_one`] in the consumer span `cx` when given, else a new one.
@@ -578,13 +583,14 @@ impl<H: Hooks> Inbox<H> {
         handler: &F,
         parked: Option<&VersionKey>,
         cx: Option<opentelemetry::Context>,
+        failed: Option<String>,
     ) -> Result<Settled, InboxError> {
         let cx = cx.unwrap_or_else(|| {
             self.tracing
                 .start(record, &self.config.consumer, &self.config.event_key_header)
         });
         let result = async {
-            let settled = self.settle(record, handler, parked).await?;
+            let settled = self.settle(record, handler, parked, failed).await?;
 
             otel::settled(&opentelemetry::Context::current(), &settled);
             self.after_settled(record, &settled);
@@ -599,11 +605,14 @@ impl<H: Hooks> Inbox<H> {
         result
     }
 
+    /// `failed`: attempt 1 already failed with this error (a batch run, `inbox/CONTRACT.md`,
+    /// "Batch mode" 5): the attempts go on with 2 after the first backoff.
     async fn settle<F: Handler>(
         &self,
         record: &InboxRecord,
         handler: &F,
         parked: Option<&VersionKey>,
+        failed: Option<String>,
     ) -> Result<Settled, InboxError> {
         let cfg = &self.config;
         let event_key = match record.header_str(&cfg.event_key_header) {
@@ -633,6 +642,22 @@ impl<H: Hooks> Inbox<H> {
         let mut attempt = 0u32;
         // Since when, and with which waits, the record fails with infrastructure errors only.
         let mut outage: Option<(Instant, backon::ExponentialBackoff)> = None;
+        if let Some(error) = failed {
+            attempt = 1;
+            otel::attempt_failed(&error, attempt);
+            match delays.next() {
+                Some(wait) => {
+                    tracing::warn!(
+                        consumer = %cfg.consumer, event_key, topic = %record.topic,
+                        partition = record.partition, offset = record.offset, attempt,
+                        retry_in_ms = wait.as_millis() as u64, error = %error,
+                        "inbox: attempt failed; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                None => return self.attempts_used_up(record, error, attempt, parked).await,
+            }
+        }
         loop {
             let failed = match self
                 .attempt(record, event_key, version, handler, parked)

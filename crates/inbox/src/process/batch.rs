@@ -48,7 +48,9 @@ enum BatchFailed {
     /// The record at this position of the batch failed (its handler's error, a version gap
     /// under `dead_letter`/`retry`, a statement error that is not the infrastructure's): the
     /// records before it as a batch, it alone through the single path, the rest as a batch.
-    At(usize),
+    /// With the handler's error: the batch run was the record's attempt 1 (a version gap or a
+    /// statement error is not: no handler of it ran).
+    At(usize, Option<String>),
     /// MySQL: another transaction inserted one of the batch's keys between the `SELECT` and the
     /// `INSERT` (1062): redo the batch at once.
     Race,
@@ -64,7 +66,7 @@ impl BatchFailed {
         if f.infrastructure {
             BatchFailed::Infra(f.text)
         } else {
-            BatchFailed::At(0)
+            BatchFailed::At(0, None)
         }
     }
 }
@@ -72,7 +74,7 @@ impl BatchFailed {
 /// What to do next with the records of a batch (indices into the caller's slice).
 enum Work {
     Batch(Vec<usize>),
-    Single(usize),
+    Single(usize, Option<String>),
 }
 
 /// A batch record: its index in the caller's slice, event key and version.
@@ -119,8 +121,12 @@ impl<H: Hooks> Inbox<H> {
     ///   delays the whole batch.
     /// - A handler error (not an infrastructure error) at record `i`: the batch is rolled
     ///   back, records `0..i` are redone as a batch, record `i` goes alone through the single
-    ///   path (its attempts start at 1 there), the records after it as a new batch. A version gap
-    ///   under [`GapPolicy::DeadLetter`] or [`GapPolicy::Retry`] is handled the same way.
+    ///   path, the records after it as a new batch. The failed batch run is record `i`'s attempt
+    ///   1: the single path goes on with attempt 2 after the first backoff (with
+    ///   `max_attempts` 1 it settles it at once: next tier or dead letter with the batch run's
+    ///   error), so a handler fails at most `max_attempts` times in either mode. A version gap
+    ///   under [`GapPolicy::DeadLetter`] or [`GapPolicy::Retry`] also goes through the single
+    ///   path, without counting an attempt (no handler ran).
     /// - An infrastructure error ([`crate::is_infrastructure_error`]) anywhere, the commit
     ///   included: the batch is rolled back and redone after the backoff, within
     ///   [`InboxConfig::outage_budget`](crate::InboxConfig::outage_budget) counted from the
@@ -158,20 +164,20 @@ impl<H: Hooks> Inbox<H> {
         let mut work = VecDeque::from([Work::Batch(batch)]);
         while let Some(next) = work.pop_front() {
             match next {
-                Work::Single(idx) => {
+                Work::Single(idx, failed) => {
                     let cx = spans[idx].take();
-                    out[idx] = Some(self.process_in(&records[idx], handler, cx).await?);
+                    out[idx] = Some(self.process_in(&records[idx], handler, cx, failed).await?);
                 }
                 Work::Batch(idxs) if idxs.is_empty() => {}
                 Work::Batch(idxs) => {
                     let segment: Vec<&Item<'_>> =
                         idxs.iter().filter_map(|&i| items[i].as_ref()).collect();
-                    if let Some(pos) = self
+                    if let Some((pos, failed)) = self
                         .run_batch(&segment, handler, &mut spans, &mut out)
                         .await?
                     {
                         work.push_front(Work::Batch(idxs[pos + 1..].to_vec()));
-                        work.push_front(Work::Single(idxs[pos]));
+                        work.push_front(Work::Single(idxs[pos], failed));
                         work.push_front(Work::Batch(idxs[..pos].to_vec()));
                     }
                 }
@@ -212,14 +218,15 @@ impl<H: Hooks> Inbox<H> {
         })
     }
 
-    /// One batch until it commits (`Ok(None)`), or fails at a record (`Ok(Some(position))`).
+    /// One batch until it commits (`Ok(None)`), or fails at a record (`Ok(Some((position,
+    /// the handler's error when it was one)))`).
     async fn run_batch<F: Handler>(
         &self,
         segment: &[&Item<'_>],
         handler: &F,
         spans: &mut [Option<Context>],
         out: &mut [Option<Settled>],
-    ) -> Result<Option<usize>, InboxError> {
+    ) -> Result<Option<(usize, Option<String>)>, InboxError> {
         let cfg = &self.config;
         let first = segment[0].record;
         let ts = cfg.for_topic(retry::settings_topic(first));
@@ -264,7 +271,7 @@ impl<H: Hooks> Inbox<H> {
                     self.resume_moved(moved, handler).await?;
                     return Ok(None);
                 }
-                Err(BatchFailed::At(pos)) => return Ok(Some(pos)),
+                Err(BatchFailed::At(pos, failed)) => return Ok(Some((pos, failed))),
                 Err(BatchFailed::Race) if races < MAX_RACE_REDOS => {
                     races += 1;
                     tracing::debug!(
@@ -613,7 +620,7 @@ impl<H: Hooks> Inbox<H> {
                                 parked_rows.push((*pos, key, reason));
                             }
                             // Through the single path, which dead-letters or retries it.
-                            _ => return Err(BatchFailed::At(*pos)),
+                            _ => return Err(BatchFailed::At(*pos, None)),
                         }
                     }
                     _ => {
@@ -711,7 +718,7 @@ impl<H: Hooks> Inbox<H> {
                 if crate::error::is_infrastructure_error(e.as_ref()) {
                     return Err(BatchFailed::Infra(e.to_string()));
                 }
-                return Err(BatchFailed::At(pos));
+                return Err(BatchFailed::At(pos, Some(e.to_string())));
             }
         }
         Ok((
