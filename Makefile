@@ -188,6 +188,15 @@ bench-sources: services-up
 	$(CARGO) build --release -p outbox-relay -p outbox-relay-bench
 	target/release/outbox-relay-bench sources
 
+## Every shared inbox scenario in batch mode (tests/inbox_e2e.rs, batch_mode_*), four languages, on
+## MariaDB 10.11 and MySQL 8.0; `make test` runs six of the ten (the rebalance, gap-expiry and
+## retry-tier ones only here, for CI time). About 6 minutes.
+.PHONY: test-inbox-batch
+test-inbox-batch: services-up inbox
+	for server in mariadb10 mysql8; do \
+	  OUTBOX_TEST_SERVER=$$server $(CARGO) test -p outbox-relay-e2e --test inbox_e2e -- batch_mode_ || exit 1; \
+	done
+
 ## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
 ## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
 ## (tests/bench/inbox-bench.sh; README, "Benchmark").

@@ -800,8 +800,7 @@ async fn batch_mode_crash_after_db_commit_before_offset_commit_grants_once() -> 
     in_batch_mode(crash_after_db_commit_scenario()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rebalance_moves_partitions_and_grants_once() -> Result<()> {
+async fn rebalance_scenario() -> Result<()> {
     each_lang("rebalance", async |lang, s| {
         let evs = events(s);
         let partitions = s["partitions"].as_i64().unwrap_or(1) as i32;
@@ -839,6 +838,16 @@ async fn rebalance_moves_partitions_and_grants_once() -> Result<()> {
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_moves_partitions_and_grants_once() -> Result<()> {
+    rebalance_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_rebalance_moves_partitions_and_grants_once() -> Result<()> {
+    in_batch_mode(rebalance_scenario()).await
 }
 
 /// Expected outcomes and dead-letter reasons of a scenario's `expect` block.
@@ -1170,8 +1179,7 @@ async fn batch_mode_parked_versions_resume() -> Result<()> {
     in_batch_mode(parked_versions_resume_scenario()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()> {
+async fn gap_expires_scenario() -> Result<()> {
     each_lang("parked_gap_expires", async |lang, s| {
         let evs = events(s);
         let w = World::new("gapexp", &lang.name, 1).await?;
@@ -1193,6 +1201,16 @@ async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()> {
+    gap_expires_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_a_gap_that_never_closes_is_dead_lettered_at_its_deadline() -> Result<()> {
+    in_batch_mode(gap_expires_scenario()).await
 }
 
 async fn poison_record_scenario() -> Result<()> {
@@ -1336,8 +1354,7 @@ async fn check_coupon_after_retry_at(w: &World, s: &Value, lang: &str) -> Result
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_tiers_move_the_partition_on_and_dead_letter_after_the_last() -> Result<()> {
+async fn retry_tiers_scenario() -> Result<()> {
     each_lang("retry_tiers", async |lang, s| {
         let evs = events(s);
         let x = &s["expect"];
@@ -1456,7 +1473,17 @@ async fn retry_tiers_move_the_partition_on_and_dead_letter_after_the_last() -> R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_while_a_copy_waits_in_a_retry_tier_grants_once() -> Result<()> {
+async fn retry_tiers_move_the_partition_on_and_dead_letter_after_the_last() -> Result<()> {
+    retry_tiers_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_retry_tiers_move_the_partition_on_and_dead_letter_after_the_last() -> Result<()>
+{
+    in_batch_mode(retry_tiers_scenario()).await
+}
+
+async fn tier_crash_scenario() -> Result<()> {
     each_lang("crash_in_retry_tier", async |lang, s| {
         let evs = events(s);
         let key = s["kill_after_outcome"]["event_key"]
@@ -1545,4 +1572,14 @@ async fn crash_while_a_copy_waits_in_a_retry_tier_grants_once() -> Result<()> {
         w.finish().await
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_while_a_copy_waits_in_a_retry_tier_grants_once() -> Result<()> {
+    tier_crash_scenario().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_crash_while_a_copy_waits_in_a_retry_tier_grants_once() -> Result<()> {
+    in_batch_mode(tier_crash_scenario()).await
 }
