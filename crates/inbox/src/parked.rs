@@ -84,6 +84,34 @@ impl ParkedSql {
     }
 }
 
+/// The parameters of [`ParkedSql::insert`], in its column order (thirteen: more than
+/// mysql_async's tuples take). `reason` is cut to the column's 512 characters; `deadline_us`:
+/// the gap deadline in microseconds after now.
+pub(crate) fn insert_params(
+    consumer: &str,
+    key: &VersionKey,
+    event_key: impl Into<mysql_async::Value>,
+    record: &InboxRecord,
+    reason: &str,
+    deadline_us: u64,
+) -> mysql_async::Params {
+    mysql_async::Params::Positional(vec![
+        consumer.into(),
+        key.aggregate_type.as_str().into(),
+        key.aggregate_id.as_str().into(),
+        key.version.into(),
+        event_key.into(),
+        record.topic.as_str().into(),
+        record.partition.into(),
+        record.offset.into(),
+        record.key.as_deref().into(),
+        record.value.as_deref().into(),
+        encode_headers(&record.headers).into(),
+        reason.chars().take(512).collect::<String>().into(),
+        deadline_us.into(),
+    ])
+}
+
 /// The record's headers as the table stores them: a JSON array of `[name, base64 value or
 /// null]` pairs, in order.
 pub(crate) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {

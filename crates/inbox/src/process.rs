@@ -536,25 +536,9 @@ impl<H: Hooks> Inbox<H> {
             .for_topic(retry::settings_topic(record))
             .gap_deadline;
         let deadline_us = u64::try_from(gap_deadline.as_micros()).unwrap_or(u64::MAX);
-        // Thirteen parameters: more than mysql_async's tuples take.
-        let params: Vec<mysql_async::Value> = vec![
-            consumer.into(),
-            key.aggregate_type.as_str().into(),
-            key.aggregate_id.as_str().into(),
-            key.version.into(),
-            event_key.into(),
-            record.topic.as_str().into(),
-            record.partition.into(),
-            record.offset.into(),
-            record.key.as_deref().into(),
-            record.value.as_deref().into(),
-            parked::encode_headers(&record.headers).into(),
-            reason.chars().take(512).collect::<String>().into(),
-            deadline_us.into(),
-        ];
         tx.exec_drop(
             &self.parked_sql.insert,
-            mysql_async::Params::Positional(params),
+            parked::insert_params(consumer, key, event_key, record, reason, deadline_us),
         )
         .await
         .map_err(|e| Failed::db("database: parking the record", e))?;

@@ -651,24 +651,16 @@ impl<H: Hooks> Inbox<H> {
                     let record = segment[*pos].record;
                     let gap_deadline = cfg.for_topic(retry::settings_topic(record)).gap_deadline;
                     let deadline_us = u64::try_from(gap_deadline.as_micros()).unwrap_or(u64::MAX);
-                    let params: Vec<Value> = vec![
-                        consumer.into(),
-                        key.aggregate_type.as_str().into(),
-                        key.aggregate_id.as_str().into(),
-                        key.version.into(),
-                        segment[*pos].key.into(),
-                        record.topic.as_str().into(),
-                        record.partition.into(),
-                        record.offset.into(),
-                        record.key.as_deref().into(),
-                        record.value.as_deref().into(),
-                        parked::encode_headers(&record.headers).into(),
-                        reason.chars().take(512).collect::<String>().into(),
-                        deadline_us.into(),
-                    ];
                     tx.exec_drop(
                         &self.parked_sql.insert,
-                        mysql_async::Params::Positional(params),
+                        parked::insert_params(
+                            consumer,
+                            key,
+                            segment[*pos].key,
+                            record,
+                            reason,
+                            deadline_us,
+                        ),
                     )
                     .await
                     .map_err(|e| BatchFailed::db("database: parking the record", e))?;
