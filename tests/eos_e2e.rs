@@ -890,6 +890,7 @@ async fn prune_never_deletes_past_the_committed_point() -> Result<()> {
             bin(),
             &[
                 "prune",
+                "--yes",
                 "--older-than",
                 "7d",
                 "--max-wait-ms",

@@ -211,7 +211,20 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
         "exit {code}: {err}"
     );
 
+    // Without --yes: the plan, exit 4, nothing deleted.
     let (code, out, err) = prune(&[])?;
+    ensure!(
+        code == 4,
+        "prune --inbox without --yes: exit {code}\n{out}\n{err}"
+    );
+    ensure!(
+        out.contains("would delete 5 inbox rows")
+            && out.contains("not confirmed: nothing changed; run again with --yes"),
+        "{out}"
+    );
+    ensure!(count("billing").await? == 20, "the plan deleted rows");
+
+    let (code, out, err) = prune(&["--yes"])?;
     ensure!(code == 0, "prune --inbox: exit {code}\n{out}\n{err}");
     ensure!(
         out.contains(&format!(
@@ -242,7 +255,7 @@ async fn migrate_inbox_creates_the_tables_once_and_prune_keeps_what_can_be_redel
     // Once the group commits further, the old rows before it go; recent ones stay.
     let (g, t) = (group.clone(), topic.clone());
     tokio::task::spawn_blocking(move || commit(&g, &t, &[(0, 10), (1, 10)])).await??;
-    let (code, out, err) = prune(&[])?;
+    let (code, out, err) = prune(&["--yes"])?;
     ensure!(code == 0, "second prune: exit {code}\n{out}\n{err}");
     ensure!(out.contains("deleted 11 inbox rows"), "{out}");
     ensure!(count("billing").await? == 4, "recent rows must stay");

@@ -501,6 +501,16 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
         "not applied (dry run): run again with --yes to write it",
     )?;
     has(&out, &format!("new         {to} (rows_acked 0, gtid "))?;
+    let unchanged = state(&w).await?;
+    let (status, out, err) = run(&w.spec, &["reset", "--to", &to, "--dry-run"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "not applied (dry run)")?;
+    let after_plans = state(&w).await?;
+    ensure!(
+        after_plans.position() == unchanged.position()
+            && after_plans.lease_token == unchanged.lease_token,
+        "a plan changed the checkpoint: {unchanged:?} -> {after_plans:?}"
+    );
     let (status, out, err) = run(&w.spec, &["reset", "--to", &to, "--yes"]).await?;
     expect(&status, 0, &out, &err)?;
     let row = state(&w).await?;
@@ -808,7 +818,14 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
 
     let (status, out, err) = run(
         &w.spec,
-        &["prune", "--older-than", "7d", "--max-wait-ms", "1500"],
+        &[
+            "prune",
+            "--yes",
+            "--older-than",
+            "7d",
+            "--max-wait-ms",
+            "1500",
+        ],
     )
     .await?;
     expect(&status, 1, &out, &err)?;
@@ -823,17 +840,31 @@ async fn prune_deletes_only_rows_that_are_old_and_relayed() -> Result<()> {
     let relay = w.spawn()?;
     let end = current_binlog_position(&mut conn).await?;
     w.wait_checkpoint_covers(&relay, &end, START).await?;
+    // Without --yes: the counts, exit 4, nothing deleted; --dry-run: the same, exit 0.
+    let (status, out, err) = run(&w.spec, &["prune", "--older-than", "7d"]).await?;
+    expect(&status, 4, &out, &err)?;
+    has(
+        &out,
+        &format!("{}.outbox: 5 rows would be deleted", w.db.name()),
+    )?;
+    has(
+        &out,
+        "not confirmed: nothing changed; run again with --yes to delete them",
+    )?;
+    ensure!(outbox_ids(&mut conn).await? == all);
     let (status, out, err) = run(&w.spec, &["prune", "--older-than", "7d", "--dry-run"]).await?;
     expect(&status, 0, &out, &err)?;
     has(
         &out,
         &format!("{}.outbox: 5 rows would be deleted", w.db.name()),
     )?;
+    has(&out, "dry run: nothing changed")?;
     ensure!(outbox_ids(&mut conn).await? == all);
     let (status, out, err) = run(
         &w.spec,
         &[
             "prune",
+            "--yes",
             "--older-than",
             "7d",
             "--batch-size",
@@ -912,6 +943,12 @@ async fn republish_sends_selected_rows_again_as_run_sent_them() -> Result<()> {
         &format!("event_key={} -> {}", rows[1].event_key, topics[0]),
     )?;
     ensure!(count().await? == 6, "the plan sent records");
+    let mut dry = args.clone();
+    dry.push("--dry-run");
+    let (status, out, err) = run(&w.spec, &dry).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "2 rows would be republished")?;
+    ensure!(count().await? == 6, "the dry run sent records");
 
     // By event_key.
     args.push("--yes");
@@ -1419,5 +1456,102 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     drop(inbox_conn);
     inbox_db.drop_database().await?;
     drop(conn);
+    w.db.drop_database().await
+}
+
+/// `migrate` and `prune` run as the README's least-privileged relay user (issue 31): an
+/// up-to-date checkpoint table needs no statement, so `migrate` succeeds; a missing table names
+/// the refused statement, CREATE and ALTER on it, the account and the GRANT line, and that GRANT
+/// makes the next run work; `prune --yes` names DELETE on the outbox table the same way and
+/// deletes nothing until it is granted. Never "check the user and password": the user logged in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_prune_name_the_privilege_the_relay_user_lacks() -> Result<()> {
+    let w = World::new(bin(), "opsgrant").await?;
+    let db = w.db.name().to_owned();
+    let mut admin = w.db.conn().await?;
+    let user = format!("rg{}", unique_suffix().replace('_', ""));
+    let user = &user[..user.len().min(30)];
+    w.db.create_relay_user(user, "grant-test", "NONE").await?;
+    let mut spec = w.spec.clone();
+    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:grant-test@"), 1);
+    let never = "check the user and password";
+
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim() == format!("{db}.outbox_relay_checkpoint: up to date (unchanged)"),
+        "{out}"
+    );
+
+    admin
+        .query_drop("DROP TABLE outbox_relay_checkpoint")
+        .await?;
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 3, &out, &err)?;
+    let grant = format!("GRANT CREATE, ALTER ON `{db}`.`outbox_relay_checkpoint` TO '{user}'@'%'");
+    for needle in [
+        format!("privileges of '{user}'@'%' for `outbox-relay migrate --config "),
+        format!(
+            "expected CREATE, ALTER on `{db}`.`outbox_relay_checkpoint` to create the checkpoint \
+             table {db}.outbox_relay_checkpoint"
+        ),
+        format!(
+            "the server refused the statement CREATE TABLE IF NOT EXISTS \
+             `{db}`.`outbox_relay_checkpoint` (…) with error 1142"
+        ),
+        "run it as a user that may create and alter tables".to_owned(),
+        "OUTBOX_RELAY__MYSQL__URL='mysql://ADMIN:PASSWORD@".to_owned(),
+        format!("or, as an administrator: {grant}"),
+    ] {
+        has(&err, &needle)?;
+    }
+    ensure!(!err.contains(never), "{err}");
+    admin.query_drop(&grant).await?;
+    let (status, out, err) = run(&spec, &["migrate"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim() == format!("{db}.outbox_relay_checkpoint: created"),
+        "{out}"
+    );
+
+    // prune: three relayed rows, ten days old.
+    let mut rows = RowGen::new(&w.uid, "g", 1).rows(3);
+    let old = recent_created_at_base() - 10 * 86_400_000_000;
+    for r in &mut rows {
+        r.created_at_micros = old;
+    }
+    let (relay, _) = w.start(START).await?;
+    insert_outbox_rows(&mut admin, "outbox", &rows, InsertStyle::SingleRow).await?;
+    let end = current_binlog_position(&mut admin).await?;
+    w.wait_checkpoint_covers(&relay, &end, START).await?;
+    relay.stop(EXIT).await?;
+    let all = outbox_ids(&mut admin).await?;
+    ensure!(all.len() == 3, "{all:?}");
+
+    let (status, out, err) = run(&spec, &["prune", "--yes", "--older-than", "7d"]).await?;
+    expect(&status, 3, &out, &err)?;
+    let grant = format!("GRANT DELETE ON `{db}`.`outbox` TO '{user}'@'%'");
+    for needle in [
+        format!("privileges of '{user}'@'%' for `outbox-relay prune --yes --older-than 7d"),
+        format!("expected DELETE on `{db}`.`outbox` to delete relayed rows of {db}.outbox"),
+        format!(
+            "the server refused the statement DELETE FROM `{db}`.`outbox` WHERE `id` IN (…) AND \
+             `created_at` < ? with error 1142"
+        ),
+        format!("run it as a user that may delete rows of {db}.outbox"),
+        format!("or, as an administrator: {grant}"),
+    ] {
+        has(&err, &needle)?;
+    }
+    ensure!(!err.contains(never), "{err}");
+    ensure!(outbox_ids(&mut admin).await? == all, "rows went");
+    admin.query_drop(&grant).await?;
+    let (status, out, err) = run(&spec, &["prune", "--yes", "--older-than", "7d"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, &format!("{db}.outbox: deleted 3 rows"))?;
+    ensure!(outbox_ids(&mut admin).await?.is_empty());
+
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop(admin);
     w.db.drop_database().await
 }

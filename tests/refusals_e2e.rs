@@ -706,20 +706,35 @@ async fn dead_letters_are_replayed_once_in_order_after_the_fix() -> Result<()> {
     );
 
     // Two runs: 2 records, then the rest; a third run: nothing new.
-    let (code, out, err) = dlq_replay(&f.spec, &["--max-records", "2", "--batch", "1"]).await?;
+    // Without --yes: the same list, exit 4, nothing sent and no offset committed (the runs
+    // below still find all six).
+    let (code, out, err) = dlq_replay(&f.spec, &[]).await?;
+    ensure!(code == Some(4), "plan: exit {code:?}\n{out}\n{err}");
+    ensure!(
+        out.contains("would replay 6 of 7 dead letters")
+            && out.contains("not confirmed: nothing changed; run again with --yes to replay them"),
+        "plan output:\n{out}"
+    );
+    ensure!(
+        high_watermark_total(&plain, std::slice::from_ref(&ghost)).await? == 0,
+        "the plan sent records"
+    );
+
+    let (code, out, err) =
+        dlq_replay(&f.spec, &["--yes", "--max-records", "2", "--batch", "1"]).await?;
     ensure!(code == Some(0), "first run: exit {code:?}\n{out}\n{err}");
     ensure!(
         out.contains("replayed 2 of 2 dead letters") && out.contains("run again"),
         "first run output:\n{out}"
     );
-    let (code, out, err) = dlq_replay(&f.spec, &[]).await?;
+    let (code, out, err) = dlq_replay(&f.spec, &["--yes"]).await?;
     eprintln!("--- dlq replay ---\n{out}");
     ensure!(code == Some(3), "second run: exit {code:?}\n{out}\n{err}");
     ensure!(
         out.contains("replayed 4 of 5 dead letters"),
         "second run output:\n{out}"
     );
-    let (code, out, err) = dlq_replay(&f.spec, &[]).await?;
+    let (code, out, err) = dlq_replay(&f.spec, &["--yes"]).await?;
     ensure!(code == Some(0), "third run: exit {code:?}\n{out}\n{err}");
     ensure!(
         out.contains("replayed 0 of 0 dead letters"),

@@ -46,9 +46,9 @@ const READ_ALL: Duration = Duration::from_secs(60);
 /// A `mysql.url` nothing listens on: a replay must not need it.
 const NO_MYSQL: &str = "mysql://root@127.0.0.1:1/nowhere";
 
-/// Starts `outbox-relay replay --binlog FILES… EXTRA… --config <toml>`.
+/// Starts `outbox-relay replay --yes --binlog FILES… EXTRA… --config <toml>`.
 fn spawn_replay(files: &[PathBuf], extra: &[&str], config_toml: &str) -> Result<RelayProcess> {
-    let mut args: Vec<String> = vec!["replay".into(), "--binlog".into()];
+    let mut args: Vec<String> = vec!["replay".into(), "--yes".into(), "--binlog".into()];
     args.extend(files.iter().map(|f| f.display().to_string()));
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     args.push("--config".into());
@@ -643,6 +643,46 @@ async fn positions_and_datetimes_select_exact_transactions() -> Result<()> {
     )
     .await?;
     ensure_fixture_records(&records, &[2])
+}
+
+/// Without --yes a replay prints its plan (the files, the range, the tables, where the records
+/// would go), sends nothing and exits 4; --dry-run prints the same and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_yes_a_replay_prints_its_plan_and_sends_nothing() -> Result<()> {
+    let files = scratch_files(&std::fs::read(fixture(JSON_FILE))?, &["binlog.000001"])?;
+    let topic = format!("t_{}.json", unique_suffix());
+    create_topic(&topic).await?;
+    let file = files[0].display().to_string();
+    let size = std::fs::metadata(&files[0])?.len();
+    for (flag, code) in [(None, 4), (Some("--dry-run"), 0)] {
+        let mut args = vec!["replay", "--binlog", &file, "--stop-position", "1280"];
+        args.extend(flag);
+        args.push("--config");
+        let replay = RelayProcess::spawn_args(bin(), &args, &fixture_config(&topic), &[])?;
+        expect_exit_code(replay.wait_exit(REPLAY).await?, code, &replay)?;
+        let out = replay.stdout_text();
+        for line in [
+            format!("file        {file} ({size} bytes)"),
+            "range       from the start of the first file to position 1280".to_owned(),
+            "tables      test.t".to_owned(),
+            format!("records     to {topic} on {}", kafka_bootstrap()),
+        ] {
+            ensure!(out.contains(&line), "{flag:?}: {line:?} not in\n{out}");
+        }
+        let last = if code == 4 {
+            "not confirmed: nothing changed; run again with --yes to replay them"
+        } else {
+            "dry run: nothing changed"
+        };
+        ensure!(out.trim_end().ends_with(last), "{flag:?}:\n{out}");
+    }
+    let records = read_all_records(&kafka_bootstrap(), &[topic], Duration::from_secs(5)).await?;
+    ensure!(
+        records.is_empty(),
+        "a plan produced {} records",
+        records.len()
+    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use mysql_async::prelude::Queryable;
 use outbox_relay_testkit::mysql_async;
 use outbox_relay_testkit::{
@@ -98,30 +98,6 @@ fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
 
 const SASL_USER: &str = "relay";
 const SASL_PASSWORD: &str = "relay-scram-secret";
-
-/// The grants the README documents for a least-privileged relay user: MariaDB 10.5+ names
-/// BINLOG MONITOR and friends; MySQL 8.0 REPLICATION CLIENT. On MySQL 8.0 the user gets the
-/// server's default authentication, caching_sha2_password.
-async fn create_relay_user(db: &TestDb, user: &str, password: &str, require: &str) -> Result<()> {
-    let mut conn = db.conn().await?;
-    let name = db.name();
-    let global = if test_server().is_mysql() {
-        "REPLICATION SLAVE, REPLICATION CLIENT"
-    } else {
-        "REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR"
-    };
-    for sql in [
-        format!("CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' REQUIRE {require}"),
-        format!("GRANT {global} ON *.* TO '{user}'@'%'"),
-        format!("GRANT SELECT ON `{name}`.`outbox` TO '{user}'@'%'"),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE ON `{name}`.`outbox_relay_checkpoint` TO '{user}'@'%'"
-        ),
-    ] {
-        conn.query_drop(&sql).await.with_context(|| sql.clone())?;
-    }
-    Ok(())
-}
 
 fn rows(uid: &str, n: usize) -> Vec<OutboxRow> {
     let base = recent_created_at_base();
@@ -260,7 +236,7 @@ async fn relays_over_tls_with_verify_ca_and_a_password_file() -> Result<()> {
     let uid = unique_suffix();
     let user = user_name("tls", &uid);
     let password = "Tls:pass@word/#1";
-    create_relay_user(&db, &user, password, "SSL").await?;
+    db.create_relay_user(&user, password, "SSL").await?;
     let pw_file = std::env::temp_dir().join(format!("outbox-relay-pw-{uid}"));
     std::fs::write(&pw_file, format!("{password}\n"))?;
 
@@ -295,7 +271,7 @@ async fn relays_without_tls_as_a_least_privileged_password_user() -> Result<()> 
     let uid = unique_suffix();
     let user = user_name("plain", &uid);
     let password = "Plain:pass@word/#2";
-    create_relay_user(&db, &user, password, "NONE").await?;
+    db.create_relay_user(&user, password, "NONE").await?;
     let mut conn = db.conn().await?;
     let plugin: Option<String> = conn
         .exec_first(
@@ -341,8 +317,7 @@ async fn relays_with_a_client_certificate_and_verify_identity() -> Result<()> {
     let uid = unique_suffix();
     let user = user_name("x509", &uid);
     let password = "x509-secret";
-    create_relay_user(
-        &db,
+    db.create_relay_user(
         &user,
         password,
         &format!(
@@ -396,7 +371,7 @@ async fn x509_user_without_client_certificate_is_refused_with_the_fix() -> Resul
     let (_server, pki, db) = tls_server("sec_tls_nocert").await?;
     let uid = unique_suffix();
     let user = user_name("nocert", &uid);
-    create_relay_user(&db, &user, "pw", "X509").await?;
+    db.create_relay_user(&user, "pw", "X509").await?;
     let mut spec = spec_for(&db, "sec-nocert", &uid);
     spec.mysql_url = format!("mysql://{user}:pw@127.0.0.1:{}/{}", tls_port(), db.name());
     let toml = with_verify_ca(&spec, &pki, "ca.pem");

@@ -59,11 +59,12 @@ pub enum OpsCommand {
     /// Refuses positions the server no longer has, positions inside a transaction, and runs
     /// while an instance of the connector holds its lease. With --yes it takes the lease
     /// (a relay started meanwhile waits), writes the row under a new lease token and releases
-    /// the lease. Without --yes it prints what it would do and changes nothing.
+    /// the lease. Without --yes it prints what it would do and changes nothing (exit 4);
+    /// --dry-run does the same with exit code 0.
     ///
-    /// Exit codes: 0 written; 1 runtime error; 2 configuration error or an unusable target;
-    /// 3 the lease is held (a relay runs) or the checkpoint table is missing; 4 not confirmed
-    /// (no --yes): the plan was printed, nothing changed.
+    /// Exit codes: 0 written (or --dry-run printed the plan); 1 runtime error; 2 configuration
+    /// error or an unusable target; 3 the lease is held (a relay runs) or the checkpoint table
+    /// is missing; 4 not confirmed (no --yes): the plan was printed, nothing changed.
     #[command(verbatim_doc_comment)]
     Reset {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
@@ -73,12 +74,20 @@ pub enum OpsCommand {
         /// before the first transaction committed at or after it).
         #[arg(long, value_name = "TARGET", value_parser = parse_target)]
         to: Target,
-        /// Write the new checkpoint (without it: dry run, exit code 4).
+        /// Write the new checkpoint (without it: the plan is printed, exit code 4).
         #[arg(long)]
         yes: bool,
+        /// Print the plan and write nothing, with exit code 0 (for scripts).
+        #[arg(long, conflicts_with = "yes")]
+        dry_run: bool,
     },
     /// Create or upgrade the checkpoint table (and with --outbox the outbox tables) from the
     /// SQL in migrations/ (embedded). Idempotent.
+    ///
+    /// Acts without --yes (the one exception to the confirmation rule): it only creates what
+    /// is missing, adds missing columns and widens one, never drops or rewrites a row, and a
+    /// second run changes nothing. An up-to-date table runs no statement at all, so the
+    /// relay's own user may run it; a missing privilege is named with its GRANT.
     ///
     /// With --inbox --database-url URL: create the consumer side's tables (outbox_inbox,
     /// outbox_inbox_version; migrations/0004_inbox.sql) in a consumer's database instead, and
@@ -86,7 +95,8 @@ pub enum OpsCommand {
     /// config file needed.
     ///
     /// Exit codes: 0 done (or nothing to do); 1 runtime error; 2 configuration error (also an
-    /// outbox table to create whose mapping is not the common shape); 3 missing privileges.
+    /// outbox table to create whose mapping is not the common shape); 3 a missing privilege
+    /// (the message names the statement, the privilege and the GRANT).
     #[command(verbatim_doc_comment)]
     Migrate {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
@@ -113,11 +123,14 @@ pub enum OpsCommand {
     /// Selects old rows by the mapped created_at column, then waits until the checkpoint covers
     /// the binlog up to a position read after that selection, then deletes exactly those rows
     /// in batches. It can never delete a row the relay has not acknowledged (README, "prune").
+    /// Without --yes it counts the rows it would delete and deletes nothing (exit 4);
+    /// --dry-run does the same with exit code 0.
     ///
-    /// Exit codes: 0 done (the counts are printed); 1 runtime error (also: the checkpoint did
-    /// not cover the rows within --max-wait-ms; nothing more was deleted); 2 configuration or
-    /// argument error (also: a table mapped without created_at); 3 no checkpoint of this
-    /// server.
+    /// Exit codes: 0 done (the counts are printed), or --dry-run printed them; 1 runtime error
+    /// (also: the checkpoint did not cover the rows within --max-wait-ms; nothing more was
+    /// deleted); 2 configuration or argument error (also: a table mapped without created_at);
+    /// 3 no checkpoint of this server, or a missing privilege (DELETE: the message names the
+    /// GRANT); 4 not confirmed (no --yes): the counts were printed, nothing deleted.
     ///
     /// With --inbox: delete a consumer's inbox rows instead (--database-url, --consumer,
     /// --bootstrap-servers; no config file): only rows processed longer ago than --older-than
@@ -165,8 +178,12 @@ pub enum OpsCommand {
         /// Pause between DELETE statements, in ms.
         #[arg(long, default_value_t = 100)]
         pause_ms: u64,
-        /// Count the rows that would be deleted; delete nothing.
+        /// Delete (without it: count the rows that would be deleted, exit code 4).
         #[arg(long)]
+        yes: bool,
+        /// Count the rows that would be deleted and delete nothing, with exit code 0 (for
+        /// scripts).
+        #[arg(long, conflicts_with = "yes")]
         dry_run: bool,
         /// Longest wait for the relay's checkpoint to cover the selected rows, in ms.
         #[arg(long, default_value_t = 30_000)]
@@ -184,12 +201,13 @@ pub enum OpsCommand {
     /// they skip it unless their inbox row is gone.
     ///
     /// Without --yes it prints how many rows each table would send and the first ones, and
-    /// sends nothing (exit 4).
+    /// sends nothing (exit 4); --dry-run does the same with exit code 0.
     ///
-    /// Exit codes: 0 every selected row sent and acknowledged; 1 runtime error (the rows
-    /// before the failing one were sent: the message says how many); 2 configuration or
-    /// argument error; 3 sent, but some rows cannot become records (listed, as the relay
-    /// would dead-letter them); 4 not confirmed (no --yes): the plan was printed.
+    /// Exit codes: 0 every selected row sent and acknowledged (or --dry-run printed the plan);
+    /// 1 runtime error (the rows before the failing one were sent: the message says how
+    /// many); 2 configuration or argument error; 3 sent, but some rows cannot become records
+    /// (listed, as the relay would dead-letter them); 4 not confirmed (no --yes): the plan was
+    /// printed.
     #[command(verbatim_doc_comment)]
     Republish {
         /// TOML config file (the relay's); `OUTBOX_RELAY__SECTION__KEY` environment variables
@@ -217,6 +235,9 @@ pub enum OpsCommand {
         /// Send (without it: print the plan, exit 4).
         #[arg(long)]
         yes: bool,
+        /// Print the plan and send nothing, with exit code 0 (for scripts).
+        #[arg(long, conflicts_with = "yes")]
+        dry_run: bool,
     },
     /// Follow one event from its outbox row to its consumers.
     ///
@@ -342,8 +363,8 @@ pub enum MigrateFromCommand {
         /// A Debezium Server / embedded engine offset file (offset.storage.file.filename).
         #[arg(long, value_name = "PATH", conflicts_with = "offsets_topic")]
         offset_file: Option<PathBuf>,
-        /// Print what would be written and write nothing (exit code 0).
-        #[arg(long)]
+        /// Print what would be written and write nothing, with exit code 0 (for scripts).
+        #[arg(long, conflicts_with = "yes")]
         dry_run: bool,
         /// Write the checkpoint (without it: the plan is printed, exit code 4).
         #[arg(long)]
@@ -364,12 +385,14 @@ pub enum DlqCommand {
     /// twice for read_committed consumers. Filters combine with AND; the default group is
     /// derived from them, so the same selection resumes and another one starts afresh.
     /// Dead letters whose value was dropped (too large) or that have no topic are listed
-    /// (SKIP) and left: republish their rows from the outbox.
+    /// (SKIP) and left: republish their rows from the outbox. Without --yes it lists what it
+    /// would replay, sends nothing and commits no offset (exit 4); --dry-run does the same
+    /// with the exit code of the run (0, or 3 when some cannot be replayed).
     ///
     /// Exit codes: 0 done (every selected dead letter replayed); 1 runtime error (what was
     /// committed stays; run again); 2 configuration or argument error (also: the dead-letter
     /// topic does not exist); 3 done, but some selected dead letters cannot be replayed
-    /// (listed).
+    /// (listed); 4 not confirmed (no --yes): the list was printed, nothing sent.
     #[command(verbatim_doc_comment)]
     Replay {
         /// TOML config file (the relay's: [kafka] and [dead_letter]);
@@ -398,8 +421,12 @@ pub enum DlqCommand {
         /// outbox-relay.dlq-replay.<connector_name>.<hash of the filters>).
         #[arg(long)]
         group: Option<String>,
-        /// List what would be replayed; send nothing, commit no offset.
+        /// Replay (without it: list what would be replayed, exit code 4).
         #[arg(long)]
+        yes: bool,
+        /// List what would be replayed, send nothing and commit no offset, with the exit code
+        /// of the run (0, or 3 when some cannot be replayed; for scripts).
+        #[arg(long, conflicts_with = "yes")]
         dry_run: bool,
         /// Stop after this many replayed records (the next run goes on).
         #[arg(long, value_name = "N")]
@@ -473,6 +500,57 @@ pub(crate) fn load(config: &std::path::Path) -> Result<RelayConfig, RelayError> 
     }
 }
 
+/// How a command that changes state was asked to run. The one rule of every such command
+/// (`reset`, `republish`, `prune`, `prune --inbox`, `dlq replay`, `migrate-from debezium`,
+/// `replay`): with `--yes` it acts; without it, it prints the plan, changes nothing and exits
+/// [`ops::EXIT_NOT_CONFIRMED`]; `--dry-run` prints the plan too, with the exit code of a run
+/// that acted (for scripts that check a plan). `migrate` is the documented exception.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Confirm {
+    /// `--yes`: act.
+    Act,
+    /// Neither flag: the plan, exit 4.
+    Plan,
+    /// `--dry-run`: the plan, the exit code of a run.
+    DryRun,
+}
+
+impl Confirm {
+    /// From the two flags (clap makes them exclusive).
+    pub(crate) fn new(yes: bool, dry_run: bool) -> Self {
+        match (yes, dry_run) {
+            (_, true) => Self::DryRun,
+            (true, false) => Self::Act,
+            (false, false) => Self::Plan,
+        }
+    }
+
+    /// Whether the command may change anything.
+    pub(crate) fn acts(self) -> bool {
+        self == Self::Act
+    }
+
+    /// Prints the line after a plan whose report does not say it itself: nothing changed, and
+    /// (without --dry-run) how to `act` ("delete them").
+    pub(crate) fn footer(self, act: &str) {
+        match self {
+            Self::Act => {}
+            Self::DryRun => println!("dry run: nothing changed"),
+            Self::Plan => {
+                println!("not confirmed: nothing changed; run again with --yes to {act}")
+            }
+        }
+    }
+
+    /// The exit code: `done` (the code of a run that acted) with --yes or --dry-run, else 4.
+    pub(crate) fn exit(self, done: ExitCode) -> ExitCode {
+        match self {
+            Self::Plan => ExitCode::from(ops::EXIT_NOT_CONFIRMED),
+            Self::Act | Self::DryRun => done,
+        }
+    }
+}
+
 fn fail(e: &RelayError) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
@@ -530,17 +608,19 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
-        OpsCommand::Reset { config, to, yes } => {
-            let result =
-                load(&config).and_then(|c| runtime.block_on(ops::reset::reset(&c, &to, yes)));
+        OpsCommand::Reset {
+            config,
+            to,
+            yes,
+            dry_run,
+        } => {
+            let confirm = Confirm::new(yes, dry_run);
+            let result = load(&config)
+                .and_then(|c| runtime.block_on(ops::reset::reset(&c, &to, confirm.acts())));
             match result {
                 Ok(r) => {
                     println!("{r}");
-                    if r.applied {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(ops::EXIT_NOT_CONFIRMED)
-                    }
+                    confirm.exit(ExitCode::SUCCESS)
                 }
                 Err(e) => fail(&e),
             }
@@ -580,11 +660,7 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             match result {
                 Ok(r) => {
                     println!("{r}");
-                    if r.applied || dry_run {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(ops::EXIT_NOT_CONFIRMED)
-                    }
+                    Confirm::new(yes, dry_run).exit(ExitCode::SUCCESS)
                 }
                 Err(e) => fail(&e),
             }
@@ -598,7 +674,9 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             table,
             rate,
             yes,
+            dry_run,
         } => {
+            let confirm = Confirm::new(yes, dry_run);
             let selection = match (
                 event_keys.is_empty(),
                 since.is_some() || until.is_some(),
@@ -625,17 +703,15 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 selection,
                 table,
                 rate,
-                yes,
+                yes: confirm.acts(),
             };
             match runtime.block_on(ops::republish::republish(&config, &opts)) {
                 Ok(report) => {
                     print!("{report}");
-                    if !yes {
-                        ExitCode::from(4)
-                    } else if report.refused() > 0 {
+                    if confirm.acts() && report.refused() > 0 {
                         ExitCode::from(3)
                     } else {
-                        ExitCode::SUCCESS
+                        confirm.exit(ExitCode::SUCCESS)
                     }
                 }
                 Err(e) => fail(&e),
@@ -652,11 +728,13 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                     topic,
                     event_keys,
                     group,
+                    yes,
                     dry_run,
                     max_records,
                     batch,
                 },
         } => {
+            let confirm = Confirm::new(yes, dry_run);
             let config = match load(&config) {
                 Ok(c) => c,
                 Err(e) => return fail(&e),
@@ -669,7 +747,7 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 topic,
                 event_keys,
                 group,
-                dry_run,
+                dry_run: !confirm.acts(),
                 max_records,
                 batch,
             };
@@ -681,11 +759,13 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             match result {
                 Ok(report) => {
                     println!("{report}");
-                    if report.not_replayable > 0 {
+                    let done = if report.not_replayable > 0 {
                         ExitCode::from(3)
                     } else {
                         ExitCode::SUCCESS
-                    }
+                    };
+                    confirm.footer("replay them");
+                    confirm.exit(done)
                 }
                 Err(e) => fail(&e),
             }
@@ -768,9 +848,11 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             topic_retention,
             batch_size,
             pause_ms,
+            yes,
             dry_run,
             ..
         } => {
+            let confirm = Confirm::new(yes, dry_run);
             let opts = ops::inbox::InboxPruneOptions {
                 topic_retention: topic_retention.into_iter().collect(),
                 database_url,
@@ -780,12 +862,13 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 older_than,
                 batch_size,
                 pause: Duration::from_millis(pause_ms),
-                dry_run,
+                dry_run: !confirm.acts(),
             };
             match runtime.block_on(ops::inbox::prune_inbox(&opts)) {
                 Ok(r) => {
                     println!("{r}");
-                    ExitCode::SUCCESS
+                    confirm.footer("delete them");
+                    confirm.exit(ExitCode::SUCCESS)
                 }
                 Err(e) => fail(&e),
             }
@@ -795,10 +878,12 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
             older_than,
             batch_size,
             pause_ms,
+            yes,
             dry_run,
             max_wait_ms,
             ..
         } => {
+            let confirm = Confirm::new(yes, dry_run);
             let Some(config) = config else {
                 return fail(&RelayError::Argument(
                     "prune needs --config (or --inbox with --database-url, --consumer and \
@@ -810,14 +895,15 @@ pub fn run(command: OpsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
                 older_than,
                 batch_size,
                 pause: Duration::from_millis(pause_ms),
-                dry_run,
+                dry_run: !confirm.acts(),
                 max_wait: Duration::from_millis(max_wait_ms),
             };
             let result = load(&config).and_then(|c| runtime.block_on(ops::prune::prune(&c, &opts)));
             match result {
                 Ok(r) => {
                     println!("{r}");
-                    ExitCode::SUCCESS
+                    confirm.footer("delete them");
+                    confirm.exit(ExitCode::SUCCESS)
                 }
                 Err(e) => fail(&e),
             }

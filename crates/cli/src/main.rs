@@ -1,8 +1,9 @@
 //! `outbox-relay`: the command line. It only wires things together: parse arguments, set up
 //! logging, load the config, run the relay until SIGTERM/SIGINT (`run`), replay binlog files
 //! (`replay`), or an operator command (`check`, `status`, `reset`, `migrate`, `prune`,
-//! `migrate-from debezium`, …: module `ops`, each documenting its exit codes; `reset` and
-//! `migrate-from` without `--yes` exit 4).
+//! `migrate-from debezium`, …: module `ops`, each documenting its exit codes; every command
+//! that changes state, `replay` included, acts only with `--yes` and otherwise prints its plan
+//! and exits 4: `commands::Confirm`).
 //!
 //! Exit codes: 0 stopped on request (final checkpoint written) or replay complete; 1 runtime
 //! error (for `replay` also a truncated or damaged binlog file); 2 usage, configuration or
@@ -84,13 +85,15 @@ enum Command {
     /// It does NOT connect to MySQL (mysql.url is only parsed, for the checkpoint table's
     /// name), takes no lease and writes NO checkpoint: the live connector's position does not
     /// move, and it can run while the live relay runs. Records are produced at least once: run
-    /// it again after a failure.
+    /// it again after a failure. Without --yes it prints the plan (files, range, tables,
+    /// topics, brokers) and sends nothing (exit 4); --dry-run does the same with exit code 0.
     ///
     /// Exit codes: 0 all selected transactions were produced and acknowledged (a summary line
-    /// is logged); 1 runtime error, or a truncated or damaged file (named, with the position);
-    /// 2 usage or configuration error, a --binlog file that does not exist or is not a binlog
-    /// file, or an unusable start position; 130 stopped by a signal before the end (the summary
-    /// names the last position all of whose records were acknowledged).
+    /// is logged), or --dry-run printed the plan; 1 runtime error, or a truncated or damaged
+    /// file (named, with the position); 2 usage or configuration error, a --binlog file that
+    /// does not exist or is not a binlog file, or an unusable start position; 4 not confirmed
+    /// (no --yes): the plan was printed, nothing sent; 130 stopped by a signal before the end
+    /// (the summary names the last position all of whose records were acknowledged).
     #[command(verbatim_doc_comment)]
     Replay {
         /// TOML config file (the same as for `run`); `OUTBOX_RELAY__SECTION__KEY` environment
@@ -118,6 +121,12 @@ enum Command {
         /// this second is replayed).
         #[arg(long, value_name = "DATETIME", value_parser = parse_datetime)]
         stop_datetime: Option<i64>,
+        /// Send (without it: print the plan, exit code 4).
+        #[arg(long)]
+        yes: bool,
+        /// Print the plan and send nothing, with exit code 0 (for scripts).
+        #[arg(long, conflicts_with = "yes")]
+        dry_run: bool,
     },
     /// Print a shell completion script to stdout.
     ///
@@ -202,6 +211,8 @@ fn main() -> ExitCode {
             stop_position,
             start_datetime,
             stop_datetime,
+            yes,
+            dry_run,
         } => {
             let range = ReplayRange {
                 start_position,
@@ -209,6 +220,20 @@ fn main() -> ExitCode {
                 start_datetime,
                 stop_datetime,
             };
+            let confirm = commands::Confirm::new(yes, dry_run);
+            if !confirm.acts() {
+                return match replay_plan(&config, &binlogs, &range) {
+                    Ok(plan) => {
+                        print!("{plan}");
+                        confirm.footer("replay them");
+                        confirm.exit(ExitCode::SUCCESS)
+                    }
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+                    }
+                };
+            }
             match runtime.block_on(replay(config, binlogs, range)) {
                 Ok(true) => Ok(()),
                 Ok(false) => {
@@ -290,6 +315,60 @@ async fn run_sources(process: ProcessConfig, config_path: PathBuf) -> Result<(),
     outbox_relay_engine::run_sources(process, loader, reload_rx, stop_rx).await?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// `replay` without `--yes`: what it would read and where the records would go, from the
+/// configuration and the files' sizes (the files are not decoded: the plan is immediate).
+///
+/// # Errors
+/// As [`commands::load`]; [`RelayError::Argument`] for a `--binlog` file that cannot be read.
+fn replay_plan(
+    config_path: &std::path::Path,
+    binlogs: &[PathBuf],
+    range: &ReplayRange,
+) -> Result<String, RelayError> {
+    use std::fmt::Write as _;
+    let config = commands::load(config_path)?;
+    let mut plan = String::new();
+    for file in binlogs {
+        let size = std::fs::metadata(file)
+            .map_err(|e| {
+                RelayError::Argument(format!("--binlog {}: cannot be read: {e}", file.display()))
+            })?
+            .len();
+        let _ = writeln!(plan, "file        {} ({size} bytes)", file.display());
+    }
+    let bound = |p: Option<u64>, t: Option<i64>, none: &str| match (p, t) {
+        (Some(p), _) => format!("position {p}"),
+        (None, Some(t)) => ops::format_utc(t),
+        (None, None) => none.to_owned(),
+    };
+    let _ = writeln!(
+        plan,
+        "range       from {} to {}",
+        bound(
+            range.start_position,
+            range.start_datetime,
+            "the start of the first file"
+        ),
+        bound(
+            range.stop_position,
+            range.stop_datetime,
+            "the end of the last file"
+        )
+    );
+    let tables: Vec<String> = config
+        .outbox_tables()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let _ = writeln!(plan, "tables      {}", tables.join(", "));
+    let _ = writeln!(
+        plan,
+        "records     to {} on {} (at least once; no MySQL connection, no checkpoint)",
+        config.outbox.topic, config.kafka.bootstrap_servers
+    );
+    Ok(plan)
 }
 
 /// `replay`: `Ok(true)` when the whole range was replayed, `Ok(false)` when a signal stopped it.

@@ -209,7 +209,59 @@ pub const ER_UNKNOWN_COM_ERROR: u16 = 1047;
 /// Server errors that mean "not allowed": ER_DBACCESS_DENIED_ERROR (1044),
 /// ER_ACCESS_DENIED_ERROR (1045), ER_TABLEACCESS_DENIED_ERROR (1142),
 /// ER_COLUMNACCESS_DENIED_ERROR (1143), ER_SPECIFIC_ACCESS_DENIED_ERROR (1227).
-const ACCESS_DENIED: [u16; 5] = [1044, 1045, 1142, 1143, 1227];
+pub const ACCESS_DENIED: [u16; 5] = [1044, 1045, 1142, 1143, 1227];
+
+/// Of [`ACCESS_DENIED`], the errors of one statement refused to a user that is logged in
+/// (1142, 1143, 1227): the server names the privilege it wanted.
+pub const STATEMENT_DENIED: [u16; 3] = [1142, 1143, 1227];
+
+/// The privilege (and object) a server's "denied" message names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedPrivilege {
+    /// `DELETE`, `CREATE`, `SUPER, REPLICATION CLIENT`.
+    pub privilege: String,
+    /// `` `shop`.`outbox` `` (as the server wrote it, quoted for a GRANT), when it names one.
+    pub object: Option<String>,
+}
+
+impl DeniedPrivilege {
+    /// `GRANT <privilege> ON <object> TO <account>` (`*.*` for a global privilege).
+    pub fn grant(&self, account: &str) -> String {
+        let on = self.object.as_deref().unwrap_or("*.*");
+        format!("GRANT {} ON {on} TO {account}", self.privilege)
+    }
+}
+
+/// Reads the privilege and object out of the server's message of error 1142 ("DELETE command
+/// denied to user 'u'@'h' for table `shop`.`outbox`"; MySQL before 8.0.29: "… for table
+/// 'outbox'"), 1143 ("SELECT command denied … for column 'c' in table 't'") and 1227 ("Access
+/// denied; you need (at least one of) the SUPER, REPLICATION CLIENT privilege(s) for this
+/// operation"). `None` for any other text.
+pub fn denied_privilege(message: &str) -> Option<DeniedPrivilege> {
+    if let Some((privilege, rest)) = message.split_once(" command denied to user ") {
+        let object = rest
+            .rsplit_once(" table ")
+            .map(|(_, t)| t.trim().trim_end_matches('.'))
+            .map(|t| {
+                if t.starts_with('`') {
+                    t.to_owned()
+                } else {
+                    // 'outbox' (MySQL names the table alone): quoted as an identifier.
+                    format!("`{}`", t.trim_matches('\'').replace('`', "``"))
+                }
+            });
+        return Some(DeniedPrivilege {
+            privilege: privilege.trim().to_ascii_uppercase(),
+            object,
+        });
+    }
+    let rest = message.split_once("you need (at least one of) the ")?.1;
+    let privilege = rest.split_once(" privilege")?.0.trim().to_owned();
+    Some(DeniedPrivilege {
+        privilege,
+        object: None,
+    })
+}
 
 /// Start of the message of a connection-level I/O failure, which
 /// [`RelayError::at_mysql_address`] replaces by the server's address.
@@ -299,6 +351,34 @@ fn describe_mysql(e: &mysql_async::Error) -> RelayError {
                           balancer (ProxySQL, MySQL Router's read/write port, a cloud proxy), or \
                           at a MySQL-compatible service that offers binlog replication"
                         .into(),
+                }
+            }
+            // A statement refused to a user that logged in: name the privilege and the object
+            // the server named, not the whole list (the user may hold all of those).
+            mysql_async::Error::Server(s) if STATEMENT_DENIED.contains(&s.code) => {
+                let message = crate::error::redact_error(&s.message);
+                let (expected, grant) = match denied_privilege(&s.message) {
+                    Some(d) => (
+                        format!(
+                            "{} on {} for this statement",
+                            d.privilege,
+                            d.object.as_deref().unwrap_or("the object it names")
+                        ),
+                        format!("{}: ", d.grant("<the mysql.url user's account>")),
+                    ),
+                    None => (
+                        "the privilege the server names in its message".into(),
+                        String::new(),
+                    ),
+                };
+                RelayError::Prerequisite {
+                    setting: "privileges of the mysql.url user".into(),
+                    expected,
+                    found: format!("error {}: {message}", s.code),
+                    fix: format!(
+                        "grant it ({grant}SELECT CURRENT_USER() names the account; see the README, \
+                         \"Least-privileged MySQL user\"), or run this with a user that holds it"
+                    ),
                 }
             }
             // Access problems are the operator's to fix: retrying would only hide them.
@@ -478,6 +558,71 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("error 1047"), "{text}");
         assert!(text.contains("not at a proxy"), "{text}");
+    }
+
+    #[test]
+    fn a_refused_statement_names_its_privilege_not_the_whole_list() {
+        let e = RelayError::from(server_error(
+            1142,
+            "DELETE command denied to user 'relay'@'10.0.0.5' for table `shop`.`outbox`",
+        ));
+        assert_eq!(e.exit_code(), 3);
+        let text = e.to_string();
+        assert!(
+            text.contains("expected DELETE on `shop`.`outbox` for this statement"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GRANT DELETE ON `shop`.`outbox` TO <the mysql.url user's account>"),
+            "{text}"
+        );
+        assert!(!text.contains("check the user and password"), "{text}");
+        assert!(!text.contains("REPLICATION SLAVE"), "{text}");
+        // A failed login still points at the user and password.
+        let login = RelayError::from(server_error(
+            1045,
+            "Access denied for user 'relay'@'10.0.0.5' (using password: YES)",
+        ))
+        .to_string();
+        assert!(login.contains("check the user and password"), "{login}");
+    }
+
+    #[test]
+    fn denied_messages_of_both_servers_are_read() {
+        let d = |m: &str| denied_privilege(m).map(|d| (d.privilege, d.object));
+        // MariaDB, MySQL 8.0.29+ and MySQL before it.
+        assert_eq!(
+            d("CREATE command denied to user 'r'@'h' for table `shop`.`outbox_relay_checkpoint`"),
+            Some((
+                "CREATE".into(),
+                Some("`shop`.`outbox_relay_checkpoint`".into())
+            ))
+        );
+        assert_eq!(
+            d("DELETE command denied to user 'r'@'localhost' for table 'outbox'"),
+            Some(("DELETE".into(), Some("`outbox`".into())))
+        );
+        assert_eq!(
+            d("SELECT command denied to user 'r'@'h' for column 'c' in table 't'"),
+            Some(("SELECT".into(), Some("`t`".into())))
+        );
+        assert_eq!(
+            d(
+                "Access denied; you need (at least one of) the SUPER, REPLICATION CLIENT \
+               privilege(s) for this operation"
+            ),
+            Some(("SUPER, REPLICATION CLIENT".into(), None))
+        );
+        assert_eq!(d("Table 'shop.outbox' doesn't exist"), None);
+        let grant = denied_privilege(
+            "Access denied; you need (at least one of) the BINLOG \
+                                      MONITOR privilege(s) for this operation",
+        )
+        .map(|d| d.grant("'relay'@'%'"));
+        assert_eq!(
+            grant.as_deref(),
+            Some("GRANT BINLOG MONITOR ON *.* TO 'relay'@'%'")
+        );
     }
 
     #[test]

@@ -107,6 +107,36 @@ impl TestDb {
         Ok(())
     }
 
+    /// Creates `'user'@'%'` (`REQUIRE require`: `NONE`, `SSL`, `X509`) with exactly the grants
+    /// the README documents for a least-privileged relay user of this database ("Least-privileged
+    /// MySQL user"): MariaDB 10.5+ names BINLOG MONITOR and friends, MySQL 8.0 REPLICATION
+    /// CLIENT; SELECT on `outbox`, SELECT, INSERT, UPDATE on `outbox_relay_checkpoint`. On MySQL
+    /// 8.0 the user gets the server's default authentication, caching_sha2_password. The caller
+    /// drops the user (users are not part of the database).
+    ///
+    /// # Errors
+    /// A statement fails (the user exists already).
+    pub async fn create_relay_user(&self, user: &str, password: &str, require: &str) -> Result<()> {
+        let mut conn = self.conn().await?;
+        let name = &self.name;
+        let global = if crate::env::test_server().is_mysql() {
+            "REPLICATION SLAVE, REPLICATION CLIENT"
+        } else {
+            "REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR"
+        };
+        for sql in [
+            format!("CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' REQUIRE {require}"),
+            format!("GRANT {global} ON *.* TO '{user}'@'%'"),
+            format!("GRANT SELECT ON `{name}`.`outbox` TO '{user}'@'%'"),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE ON `{name}`.`outbox_relay_checkpoint` TO '{user}'@'%'"
+            ),
+        ] {
+            conn.query_drop(&sql).await.with_context(|| sql.clone())?;
+        }
+        Ok(())
+    }
+
     /// The database's name.
     pub fn name(&self) -> &str {
         &self.name

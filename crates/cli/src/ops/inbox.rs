@@ -22,6 +22,8 @@ use mysql_async::{Conn, Opts};
 
 use outbox_relay_core::error::RelayError;
 
+use super::grants::Needed;
+
 /// `migrations/0004_inbox.sql`: the inbox and version tables, idempotent.
 pub const INBOX_SQL: &str = include_str!("../../../../migrations/0004_inbox.sql");
 
@@ -252,7 +254,8 @@ pub enum InboxTableOutcome {
 /// whose keys are still not byte for byte afterwards.
 ///
 /// # Errors
-/// As [`connect`]; server errors (a missing CREATE or ALTER privilege as [`RelayError::Mysql`]).
+/// As [`connect`]; server errors (a missing CREATE or ALTER privilege as
+/// [`RelayError::Prerequisite`], naming the GRANT).
 pub async fn migrate_inbox(url: &str) -> Result<InboxMigrateReport, RelayError> {
     let mut conn = connect(url).await?;
     let database: Option<String> = conn.query_first("SELECT DATABASE()").await?;
@@ -261,9 +264,20 @@ pub async fn migrate_inbox(url: &str) -> Result<InboxMigrateReport, RelayError> 
     for (t, keys) in INBOX_KEY_COLUMNS {
         before.push(key_columns(&mut conn, t, keys).await?);
     }
-    conn.query_drop(INBOX_SQL).await?;
-    conn.query_drop(INBOX_KEYS_SQL).await?;
-    conn.query_drop(INBOX_PARKED_SQL).await?;
+    let needed = Needed {
+        privileges: "CREATE, ALTER".into(),
+        on: format!("{}.*", super::quote_ident(&database)),
+        purpose: format!("to create and upgrade the inbox tables of {database}"),
+        statement: "CREATE TABLE IF NOT EXISTS outbox_inbox (…) (migrations/0004_inbox.sql,                     then 0005_inbox_keys.sql and 0006_inbox_parked.sql)"
+            .into(),
+        instead: "give --database-url the URL of a user that may create and alter tables in                   that database (the consumers themselves need no DDL privilege)"
+            .into(),
+    };
+    for sql in [INBOX_SQL, INBOX_KEYS_SQL, INBOX_PARKED_SQL] {
+        if let Err(e) = conn.query_drop(sql).await {
+            return Err(needed.explain(&mut conn, e).await);
+        }
+    }
     let mut report = InboxMigrateReport {
         database: database.clone(),
         tables: Vec::new(),
@@ -492,14 +506,31 @@ pub async fn prune_inbox(opts: &InboxPruneOptions) -> Result<InboxPruneReport, R
                 deleted = n.unwrap_or(0);
             } else {
                 loop {
-                    conn.exec_drop(
-                        format!(
-                            "DELETE FROM {INBOX_TABLE} WHERE {filter} LIMIT {}",
-                            opts.batch_size
-                        ),
-                        params,
-                    )
-                    .await?;
+                    let delete = format!(
+                        "DELETE FROM {INBOX_TABLE} WHERE {filter} LIMIT {}",
+                        opts.batch_size
+                    );
+                    if let Err(e) = conn.exec_drop(&delete, params).await {
+                        let database: Option<String> =
+                            conn.query_first("SELECT DATABASE()").await.ok().flatten();
+                        let database = database.unwrap_or_default();
+                        let needed = Needed {
+                            privileges: "DELETE".into(),
+                            on: format!(
+                                "{}.{}",
+                                super::quote_ident(&database),
+                                super::quote_ident(INBOX_TABLE)
+                            ),
+                            purpose: format!("to delete old inbox rows of {database}"),
+                            statement: format!(
+                                "DELETE FROM {INBOX_TABLE} WHERE consumer = ? AND … LIMIT {}",
+                                opts.batch_size
+                            ),
+                            instead: "give --database-url the URL of a user that may delete                                       them"
+                                .into(),
+                        };
+                        return Err(needed.explain(&mut conn, e).await);
+                    }
                     let n = conn.affected_rows();
                     deleted += n;
                     if n < opts.batch_size as u64 {

@@ -14,6 +14,8 @@ use outbox_relay_core::error::RelayError;
 use outbox_relay_core::outbox::mapping::TableMapping;
 use outbox_relay_mysql::preflight::column_names;
 
+use super::grants::{with_other_mysql_user, Needed};
+
 /// `migrations/0001_outbox.sql`: the common outbox shape.
 pub const OUTBOX_SQL: &str = include_str!("../../../../migrations/0001_outbox.sql");
 /// `migrations/0002_checkpoint.sql`: the checkpoint table, idempotent, with upgrades.
@@ -73,23 +75,51 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
     let mut report = MigrateReport { tables: Vec::new() };
     let before = column_names(&mut conn, &table).await?;
     let layouts_before = layouts_type(&mut conn, &table).await?;
-    run_in(&mut conn, &table.database, &checkpoint_sql(&table.table)).await?;
-    let after = column_names(&mut conn, &table).await?;
-    let layouts_after = layouts_type(&mut conn, &table).await?;
-    let mut done = outcome(&before, &after);
-    if let (Some(was), Some(now)) = (&layouts_before, &layouts_after) {
-        if was != now {
-            let widened = vec![format!("table_layouts {now}")];
-            done = match done {
-                Outcome::Upgraded { added, .. } => Outcome::Upgraded { added, widened },
-                _ => Outcome::Upgraded {
-                    added: Vec::new(),
-                    widened,
-                },
-            };
+    if checkpoint_up_to_date(&before, layouts_before.as_deref()) {
+        // Nothing to run: no DDL privilege needed, so the relay's own user may run it.
+        report.tables.push((table.clone(), Outcome::UpToDate));
+    } else {
+        let (purpose, statement) = if before.is_empty() {
+            (
+                format!("to create the checkpoint table {table}"),
+                format!("CREATE TABLE IF NOT EXISTS {} (…)", table.quoted()),
+            )
+        } else {
+            (
+                format!("to upgrade the checkpoint table {table}"),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {0} (…), then ALTER TABLE {0} …                      (migrations/0002_checkpoint.sql)",
+                    table.quoted()
+                ),
+            )
+        };
+        let needed = Needed {
+            privileges: "CREATE, ALTER".into(),
+            on: table.quoted(),
+            purpose,
+            statement,
+            instead: with_other_mysql_user(config, DDL_USER),
+        };
+        if let Err(e) = run_in(&mut conn, &table.database, &checkpoint_sql(&table.table)).await {
+            return Err(needed.explain(&mut conn, e).await);
         }
+        let after = column_names(&mut conn, &table).await?;
+        let layouts_after = layouts_type(&mut conn, &table).await?;
+        let mut done = outcome(&before, &after);
+        if let (Some(was), Some(now)) = (&layouts_before, &layouts_after) {
+            if was != now {
+                let widened = vec![format!("table_layouts {now}")];
+                done = match done {
+                    Outcome::Upgraded { added, .. } => Outcome::Upgraded { added, widened },
+                    _ => Outcome::Upgraded {
+                        added: Vec::new(),
+                        widened,
+                    },
+                };
+            }
+        }
+        report.tables.push((table, done));
     }
-    report.tables.push((table, done));
     for m in &mappings {
         let before = column_names(&mut conn, &m.table).await?;
         if !before.is_empty() {
@@ -97,7 +127,16 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
             continue;
         }
         common_shape(m)?;
-        run_in(&mut conn, &m.table.database, &outbox_sql(&m.table.table)).await?;
+        let needed = Needed {
+            privileges: "CREATE".into(),
+            on: m.table.quoted(),
+            purpose: format!("to create the outbox table {} (--outbox)", m.table),
+            statement: format!("CREATE TABLE IF NOT EXISTS {} (…)", m.table.quoted()),
+            instead: with_other_mysql_user(config, DDL_USER),
+        };
+        if let Err(e) = run_in(&mut conn, &m.table.database, &outbox_sql(&m.table.table)).await {
+            return Err(needed.explain(&mut conn, e).await);
+        }
         report.tables.push(((*m.table).clone(), Outcome::Created));
     }
     let _ = conn.disconnect().await;
@@ -136,11 +175,35 @@ async fn layouts_type(conn: &mut Conn, table: &TableName) -> Result<Option<Strin
 }
 
 /// Runs `sql` (several statements) with `database` as the default database.
-async fn run_in(conn: &mut Conn, database: &str, sql: &str) -> Result<(), RelayError> {
+async fn run_in(conn: &mut Conn, database: &str, sql: &str) -> Result<(), mysql_async::Error> {
     conn.query_drop(format!("USE `{}`", database.replace('`', "``")))
         .await?;
-    conn.query_drop(sql).await?;
-    Ok(())
+    conn.query_drop(sql).await
+}
+
+/// What [`with_other_mysql_user`] says the other user may do.
+const DDL_USER: &str = "create and alter tables (the relay itself needs no DDL privilege)";
+
+/// The columns `migrations/0002_checkpoint.sql` creates, in its order: the first word of each
+/// line of its `CREATE TABLE` up to the key.
+fn checkpoint_columns() -> Vec<&'static str> {
+    CHECKPOINT_SQL
+        .lines()
+        .skip_while(|l| !l.starts_with("CREATE TABLE"))
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with("PRIMARY KEY"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect()
+}
+
+/// Whether a checkpoint table with these columns (`before`, empty when it does not exist) and
+/// this `table_layouts` type has everything `migrations/0002_checkpoint.sql` would add or widen.
+fn checkpoint_up_to_date(before: &[String], layouts: Option<&str>) -> bool {
+    !before.is_empty()
+        && checkpoint_columns()
+            .iter()
+            .all(|c| before.iter().any(|b| b.eq_ignore_ascii_case(c)))
+        && !matches!(layouts, Some("text" | "tinytext"))
 }
 
 /// Table names the SQL files can take by substitution.
@@ -228,6 +291,37 @@ impl fmt::Display for MigrateReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_up_to_date_checkpoint_table_needs_no_statement() {
+        let columns = checkpoint_columns();
+        assert_eq!(
+            columns,
+            [
+                "connector_name",
+                "binlog_file",
+                "binlog_pos",
+                "rows_acked",
+                "gtid_set",
+                "source_server_id",
+                "source_server_uuid",
+                "lease_token",
+                "lease_owner",
+                "table_layouts",
+                "updated_at"
+            ]
+        );
+        let all: Vec<String> = columns.iter().map(|c| c.to_ascii_uppercase()).collect();
+        assert!(checkpoint_up_to_date(&all, Some("mediumtext")));
+        assert!(!checkpoint_up_to_date(&all, Some("text")));
+        assert!(!checkpoint_up_to_date(&[], None));
+        let without_owner: Vec<String> = all
+            .iter()
+            .filter(|c| *c != "LEASE_OWNER")
+            .cloned()
+            .collect();
+        assert!(!checkpoint_up_to_date(&without_owner, Some("mediumtext")));
+    }
 
     #[test]
     fn the_embedded_sql_is_renamed_everywhere() {

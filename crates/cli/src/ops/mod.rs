@@ -10,6 +10,7 @@ pub mod check;
 pub mod debezium;
 pub mod dlq;
 pub mod fleet;
+pub mod grants;
 pub mod inbox;
 pub mod java_stream;
 pub mod migrate;
@@ -29,7 +30,8 @@ use outbox_relay_core::config::{RelayConfig, TableName};
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::position::BinlogPosition;
 
-/// Exit code of `reset` without `--yes`: the plan was printed, nothing was changed.
+/// Exit code of a command that changes state run without `--yes` (`reset`, `prune`,
+/// `republish`, `dlq replay`, …: `commands::Confirm`): the plan was printed, nothing changed.
 pub const EXIT_NOT_CONFIRMED: u8 = 4;
 
 /// Opens one connection to `config`'s server (`mysql.url`), within `mysql.read_timeout_ms`.

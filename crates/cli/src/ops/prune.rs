@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Params, Row, Value};
 
+use super::grants::{with_other_mysql_user, Needed};
 use super::read_state_row;
 use outbox_relay_core::config::{RelayConfig, TableName};
 use outbox_relay_core::error::RelayError;
@@ -247,11 +248,20 @@ async fn prune_table(
                 let marks = vec!["?"; batch.len()].join(", ");
                 let mut params = batch.to_vec();
                 params.push(Value::from(cutoff.as_str()));
-                conn.exec_drop(
-                    format!("DELETE FROM {t} WHERE {id} IN ({marks}) AND {created} < ?"),
-                    Params::Positional(params),
-                )
-                .await?;
+                let delete = format!("DELETE FROM {t} WHERE {id} IN ({marks}) AND {created} < ?");
+                if let Err(e) = conn.exec_drop(&delete, Params::Positional(params)).await {
+                    let needed = Needed {
+                        privileges: "DELETE".into(),
+                        on: t.clone(),
+                        purpose: format!("to delete relayed rows of {}", m.table),
+                        statement: format!("DELETE FROM {t} WHERE {id} IN (…) AND {created} < ?"),
+                        instead: with_other_mysql_user(
+                            ctx.config,
+                            &format!("delete rows of {}", m.table),
+                        ),
+                    };
+                    return Err(needed.explain(conn, e).await);
+                }
                 total += conn.affected_rows();
             }
             if !opts.pause.is_zero() {
@@ -383,7 +393,7 @@ impl fmt::Display for PruneReport {
             if self.dry_run {
                 write!(
                     f,
-                    "{table}: {n} rows would be deleted (created_at < {cutoff}, already relayed; dry run)"
+                    "{table}: {n} rows would be deleted (created_at < {cutoff}, already relayed)"
                 )?;
             } else {
                 write!(
