@@ -1555,3 +1555,52 @@ async fn migrate_and_prune_name_the_privilege_the_relay_user_lacks() -> Result<(
     drop(admin);
     w.db.drop_database().await
 }
+
+/// `trace` and `run` ignore DDL that cannot touch the outbox table (issue 31): a stored
+/// procedure of several statements that inserts into `outbox` in another database, an ALTER
+/// of that database's own `outbox` table, a view and a grant naming ours. Neither warns
+/// "outbox table layout unknown after DDL", and both go on relaying and tracing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
+    let w = World::new(bin(), "opsddl").await?;
+    let other = outbox_relay_testkit::TestDb::create("opsddl_other").await?;
+    let (db, other_db) = (w.db.name().to_owned(), other.name().to_owned());
+    let mut conn = w.db.conn().await?;
+    let (relay, _) = w.start(START).await?;
+    let mut admin = other.conn().await?;
+    for sql in [
+        "CREATE PROCEDURE archive_outbox() BEGIN INSERT INTO outbox (aggregate_type, \
+         aggregate_id, event_type, event_key) VALUES ('a', 'b', 'c', 'd'); DELETE FROM outbox \
+         WHERE id < 0; END"
+            .to_owned(),
+        "ALTER TABLE outbox ADD COLUMN archived_at DATETIME NULL".to_owned(),
+        format!("CREATE VIEW recent AS SELECT id FROM `{db}`.outbox"),
+    ] {
+        admin.query_drop(&sql).await.with_context(|| sql.clone())?;
+    }
+    let mut row = RowGen::new(&w.uid, "ddl", 1).row();
+    row.created_at_micros = chrono::Utc::now().timestamp_micros();
+    insert_outbox_rows(
+        &mut conn,
+        "outbox",
+        std::slice::from_ref(&row),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    let keys = std::collections::HashSet::from([row.event_key.clone()]);
+    w.wait_for_keys(&[w.topic(&row.aggregate_type)], &keys, Some(&relay), START)
+        .await?;
+    let (status, out, err) = run(&w.spec, &["trace", &row.event_key]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, "relayed")?;
+    relay.stop(EXIT).await?;
+    for (who, text) in [("trace", err), ("run", relay.stderr_text())] {
+        ensure!(
+            !text.contains("layout unknown"),
+            "{who} warned about DDL in {other_db}:\n{text}"
+        );
+    }
+    drop((conn, admin));
+    other.drop_database().await?;
+    w.db.drop_database().await
+}

@@ -256,6 +256,15 @@ fn executable_comment(s: &[char], d: &Dialect) -> Result<Option<usize>, DdlError
 }
 
 fn lex(sql: &str, d: &Dialect) -> Result<Vec<Tok>, DdlError> {
+    let toks = lex_all(sql, d)?;
+    if toks.contains(&Tok::Punct(';')) {
+        return err("more than one statement");
+    }
+    Ok(toks)
+}
+
+/// The tokens of `sql`, trailing `;` left out; `;` inside (a routine's body) kept as tokens.
+fn lex_all(sql: &str, d: &Dialect) -> Result<Vec<Tok>, DdlError> {
     let s: Vec<char> = sql.chars().collect();
     let (mut i, mut toks, mut in_code_comment) = (0, Vec::new(), false);
     while i < s.len() {
@@ -336,9 +345,6 @@ fn lex(sql: &str, d: &Dialect) -> Result<Vec<Tok>, DdlError> {
     }
     while toks.last() == Some(&Tok::Punct(';')) {
         toks.pop();
-    }
-    if toks.contains(&Tok::Punct(';')) {
-        return err("more than one statement");
     }
     Ok(toks)
 }
@@ -624,6 +630,85 @@ pub fn parse(statement: &str, dialect: &Dialect) -> Result<Ddl, DdlError> {
         return Ok(Ddl::Truncate { table });
     }
     Ok(Ddl::Other)
+}
+
+/// The tables a statement can change the layout of, read from its head only (so it works for
+/// statements [`parse`] refuses): what decides whether a statement it cannot follow concerns an
+/// outbox table at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets {
+    /// No table's layout: a routine, trigger, event, view, user, role, database or server
+    /// statement (`CREATE PROCEDURE`, `CREATE DEFINER=… TRIGGER … ON t`, `DROP VIEW`), a grant.
+    None,
+    /// These tables, as written (unqualified: the statement's default database).
+    Tables(Vec<QualifiedName>),
+    /// Cannot be told from the head: treat it as possibly about any table it mentions.
+    Unknown,
+}
+
+/// Objects whose statements never change a table's columns.
+const NOT_TABLES: &str = "PROCEDURE FUNCTION TRIGGER EVENT VIEW USER ROLE DATABASE SCHEMA SERVER \
+                          PACKAGE LOGFILE TABLESPACE";
+
+/// Which tables `statement` can change the layout of ([`Targets`]), as the server described by
+/// `dialect` read it. Lenient: a head it does not recognise is [`Targets::Unknown`].
+pub fn targets(statement: &str, dialect: &Dialect) -> Targets {
+    let Ok(toks) = lex_all(statement, dialect) else {
+        return Targets::Unknown;
+    };
+    let mut p = Parser::new(&toks);
+    if p.eat("GRANT") || p.eat("REVOKE") {
+        return Targets::None;
+    }
+    let verb = ["CREATE", "ALTER", "DROP", "RENAME"]
+        .into_iter()
+        .find(|v| p.eat(v));
+    let Some(verb) = verb else {
+        return Targets::Unknown;
+    };
+    p.eat_all("OR REPLACE");
+    // View and routine attributes: ALGORITHM = x, DEFINER = user[@host], SQL SECURITY x.
+    loop {
+        if p.eat("ALGORITHM") || p.eat("DEFINER") {
+            p.eat_punct('=');
+            p.i += 1;
+            if p.eat_punct('@') {
+                p.i += 1;
+            }
+            // DEFINER = CURRENT_USER()
+            if p.eat_punct('(') {
+                p.eat_punct(')');
+            }
+        } else if p.eat_all("SQL SECURITY") {
+            p.i += 1;
+        } else if !(p.eat("ONLINE") || p.eat("IGNORE") || p.eat("TEMPORARY")) {
+            break;
+        }
+    }
+    p.eat("AGGREGATE");
+    if is_any_kw(p.peek(0), NOT_TABLES) {
+        return Targets::None;
+    }
+    if !(p.eat("TABLE") || (verb != "CREATE" && verb != "ALTER" && p.eat("TABLES"))) {
+        return Targets::Unknown;
+    }
+    p.eat_all("IF NOT EXISTS");
+    p.eat_all("IF EXISTS");
+    let mut tables = Vec::new();
+    loop {
+        let Ok(t) = p.table() else {
+            return Targets::Unknown;
+        };
+        tables.push(t);
+        p.skip_wait();
+        // DROP TABLE a, b; RENAME TABLE a TO b, c TO d: the other names of the list.
+        match verb {
+            "DROP" if p.eat_punct(',') => continue,
+            "RENAME" if p.eat("TO") || p.eat_punct(',') => continue,
+            _ => break,
+        }
+    }
+    Targets::Tables(tables)
 }
 
 const QUERY_START: &str = "SELECT WITH VALUES TABLE";

@@ -159,6 +159,13 @@ impl LayoutTracker {
         if touched.is_empty() && (self.patterns.is_empty() || !may_be_table_ddl(statement)) {
             return;
         }
+        // A routine, view, trigger, user or grant that mentions an outbox table changes no
+        // layout (a procedure's body that inserts into `outbox` in another database is the
+        // common case).
+        let targets = ddl::targets(statement, &self.dialect);
+        if targets == ddl::Targets::None {
+            return;
+        }
         let resolve = |q: &QualifiedName| TableName {
             database: q.database.clone().unwrap_or_else(|| default_db.to_owned()),
             table: q.table.clone(),
@@ -174,7 +181,21 @@ impl LayoutTracker {
         let mut label_changes: Vec<(TableName, Option<Labels>)> = Vec::new();
         match ddl::parse(statement, &self.dialect) {
             Err(e) => {
-                for t in touched {
+                // Only the tables the statement's head names, when it can be read: an ALTER
+                // of `other.outbox` leaves `shop.outbox` known.
+                let named: Option<Vec<TableName>> = match &targets {
+                    ddl::Targets::Tables(names) => Some(names.iter().map(resolve).collect()),
+                    _ => None,
+                };
+                let is_named = |t: &TableName| {
+                    named.as_ref().is_none_or(|names| {
+                        names.iter().any(|n| {
+                            n.database.eq_ignore_ascii_case(&t.database)
+                                && n.table.eq_ignore_ascii_case(&t.table)
+                        })
+                    })
+                };
+                for t in touched.into_iter().filter(is_named) {
                     changes.push((t, Some(unknown(e.to_string()))));
                 }
             }
@@ -532,6 +553,108 @@ mod tests {
         assert_eq!(
             tracker.get(&t("shop.outbox")),
             Some(Ok(&cols(&["id", "x"])[..]))
+        );
+    }
+
+    /// Statements that cannot touch `shop.outbox` (other databases, routines, views,
+    /// triggers, users and grants, other tables) leave its layout known, also when the relay
+    /// cannot parse them (a routine's body of several statements); statements that can (ALTER,
+    /// RENAME, DROP, CREATE of it, unqualified in `shop` or qualified) still count.
+    #[test]
+    fn only_statements_that_can_touch_an_outbox_table_count() {
+        let pos = BinlogPosition::new("bin.000003", 223_847);
+        let layout = cols(&["id", "payload"]);
+        let ignored = [
+            // (statement, default database)
+            (
+                "CREATE DEFINER=`root`@`localhost` PROCEDURE `archive_outbox`() BEGIN INSERT \
+                 INTO outbox (id) VALUES (1); DELETE FROM outbox WHERE id < 0; END",
+                "otherops",
+            ),
+            (
+                "CREATE DEFINER=`root`@`localhost` PROCEDURE shop.p() BEGIN SELECT * FROM \
+                 outbox; SELECT 1; END",
+                "shop",
+            ),
+            (
+                "CREATE OR REPLACE DEFINER=CURRENT_USER() FUNCTION f() RETURNS INT BEGIN \
+                 DECLARE n INT; SELECT COUNT(*) INTO n FROM outbox; RETURN n; END",
+                "shop",
+            ),
+            (
+                "CREATE DEFINER=`app`@`%` TRIGGER trg AFTER INSERT ON outbox FOR EACH ROW \
+                 BEGIN SET @n = 1; SET @m = 2; END",
+                "shop",
+            ),
+            (
+                "CREATE ALGORITHM=UNDEFINED DEFINER=`root`@`localhost` SQL SECURITY DEFINER \
+                 VIEW `v` AS select `outbox`.`id` AS `id` from `outbox`",
+                "shop",
+            ),
+            ("DROP VIEW IF EXISTS outbox_view, outbox", "shop"),
+            ("DROP PROCEDURE IF EXISTS outbox", "shop"),
+            (
+                "CREATE EVENT e ON SCHEDULE EVERY 1 DAY DO BEGIN DELETE FROM outbox; END",
+                "shop",
+            ),
+            ("GRANT SELECT ON shop.outbox TO 'relay'@'%'", "shop"),
+            ("REVOKE DELETE ON shop.outbox FROM 'relay'@'%'", "shop"),
+            ("CREATE USER 'outbox'@'%' IDENTIFIED BY 'x'", "shop"),
+            ("DROP DATABASE outbox", "shop"),
+            // Another database's table of the same name, unparseable or not.
+            ("ALTER TABLE outbox FROBNICATE COLUMN id", "other"),
+            ("ALTER TABLE other.outbox FROBNICATE COLUMN id", "shop"),
+            ("ALTER TABLE outbox DROP COLUMN id", "other"),
+            ("DROP TABLE other.outbox", "shop"),
+            ("RENAME TABLE other.outbox TO other.outbox_old", "shop"),
+            // Another table that mentions the name.
+            (
+                "ALTER TABLE outbox_archive FROBNICATE COLUMN outbox",
+                "shop",
+            ),
+        ];
+        let after = |statement: &str, db: &str| {
+            let mut tracker = LayoutTracker::new([t("shop.outbox")]);
+            tracker.set_server_version("10.11.19-MariaDB-log");
+            tracker.set(&t("shop.outbox"), layout.clone());
+            tracker.observe(statement, db, &pos);
+            tracker
+                .get(&t("shop.outbox"))
+                .map(|l| l.map(<[String]>::to_vec).map_err(str::to_owned))
+        };
+        for (statement, db) in ignored {
+            assert_eq!(
+                after(statement, db),
+                Some(Ok(layout.clone())),
+                "{statement} (in {db})"
+            );
+        }
+        let counted = [
+            ("ALTER TABLE outbox FROBNICATE COLUMN id", "shop"),
+            ("ALTER TABLE shop.outbox FROBNICATE COLUMN id", "other"),
+            (
+                "ALTER TABLE `shop`.`outbox` ADD COLUMN x INT, FROBNICATE",
+                "other",
+            ),
+            ("DROP TABLE outbox, nope FROBNICATE", "shop"),
+            ("RENAME TABLE outbox_new TO outbox FROBNICATE", "shop"),
+            ("CREATE TABLE outbox (id INT, FROBNICATE", "shop"),
+            ("/*!40000 ALTER TABLE outbox FROBNICATE */", "shop"),
+        ];
+        for (statement, db) in counted {
+            let got = after(statement, db);
+            assert!(
+                got.as_ref().is_some_and(Result::is_err),
+                "{statement} (in {db}) must make the layout unknown: {got:?}"
+            );
+        }
+        // Followed, not unknown: a parsed ALTER of the outbox in its own database.
+        let mut tracker = LayoutTracker::new([t("shop.outbox")]);
+        tracker.set(&t("shop.outbox"), layout.clone());
+        tracker.observe("ALTER TABLE outbox ADD COLUMN tenant INT", "shop", &pos);
+        assert_eq!(
+            tracker.get(&t("shop.outbox")),
+            Some(Ok(&cols(&["id", "payload", "tenant"])[..]))
         );
     }
 
