@@ -781,6 +781,23 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
     Ok(())
 }
 
+/// Inserts `row` alone, stamped now as an application writes it (RowGen's rows are an hour
+/// old); returns it as inserted.
+async fn insert_now(
+    conn: &mut Conn,
+    mut row: outbox_relay_testkit::OutboxRow,
+) -> Result<outbox_relay_testkit::OutboxRow> {
+    row.created_at_micros = chrono::Utc::now().timestamp_micros();
+    insert_outbox_rows(
+        conn,
+        "outbox",
+        std::slice::from_ref(&row),
+        InsertStyle::SingleRow,
+    )
+    .await?;
+    Ok(row)
+}
+
 async fn outbox_ids(conn: &mut Conn) -> Result<Vec<u64>> {
     Ok(conn.query("SELECT id FROM outbox ORDER BY id").await?)
 }
@@ -1578,18 +1595,12 @@ async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
     ] {
         admin.query_drop(&sql).await.with_context(|| sql.clone())?;
     }
-    let mut row = RowGen::new(&w.uid, "ddl", 1).row();
-    row.created_at_micros = chrono::Utc::now().timestamp_micros();
-    insert_outbox_rows(
-        &mut conn,
-        "outbox",
-        std::slice::from_ref(&row),
-        InsertStyle::SingleRow,
-    )
-    .await?;
+    let row = insert_now(&mut conn, RowGen::new(&w.uid, "ddl", 1).row()).await?;
+    let end = current_binlog_position(&mut conn).await?;
     let keys = std::collections::HashSet::from([row.event_key.clone()]);
     w.wait_for_keys(&[w.topic(&row.aggregate_type)], &keys, Some(&relay), START)
         .await?;
+    w.wait_checkpoint_covers(&relay, &end, START).await?;
     let (status, out, err) = run(&w.spec, &["trace", &row.event_key]).await?;
     expect(&status, 0, &out, &err)?;
     has(&out, "relayed")?;
@@ -1602,5 +1613,135 @@ async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
     }
     drop((conn, admin));
     other.drop_database().await?;
+    w.db.drop_database().await
+}
+
+/// `check` on the README's own setup (issue 31): its least-privileged user, its outbox table
+/// (a JSON payload: LONGTEXT on MariaDB, 4 GB; MySQL's JSON, bounded by max_allowed_packet),
+/// small rows, and the topic its quick start creates. The payload-size line is OK and says why
+/// (the column can hold more than the largest record, the newest rows do not come near it,
+/// what a larger row would do); the topic lines say whether the brokers auto-create topics and
+/// name the existing topic the template routes to. The one warning left is the outbox DDL's
+/// case-insensitive event_key (migrations/0001_outbox.sql). A payload near the producer's
+/// limit, a template that names no existing topic and a missing fixed topic warn, with the
+/// numbers and the `kafka-topics.sh` line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_on_the_readme_setup_warns_only_where_a_row_or_topic_is_at_risk() -> Result<()> {
+    let w = World::new(bin(), "opsreadme").await?;
+    let db = w.db.name().to_owned();
+    let user = format!("rr{}", unique_suffix().replace('_', ""));
+    let user = &user[..user.len().min(30)];
+    w.db.create_relay_user(user, "readme", "NONE").await?;
+    let mut spec = w.spec.clone();
+    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:readme@"), 1);
+    let topic = w.topic("Order");
+    create_topic(&spec.bootstrap_servers, &topic, 1_048_588).await?;
+    let mut conn = w.db.conn().await?;
+    let mut row = RowGen::new(&w.uid, "readme", 1).row();
+    row.aggregate_type = "Order".into();
+    let row = insert_now(&mut conn, row).await?;
+    // As the server counts it (MySQL stores JSON normalized).
+    let payload: u64 = conn
+        .exec_first(
+            "SELECT LENGTH(payload) FROM outbox WHERE event_key = ?",
+            (&row.event_key,),
+        )
+        .await?
+        .context("the row")?;
+
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let size = out
+        .lines()
+        .find(|l| l.contains(&format!("message size of {db}.outbox")))
+        .context("no message size line")?;
+    ensure!(
+        size.starts_with("OK    ")
+            && size.contains(
+                "more than the largest record, 1000000 bytes (the producer's \
+                              message.max.bytes = 1000000)"
+            )
+            && size.contains(&format!(
+                "the largest payload of the newest 1 rows is {payload} bytes"
+            ))
+            && size
+                .contains("stops the relay with the row's position (dead_letter.enabled = false"),
+        "{size}"
+    );
+    has(&out, "OK    topic auto-creation: the brokers create")?;
+    has(
+        &out,
+        &format!(
+            "OK    topics of {db}.outbox: {} names 1 existing topic(s): {topic};",
+            w.topic("{aggregate_type}")
+        ),
+    )?;
+    // The test MySQL 8.0 runs with MySQL's default binlog_row_metadata=MINIMAL (a server
+    // setting the README recommends changing, not part of its setup): that warning is the
+    // server's.
+    let warnings: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("WARN") && !l.starts_with("WARN  binlog_row_metadata"))
+        .collect();
+    ensure!(
+        warnings.len() == 1
+            && warnings[0].starts_with(&format!("WARN  {db}.outbox.event_key (unique event key)")),
+        "warnings on the README's setup:\n{out}"
+    );
+
+    // A row near a lowered producer limit, a template naming no topic, a missing fixed topic.
+    let mut near = w.spec.clone();
+    near.kafka_properties
+        .push(("message.max.bytes".into(), "20000".into()));
+    near.topic = format!("t_{}.none.{{aggregate_type}}", w.uid);
+    let mut big = RowGen::new(&w.uid, "big", 1).row();
+    big.payload = format!("\"{}\"", "x".repeat(17_000));
+    insert_now(&mut conn, big).await?;
+    let (status, out, err) = run(&near, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!(
+            "WARN  message size of {db}.outbox: expected payloads well within the largest \
+             record, 20000 bytes (the producer's message.max.bytes = 20000), less 4096 for the \
+             key and headers, found the largest payload of the newest 2 rows is 17002 bytes: \
+             over it"
+        ),
+    )?;
+    has(
+        &out,
+        "fix: a row over the limit is a row error that stops the relay",
+    )?;
+    has(
+        &out,
+        &format!(
+            "WARN  topics of {db}.outbox: expected the topics t_{}.none.{{aggregate_type}} \
+             names, created beforehand, found none exists yet",
+            w.uid
+        ),
+    )?;
+    has(
+        &out,
+        &format!(
+            "--create --topic t_{}.none.<aggregate_type> --partitions N --replication-factor R",
+            w.uid
+        ),
+    )?;
+    let mut fixed = w.spec.clone();
+    fixed.topic = format!("t_{}.fixed", w.uid);
+    let (status, out, err) = run(&fixed, &["check"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!(
+            "WARN  topic of {db}.outbox t_{0}.fixed: expected a topic created with the \
+             partitions and replication it needs, found no such topic yet: the brokers create \
+             it on its first record with num.partitions = ",
+            w.uid
+        ),
+    )?;
+    let mut admin = w.db.conn().await?;
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop((conn, admin));
     w.db.drop_database().await
 }

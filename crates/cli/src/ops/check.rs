@@ -70,9 +70,11 @@ pub async fn check(config: &RelayConfig) -> CheckReport {
     let mut report = CheckReport::default();
     // Whether an instance of the connector runs (holds the lease); unknown without MySQL.
     let mut running = None;
+    let mut payloads = Vec::new();
     match super::connect(config).await {
         Ok(mut conn) => {
-            if let Err(e) = mysql_checks(config, &mut conn, &mut report.checks).await {
+            if let Err(e) = mysql_checks(config, &mut conn, &mut report.checks, &mut payloads).await
+            {
                 report.checks.push(error_check("MySQL checks", &e));
             }
             if let Ok(table) = config.checkpoint_table() {
@@ -95,7 +97,15 @@ pub async fn check(config: &RelayConfig) -> CheckReport {
              checks were skipped",
         )),
     }
-    kafka_checks(config, running, &mut report.checks).await;
+    let limits = kafka_checks(config, running, &mut report.checks).await;
+    // After Kafka: a table's largest record is set by the producer and by its topic.
+    let producer = ProducerLimits::of(&config.kafka);
+    for (m, facts) in &payloads {
+        let limit = limits.record_limit(m, &producer);
+        report
+            .checks
+            .push(evaluate_message_size(m, facts, &limit, &config.dead_letter));
+    }
     report
 }
 
@@ -150,6 +160,7 @@ async fn mysql_checks(
     config: &RelayConfig,
     conn: &mut Conn,
     out: &mut Vec<Check>,
+    payloads: &mut Vec<(TableMapping, PayloadFacts)>,
 ) -> Result<(), RelayError> {
     let server = preflight::server_identity(conn).await?;
     out.push(Check::ok(
@@ -269,31 +280,140 @@ async fn mysql_checks(
         Err(e) => out.push(error_check("checkpoint table", &e)),
     }
     let _ = pool.disconnect().await;
-    // Producer limit vs the largest row the server accepts.
+    // The largest payload the table can hold and the largest it holds now, judged against
+    // the record limits once Kafka has been asked (`check`).
     let packet: Option<u64> = conn
         .query_first::<Option<u64>, _>("SELECT @@GLOBAL.max_allowed_packet")
         .await?
         .flatten();
-    let producer_max = ProducerLimits::of(&config.kafka).message_max_bytes;
     for m in &mappings {
-        let len: Option<Option<u64>> = conn
+        let column: Option<(String, Option<u64>)> = conn
             .exec_first(
-                "SELECT CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS \
+                "SELECT LOWER(COLUMN_TYPE), CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS \
                  WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
                 (&m.table.database, &m.table.table, &m.columns.payload),
             )
             .await?;
-        if let Some(len) = len {
-            out.push(evaluate_message_size(
-                m,
-                len,
-                packet,
-                producer_max,
-                config.dead_letter.enabled,
-            ));
-        }
+        let Some((column_type, octets)) = column else {
+            continue;
+        };
+        // The newest rows by id (an index walk, not a scan of a large outbox).
+        let (payload, id, table) = (
+            super::quote_ident(&m.columns.payload),
+            super::quote_ident(&m.columns.id),
+            m.table.quoted(),
+        );
+        let now: Option<(Option<u64>, u64)> = conn
+            .query_first(format!(
+                "SELECT MAX(LENGTH(p)), COUNT(*) FROM (SELECT {payload} AS p FROM {table} \
+                 ORDER BY {id} DESC LIMIT {NEWEST_ROWS}) AS newest"
+            ))
+            .await?;
+        let (largest_now, rows_seen) = now.unwrap_or((None, 0));
+        payloads.push((
+            m.clone(),
+            PayloadFacts {
+                column_type,
+                octets,
+                max_allowed_packet: packet,
+                largest_now,
+                rows_seen,
+            },
+        ));
     }
     Ok(())
+}
+
+/// ` (4 GiB)` for a size of a MiB or more, else nothing: the exact bytes stay beside it.
+fn human_bytes(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    match bytes {
+        b if b >= 1 << 30 => format!(" ({:.0} GiB)", b as f64 / (1u64 << 30) as f64),
+        b if b >= MIB => format!(" ({:.0} MiB)", b as f64 / MIB as f64),
+        _ => String::new(),
+    }
+}
+
+/// How many of the newest rows `check` reads the payload sizes of.
+const NEWEST_ROWS: u64 = 10_000;
+
+/// Room for a record's key, headers and length fields beside its payload, in bytes: the
+/// common shape's key and headers (`aggregate_id`, `id`, `event_key`, `event_type`,
+/// `aggregate_type`: VARCHAR(255) each, at most 1020 bytes in utf8mb4) stay well within it.
+const RECORD_ALLOWANCE: u64 = 4096;
+
+/// What `check` learned of one outbox table's payload column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadFacts {
+    /// The column's type as the server shows it: `longtext`, `json`, `varchar(2000)`.
+    pub column_type: String,
+    /// `CHARACTER_OCTET_LENGTH`, bytes (`None` for MySQL's JSON).
+    pub octets: Option<u64>,
+    /// `@@GLOBAL.max_allowed_packet`, bytes: no row can be larger.
+    pub max_allowed_packet: Option<u64>,
+    /// The largest payload among the newest rows, bytes (`None`: no row, or all NULL).
+    pub largest_now: Option<u64>,
+    /// How many rows that looked at (at most [`NEWEST_ROWS`]).
+    pub rows_seen: u64,
+}
+
+/// The largest record a table's rows may become, and the limit that sets it ("the producer's
+/// message.max.bytes = 1000000").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordLimit {
+    /// Bytes of key, headers and value.
+    pub bytes: u64,
+    /// Which limit, with its value.
+    pub by: String,
+}
+
+/// The topics' limits `check` read from the brokers: each existing topic's
+/// `max.message.bytes`, and the broker's `message.max.bytes` for the topics it creates.
+#[derive(Debug, Clone, Default)]
+pub struct TopicLimits {
+    /// `max.message.bytes` of the existing topics the configuration names.
+    pub topics: std::collections::BTreeMap<String, u64>,
+    /// The brokers' `message.max.bytes` when they create topics (`auto.create.topics.enable`).
+    pub created: Option<u64>,
+}
+
+impl TopicLimits {
+    /// The limit of `m`'s records: the producer's `message.max.bytes`, or its topic's
+    /// `max.message.bytes` less a batch's framing when that is smaller (a templated topic, or
+    /// one that does not exist yet: the brokers' default for the topics they create).
+    pub fn record_limit(&self, m: &TableMapping, producer: &ProducerLimits) -> RecordLimit {
+        let mut limit = RecordLimit {
+            bytes: producer.message_max_bytes,
+            by: format!(
+                "the producer's message.max.bytes = {}",
+                producer.message_max_bytes
+            ),
+        };
+        let topic = match m.topic.fixed() {
+            Some(t) => match self.topics.get(&t) {
+                Some(max) => Some((*max, format!("max.message.bytes = {max} of topic {t}"))),
+                None => self
+                    .created
+                    .map(|max| (max, format!("message.max.bytes = {max} of the brokers, for the topic {t} they create"))),
+            },
+            None => self.created.map(|max| {
+                (
+                    max,
+                    format!("message.max.bytes = {max} of the brokers, for the topics they create"),
+                )
+            }),
+        };
+        if let Some((max, by)) = topic {
+            let bytes = max.saturating_sub(RECORD_BATCH_OVERHEAD);
+            if bytes < limit.bytes {
+                limit = RecordLimit {
+                    bytes,
+                    by: format!("{by} (less {RECORD_BATCH_OVERHEAD} bytes of batch framing)"),
+                };
+            }
+        }
+        limit
+    }
 }
 
 /// `gtid_mode`/`enforce_gtid_consistency` for `mysql.resume = "gtid"`: MariaDB always logs
@@ -626,15 +746,16 @@ pub fn evaluate_created_at_skew(
     );
     let steps = (skew as f64 / ZONE_STEP_MS as f64).round() as i64;
     let whole_zone = steps != 0 && (skew - steps * ZONE_STEP_MS).abs() <= ZONE_SLACK_MS;
+    let fine = Check::ok(
+        name.clone(),
+        format!(
+            "the newest row's value is {} UTC_TIMESTAMP() ({} UTC)",
+            skew_text(skew),
+            now.format("%Y-%m-%d %H:%M:%S")
+        ),
+    );
     if skew.abs() <= SKEW_TOLERANCE_MS || !whole_zone || steps.abs() > 14 * 4 {
-        return Some(Check::ok(
-            name,
-            format!(
-                "the newest row's value is {} UTC_TIMESTAMP() ({} UTC)",
-                skew_text(skew),
-                now.format("%Y-%m-%d %H:%M:%S")
-            ),
-        ));
+        return Some(fine);
     }
     // The writers' zone is `steps` quarter hours ahead of the configured one (at that instant).
     let configured = zone.offset_from_utc_datetime(&now).fix().local_minus_utc();
@@ -664,13 +785,17 @@ pub fn evaluate_created_at_skew(
         .take(3)
         .collect();
     // POSIX sign: Etc/GMT-8 is UTC+8. Exact, without daylight saving; else the first example.
-    let etc = (writers % 3600 == 0 && writers != 0).then(|| {
+    let etc = (writers % 3600 == 0 && writers != 0 && writers.abs() <= 14 * 3600).then(|| {
         format!(
             "Etc/GMT{}{}",
             if writers > 0 { '-' } else { '+' },
             writers.abs() / 3600
         )
     });
+    if etc.is_none() && zones.is_empty() {
+        // No zone is at that offset now (UTC-00:15): an outbox row that is simply that old.
+        return Some(fine);
+    }
     let suggestion = etc
         .clone()
         .or_else(|| zones.first().map(|z| (*z).to_owned()))
@@ -682,17 +807,28 @@ pub fn evaluate_created_at_skew(
         "created_at in datetime_time_zone (close to the server's UTC time for a new row)",
         format!(
             "the newest row's value is {} UTC_TIMESTAMP() ({} UTC): a whole time-zone offset, so \
-             the writers seem to store local time of a zone at {offset}",
+             the writers seem to store local time of a zone at {offset}{}",
             skew_text(steps * ZONE_STEP_MS),
-            now.format("%Y-%m-%d %H:%M:%S")
+            now.format("%Y-%m-%d %H:%M:%S"),
+            if skew < 0 {
+                " (unless that row is simply that old: nothing written since)"
+            } else {
+                ""
+            }
         ),
         format!(
-            "set datetime_time_zone = \"{suggestion}\" ({offset}; or the writers' own IANA \
-             zone, which follows their daylight saving, e.g. {}) in [outbox] or the table's [[outbox.table]], or have the \
-             writers store UTC. Until then, with outbox.timestamp = \"column\" record \
-             timestamps are off by that much (Kafka 4 refuses those more than an hour ahead), \
-             and prune misjudges the rows' age",
-            zones.join(", ")
+            "set datetime_time_zone = \"{suggestion}\" ({offset}{}) in [outbox] or the table's \
+             [[outbox.table]], or have the writers store UTC. Until then, with outbox.timestamp \
+             = \"column\" record timestamps are off by that much (Kafka 4 refuses those more \
+             than an hour ahead), and prune misjudges the rows' age",
+            if zones.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; or the writers' own IANA zone, which follows their daylight saving, e.g. {}",
+                    zones.join(", ")
+                )
+            }
         ),
     ))
 }
@@ -861,52 +997,112 @@ pub fn evaluate_retention(
     out
 }
 
-/// The largest payload a row can carry (`payload_octets`: the column's
-/// `CHARACTER_OCTET_LENGTH`, `None` for JSON on MySQL; bounded by `max_allowed_packet`) against
-/// the producer's `message.max.bytes`. A warning, not a failure: such a row is dead-lettered
-/// (or stops the relay when dead letters are off) rather than lost.
+/// The payloads of `m` against the largest record its rows may become (`limit`): the largest
+/// payload the column can hold (`facts.octets`, bounded by `max_allowed_packet`) and the largest
+/// among its newest rows. OK when the column cannot hold a payload over the limit (less
+/// [`RECORD_ALLOWANCE`] for the key and headers); also OK, saying why, when it can (LONGTEXT,
+/// JSON: gigabytes) but no newest row comes within 10 % of the limit, since such a row is a row
+/// error the relay handles by `dead_letter`; a warning when rows do, naming the limit, the
+/// numbers, what becomes of such a row and the fix.
 pub fn evaluate_message_size(
     m: &TableMapping,
-    payload_octets: Option<u64>,
-    max_allowed_packet: Option<u64>,
-    producer_max: u64,
-    dead_letter: bool,
+    facts: &PayloadFacts,
+    limit: &RecordLimit,
+    dead_letter: &outbox_relay_core::config::DeadLetterConfig,
 ) -> Check {
-    let largest = match (payload_octets, max_allowed_packet) {
+    let name = format!("message size of {}", m.table);
+    let room = limit.bytes.saturating_sub(RECORD_ALLOWANCE);
+    let column_max = match (facts.octets, facts.max_allowed_packet) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let name = format!("message size of {}", m.table);
-    match largest {
-        Some(l) if l <= producer_max => Check::ok(
-            name,
-            format!("the largest payload ({l} bytes) fits message.max.bytes = {producer_max}"),
+    let column = match (facts.octets, facts.max_allowed_packet) {
+        (Some(o), Some(p)) if p < o => format!(
+            "column {:?} {} holds up to {o} bytes{}, a row at most max_allowed_packet = {p}{}",
+            m.columns.payload,
+            facts.column_type,
+            human_bytes(o),
+            human_bytes(p)
         ),
-        _ => Check::not_met(
-            Level::Warn,
-            name,
-            format!("every possible row within message.max.bytes = {producer_max}"),
-            format!(
-                "payloads up to {} bytes (column {:?}{})",
-                largest.map_or_else(|| "unknown".to_owned(), |l| l.to_string()),
-                m.columns.payload,
-                if max_allowed_packet.is_some() {
-                    ", bounded by max_allowed_packet"
-                } else {
-                    ""
-                }
-            ),
-            format!(
-                "a larger row is {}; raise \"message.max.bytes\" in [kafka.properties] and the \
-                 topics' max.message.bytes (broker message.max.bytes), or keep payloads smaller",
-                if dead_letter {
-                    "sent to the dead-letter topic without its value"
-                } else {
-                    "refused and stops the relay (dead_letter.enabled = false)"
-                }
-            ),
+        (Some(o), _) => format!(
+            "column {:?} {} holds up to {o} bytes{}",
+            m.columns.payload,
+            facts.column_type,
+            human_bytes(o)
         ),
+        (None, Some(p)) => format!(
+            "column {:?} {} holds up to max_allowed_packet = {p} bytes{}",
+            m.columns.payload,
+            facts.column_type,
+            human_bytes(p)
+        ),
+        (None, None) => format!(
+            "column {:?} {} has no known bound",
+            m.columns.payload, facts.column_type
+        ),
+    };
+    if column_max.is_some_and(|c| c <= room) {
+        return Check::ok(
+            name,
+            format!(
+                "{column}, within the largest record, {} bytes ({})",
+                limit.bytes, limit.by
+            ),
+        );
     }
+    let now = match facts.largest_now {
+        Some(n) => format!(
+            "the largest payload of the newest {} rows is {n} bytes",
+            facts.rows_seen
+        ),
+        None => "the table has no payload yet".to_owned(),
+    };
+    let fate = if dead_letter.enabled {
+        format!(
+            "goes to the dead-letter topic {} without its value (the row stays in the outbox: \
+             republish it once the limits are raised)",
+            dead_letter.topic
+        )
+    } else {
+        "stops the relay with the row's position (dead_letter.enabled = false; it resumes with \
+         that row once the limits are raised)"
+            .to_owned()
+    };
+    let near = facts.largest_now.is_some_and(|n| n > room / 10 * 9);
+    if !near {
+        return Check::ok(
+            name,
+            format!(
+                "{column}: more than the largest record, {} bytes ({}), but {now}; a row over \
+                 it would be a row error that {fate}",
+                limit.bytes, limit.by
+            ),
+        );
+    }
+    let largest = facts.largest_now.unwrap_or(0);
+    Check::not_met(
+        Level::Warn,
+        name,
+        format!(
+            "payloads well within the largest record, {} bytes ({}), less {RECORD_ALLOWANCE} for \
+             the key and headers",
+            limit.bytes, limit.by
+        ),
+        format!(
+            "{now}{} ({column})",
+            if largest > room {
+                ": over it"
+            } else {
+                ": within 10 % of it"
+            }
+        ),
+        format!(
+            "a row over the limit is a row error that {fate}. Raise \"message.max.bytes\" in [kafka.properties] and \
+             the topics' max.message.bytes (at least message.max.bytes + {RECORD_BATCH_OVERHEAD}) \
+             above the largest payload you expect plus {RECORD_ALLOWANCE} bytes, or keep payloads \
+             smaller (README, \"Record size limits\")"
+        ),
+    )
 }
 
 /// A topic's `max.message.bytes` (`topic_max`; for `what` = "topics the broker creates", the
@@ -970,7 +1166,11 @@ pub fn evaluate_topic_limit(
     )
 }
 
-async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec<Check>) {
+async fn kafka_checks(
+    config: &RelayConfig,
+    running: Option<bool>,
+    out: &mut Vec<Check>,
+) -> TopicLimits {
     let admin = match Admin::new(&config.kafka) {
         Ok(a) => a,
         Err(e) => {
@@ -981,7 +1181,7 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
                 e,
                 "fix kafka.properties",
             ));
-            return;
+            return TopicLimits::default();
         }
     };
     let metadata = admin.cluster(KAFKA_TIMEOUT).await;
@@ -999,7 +1199,7 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
                 "check kafka.bootstrap_servers, the network and the security settings in \
                  [kafka.properties]; the topic checks were skipped",
             ));
-            return;
+            return TopicLimits::default();
         }
         Err(MetadataError::Task(e)) => {
             out.push(Check::not_met(
@@ -1009,7 +1209,7 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
                 e,
                 "retry",
             ));
-            return;
+            return TopicLimits::default();
         }
     };
     out.push(Check::ok(
@@ -1044,26 +1244,19 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
         out.push(progress_topic_check(config, &admin, &topics).await);
     }
     let mappings = config.table_mappings().unwrap_or_default();
+    let creation = TopicCreation {
+        auto_create,
+        partitions: value("num.partitions"),
+        replication: value("default.replication.factor"),
+        bootstrap: config.kafka.bootstrap_servers.clone(),
+    };
+    out.push(creation.check());
     let mut wanted: Vec<(String, String)> = Vec::new();
     for m in &mappings {
         if let Some(t) = m.topic.fixed() {
             wanted.push((t, format!("topic of {}", m.table)));
         } else {
-            out.push(match auto_create {
-                Some(false) => Check::not_met(
-                    Level::Warn,
-                    format!("topics of {}", m.table),
-                    "existing topics for every value of the template",
-                    "a templated topic and auto.create.topics.enable=false",
-                    "create each topic the template can produce before rows arrive (a missing \
-                     topic is dead-lettered or stops the relay)",
-                ),
-                _ => Check::ok(
-                    format!("topics of {}", m.table),
-                    "templated (per row); the broker creates missing topics \
-                     (auto.create.topics.enable=true)",
-                ),
-            });
+            out.push(creation.templated(m, &topics));
         }
     }
     if config.dead_letter.enabled {
@@ -1072,7 +1265,7 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
             "dead-letter topic".to_owned(),
         ));
     }
-    topic_limit_checks(
+    let mut limits = topic_limit_checks(
         config,
         &admin,
         &wanted,
@@ -1082,27 +1275,222 @@ async fn kafka_checks(config: &RelayConfig, running: Option<bool>, out: &mut Vec
         out,
     )
     .await;
+    if auto_create == Some(true) {
+        limits.created = new_topic_max;
+    }
     for (topic, what) in wanted {
-        let name = format!("{what} {topic}");
-        out.push(if topics.contains(&topic) {
-            Check::ok(name, "exists")
-        } else if auto_create == Some(true) {
-            Check::ok(
+        out.push(creation.fixed(&format!("{what} {topic}"), &topic, &topics));
+    }
+    limits
+}
+
+/// What the brokers do with a topic the relay routes to that does not exist: create it
+/// (`auto.create.topics.enable`) with their default partitions and replication, which are
+/// rarely what the relay's topics need, or refuse its records. The README's quick start and
+/// the compose file create their topics; `check` says which of the configuration's topics
+/// exist.
+#[derive(Debug, Clone)]
+pub struct TopicCreation {
+    /// The brokers' `auto.create.topics.enable` (`None`: not readable).
+    pub auto_create: Option<bool>,
+    /// Their `num.partitions`.
+    pub partitions: Option<String>,
+    /// Their `default.replication.factor`.
+    pub replication: Option<String>,
+    /// `kafka.bootstrap_servers`, for the `kafka-topics.sh` line.
+    pub bootstrap: String,
+}
+
+impl TopicCreation {
+    /// `num.partitions = 1, default.replication.factor = 1` (or the brokers' defaults).
+    fn defaults(&self) -> String {
+        match (&self.partitions, &self.replication) {
+            (Some(p), Some(r)) => {
+                format!("num.partitions = {p} and default.replication.factor = {r}")
+            }
+            _ => "the brokers' default partitions and replication".into(),
+        }
+    }
+
+    /// `kafka-topics.sh --bootstrap-server … --create --topic T --partitions N
+    /// --replication-factor R`.
+    fn create_line(&self, topic: &str) -> String {
+        format!(
+            "kafka-topics.sh --bootstrap-server {} --create --topic {topic} --partitions N \
+             --replication-factor R",
+            self.bootstrap
+        )
+    }
+
+    /// The line on the brokers' auto-creation: what they do with a missing topic, and the
+    /// advice. Never a failure nor a warning by itself: relying on it is (see [`Self::fixed`],
+    /// [`Self::templated`]).
+    pub fn check(&self) -> Check {
+        let name = "topic auto-creation";
+        match self.auto_create {
+            Some(true) => Check::ok(
                 name,
-                "does not exist yet; auto.create.topics.enable=true creates it",
-            )
-        } else {
-            Check::not_met(
-                Level::Fail,
-                name,
-                "an existing topic (or auto.create.topics.enable=true)",
                 format!(
-                    "no such topic; auto.create.topics.enable={}",
-                    auto_create.map_or("unknown", |a| if a { "true" } else { "false" })
+                    "the brokers create a missing topic on its first record \
+                     (auto.create.topics.enable=true), with {}: create the relay's topics \
+                     yourself with the partitions and replication you want, then set \
+                     auto.create.topics.enable=false on the brokers",
+                    self.defaults()
                 ),
-                format!("create it: kafka-topics.sh --create --topic {topic} --bootstrap-server …"),
-            )
-        });
+            ),
+            Some(false) => Check::ok(
+                name,
+                "the brokers create no topics (auto.create.topics.enable=false): each topic \
+                 must exist before its first record",
+            ),
+            None => Check::not_met(
+                Level::Warn,
+                name,
+                "the brokers' auto.create.topics.enable (DescribeConfigs of a broker)",
+                "no answer (no permission, or none in time)",
+                "grant the relay's user DescribeConfigs on the cluster, or make sure every \
+                 topic exists before its first record",
+            ),
+        }
+    }
+
+    /// A topic the configuration names (`name`: "topic of shop.outbox orders"): OK when it
+    /// exists; a warning when the brokers would create it with their defaults; a failure when
+    /// they would refuse its records.
+    pub fn fixed(&self, name: &str, topic: &str, existing: &[String]) -> Check {
+        if existing.iter().any(|t| t == topic) {
+            return Check::ok(name, "exists");
+        }
+        let create = self.create_line(topic);
+        if self.auto_create == Some(true) {
+            return Check::not_met(
+                Level::Warn,
+                name,
+                "a topic created with the partitions and replication it needs",
+                format!(
+                    "no such topic yet: the brokers create it on its first record with {}",
+                    self.defaults()
+                ),
+                format!("create it: {create}"),
+            );
+        }
+        Check::not_met(
+            Level::Fail,
+            name,
+            "an existing topic",
+            format!(
+                "no such topic; auto.create.topics.enable={}",
+                self.auto_create
+                    .map_or("unknown", |a| if a { "true" } else { "false" })
+            ),
+            format!("create it: {create}"),
+        )
+    }
+
+    /// The topics of a templated mapping: the existing ones it can name (OK, listed), or none
+    /// (a warning: each topic is created by the brokers with their defaults, or its records
+    /// are refused).
+    pub fn templated(&self, m: &TableMapping, existing: &[String]) -> Check {
+        let name = format!("topics of {}", m.table);
+        let Some(shape) = TopicShape::of(m) else {
+            return Check::ok(name, "templated (per row)");
+        };
+        let named: Vec<&String> = existing.iter().filter(|t| shape.names(t)).collect();
+        let then = match self.auto_create {
+            Some(true) => format!(
+                "a topic it names that does not exist is created by the brokers on its first \
+                 record with {}",
+                self.defaults()
+            ),
+            _ => "the records of a topic it names that does not exist are refused (dead-lettered, \
+                  held or stopping the relay by [dead_letter])"
+                .to_owned(),
+        };
+        if named.is_empty() {
+            return Check::not_met(
+                Level::Warn,
+                name,
+                format!("the topics {} names, created beforehand", shape.text),
+                format!("none exists yet; {then}"),
+                format!(
+                    "create one per value before its first row: {}",
+                    self.create_line(&shape.text.replace('{', "<").replace('}', ">"))
+                ),
+            );
+        }
+        let mut list: Vec<&str> = named.iter().take(5).map(|t| t.as_str()).collect();
+        let more = named.len().saturating_sub(list.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        list.sort_unstable();
+        Check::ok(
+            name,
+            format!(
+                "{} names {} existing topic(s): {}{more}; {then}",
+                shape.text,
+                named.len(),
+                list.join(", ")
+            ),
+        )
+    }
+}
+
+/// The topics a mapping's template can name: its text with the placeholders of row values
+/// (`{aggregate_type}`, `{event_type}`) kept and the table's database and name filled in.
+#[derive(Debug, Clone)]
+struct TopicShape {
+    /// The literal pieces between the row values.
+    pieces: Vec<String>,
+    /// `outbox.event.{aggregate_type}`.
+    text: String,
+}
+
+impl TopicShape {
+    /// Row values stand in as markers of topic characters no real value uses.
+    const AGGREGATE: &'static str = "AGGREGATETYPE0x7f3a";
+    const EVENT: &'static str = "EVENTTYPE0x7f3a";
+
+    /// `None` for a template without row values (a fixed topic) or whose table is a pattern.
+    fn of(m: &TableMapping) -> Option<Self> {
+        let fields = outbox_relay_core::config::topic::TopicFields {
+            aggregate_type: Self::AGGREGATE,
+            event_type: Some(Self::EVENT.as_bytes()),
+            database: &m.table.database,
+            table: &m.table.table,
+        };
+        let rendered = m.topic.render(&fields).ok()?;
+        let text = rendered
+            .replace(Self::AGGREGATE, "{aggregate_type}")
+            .replace(Self::EVENT, "{event_type}");
+        let pieces: Vec<String> = rendered
+            .replace(Self::EVENT, Self::AGGREGATE)
+            .split(Self::AGGREGATE)
+            .map(str::to_owned)
+            .collect();
+        (pieces.len() > 1).then_some(Self { pieces, text })
+    }
+
+    /// Whether `topic` is one the template names: its pieces in order, each row value at
+    /// least one character.
+    fn names(&self, topic: &str) -> bool {
+        let (first, last) = (&self.pieces[0], &self.pieces[self.pieces.len() - 1]);
+        let Some(rest) = topic.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some(mut rest) = rest.strip_suffix(last.as_str()) else {
+            return false;
+        };
+        for piece in &self.pieces[1..self.pieces.len() - 1] {
+            // The earliest match after a non-empty value leaves the most room for the rest.
+            match rest.get(1..).and_then(|r| r.find(piece.as_str())) {
+                Some(at) => rest = &rest[1 + at + piece.len()..],
+                None => return false,
+            }
+        }
+        !rest.is_empty()
     }
 }
 
@@ -1324,6 +1712,7 @@ async fn progress_topic_check(config: &RelayConfig, admin: &Admin, topics: &[Str
 
 /// [`evaluate_topic_limit`] for each existing topic in `wanted` and, when the broker creates
 /// topics (a templated topic, or one that does not exist yet), for the broker's default.
+/// Returns the existing topics' limits ([`TopicLimits::topics`]).
 async fn topic_limit_checks(
     config: &RelayConfig,
     admin: &Admin,
@@ -1332,7 +1721,8 @@ async fn topic_limit_checks(
     auto_create: Option<bool>,
     new_topic_max: Option<u64>,
     out: &mut Vec<Check>,
-) {
+) -> TopicLimits {
+    let mut limits = TopicLimits::default();
     let producer = ProducerLimits::of(&config.kafka);
     let present: Vec<&(String, String)> = wanted
         .iter()
@@ -1345,12 +1735,15 @@ async fn topic_limit_checks(
                 for ((topic, what), result) in present.iter().zip(results) {
                     let limit = result.and_then(|r| r.get("max.message.bytes")?.parse().ok());
                     match limit {
-                        Some(limit) => out.extend(evaluate_topic_limit(
-                            &format!("{what} {topic}"),
-                            topic,
-                            limit,
-                            &producer,
-                        )),
+                        Some(limit) => {
+                            limits.topics.insert(topic.clone(), limit);
+                            out.extend(evaluate_topic_limit(
+                                &format!("{what} {topic}"),
+                                topic,
+                                limit,
+                                &producer,
+                            ));
+                        }
                         None => out.push(unknown_topic_limit(&format!("{what} {topic}"))),
                     }
                 }
@@ -1374,6 +1767,7 @@ async fn topic_limit_checks(
             ));
         }
     }
+    limits
 }
 
 fn unknown_topic_limit(what: &str) -> Check {
@@ -1430,6 +1824,10 @@ mod tests {
         let ok = evaluate_created_at_skew(&m, "2026-11-30 03:12:00", "2026-11-30 03:13:26")
             .expect("check");
         assert_eq!(ok.level, Level::Ok, "{ok:?}");
+        // A row a quarter of an hour old: no zone is at UTC-00:15.
+        let quarter = evaluate_created_at_skew(&m, "2026-11-30 02:58:26", "2026-11-30 03:13:26")
+            .expect("parses");
+        assert_eq!(quarter.level, Level::Ok, "{quarter:?}");
         // An old row (not a whole offset): no guess.
         let old = evaluate_created_at_skew(&m, "2026-11-28 17:41:00", "2026-11-30 03:13:26")
             .expect("check");
@@ -1438,6 +1836,10 @@ mod tests {
         let west = evaluate_created_at_skew(&m, "2026-11-29 22:13:00", "2026-11-30 03:13:26")
             .expect("check");
         assert!(west.found.contains("UTC-05:00"), "{west:?}");
+        assert!(
+            west.found.contains("unless that row is simply that old"),
+            "{west:?}"
+        );
         assert!(west.fix.contains("Etc/GMT+5"), "{west:?}");
     }
 
@@ -1697,24 +2099,196 @@ mod tests {
         );
     }
 
+    fn facts(column_type: &str, octets: Option<u64>, largest_now: Option<u64>) -> PayloadFacts {
+        PayloadFacts {
+            column_type: column_type.into(),
+            octets,
+            max_allowed_packet: Some(64 << 20),
+            largest_now,
+            rows_seen: largest_now.map_or(0, |_| 3),
+        }
+    }
+
     #[test]
-    fn message_size_against_the_largest_payload() {
+    fn message_size_judges_the_column_and_the_rows_against_the_record_limit() {
+        use outbox_relay_core::config::DeadLetterConfig;
         let m = mapping("");
+        let producer = ProducerLimits {
+            message_max_bytes: 1_000_000,
+            batch_size: 1_000_000,
+            compresses: false,
+        };
+        let limit = TopicLimits::default().record_limit(&m, &producer);
+        assert_eq!(limit.bytes, 1_000_000);
+        let stop = DeadLetterConfig::default();
+        let dlq = DeadLetterConfig {
+            enabled: true,
+            topic: "outbox.dlq".into(),
+            ..DeadLetterConfig::default()
+        };
+        let judge =
+            |f: PayloadFacts, dl: &DeadLetterConfig| evaluate_message_size(&m, &f, &limit, dl);
+        // A column that cannot hold more than the limit: OK, whatever the rows.
+        let c = judge(facts("varchar(2000)", Some(8000), None), &stop);
+        assert_eq!(c.level, Level::Ok);
         assert_eq!(
-            evaluate_message_size(&m, Some(65_535), Some(16 << 20), 1_000_000, false).level,
-            Level::Ok
+            c.found,
+            "column \"payload\" varchar(2000) holds up to 8000 bytes, within the largest record, \
+             1000000 bytes (the producer's message.max.bytes = 1000000)"
         );
-        let c = evaluate_message_size(&m, Some(4_294_967_295), Some(16 << 20), 1_000_000, false);
-        assert_eq!(c.level, Level::Warn);
+        // The README's setup: JSON (LONGTEXT on MariaDB, unbounded JSON on MySQL) with small
+        // rows, or none yet: OK, saying why and what a larger row would do.
+        for f in [
+            facts("longtext", Some(4_294_967_295), Some(2)),
+            facts("json", None, Some(2)),
+            facts("json", None, None),
+        ] {
+            let c = judge(f, &stop);
+            assert_eq!(c.level, Level::Ok, "{c:?}");
+            assert!(
+                c.found
+                    .contains("more than the largest record, 1000000 bytes")
+                    && c.found.contains("stops the relay with the row's position"),
+                "{c:?}"
+            );
+        }
+        let c = judge(facts("longtext", Some(4_294_967_295), Some(2)), &stop);
         assert!(
-            c.found.starts_with("payloads up to 16777216 bytes"),
+            c.found.starts_with(
+                "column \"payload\" longtext holds up to 4294967295 bytes (4 GiB), a row at most \
+                 max_allowed_packet = 67108864 (64 MiB): more than the largest record"
+            ) && c
+                .found
+                .contains("the largest payload of the newest 3 rows is 2 bytes"),
             "{c:?}"
         );
-        assert!(c.fix.contains("stops the relay"));
+        // Rows within 10 % of the limit, or over it: a warning with the numbers, the fate of
+        // such a row by dead_letter, and the fix.
+        let near = judge(facts("longtext", Some(4_294_967_295), Some(920_000)), &dlq);
+        assert_eq!(near.level, Level::Warn);
         assert!(
-            evaluate_message_size(&m, None, Some(64 << 20), 1_000_000, true)
-                .fix
-                .contains("dead-letter")
+            near.found.starts_with(
+                "the largest payload of the newest 3 rows is 920000 bytes: within 10 %"
+            ),
+            "{near:?}"
+        );
+        assert!(
+            near.fix
+                .contains("goes to the dead-letter topic outbox.dlq without its value")
+                && near.fix.contains("Raise \"message.max.bytes\""),
+            "{near:?}"
+        );
+        let over = judge(
+            facts("mediumblob", Some(16_777_215), Some(2_000_000)),
+            &stop,
+        );
+        assert_eq!(over.level, Level::Warn);
+        assert!(over.found.contains("2000000 bytes: over it"), "{over:?}");
+        assert!(over.fix.contains("stops the relay"), "{over:?}");
+    }
+
+    #[test]
+    fn templates_name_the_topics_they_can_render() {
+        let shape = |extra: &str| TopicShape::of(&mapping(extra));
+        assert!(shape("topic = \"orders\"\n").is_none(), "a fixed topic");
+        let default = shape("").expect("templated");
+        assert_eq!(default.text, "outbox.event.{aggregate_type}");
+        assert!(default.names("outbox.event.Order"));
+        assert!(default.names("outbox.event.a.b"));
+        assert!(!default.names("outbox.event."));
+        assert!(!default.names("other.event.Order"));
+        let two = shape("topic = \"{database}.{aggregate_type}.v1.{event_type}\"\n").expect("t");
+        assert_eq!(two.text, "shop.{aggregate_type}.v1.{event_type}");
+        assert!(two.names("shop.Order.v1.Created"));
+        assert!(two.names("shop.Order.v1.v1.Created"));
+        assert!(!two.names("shop.Order.v1."));
+        assert!(!two.names("shop..v1.Created"));
+        assert!(!two.names("billing.Order.v1.Created"));
+    }
+
+    #[test]
+    fn auto_creation_is_said_and_relied_on_topics_warn() {
+        let creation = |auto_create| TopicCreation {
+            auto_create,
+            partitions: Some("1".into()),
+            replication: Some("1".into()),
+            bootstrap: "kafka:9092".into(),
+        };
+        let on = creation(Some(true));
+        let line = on.check();
+        assert_eq!(line.level, Level::Ok);
+        assert!(
+            line.found.contains("auto.create.topics.enable=true")
+                && line
+                    .found
+                    .contains("num.partitions = 1 and default.replication.factor = 1")
+                && line
+                    .found
+                    .contains("with the partitions and replication you want"),
+            "{line:?}"
+        );
+        let existing = vec!["orders".to_owned(), "outbox.event.Order".to_owned()];
+        assert_eq!(
+            on.fixed("topic of shop.outbox orders", "orders", &existing)
+                .level,
+            Level::Ok
+        );
+        let missing = on.fixed("topic of shop.outbox payments", "payments", &existing);
+        assert_eq!(missing.level, Level::Warn);
+        assert_eq!(
+            missing.fix,
+            "create it: kafka-topics.sh --bootstrap-server kafka:9092 --create --topic payments \
+             --partitions N --replication-factor R"
+        );
+        let off = creation(Some(false));
+        assert_eq!(off.fixed("t", "payments", &existing).level, Level::Fail);
+        // A template: the existing topics it names (OK), or none (a warning either way).
+        let m = mapping("");
+        let named = on.templated(&m, &existing);
+        assert_eq!(named.level, Level::Ok);
+        assert!(
+            named.found.starts_with(
+                "outbox.event.{aggregate_type} names 1 existing topic(s): outbox.event.Order; \
+                 a topic it names that does not exist is created by the brokers"
+            ),
+            "{named:?}"
+        );
+        for c in [on.templated(&m, &[]), off.templated(&m, &[])] {
+            assert_eq!(c.level, Level::Warn, "{c:?}");
+            assert!(
+                c.fix.contains("--topic outbox.event.<aggregate_type>"),
+                "{c:?}"
+            );
+        }
+        assert!(off.templated(&m, &existing).found.contains("are refused"));
+    }
+
+    #[test]
+    fn the_record_limit_is_the_smaller_of_producer_and_topic() {
+        let producer = ProducerLimits {
+            message_max_bytes: 1_000_000,
+            batch_size: 1_000_000,
+            compresses: false,
+        };
+        let fixed = mapping("topic = \"orders\"\n");
+        let mut limits = TopicLimits::default();
+        limits.topics.insert("orders".into(), 500_000);
+        let l = limits.record_limit(&fixed, &producer);
+        assert_eq!(l.bytes, 500_000 - RECORD_BATCH_OVERHEAD);
+        assert!(
+            l.by.starts_with("max.message.bytes = 500000 of topic orders"),
+            "{l:?}"
+        );
+        // Templated topics the brokers create: their default; a larger one leaves the producer's.
+        let templated = mapping("");
+        limits.created = Some(2_000_000);
+        assert_eq!(limits.record_limit(&templated, &producer).bytes, 1_000_000);
+        limits.created = Some(300_000);
+        let l = limits.record_limit(&templated, &producer);
+        assert_eq!(l.bytes, 300_000 - RECORD_BATCH_OVERHEAD);
+        assert!(
+            l.by.contains("of the brokers, for the topics they create"),
+            "{l:?}"
         );
     }
 
