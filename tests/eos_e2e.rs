@@ -1070,8 +1070,13 @@ async fn a_first_start_without_kafka_keeps_its_start_position() -> Result<()> {
     let reachable = world.spec.bootstrap_servers.clone();
     let mut unreachable = world.spec.clone();
     unreachable.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?);
-    let relay = world.spawn_with(&unreachable)?;
-    wait_for_stderr(&relay, "relay interrupted; retrying", RELAY_WAIT).await?;
+    // The retries of an unreachable Kafka are DEBUG lines (its state line is the WARN one).
+    let relay = RelayProcess::spawn(
+        &world.binary,
+        &unreachable.to_toml(),
+        &[("RUST_LOG", "info,outbox_relay_engine::supervisor=debug")],
+    )?;
+    wait_for_stderr(&relay, "Kafka still unreachable; retrying", RELAY_WAIT).await?;
     let stored = world
         .checkpoint()
         .await

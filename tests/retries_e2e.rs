@@ -12,7 +12,8 @@ use anyhow::{ensure, Context, Result};
 use outbox_relay_testkit::{
     collect_records, commit_rows, compare_positions, current_binlog_position, ensure_at_least_once,
     expect_exit_code, free_local_port, http_get, metric, read_all_records, wait_for_status,
-    wait_for_stderr, wait_until, PrivateService, RowGen, ServiceSpec, World,
+    wait_for_stderr, wait_until, PrivateService, RelayProcess, RowGen, ServiceSpec, TcpProxy,
+    World,
 };
 
 /// The relay binary under test (built on first use).
@@ -21,11 +22,15 @@ fn bin() -> &'static str {
 }
 const WAIT: Duration = Duration::from_secs(90);
 
+/// The log filter that shows the supervisor's retries of an unreachable Kafka (DEBUG lines:
+/// its state line is the WARN one).
+const RETRIES_SHOWN: (&str, &str) = ("RUST_LOG", "info,outbox_relay_engine::supervisor=debug");
+
 /// `retry_in_ms` of every "retrying" line of `stderr`, in order.
 fn retry_delays(stderr: &str) -> Vec<u64> {
     stderr
         .lines()
-        .filter(|l| l.contains("relay interrupted; retrying"))
+        .filter(|l| l.contains("; retrying"))
         .filter_map(|l| {
             let v = l.split("retry_in_ms=").nth(1)?;
             v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
@@ -43,7 +48,7 @@ async fn unreachable_kafka_attempts_are_counted_and_bounded() -> Result<()> {
     w.spec.initial_backoff_ms = 100;
     w.spec.max_backoff_ms = 10_000;
     w.spec.retry_extra = "max_attempts = 3\n".into();
-    let relay = w.spawn()?;
+    let relay = RelayProcess::spawn(&w.binary, &w.spec.to_toml(), &[RETRIES_SHOWN])?;
     let status = relay.wait_exit(WAIT).await?;
     expect_exit_code(status, 1, &relay)?;
     let stderr = relay.stderr_text();
@@ -68,11 +73,108 @@ async fn unreachable_kafka_attempts_are_counted_and_bounded() -> Result<()> {
         .find(|l| l.contains("ERROR"))
         .unwrap_or("");
     ensure!(
-        last.contains("Kafka"),
-        "the final error names Kafka: {last}"
+        last.contains("Kafka") && last.contains("advertised.listeners"),
+        "the final error names Kafka and what to check: {last}"
+    );
+    ensure!(
+        stderr.contains(
+            "giving up after 3 consecutive failed attempts (retry.max_attempts = 3; 0 retries \
+             without end)"
+        ),
+        "no line says why the relay gives up:\n{stderr}"
     );
     w.db.drop_database().await?;
     Ok(())
+}
+
+/// Kafka unreachable (issue 31): one WARN line when no broker answers (the brokers tried, the
+/// class of error, what to check), none more while the attempts go on failing, one INFO line
+/// when Kafka answers again (a proxy to the test broker starts listening at that address;
+/// the shared broker is never stopped), and the relay streams. librdkafka's own lines stay at
+/// DEBUG: none at WARN or above, and none of rdkafka's default context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_unreachable_is_said_once_per_change_of_state() -> Result<()> {
+    let mut w = World::new(bin(), "retry_state").await?;
+    let port = free_local_port()?; // nothing listens, until the proxy does
+    let http = free_local_port()?;
+    w.spec.bootstrap_servers = format!("127.0.0.1:{port}");
+    w.spec.http_listen = Some(format!("127.0.0.1:{http}"));
+    w.spec.initial_backoff_ms = 100;
+    w.spec.max_backoff_ms = 500;
+    let relay = w.spawn()?;
+    wait_for_stderr(&relay, "Kafka unreachable: no broker of", WAIT).await?;
+    // At least one more attempt fails while Kafka stays unreachable.
+    wait_until(
+        "a failed attempt",
+        WAIT,
+        Duration::from_millis(200),
+        async || {
+            let (_, page) = http_get(http, "/metrics").await?;
+            Ok(
+                metric(&page, "outbox_relay_reconnects_total{cause=\"kafka\"}")
+                    .is_some_and(|n| n >= 1.0)
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let _proxy = TcpProxy::start_kafka(
+        &format!("127.0.0.1:{port}"),
+        outbox_relay_testkit::kafka_bootstrap(),
+    )
+    .await?;
+    wait_for_stderr(&relay, "Kafka reachable again", WAIT).await?;
+    let mut conn = w.db.conn().await?;
+    let rows = RowGen::new(&w.uid, "back", 1).rows(1);
+    commit_rows(&mut conn, &rows).await?;
+    let keys: HashSet<String> = rows.iter().map(|r| r.event_key.clone()).collect();
+    w.wait_for_keys(
+        &[w.topic(&rows[0].aggregate_type)],
+        &keys,
+        Some(&relay),
+        WAIT,
+    )
+    .await?;
+    expect_exit_code(relay.stop(WAIT).await?, 0, &relay)?;
+
+    let stderr = relay.stderr_text();
+    let lines = |needle: &str| stderr.lines().filter(|l| l.contains(needle)).count();
+    ensure!(
+        lines("Kafka unreachable:") == 1 && lines("Kafka reachable again") == 1,
+        "one line per change of state:\n{stderr}"
+    );
+    let down = stderr
+        .lines()
+        .find(|l| l.contains("Kafka unreachable:"))
+        .unwrap_or_default();
+    for needle in [
+        " WARN ",
+        &format!("no broker of 127.0.0.1:{port} answers (connection refused: nothing listens"),
+        "advertised.listeners",
+        "security.protocol",
+        "error_class=\"connection_refused\"",
+        &format!("brokers=127.0.0.1:{port}"),
+    ] {
+        ensure!(down.contains(needle), "{needle:?} not in: {down}");
+    }
+    let up = stderr
+        .lines()
+        .find(|l| l.contains("Kafka reachable again"))
+        .unwrap_or_default();
+    ensure!(
+        up.contains(" INFO ") && up.contains(&format!("127.0.0.1:{port} answered after")),
+        "{up}"
+    );
+    for quiet in [
+        " WARN librdkafka",
+        " ERROR librdkafka",
+        "rdkafka::client",
+        "relay interrupted; retrying",
+    ] {
+        ensure!(lines(quiet) == 0, "{quiet:?} logged:\n{stderr}");
+    }
+    drop(conn);
+    w.db.drop_database().await
 }
 
 /// A stop while Kafka is unreachable (the relay waiting for a broker before it streams) exits
@@ -92,8 +194,13 @@ async fn a_stop_while_kafka_is_unreachable_exits_0_at_once() -> Result<()> {
     w.spec.bootstrap_servers = format!("127.0.0.1:{}", free_local_port()?);
     // Retry at once, so the stop lands while the next attempt waits for a broker.
     w.spec.initial_backoff_ms = 1;
-    let relay = w.spawn()?;
-    wait_for_stderr(&relay, "relay interrupted; retrying", WAIT).await?;
+    // The retries of an unreachable Kafka are DEBUG lines (its state line is the WARN one).
+    let relay = RelayProcess::spawn(
+        &w.binary,
+        &w.spec.to_toml(),
+        &[("RUST_LOG", "info,outbox_relay_engine::supervisor=debug")],
+    )?;
+    wait_for_stderr(&relay, "Kafka still unreachable; retrying", WAIT).await?;
     let asked = Instant::now();
     let status = relay.stop(WAIT).await?;
     let took = asked.elapsed();

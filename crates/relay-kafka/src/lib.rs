@@ -1,7 +1,9 @@
 //! The Kafka side: an [`outbox_relay_core::outbox::OutboxEvent`] becomes a record ([`route`]: topic, key,
 //! headers, value, timestamp) and is produced by the idempotent producer ([`sink`]: delivery
 //! reports, dead letters, the topics' size and timestamp limits, the readiness probe);
-//! [`features`]: the cluster's finalized feature levels (`check`'s `transaction.version`).
+//! [`features`]: the cluster's finalized feature levels (`check`'s `transaction.version`);
+//! [`kafka_log`]: librdkafka's lines in the relay's log, and one line per change of the
+//! cluster's reachability.
 //!
 //! The operator commands' clients: [`admin`] (metadata and configurations for `check`),
 //! [`reader`] (reading topics, offsets, watermarks and groups' committed offsets for `dlq
@@ -12,6 +14,7 @@
 pub mod admin;
 pub mod features;
 pub mod fleet;
+pub mod kafka_log;
 pub mod publish;
 pub mod reader;
 pub mod route;

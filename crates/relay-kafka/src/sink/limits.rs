@@ -30,10 +30,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
 
-use crate::sink::HeaderValue;
+use crate::sink::{HeaderValue, LogContext};
 use outbox_relay_core::config::KafkaConfig;
 
 /// librdkafka's default `message.max.bytes` and `batch.size` (CONFIGURATION.md), bytes.
@@ -275,6 +274,8 @@ struct TopicConfig {
 /// first sends to a topic, and again before a record would be refused ([`TopicLimits::relearn`]).
 pub struct TopicLimits {
     admin: ClientConfig,
+    /// The cluster's log, for the admin clients' lines.
+    log: std::sync::Arc<crate::kafka_log::KafkaLog>,
     producer: ProducerLimits,
     /// Topic → `max.message.bytes`.
     limits: Mutex<HashMap<String, u64>>,
@@ -294,6 +295,7 @@ impl TopicLimits {
     pub fn new(config: &KafkaConfig) -> Self {
         Self {
             admin: super::admin_client_config(config),
+            log: crate::kafka_log::KafkaLog::of(&config.bootstrap_servers),
             producer: ProducerLimits::of(config),
             limits: Mutex::new(HashMap::new()),
             timestamps: Mutex::new(HashMap::new()),
@@ -301,6 +303,11 @@ impl TopicLimits {
             asked: Mutex::new(HashMap::new()),
             smallest: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// The context of an admin client: its lines go to the cluster's log.
+    fn context(&self) -> LogContext {
+        LogContext(std::sync::Arc::clone(&self.log))
     }
 
     /// Asks the brokers for `topic`'s `max.message.bytes` and timestamp rules (DescribeConfigs)
@@ -423,8 +430,9 @@ impl TopicLimits {
             return Some(known);
         }
         let config = self.admin.clone();
-        let admin: AdminClient<DefaultClientContext> =
-            tokio::task::spawn_blocking(move || config.create().ok())
+        let context = self.context();
+        let admin: AdminClient<LogContext> =
+            tokio::task::spawn_blocking(move || config.create_with_context(context).ok())
                 .await
                 .ok()
                 .flatten()?;
@@ -450,9 +458,10 @@ impl TopicLimits {
         // Creating a librdkafka client starts threads (and may set up TLS): not on the
         // runtime's threads.
         let config = self.admin.clone();
-        let admin: AdminClient<DefaultClientContext> = tokio::task::spawn_blocking(move || {
+        let context = self.context();
+        let admin: AdminClient<LogContext> = tokio::task::spawn_blocking(move || {
             config
-                .create()
+                .create_with_context(context)
                 .map_err(|e: rdkafka::error::KafkaError| e.to_string())
         })
         .await

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use super::LogContext;
+use crate::kafka_log::KafkaLog;
 use rdkafka::ClientConfig;
 
 use outbox_relay_core::config::KafkaConfig;
@@ -48,13 +51,14 @@ impl LsoMonitor {
     pub async fn run(self, interval: Duration) {
         let consumers = tokio::task::spawn_blocking({
             let config = self.config.clone();
-            move || -> Option<(BaseConsumer, BaseConsumer)> {
+            move || -> Option<(BaseConsumer<LogContext>, BaseConsumer<LogContext>)> {
+                let log = KafkaLog::of(config.get("bootstrap.servers").unwrap_or_default());
                 let make = |isolation: &str| {
                     let mut c = config.clone();
                     c.set("isolation.level", isolation)
                         .set("group.id", "outbox-relay.lso-monitor")
                         .set("enable.auto.commit", "false");
-                    c.create::<BaseConsumer>().ok()
+                    c.create_with_context(LogContext(Arc::clone(&log))).ok()
                 };
                 Some((make("read_committed")?, make("read_uncommitted")?))
             }
@@ -110,8 +114,8 @@ impl LsoMonitor {
 /// `(topic, partition, LSO, high watermark − LSO)` of every partition of `topics` that
 /// answered.
 fn sample(
-    committed: &BaseConsumer,
-    uncommitted: &BaseConsumer,
+    committed: &BaseConsumer<LogContext>,
+    uncommitted: &BaseConsumer<LogContext>,
     topics: &[String],
 ) -> Vec<(String, i32, i64, i64)> {
     let mut out = Vec::new();

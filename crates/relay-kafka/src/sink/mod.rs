@@ -36,6 +36,8 @@ use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::metrics::Metrics;
 use outbox_relay_core::sink::{DeadLetter, Delivered, Deliveries, FatalCause, Record, SendError};
 
+use crate::kafka_log::{KafkaLog, UNREACHABLE_CHECKS};
+
 mod limits;
 mod lso;
 mod probe;
@@ -56,10 +58,12 @@ use served::ServedProducer;
 pub use transactional::consumer_config;
 pub use transactional::{point_label, TransactionalSink};
 
-/// librdkafka's logs and client errors, through `tracing`, each distinct message at most once
-/// per [`LOG_REPEAT`]: an unreachable broker otherwise floods the log with the same lines.
+/// The producers' context: delivery reports to [`Deliveries`], librdkafka's logs and client
+/// errors to the cluster's [`KafkaLog`] (one line per change of reachability; repeats at
+/// DEBUG).
 pub struct RelayKafkaContext {
-    last_logged: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// The cluster's log and reachability.
+    log: Arc<KafkaLog>,
     /// The last SASL/SSL authentication failure librdkafka reported (its reason text).
     auth_failure: AuthFailure,
     /// Where delivery reports go.
@@ -69,9 +73,9 @@ pub struct RelayKafkaContext {
 }
 
 impl RelayKafkaContext {
-    fn new(metrics: Arc<Metrics>) -> Self {
+    fn new(metrics: Arc<Metrics>, log: Arc<KafkaLog>) -> Self {
         Self {
-            last_logged: Default::default(),
+            log,
             auth_failure: Default::default(),
             deliveries: Default::default(),
             metrics,
@@ -87,6 +91,9 @@ impl ProducerContext for RelayKafkaContext {
         if matches!(result, Ok(msg) if msg.offset() < 0) {
             self.metrics.unproven_ack(); // see `acked`
         }
+        if result.is_ok() {
+            self.log.reachable();
+        }
         self.deliveries.file((seq as u64, delivery_outcome(result)));
     }
 }
@@ -94,50 +101,9 @@ impl ProducerContext for RelayKafkaContext {
 /// Where [`RelayKafkaContext`] leaves the last authentication failure for [`KafkaSink`].
 type AuthFailure = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
-/// Least time between two identical librdkafka log lines.
-const LOG_REPEAT: Duration = Duration::from_secs(30);
-
-impl RelayKafkaContext {
-    fn should_log(&self, key: &str) -> bool {
-        let Ok(mut last) = self.last_logged.lock() else {
-            return true;
-        };
-        let now = std::time::Instant::now();
-        match last.get(key) {
-            Some(t) if now.duration_since(*t) < LOG_REPEAT => false,
-            _ => {
-                if last.len() > 1000 {
-                    last.clear(); // bounded: messages embed broker names and counters
-                }
-                last.insert(key.to_owned(), now);
-                true
-            }
-        }
-    }
-}
-
 impl rdkafka::ClientContext for RelayKafkaContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        if !self.should_log(message) {
-            return;
-        }
-        // librdkafka flags the property as experimental at every start; the relay sets it on
-        // purpose (see KafkaSink::new), so this is not worth an operator's attention.
-        if message.contains("enable.gapless.guarantee is experimental") {
-            tracing::debug!(target: "librdkafka", facility = fac, "{message}");
-            return;
-        }
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
-        }
+        self.log.log(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -148,11 +114,28 @@ impl rdkafka::ClientContext for RelayKafkaContext {
         }
         // Client-level errors (broker down, all brokers down) are retried by librdkafka itself;
         // records that cannot be delivered fail in their delivery reports.
-        if self.should_log(&error.to_string()) {
-            tracing::warn!(target: "librdkafka", error = %error, "{reason}");
-        }
+        self.log.error(&error, reason);
     }
 }
+
+/// The context of the relay's other clients of a run (the read-back consumer, the
+/// last-stable-offset monitor, the admin clients of topic limits): their logs and errors go
+/// to the cluster's [`KafkaLog`] as the producer's do, instead of rdkafka's default context,
+/// which logs every error event (hundreds while the brokers are down).
+#[derive(Clone)]
+pub struct LogContext(pub Arc<KafkaLog>);
+
+impl rdkafka::ClientContext for LogContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.0.error(&error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for LogContext {}
 
 /// librdkafka's message for a rejected property, without the value of a secret one (its
 /// `Display` repeats the value).
@@ -211,6 +194,8 @@ pub struct KafkaSink {
     metrics: Arc<Metrics>,
     /// Sends a record alone, without risking the producer (see the module `trial`).
     trial: Arc<trial::TrialProducer>,
+    /// The cluster's log and reachability.
+    log: Arc<KafkaLog>,
 }
 
 /// How long a topic found missing (auto-creation off) or not authorized stays so before its
@@ -271,11 +256,13 @@ impl KafkaSink {
         for (key, value) in extra {
             client.set(*key, value);
         }
+        let log = KafkaLog::of(&config.bootstrap_servers);
         let trial = Arc::new(trial::TrialProducer::new(
             client.clone(),
             Arc::clone(&metrics),
+            Arc::clone(&log),
         ));
-        let context = RelayKafkaContext::new(Arc::clone(&metrics));
+        let context = RelayKafkaContext::new(Arc::clone(&metrics), Arc::clone(&log));
         let auth_failure = context.auth_failure.clone();
         let deliveries = Arc::clone(&context.deliveries);
         let producer: BaseProducer<RelayKafkaContext> =
@@ -289,6 +276,7 @@ impl KafkaSink {
             deliveries,
             dead_letter_topic,
             auth_failure,
+            log,
             ready_topics: Arc::new(Mutex::new(HashSet::new())),
             topic_limits: Arc::new(TopicLimits::new(config)),
             fallback_topics: Arc::new(Mutex::new(HashSet::new())),
@@ -441,6 +429,7 @@ impl KafkaSink {
         .await
         .map_err(|e| RelayError::kafka(format!("metadata task failed: {e}")))?;
         let Err(e) = result else {
+            self.log.reachable();
             return Ok(());
         };
         // The authentication failure, if any, is an error event in the queue.
@@ -460,9 +449,14 @@ impl KafkaSink {
                       (kafka-configs.sh --describe --entity-type users)"
                     .into(),
             }),
-            None => Err(RelayError::kafka(format!(
-                "no broker of {bootstrap} answered a metadata request: {e}"
-            ))),
+            None => {
+                self.log.unreachable(&e.to_string());
+                let why = self.log.failure_text().unwrap_or_else(|| e.to_string());
+                Err(RelayError::kafka(format!(
+                    "no broker of {bootstrap} answered a metadata request ({why}). Fix: \
+                     {UNREACHABLE_CHECKS}"
+                )))
+            }
         }
     }
 

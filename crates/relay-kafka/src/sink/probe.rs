@@ -15,6 +15,7 @@ use super::KafkaSink;
 pub struct KafkaProbe {
     producer: Arc<ServedProducer>,
     metrics: Arc<outbox_relay_core::observe::metrics::Metrics>,
+    log: Arc<crate::kafka_log::KafkaLog>,
 }
 
 impl KafkaSink {
@@ -23,6 +24,7 @@ impl KafkaSink {
         KafkaProbe {
             producer: Arc::clone(&self.producer),
             metrics: Arc::clone(&self.metrics),
+            log: Arc::clone(&self.log),
         }
     }
 }
@@ -35,7 +37,7 @@ impl KafkaProbe {
     pub async fn once(&self, timeout: Duration) -> Result<(), String> {
         let producer = Arc::clone(&self.producer);
         // The request blocks its thread until a broker answers or `timeout` passes.
-        tokio::task::spawn_blocking(move || {
+        let answer = tokio::task::spawn_blocking(move || {
             producer
                 .producer
                 .client()
@@ -44,7 +46,12 @@ impl KafkaProbe {
                 .map_err(|e| format!("no broker answered a metadata request: {e}"))
         })
         .await
-        .map_err(|e| format!("the probe task failed: {e}"))?
+        .map_err(|e| format!("the probe task failed: {e}"))?;
+        match &answer {
+            Ok(()) => self.log.reachable(),
+            Err(e) => self.log.unreachable(e),
+        }
+        answer
     }
 
     /// Probes every `every` until dropped, reporting each outcome to

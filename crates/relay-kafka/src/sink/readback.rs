@@ -87,17 +87,19 @@ impl ReadBack {
             .set("auto.offset.reset", "latest")
             .set("fetch.wait.max.ms", "50");
         let (out, wake) = (Arc::clone(&results), Arc::clone(&ready));
+        let context = super::LogContext(crate::kafka_log::KafkaLog::of(&kafka.bootstrap_servers));
         let spawned = std::thread::Builder::new()
             .name("outbox-read-back".into())
             .spawn(move || {
-                let consumer: Option<BaseConsumer> = match config.create() {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot create the read-back consumer: \
+                let consumer: Option<BaseConsumer<super::LogContext>> =
+                    match config.create_with_context(context) {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot create the read-back consumer: \
                             first acknowledgements of new partitions are trusted unread");
-                        None
-                    }
-                };
+                            None
+                        }
+                    };
                 let mut unreadable: HashSet<Arc<str>> = HashSet::new();
                 while let Ok(request) = rx.recv() {
                     let verdict = match &consumer {
@@ -171,7 +173,7 @@ impl ReadBack {
 /// Reads the record at `request`'s offset. `Ok` when it is there (or the topic cannot be read
 /// by this principal: then `unreadable` learns the topic); `Err` naming what was found instead.
 fn read_back(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<super::LogContext>,
     request: &ReadBackRequest,
     unreadable: &mut HashSet<Arc<str>>,
 ) -> Result<(), String> {

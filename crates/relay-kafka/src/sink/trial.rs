@@ -31,12 +31,17 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) struct TrialProducer {
     config: ClientConfig,
     metrics: Arc<Metrics>,
+    log: Arc<crate::kafka_log::KafkaLog>,
     producer: Mutex<Option<Arc<FutureProducer<RelayKafkaContext>>>>,
 }
 
 impl TrialProducer {
     /// `config`: the sink's producer configuration (the user's properties included).
-    pub(super) fn new(mut config: ClientConfig, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(
+        mut config: ClientConfig,
+        metrics: Arc<Metrics>,
+        log: Arc<crate::kafka_log::KafkaLog>,
+    ) -> Self {
         config
             .set("enable.idempotence", "false")
             .set("enable.gapless.guarantee", "false")
@@ -48,6 +53,7 @@ impl TrialProducer {
         Self {
             config,
             metrics,
+            log,
             producer: Mutex::new(None),
         }
     }
@@ -60,7 +66,7 @@ impl TrialProducer {
         if let Some(p) = slot.as_ref() {
             return Ok(Arc::clone(p));
         }
-        let context = RelayKafkaContext::new(Arc::clone(&self.metrics));
+        let context = RelayKafkaContext::new(Arc::clone(&self.metrics), Arc::clone(&self.log));
         let producer: FutureProducer<RelayKafkaContext> =
             self.config.create_with_context(context).map_err(|e| {
                 RelayError::Config(format!("kafka.properties: {}", redact_config_error(e)))

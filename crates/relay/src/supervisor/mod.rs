@@ -299,10 +299,27 @@ pub(crate) async fn supervise(
             retry.reset();
         }
         let Some(delay) = retry.failed() else {
+            tracing::error!(
+                attempts = retry.attempts(),
+                "giving up after {} consecutive failed attempts (retry.max_attempts = {}; 0 \
+                 retries without end)",
+                retry.attempts(),
+                config.retry.max_attempts
+            );
             break Err(e);
         };
-        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, attempt = retry.attempts(),
-            resume_from = ?resume.as_ref().map(|c| c.position.to_string()), "relay interrupted; retrying");
+        let resume_from = resume.as_ref().map(|c| c.position.to_string());
+        // An unreachable Kafka was said once, by its state line; its retries are routine.
+        let said = matches!(e, RelayError::Kafka(_))
+            && outbox_relay_kafka::kafka_log::KafkaLog::of(&config.kafka.bootstrap_servers)
+                .is_unreachable();
+        if said {
+            tracing::debug!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                attempt = retry.attempts(), ?resume_from, "Kafka still unreachable; retrying");
+        } else {
+            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                attempt = retry.attempts(), ?resume_from, "relay interrupted; retrying");
+        }
         metrics.set_state(State::Retrying {
             error: e.to_string(),
             attempt: retry.attempts(),
