@@ -2,8 +2,11 @@
 //! `docker/docker-compose.yml` has the services, images, ports and mounts the README's "Run
 //! with Docker" describes; the `docker/relay.toml` it mounts is a valid relay configuration
 //! (parsed by the relay's own loader) that points at those services; the MySQL config file has
-//! the binlog settings the relay checks; and `docker/Dockerfile` builds with the same command as
-//! `make release`, from the workspace's rust-version.
+//! the binlog settings the relay checks; the relay has a healthcheck on its `/readyz` (bash's
+//! `/dev/tcp`: the image has no curl) and starts only after a one-shot service created the
+//! topics the demo's rows go to, on a broker that creates no topics itself; `docker/Dockerfile`
+//! builds with the same command as `make release`, from the workspace's rust-version; and
+//! `.dockerignore` keeps build output, the test servers and `.git` out of the build context.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -55,7 +58,7 @@ fn environment(service: &Yaml) -> BTreeMap<String, String> {
 }
 
 #[test]
-fn compose_has_the_four_services_with_their_images_and_ports() {
+fn compose_has_the_five_services_with_their_images_and_ports() {
     let c = compose();
     let services: BTreeSet<&str> = c["services"]
         .as_hash()
@@ -65,7 +68,7 @@ fn compose_has_the_four_services_with_their_images_and_ports() {
         .collect();
     assert_eq!(
         services,
-        BTreeSet::from(["mysql", "kafka", "relay", "writer"])
+        BTreeSet::from(["mysql", "kafka", "topics", "relay", "writer"])
     );
     let s = &c["services"];
     assert_eq!(s["mysql"]["image"].as_str(), Some("mysql:8.4"));
@@ -223,10 +226,131 @@ fn dockerfile_builds_like_make_release_and_runs_unprivileged() {
         assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
     }
     let ignore = read(".dockerignore");
-    for entry in ["target", ".services", ".git"] {
+    for entry in [
+        "target",
+        "**/target",
+        ".tools",
+        ".services",
+        ".services-*",
+        ".git",
+        "inbox/go/bin",
+        "**/.venv",
+        "**/__pycache__",
+    ] {
         assert!(
             ignore.lines().any(|l| l.trim() == entry),
             ".dockerignore lacks {entry}"
         );
     }
+}
+
+/// The port of `http.listen` in `docker/relay.toml`.
+fn relay_http_port() -> u16 {
+    let config = RelayConfig::from_toml_str(
+        &read("docker/relay.toml").replace("${env:RELAY_MYSQL_PASSWORD}", "unused"),
+    )
+    .unwrap_or_else(|e| panic!("docker/relay.toml: {e}"));
+    let listen = config.http.listen;
+    listen
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or_else(|| panic!("http.listen {listen:?} has no port"))
+}
+
+#[test]
+fn the_relay_has_a_healthcheck_on_readyz_without_curl() {
+    let c = compose();
+    let check = &c["services"]["relay"]["healthcheck"];
+    let test = strings(&check["test"]);
+    assert_eq!(test[..3], ["CMD", "bash", "-c"], "{test:?}");
+    let script = &test[3];
+    let port = relay_http_port();
+    for needle in [
+        format!("exec 3<>/dev/tcp/127.0.0.1/{port}"),
+        "GET /readyz HTTP/1.0".to_owned(),
+        "grep -q ' 200 '".to_owned(),
+    ] {
+        assert!(script.contains(&needle), "{needle:?} not in {script:?}");
+    }
+    assert!(
+        !script.contains("curl") && !script.contains("wget"),
+        "{script}"
+    );
+    for key in ["interval", "timeout", "retries", "start_period"] {
+        assert!(!check[key].is_badvalue(), "healthcheck lacks {key}");
+    }
+    // The writer writes once the relay is ready.
+    assert_eq!(
+        c["services"]["writer"]["depends_on"]["relay"]["condition"].as_str(),
+        Some("service_healthy")
+    );
+    // The runtime image is Debian's, whose essential packages include bash, head and grep.
+    assert!(read("docker/Dockerfile").contains("FROM debian:bookworm-slim"));
+}
+
+/// The aggregate types of the rows `tests/demo/orders.sql` inserts (the first value of each
+/// `INSERT INTO outbox (aggregate_type, …) VALUES ('…'`).
+fn demo_aggregate_types() -> BTreeSet<String> {
+    read("tests/demo/orders.sql")
+        .split("INSERT INTO outbox (aggregate_type")
+        .skip(1)
+        .filter_map(|rest| {
+            let values = rest.split_once("VALUES ('")?.1;
+            Some(values.split_once('\'')?.0.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_demo_topics_are_created_before_the_relay_starts_and_nothing_else_is() {
+    let c = compose();
+    let s = &c["services"];
+    assert_eq!(
+        environment(&s["kafka"])["KAFKA_AUTO_CREATE_TOPICS_ENABLE"],
+        "false"
+    );
+    let topics = &s["topics"];
+    assert_eq!(topics["image"].as_str(), s["kafka"]["image"].as_str());
+    assert_eq!(
+        topics["depends_on"]["kafka"]["condition"].as_str(),
+        Some("service_healthy")
+    );
+    assert_eq!(
+        s["relay"]["depends_on"]["topics"]["condition"].as_str(),
+        Some("service_completed_successfully")
+    );
+    let script = strings(&topics["command"]).join(" ");
+    for needle in [
+        "/opt/kafka/bin/kafka-topics.sh --bootstrap-server kafka:9092 --create --if-not-exists",
+        "--partitions 3 --replication-factor 1",
+        "|| exit 1",
+    ] {
+        assert!(script.contains(needle), "{needle:?} not in {script:?}");
+    }
+    // Every topic the demo's rows go to, by docker/relay.toml's template.
+    let config = RelayConfig::from_toml_str(
+        &read("docker/relay.toml").replace("${env:RELAY_MYSQL_PASSWORD}", "unused"),
+    )
+    .unwrap_or_else(|e| panic!("docker/relay.toml: {e}"));
+    let types = demo_aggregate_types();
+    assert_eq!(
+        types,
+        BTreeSet::from(["Order".to_owned(), "Payment".to_owned()]),
+        "the demo's aggregate types"
+    );
+    let listed: BTreeSet<&str> = script
+        .split("for t in ")
+        .nth(1)
+        .and_then(|rest| rest.split_once("; do"))
+        .map(|(list, _)| list.split_whitespace().collect())
+        .unwrap_or_default();
+    let wanted: BTreeSet<String> = types
+        .iter()
+        .map(|t| config.outbox.topic.replace("{aggregate_type}", t))
+        .collect();
+    assert_eq!(
+        listed,
+        wanted.iter().map(String::as_str).collect(),
+        "the topics service creates exactly the demo's topics"
+    );
 }
