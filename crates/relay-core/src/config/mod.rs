@@ -74,6 +74,13 @@ pub struct AuditConfig {
     /// acknowledged offset can then be read back (the fault matrix and `make soak` do).
     /// Environment: `OUTBOX_RELAY__AUDIT__ACKS_FILE`.
     pub acks_file: Option<PathBuf>,
+    /// With `acks_file`: each record's line also gives when the relay read its binlog event,
+    /// handed it to the producer and got its acknowledgement (`read_us`, `sent_us`, `acked_us`:
+    /// wall-clock microseconds since the Unix epoch), and each Kafka transaction the
+    /// exactly-once relay commits gets a line `{"kind":"commit","committed_us":...}`. For a
+    /// latency budget per stage (`make bench` uses it); off by default, and without
+    /// `acks_file` nothing is timed. Environment: `OUTBOX_RELAY__AUDIT__TIMINGS`.
+    pub timings: bool,
 }
 
 /// `[cutover]`: the first runs after a polling relay (one that marks outbox rows `SENT` in a
