@@ -139,7 +139,7 @@ impl Default for ManySourcesWritten {
     }
 }
 
-/// `[[source]]`: one source of a many-source file. Besides `name`, a source holds any section
+/// One source of a many-source file. Besides `name`, a source holds any section
 /// of a single-source file (`[source.mysql]`, `[source.outbox]`, `[source.kafka]`, ...) except
 /// `[http]`, `[tracing]` and `[fleet]`, which are the process's own; each is merged key by key
 /// over the file's top-level (shared) section of that name, and a list such as
