@@ -569,10 +569,20 @@ impl Places {
                 } else {
                     format!(" with {}", keys.join(", "))
                 };
+                // The section's description, as an aside: "(the Kafka producer: …)".
+                let about = doc
+                    .trim_start_matches(": ")
+                    .trim_end_matches('.')
+                    .to_owned();
+                let about = match about.chars().next() {
+                    Some(c) => format!(" ({}{})", c.to_lowercase(), &about[c.len_utf8()..]),
+                    None => String::new(),
+                };
                 format!(
-                    "the section [{}] is missing{}: add it{with}{doc}",
+                    "the section [{}] is missing{}: add [{}]{with}{about}",
                     n.path,
-                    self.at(parent)
+                    self.at(parent),
+                    n.path
                 )
             }
             _ => format!(
@@ -1017,8 +1027,8 @@ mod tests {
                 .to_string();
         assert!(
             err.starts_with(
-                "configuration error: the section [kafka] is missing: add it with \
-                 bootstrap_servers = …"
+                "configuration error: the section [kafka] is missing: add [kafka] with \
+                 bootstrap_servers = … (the Kafka producer: brokers,"
             ),
             "{err}"
         );
