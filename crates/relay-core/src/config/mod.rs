@@ -99,8 +99,7 @@ pub struct AuditConfig {
     /// handed it to the producer and got its acknowledgement (`read_us`, `sent_us`, `acked_us`:
     /// wall-clock microseconds since the Unix epoch), and each Kafka transaction the
     /// exactly-once relay commits gets a line `{"kind":"commit","committed_us":...}`. For a
-    /// latency budget per stage (`make bench` uses it); off by default, and without
-    /// `acks_file` nothing is timed. Environment: `OUTBOX_RELAY__AUDIT__TIMINGS`.
+    /// latency budget per stage (`make bench` uses it); without `acks_file` nothing is timed.
     pub timings: bool,
 }
 
