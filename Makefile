@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo demo-inbox test lint helm-lint prometheus-lint fmt services-up services-down clean bench fuzz inbox
+.PHONY: all build release demo demo-inbox test lint helm-lint prometheus-lint fmt services-up services-down clean bench fuzz inbox config-reference
 
 all: build
 
@@ -33,14 +33,23 @@ test: services-up inbox
 
 ## Formatting and lints, as CI runs them: Rust (rustfmt, clippy), the consumer helpers in
 ## inbox/ (Go: gofmt, go vet, staticcheck; Python: ruff format, ruff check; Java: Spotless
-## with google-java-format, javac -Xlint -Werror), the Helm chart (helm-lint) and the Prometheus
-## alert rules (prometheus-lint).
+## with google-java-format, javac -Xlint -Werror), the Helm chart (helm-lint), the Prometheus
+## alert rules (prometheus-lint) and the configuration reference (config-reference).
 lint: inbox helm-lint prometheus-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test -q -p outbox-relay-core --test config_reference
 	cd inbox/go && test -z "$$(gofmt -l .)" && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	cd inbox/python && .venv/bin/ruff format --check . && .venv/bin/ruff check .
 	cd inbox/java && mvn -q -B spotless:check
+
+## The configuration reference, docs/src/reference/configuration.md, generated from the
+## configuration types (their doc comments, types, defaults, values and ranges) by the hidden
+## `outbox-relay config-reference`. `make lint` (crates/relay-core/tests/config_reference.rs)
+## fails when the committed file differs, a key lacks a doc comment, or an example in the README
+## or docs/src uses a key the reference does not list.
+config-reference:
+	$(CARGO) run -q -p outbox-relay -- config-reference > docs/src/reference/configuration.md
 
 ## The Prometheus alert rules in deploy/prometheus: promtool (pinned; built once from the Go module
 ## proxy into .tools/bin by deploy/prometheus/install-promtool.sh, several minutes) `check rules`

@@ -409,3 +409,117 @@ async fn dead_letters_are_counted_by_kind() -> Result<()> {
     expect_exit_code(status, 0, &relay)?;
     Ok(())
 }
+
+/// Microseconds since the Unix epoch, now.
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// `[audit] timings = true` (the latency budget's hook): each record's audit line says when the
+/// relay read its row, handed it to the producer and got its acknowledgement, in that order and
+/// between the test's commit and the test seeing the record on Kafka; the exactly-once relay
+/// adds a line per committed Kafka transaction, after the acknowledgements it commits and
+/// before a read_committed reader saw them.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_timings_give_each_record_its_stages() -> Result<()> {
+    for exactly_once in [false, true] {
+        let mut w = World::new(bin(), "obs_timings").await?;
+        if exactly_once {
+            w.spec.kafka_extra = format!(
+                "delivery = \"exactly_once\"\nprogress_topic = \"t_{}.progress\"\n",
+                w.uid
+            );
+        }
+        let port = free_local_port()?;
+        w.spec.http_listen = Some(format!("127.0.0.1:{port}"));
+        let audit = std::env::temp_dir().join(format!("obs-timings-{}.jsonl", w.uid));
+        let audit_path = audit.display().to_string();
+        let relay = RelayProcess::spawn(
+            std::path::Path::new(bin()),
+            &w.spec.to_toml(),
+            &[
+                ("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit_path),
+                ("OUTBOX_RELAY__AUDIT__TIMINGS", "true"),
+            ],
+        )?;
+        wait_for_status(&relay, port, "/readyz", 200, STARTUP).await?;
+        let mut conn = w.db.conn().await?;
+        let mut gen = RowGen::new(&w.uid, "timings", 2);
+        let rows = gen.rows(5);
+        let before_commit = now_us();
+        commit_rows(&mut conn, &rows).await?;
+        let topic = w.topic("Order");
+        let records = collect_records(
+            &w.spec.bootstrap_servers,
+            std::slice::from_ref(&topic),
+            rows.len(),
+            RELAY_WAIT,
+        )
+        .await?;
+        let seen = now_us();
+        ensure!(records.len() == rows.len(), "{} records", records.len());
+        let lines = wait_until("the audit's lines", RELAY_WAIT, POLL, async || {
+            let text = std::fs::read_to_string(&audit).unwrap_or_default();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(serde_json::from_str)
+                .collect::<Result<_, _>>()
+                .context("an audit line is not JSON")?;
+            let records = lines.iter().filter(|l| l["kind"] == "record").count();
+            let commits = lines.iter().filter(|l| l["kind"] == "commit").count();
+            Ok((records >= rows.len() && (!exactly_once || commits > 0)).then_some(lines))
+        })
+        .await?;
+        let mut last_ack = 0;
+        for row in &rows {
+            let line = lines
+                .iter()
+                .find(|l| l["kind"] == "record" && l["event_key"] == row.event_key.as_str())
+                .with_context(|| format!("no audit line for {}", row.event_key))?;
+            let record = records
+                .iter()
+                .find(|r| r.header("event_key") == Some(row.event_key.as_str()))
+                .with_context(|| format!("no record for {}", row.event_key))?;
+            ensure!(
+                line["offset"] == record.offset && line["partition"] == record.partition,
+                "audit line {line} vs record at {}/{}",
+                record.partition,
+                record.offset
+            );
+            let t = |k: &str| {
+                line[k]
+                    .as_i64()
+                    .with_context(|| format!("{k} missing: {line}"))
+            };
+            let (read, sent, acked) = (t("read_us")?, t("sent_us")?, t("acked_us")?);
+            ensure!(
+                before_commit <= read && read <= sent && sent <= acked && acked <= seen,
+                "times out of order (commit from {before_commit}, seen by {seen}): {line}"
+            );
+            last_ack = last_ack.max(acked);
+        }
+        let commits: Vec<i64> = lines
+            .iter()
+            .filter(|l| l["kind"] == "commit")
+            .filter_map(|l| l["committed_us"].as_i64())
+            .collect();
+        if exactly_once {
+            ensure!(
+                commits.iter().any(|&c| c >= last_ack && c <= seen),
+                "no commit line between the last acknowledgement ({last_ack}) and the read \
+                 ({seen}): {commits:?}"
+            );
+        } else {
+            ensure!(
+                commits.is_empty(),
+                "commit lines without exactly-once: {commits:?}"
+            );
+        }
+        let status = relay.stop(STOP).await?;
+        ensure!(status.success(), "relay exited with {status}");
+        std::fs::remove_file(&audit).ok();
+    }
+    Ok(())
+}

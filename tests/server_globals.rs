@@ -332,7 +332,7 @@ async fn writes_since(w: &World, conn: &mut Conn, from: &BinlogPosition) -> Resu
     Ok((writes, others))
 }
 
-/// With `checkpoint.interval_ms = 200`, a relay whose server is idle for a minute writes its
+/// With `checkpoint.interval_ms = 200`, a relay whose server is idle for 30 s writes its
 /// checkpoint at most twice (its own checkpoint transactions do not count as progress: no write
 /// loop). Counted in the binlog (rows events on the checkpoint table) and by polling
 /// `updated_at`. Heartbeats (every 1 s, read timeout 3 s) keep the idle stream from being
@@ -341,12 +341,12 @@ async fn writes_since(w: &World, conn: &mut Conn, from: &BinlogPosition) -> Resu
 /// points into can be purged safely), with at most duration / interval + 2 writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_relay_writes_few_checkpoints() -> Result<()> {
-    const IDLE: Duration = Duration::from_secs(60);
+    const IDLE: Duration = Duration::from_secs(30);
     const INTERVAL_MS: u64 = 200;
     let _serial = SERIAL.lock().await;
     let mut w = World::new(bin(), "idle").await?;
     w.spec.checkpoint_interval_ms = INTERVAL_MS;
-    // Short heartbeats and read timeout: the idle minute spans 20 read timeouts, which only the
+    // Short heartbeats and read timeout: the idle 30 s span 10 read timeouts, which only the
     // server's heartbeats keep from being taken for a dead connection.
     w.spec.heartbeat_interval_ms = Some(1_000);
     w.spec.read_timeout_ms = Some(3_000);
@@ -367,7 +367,7 @@ async fn idle_relay_writes_few_checkpoints() -> Result<()> {
         .await?;
     wait_settled(&w, Duration::from_secs(2), &relay).await?;
 
-    // Part 1: an idle server for a minute.
+    // Part 1: an idle server for 30 s (a write loop would write ~150 times).
     let idle_from = current_binlog_position(&mut conn).await?;
     let mut windows = QuietWindows::start(&mut conn, &[w.db.name()]).await?;
     let polled = watch_idle(&w, &mut conn, &mut windows, IDLE, &relay).await?;

@@ -1,15 +1,23 @@
 //! The binlog read limit: the backlog's binlog range streamed over a bare replication
-//! connection (mysql_async, as the relay connects) that decodes nothing but event headers.
+//! connection (mysql_async, as the relay connects) that decodes nothing but event headers; and
+//! the steady workloads' bare tail ([`Tail`]): rows' arrival over such a connection and a bare
+//! producer's send → acknowledgement, the latency budget's limits.
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
-use mysql_async::binlog::events::RotateEvent;
+use mysql_async::binlog::events::{EventData, RotateEvent, RowsEventData, TableMapEvent};
+use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::EventType;
 use mysql_async::prelude::*;
 use mysql_async::{BinlogStreamRequest, Conn, Opts};
 use outbox_relay_testkit::binlog::BinlogPosition;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::workload::{key_of, now_micros, payload};
 
 /// What the bare binlog stream read.
 #[derive(Debug, Clone, Default)]
@@ -96,4 +104,166 @@ pub async fn raw_read(
         }
     }
     bail!("the binlog stream ended before {}:{}", to.file, to.pos)
+}
+
+/// What the bare tail saw while a steady workload ran: per outbox row (by its sequence number),
+/// when its rows event arrived, and the bare producer's send → acknowledgement of a record of
+/// the same size and key sent at that moment.
+#[derive(Debug, Default)]
+pub struct TailOut {
+    /// Row sequence number → arrival of its rows event, µs since the epoch.
+    pub arrivals: HashMap<u64, i64>,
+    /// The bare producer's send → acknowledgement, µs, per row sent (unsorted).
+    pub produce_micros: Vec<i64>,
+    /// Records the bare producer could not deliver.
+    pub produce_failed: u64,
+}
+
+/// The physical limits of the stages a relay adds nothing to, measured on the same rows while
+/// the relay runs: a second replica connection (as the relay connects: mysql_async, GTID-aware
+/// on MariaDB) that decodes only the outbox table's rows, and a bare producer (the relay's
+/// producer settings: idempotent, `acks=all`, `linger.ms=1`) that sends a record of each row
+/// as soon as it arrives.
+pub struct Tail {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<TailOut>>,
+}
+
+/// Where the tail finds a row's sequence number: the outbox table and its `event_key` column
+/// (`<workload>-<seq>`).
+pub struct TailTarget {
+    /// Database of the outbox table.
+    pub database: String,
+    /// Its name.
+    pub table: String,
+    /// 0-based position of `event_key` among its columns.
+    pub event_key_column: usize,
+}
+
+impl Tail {
+    /// Starts streaming from `from` (the binlog's current end) with replica id `server_id`,
+    /// producing to `topic`.
+    ///
+    /// # Errors
+    /// The connection, the dump request or the producer fails.
+    pub async fn start(
+        url: &str,
+        server_id: u32,
+        mariadb: bool,
+        from: &BinlogPosition,
+        target: TailTarget,
+        bootstrap: &str,
+        topic: &str,
+    ) -> Result<Self> {
+        let mut conn = Conn::new(Opts::from_url(url)?)
+            .await
+            .context("binlog tail connection")?;
+        if mariadb {
+            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+        }
+        let request = BinlogStreamRequest::new(server_id)
+            .with_filename(from.file.as_bytes())
+            .with_pos(from.pos);
+        let mut stream = conn.get_binlog_stream(request).await?;
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("linger.ms", "1")
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("partitioner", "murmur2_random")
+            .create()
+            .context("creating the bare producer")?;
+        let topic = topic.to_owned();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut out = TailOut::default();
+            let mut maps: HashMap<u64, TableMapEvent<'static>> = HashMap::new();
+            let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Option<i64>>();
+            loop {
+                let ev = tokio::select! {
+                    ev = stream.next() => ev,
+                    _ = stopped.changed() => break,
+                };
+                let Some(ev) = ev else { break };
+                let ev = ev.context("reading the binlog tail")?;
+                let arrived = now_micros();
+                match ev.read_data() {
+                    Ok(Some(EventData::TableMapEvent(tme))) => {
+                        if tme.database_name() == target.database
+                            && tme.table_name() == target.table
+                        {
+                            maps.insert(tme.table_id(), tme.into_owned());
+                        }
+                    }
+                    Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEvent(_))))
+                    | Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEventV1(_)))) => {
+                        let Some(tme) = maps.get(&rows.table_id()) else {
+                            continue;
+                        };
+                        for row in rows.rows(tme) {
+                            let Ok((_, Some(after))) = row else { continue };
+                            let Some(BinlogValue::Value(mysql_async::Value::Bytes(key))) =
+                                after.as_ref(target.event_key_column)
+                            else {
+                                continue;
+                            };
+                            let Some(seq) = std::str::from_utf8(key)
+                                .ok()
+                                .and_then(|k| k.rsplit('-').next())
+                                .and_then(|s| s.parse::<u64>().ok())
+                            else {
+                                continue;
+                            };
+                            out.arrivals.insert(seq, arrived);
+                            let (k, value) = (key_of(seq), payload(arrived, seq, &key_of(seq)));
+                            let sent = now_micros();
+                            match producer.send_result(FutureRecord::to(&topic).key(&k).payload(&value)) {
+                                Ok(delivery) => {
+                                    let tx = done_tx.clone();
+                                    tokio::spawn(async move {
+                                        let ok = matches!(delivery.await, Ok(Ok(_)));
+                                        let _ = tx.send(ok.then(|| now_micros() - sent));
+                                    });
+                                }
+                                Err(_) => out.produce_failed += 1,
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                while let Ok(d) = done_rx.try_recv() {
+                    match d {
+                        Some(us) => out.produce_micros.push(us),
+                        None => out.produce_failed += 1,
+                    }
+                }
+            }
+            drop(done_tx);
+            // The last records' acknowledgements.
+            let wait = tokio::time::sleep(Duration::from_secs(30));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    d = done_rx.recv() => match d {
+                        Some(Some(us)) => out.produce_micros.push(us),
+                        Some(None) => out.produce_failed += 1,
+                        None => break,
+                    },
+                    () = &mut wait => break,
+                }
+            }
+            Ok(out)
+        });
+        Ok(Self { stop, task })
+    }
+
+    /// Rows seen so far is not tracked live: the caller stops the tail once the system under
+    /// test has delivered everything (its rows events arrived long before).
+    ///
+    /// # Errors
+    /// The tail failed.
+    pub async fn finish(self) -> Result<TailOut> {
+        let _ = self.stop.send(true);
+        self.task.await.context("binlog tail task")?
+    }
 }

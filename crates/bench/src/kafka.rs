@@ -16,7 +16,7 @@ use rdkafka::message::{Header, Message, OwnedHeaders, Timestamp};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::workload::{event_key, key_of, now_micros, payload, payload_ts};
+use crate::workload::{event_key, key_of, now_micros, payload, payload_seq, payload_ts};
 
 /// Partitions of every benchmark topic (the broker's `num.partitions` in tests/services).
 pub const PARTITIONS: i32 = 3;
@@ -185,6 +185,9 @@ pub struct Latencies {
     pub unusable: u64,
     /// Records read.
     pub records: u64,
+    /// Each record's row sequence number (its payload's `seq`) and the time measured (broker
+    /// append, or arrival at the live reader), µs since the epoch: the stage budget's points.
+    pub by_seq: Vec<(u64, i64)>,
 }
 
 /// Reads every record of `topic` and computes append time − payload `ts` for each.
@@ -212,6 +215,9 @@ pub async fn latencies(bootstrap: &str, topic: &str) -> Result<Latencies> {
                     match (m.timestamp(), ts) {
                         (Timestamp::LogAppendTime(ms), Some(ts)) => {
                             out.micros.push((ms * 1000 - ts).max(0));
+                            if let Some(seq) = m.payload().and_then(payload_seq) {
+                                out.by_seq.push((seq, ms * 1000));
+                            }
                         }
                         _ => out.unusable += 1,
                     }
@@ -438,6 +444,9 @@ impl LiveReader {
                         match m.payload().and_then(payload_ts) {
                             Some(ts) => out.micros.push((now - ts).max(0)),
                             None => out.unusable += 1,
+                        }
+                        if let Some(seq) = m.payload().and_then(payload_seq) {
+                            out.by_seq.push((seq, now));
                         }
                     }
                     Some(Err(e)) => bail!("live reader: {e}"),

@@ -33,6 +33,7 @@ mod polling;
 mod procs;
 mod report;
 mod sources;
+mod stages;
 mod tenants;
 mod workload;
 
@@ -280,6 +281,12 @@ impl Bench {
         }
     }
 
+    /// The audit file (`[audit] timings`) of `sys`'s runs in this bench.
+    fn audit_path(&self, sys: System) -> PathBuf {
+        self.scratch
+            .join(format!("audit-{}.jsonl", self.system_tag(sys)))
+    }
+
     /// The relay's connector name on `db` (with the repetition's tag).
     fn connector(&self, db: &TestDb) -> String {
         format!("{}_{}{}", self.prefix, db.name(), self.run_tag)
@@ -312,7 +319,17 @@ impl Bench {
                 // BENCH_RELAY_LOG (default `warn`): the relays' RUST_LOG, for profiling (their
                 // logs are in the temp folder's outbox-relay-tests/relay_*.stderr.log).
                 let log = std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into());
-                let r = RelayProcess::spawn(&self.s.relay_bin, &toml, &[("RUST_LOG", &log)])?;
+                // `[audit] timings`: the relay's points of the latency budget (stages.rs).
+                let audit = self.audit_path(sys).display().to_string();
+                let r = RelayProcess::spawn(
+                    &self.s.relay_bin,
+                    &toml,
+                    &[
+                        ("RUST_LOG", &log),
+                        ("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit),
+                        ("OUTBOX_RELAY__AUDIT__TIMINGS", "true"),
+                    ],
+                )?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
                 Running::Relay(r)
@@ -815,6 +832,15 @@ impl Bench {
             }
             _ => None,
         };
+        let relay = matches!(sys, System::Relay | System::RelayEos);
+        // The budget's limits on the same rows: a bare replica and a bare producer.
+        let tail = if relay {
+            Some(self.start_tail(db, sys, &agg).await?)
+        } else {
+            None
+        };
+        let machine = machine_state().await;
+        log(format!("steady: {} {rate}/s x{txn}: machine {machine}", sys.name()));
         let w: Written =
             workload::write_steady(db.pool(), &agg, rate, txn, self.s.steady_secs).await?;
         let writer_end = Instant::now();
@@ -841,9 +867,29 @@ impl Bench {
         let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
         // Broker append time − commit for the others; the exactly-once relay's records are
         // appended before their transaction commits, so only visibility counts for it.
+        let appended = kafka::latencies(&self.s.bootstrap, &topic).await?;
         let lat = match (&visible, sys) {
             (Some(v), System::RelayEos) => v.clone(),
-            _ => kafka::latencies(&self.s.bootstrap, &topic).await?,
+            _ => appended.clone(),
+        };
+        let budget = match tail {
+            Some(tail) => {
+                let out = tail.finish().await?;
+                let points = stages::Points {
+                    txn,
+                    commits: w.commits.clone(),
+                    arrivals: out.arrivals,
+                    bare_produce: out.produce_micros,
+                    audit: stages::read_audit(&self.audit_path(sys), &agg),
+                    appended: appended.by_seq.iter().copied().collect(),
+                    visible: visible
+                        .as_ref()
+                        .map(|v| v.by_seq.iter().copied().collect())
+                        .unwrap_or_default(),
+                };
+                Some(stages::budget(&points))
+            }
+            None => None,
         };
         let mut v = json!({
             "system": sys.name(), "rate": rate, "txn": txn,
@@ -853,7 +899,11 @@ impl Bench {
             // Kept up: everything delivered within 5 s of the writer's last commit.
             "kept_up": n >= w.rows && catch_up <= 5.0,
             "latency_samples": lat.micros.len(), "unusable": lat.unusable,
+            "machine": machine,
         });
+        if let Some(b) = budget {
+            v["budget"] = b;
+        }
         for (k, x) in kafka::summary(&lat.micros) {
             v[k] = json!(x);
         }
@@ -875,6 +925,87 @@ impl Bench {
         }
         Ok(v)
     }
+}
+
+impl Bench {
+    /// Starts the bare tail of `db`'s outbox (from the binlog's current end), producing to a
+    /// topic of its own.
+    async fn start_tail(&mut self, db: &TestDb, sys: System, agg: &str) -> Result<binlog::Tail> {
+        let bare = self.topic(&format!("bare_{}", sys.name()), agg);
+        kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&bare)).await?;
+        let mut conn = db.pool().get_conn().await?;
+        let column: Option<u64> = conn
+            .exec_first(
+                "SELECT ORDINAL_POSITION FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox' AND COLUMN_NAME = 'event_key'",
+                (db.name(),),
+            )
+            .await?;
+        let column = column.context("the outbox table has no event_key column")?;
+        let from = current_binlog_position(&mut conn).await?;
+        drop(conn);
+        binlog::Tail::start(
+            &db.url(),
+            next_server_id(),
+            self.s.server.is_mariadb(),
+            &from,
+            binlog::TailTarget {
+                database: db.name().to_owned(),
+                table: "outbox".into(),
+                event_key_column: usize::try_from(column.saturating_sub(1))?,
+            },
+            &self.s.bootstrap,
+            &bare,
+        )
+        .await
+    }
+}
+
+/// The machine before a measurement: load averages, and over one second the share of CPU time
+/// stolen by the hypervisor and spent busy (all cores). A run whose 1-minute load exceeds
+/// `BENCH_MAX_LOAD` (default 1.0) is flagged `busy`: its tail says more about the machine than
+/// about the relay.
+async fn machine_state() -> Value {
+    fn cpu() -> Option<(u64, u64, u64)> {
+        // cpu  user nice system idle iowait irq softirq steal ...
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let v: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let total: u64 = v.iter().take(8).sum();
+        let idle = v.get(3)? + v.get(4)?;
+        Some((total, idle, *v.get(7)?))
+    }
+    let load: Vec<f64> = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let a = cpu();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = cpu();
+    let (busy, steal) = match (a, b) {
+        (Some(a), Some(b)) if b.0 > a.0 => {
+            let total = (b.0 - a.0) as f64;
+            (
+                json!(100.0 * (total - (b.1 - a.1) as f64) / total),
+                json!(100.0 * (b.2 - a.2) as f64 / total),
+            )
+        }
+        _ => (Value::Null, Value::Null),
+    };
+    let max: f64 = env_or("BENCH_MAX_LOAD", "1.0").parse().unwrap_or(1.0);
+    let load1 = load.first().copied();
+    json!({
+        "load1": load1, "load5": load.get(1), "load15": load.get(2),
+        "busy_pct": busy, "steal_pct": steal,
+        "busy": load1.is_some_and(|l| l > max),
+    })
 }
 
 /// CPU seconds this process has used so far.

@@ -133,6 +133,10 @@ pub struct Written {
     pub secs: f64,
     /// Transactions retried after a deadlock (error 1213) or lock wait timeout (1205).
     pub deadlocks: u64,
+    /// Steady workloads, per transaction: the sequence number of its first row (its rows are
+    /// that one and the next `txn - 1`), when its statement was sent and when its commit call
+    /// returned (µs since the epoch).
+    pub commits: Vec<(u64, i64, i64)>,
 }
 
 /// Runs one autocommit statement, again after a deadlock or lock wait timeout (as an
@@ -218,21 +222,25 @@ pub async fn write_steady(
         let (rows, bytes, deadlocks) = (rows.clone(), bytes.clone(), deadlocks.clone());
         tasks.push(tokio::spawn(async move {
             let mut conn = pool.get_conn().await.context("steady writer connection")?;
+            let mut commits = Vec::new();
             let mut i = w;
             while i < total_txns {
                 let due = start + interval.mul_f64(i as f64);
                 tokio::time::sleep_until(due).await;
                 let (sql, b) = insert_sql(&agg, i * txn, txn);
+                let sent = now_micros();
                 exec_retrying(&mut conn, &sql, &deadlocks).await?;
+                commits.push((i * txn, sent, now_micros()));
                 rows.fetch_add(txn, Ordering::Relaxed);
                 bytes.fetch_add(b as u64, Ordering::Relaxed);
                 i += conns;
             }
-            anyhow::Ok(())
+            anyhow::Ok(commits)
         }));
     }
+    let mut commits = Vec::new();
     for t in tasks {
-        t.await.context("steady writer task")??;
+        commits.extend(t.await.context("steady writer task")??);
     }
     let secs = (tokio::time::Instant::now() - start).as_secs_f64();
     Ok(Written {
@@ -241,7 +249,24 @@ pub async fn write_steady(
         txns: total_txns,
         secs,
         deadlocks: deadlocks.load(Ordering::Relaxed),
+        commits,
     })
+}
+
+/// The row sequence number a payload carries (`"seq":<digits>`), also inside a JSON string
+/// that escapes the quotes.
+pub fn payload_seq(value: &[u8]) -> Option<u64> {
+    let pos = value
+        .windows(5)
+        .position(|w| w == b"seq\":" || w == b"seq\\\"")?;
+    let rest = &value[pos + 5..];
+    let digits: Vec<u8> = rest
+        .iter()
+        .skip_while(|b| !b.is_ascii_digit())
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
 /// The commit-ish time (µs) a payload starts with (`"ts":<digits>`), also inside a JSON
@@ -273,6 +298,8 @@ mod tests {
         assert_eq!(v["ts"].as_i64(), Some(ts));
         assert_eq!(payload_ts(p.as_bytes()), Some(ts));
         assert_eq!(payload_ts(br#""{\"ts\":1700000000123456,""#), Some(ts));
+        assert_eq!(payload_seq(p.as_bytes()), Some(123_456));
+        assert_eq!(payload_seq(br#""{\"ts\":17,\"seq\":42,""#), Some(42));
     }
 
     #[test]

@@ -148,6 +148,10 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Print the configuration reference (Markdown), generated from the configuration types:
+    /// what docs/src/reference/configuration.md holds (`make config-reference` writes it).
+    #[command(hide = true)]
+    ConfigReference,
     #[command(flatten)]
     Ops(commands::OpsCommand),
 }
@@ -185,6 +189,10 @@ fn main() -> ExitCode {
         Command::Completions { shell } => {
             let mut command = Cli::command();
             clap_complete::generate(shell, &mut command, "outbox-relay", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::ConfigReference => {
+            print!("{}", outbox_relay_core::config::reference::markdown());
             return ExitCode::SUCCESS;
         }
         Command::Man { dir } => {

@@ -45,7 +45,11 @@ pub fn read_ack_audit(path: &Path) -> Result<(Vec<AckLine>, usize)> {
         .with_context(|| format!("reading the acknowledgement audit {}", path.display()))?;
     let mut lines = Vec::new();
     let mut unparsed = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+    // `[audit] timings` adds a line per committed Kafka transaction: not an acknowledgement.
+    for line in text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with(r#"{"kind":"commit""#))
+    {
         match parse_line(line) {
             Some(l) => lines.push(l),
             None => unparsed += 1,

@@ -226,6 +226,10 @@ fn read_blocking(
 ) -> Result<Vec<Record>> {
     let deadline = Instant::now() + timeout;
     let consumer = new_consumer(bootstrap)?;
+    // Watermarks are asked through a client of their own: on the reading consumer each
+    // ListOffsets request waits behind its outstanding fetch (up to fetch.wait.max.ms, 500 ms),
+    // which made the targets of 45 partitions take ~18 s.
+    let meta = new_consumer(bootstrap)?;
     let parts = await_topics(&consumer, topics, wait_for_topics, deadline)?;
     let mut records = Vec::new();
     if parts.is_empty() {
@@ -256,7 +260,7 @@ fn read_blocking(
                 for (topic, ps) in &parts {
                     for p in ps {
                         let (low, high) = watermarks(
-                            &consumer,
+                            &meta,
                             topic,
                             *p,
                             deadline.max(Instant::now() + WATERMARK_RETRY),
@@ -283,8 +287,9 @@ fn read_blocking(
             }
             return Ok(records);
         }
+        let mut idle = false;
         match consumer.poll(Duration::from_millis(200)) {
-            None => {}
+            None => idle = true,
             Some(Ok(m)) => {
                 let r = detach(&m);
                 let n = next.entry((r.topic.clone(), r.partition)).or_insert(0);
@@ -294,8 +299,10 @@ fn read_blocking(
             Some(Err(e)) => last_error = Some(e),
         }
         // Control records (transactional producers) take offsets but are never delivered:
-        // the consumer's position accounts for them.
-        if targets.is_some() {
+        // the consumer's position accounts for them. Asked only when a poll found nothing
+        // (the records before them are all delivered by then): asking after every record
+        // costs more than the read itself in a debug build.
+        if targets.is_some() && idle {
             if let Ok(pos) = consumer.position() {
                 for el in pos.elements() {
                     if let Offset::Offset(o) = el.offset() {

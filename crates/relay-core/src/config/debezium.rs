@@ -5,10 +5,11 @@
 //! Sources: Debezium 3.x documentation "Outbox Event Router" (configuration options), Kafka
 //! Connect worker configuration (`key.converter`, `value.converter`, `schemas.enable`).
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// `[outbox] compat`: whose record layout the relay writes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Compat {
     /// The relay's own layout (`[outbox]` columns, headers, topic template).
@@ -20,7 +21,7 @@ pub enum Compat {
 }
 
 /// A Kafka Connect converter of the worker (`key.converter` / `value.converter`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Converter {
     /// `org.apache.kafka.connect.storage.StringConverter`: the value's text, UTF-8.
@@ -33,7 +34,7 @@ pub enum Converter {
 }
 
 /// `timestamp`: the record timestamp.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DebeziumTimestamp {
     /// The source transaction's commit time (as `outbox.timestamp = "commit"`).
@@ -45,7 +46,7 @@ pub enum DebeziumTimestamp {
 }
 
 /// `table.json.payload.null.behavior`: JSON nulls in an expanded payload.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JsonNullBehavior {
     /// Left out (Debezium's default).
@@ -56,7 +57,7 @@ pub enum JsonNullBehavior {
 }
 
 /// `[debezium]`, used with `[outbox] compat = "debezium"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebeziumConfig {
     /// The worker's `key.converter`: `string`, `json` (schemas off) or `json_schemas`.
@@ -68,42 +69,40 @@ pub struct DebeziumConfig {
     #[serde(alias = "value.converter")]
     pub value_converter: Option<Converter>,
     /// `table.expand.json.payload`: a JSON payload becomes a structure (an object without null
-    /// members under JsonConverter). Default `false`.
+    /// members under JsonConverter).
     #[serde(alias = "table.expand.json.payload")]
     pub expand_json_payload: bool,
-    /// `table.json.payload.null.behavior`. Default `ignore`.
+    /// `table.json.payload.null.behavior`.
     #[serde(alias = "table.json.payload.null.behavior")]
     pub json_payload_null_behavior: JsonNullBehavior,
     /// `table.fields.additional.placement`: `column:header[:alias]`, `column:envelope[:alias]`
-    /// or `column:partition`, comma-separated. Default none.
+    /// or `column:partition`, comma-separated. Empty: none.
     #[serde(alias = "table.fields.additional.placement")]
     pub additional_placement: String,
-    /// `table.field.event.id`: the event id column, sent as header `id`. Default `id`.
+    /// `table.field.event.id`: the event id column, sent as header `id`.
     #[serde(alias = "table.field.event.id")]
     pub field_event_id: String,
-    /// `table.field.event.key`: the key column. Default `aggregateid`.
+    /// `table.field.event.key`: the key column.
     #[serde(alias = "table.field.event.key")]
     pub field_event_key: String,
-    /// `table.field.event.payload`: the payload column. Default `payload`.
+    /// `table.field.event.payload`: the payload column.
     #[serde(alias = "table.field.event.payload")]
     pub field_event_payload: String,
-    /// `route.by.field`: the column whose value routes the record. Default `aggregatetype`.
+    /// `route.by.field`: the column whose value routes the record.
     #[serde(alias = "route.by.field")]
     pub route_by_field: String,
-    /// `route.topic.regex`, matched against the whole `route_by_field` value. Default
-    /// `(?<routedByValue>.*)`.
+    /// `route.topic.regex`, matched against the whole `route_by_field` value.
     #[serde(alias = "route.topic.regex")]
     pub route_topic_regex: String,
-    /// `route.topic.replacement` (Java replacement syntax: `${name}`, `$1`). Default
-    /// `outbox.event.${routedByValue}`.
+    /// `route.topic.replacement` (Java replacement syntax: `${name}`, `$1`).
     #[serde(alias = "route.topic.replacement")]
     pub route_topic_replacement: String,
     /// `route.tombstone.on.empty.payload`: a NULL or blank payload becomes a tombstone under
-    /// every converter. Default `false`.
+    /// every converter.
     #[serde(alias = "route.tombstone.on.empty.payload")]
     pub route_tombstone_on_empty_payload: bool,
     /// `extended.headers.enabled`: the four `__debezium.context.*` headers first on every
-    /// record. Default `true`, as Debezium.
+    /// record.
     #[serde(alias = "extended.headers.enabled")]
     pub context_headers: bool,
     /// `topic.prefix` of the connector: the `__debezium.context.connectorLogicalName` header,
@@ -111,11 +110,11 @@ pub struct DebeziumConfig {
     #[serde(alias = "topic.prefix")]
     pub topic_prefix: Option<String>,
     /// The connector plugin, `mysql` or `mariadb`: the `__debezium.context.connectorName`
-    /// header. Default `mysql`.
+    /// header.
     pub connector: String,
-    /// The task id: the `__debezium.context.taskId` header. Default `0`.
+    /// The task id: the `__debezium.context.taskId` header.
     pub task_id: String,
-    /// The record timestamp. Default `commit`; `processing` as Debezium.
+    /// The record timestamp: `processing` stamps records as Debezium does.
     pub timestamp: DebeziumTimestamp,
 }
 

@@ -5,8 +5,10 @@
 //! configuration reference and on each field below.
 
 pub mod debezium;
+mod explain;
 pub mod mysql_tls;
 pub mod process;
+pub mod reference;
 pub mod secrets;
 pub mod topic;
 
@@ -16,7 +18,8 @@ use std::sync::Arc;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::error::RelayError;
 
@@ -25,55 +28,79 @@ use crate::error::RelayError;
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RelayConfig {
-    /// Name of this connector. Keys its row in the checkpoint table, so two connectors with
-    /// different names can follow the same server independently. Default `outbox-relay`.
+    /// Name of this connector: it keys the relay's row in the checkpoint table and its lease, so
+    /// two relays with different names follow the same server independently, and two with the same
+    /// name never run at once (the second waits). 1 to 191 characters. In a file of many sources
+    /// each source's `name` is its connector name instead.
     #[serde(default = "default_connector_name")]
+    #[schemars(length(min = 1, max = 191))]
     pub connector_name: String,
-    /// Source server (MySQL or MariaDB) settings.
+    /// The source server, MySQL or MariaDB: how to connect (URL, password, TLS), the replica
+    /// `server_id` the relay registers with, and how it reads and resumes the binlog.
     pub mysql: MysqlConfig,
-    /// Which tables are outboxes and how their columns map to the Kafka record.
+    /// Which tables are outboxes, and how each row becomes a Kafka record: columns, topic, key,
+    /// headers, timestamp, and what to do with rows that do not fit.
     pub outbox: OutboxConfig,
-    /// Kafka producer settings.
+    /// The Kafka producer: brokers, records in flight, librdkafka properties, and the delivery mode
+    /// (at least once, or exactly once with Kafka transactions).
     pub kafka: KafkaConfig,
-    /// Where and how often the checkpoint is written.
+    /// The state table the relay writes its resume point to, and how often.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
-    /// Reconnect/backoff policy for MySQL and Kafka failures.
+    /// Reconnecting after MySQL or Kafka failures: capped exponential backoff, when to give up, and
+    /// how long a stop waits for Kafka.
     #[serde(default)]
     pub retry: RetryConfig,
-    /// What to do with a row that cannot be relayed.
+    /// What happens to a row that cannot be relayed: stop the relay naming the row, or send a
+    /// dead-letter record and go on.
     #[serde(default)]
     pub dead_letter: DeadLetterConfig,
-    /// The HTTP endpoints: Prometheus metrics, liveness and readiness.
+    /// The HTTP endpoints: `/metrics` (Prometheus), `/healthz` (the process runs) and `/readyz`
+    /// (streaming and not stalled). `run` only: `replay` serves nothing.
     #[serde(default)]
     pub http: HttpConfig,
-    /// Taking over from a polling relay: rows it already sent are not produced again.
+    /// Only for the switch from a polling relay (one that marks outbox rows as sent): rows it
+    /// already sent are not produced again. See "Cutover from a polling relay". The section can be
+    /// removed once the relay logs `cutover window ended`.
     #[serde(default)]
     pub cutover: Option<CutoverConfig>,
-    /// OpenTelemetry spans of relayed rows, exported over OTLP (off by default).
+    /// OpenTelemetry: one span per relayed row, exported over OTLP/HTTP. Off unless an endpoint is
+    /// configured (here or in the standard `OTEL_EXPORTER_OTLP_*` variables). `run` only: `replay`
+    /// makes no spans.
     #[serde(default)]
     pub tracing: TracingConfig,
-    /// The acknowledgement audit (off by default).
+    /// The acknowledgement audit, for proving after the fact that every offset Kafka acknowledged
+    /// holds its record. Off by default.
     #[serde(default)]
     pub audit: AuditConfig,
-    /// `[debezium]`: the Debezium profile's settings, used with `[outbox] compat = "debezium"`.
+    /// The Debezium profile's settings, used with `outbox.compat = "debezium"`: the outbox event
+    /// router's and the Kafka Connect worker's converters' settings the team ran, so the relay
+    /// writes the bytes Debezium wrote. Every key also takes Debezium's own property name, quoted
+    /// (`"table.expand.json.payload" = true`).
     #[serde(default)]
     pub debezium: debezium::DebeziumConfig,
 }
 
 /// `[audit]`: a record of what Kafka acknowledged, to be checked against the log
 /// ([`crate::observe::audit`]).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
-    /// A file the relay appends one JSON line to per acknowledged record and dead letter
-    /// (topic, partition, offset, event_key, binlog position). Absent: no audit. Each
-    /// acknowledged offset can then be read back (the fault matrix and `make soak` do).
-    /// Environment: `OUTBOX_RELAY__AUDIT__ACKS_FILE`.
+    /// A file the relay appends one JSON line to per record and dead letter Kafka acknowledged:
+    /// `{"topic":…,"partition":…,"offset":…,"event_key":…,"position":"<binlog
+    /// file>:<pos>","kind":"record"|"dead_letter"}`, one `write` per batch of delivery reports and
+    /// no buffer in the process (a kill -9 loses no line of what it had applied). Absent: no audit,
+    /// which costs nothing per record.
     pub acks_file: Option<PathBuf>,
+    /// With `acks_file`: each record's line also gives when the relay read its binlog event,
+    /// handed it to the producer and got its acknowledgement (`read_us`, `sent_us`, `acked_us`:
+    /// wall-clock microseconds since the Unix epoch), and each Kafka transaction the
+    /// exactly-once relay commits gets a line `{"kind":"commit","committed_us":...}`. For a
+    /// latency budget per stage (`make bench` uses it); without `acks_file` nothing is timed.
+    pub timings: bool,
 }
 
 /// `[cutover]`: the first runs after a polling relay (one that marks outbox rows `SENT` in a
@@ -81,22 +108,26 @@ pub struct AuditConfig {
 /// committed at or before `until`, each transaction's outbox rows are checked against the
 /// table's current state; the rows that match are not produced (they still move the
 /// checkpoint), every other row is. See the README's "Cutover from a polling relay".
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CutoverConfig {
-    /// SQL condition on an outbox table's columns (`status = 'SENT'`) that holds for rows the
-    /// previous relay sent, evaluated on the row's current state: `SELECT id FROM t WHERE id IN
-    /// (…) AND (skip_if)`, one query per source transaction and table. Checked against every
-    /// outbox table at start-up.
+    /// A SQL condition on an outbox table's columns that holds for rows the previous relay sent,
+    /// such as `"status = 'SENT'"`. Evaluated on each row's current state, one query per source
+    /// transaction and table (`SELECT id FROM t WHERE id IN (…) AND (skip_if)`), for transactions
+    /// committed at or before `until`; matching rows are not produced (they still move the
+    /// checkpoint). Run once on every outbox table at start-up: a condition the server refuses
+    /// stops the relay with a configuration error. One condition, not statements (no `;`). Not with
+    /// a binary (`BINARY`/`VARBINARY`/`BLOB`) id column. `skip_if` and `skip_ids_through` may be
+    /// combined (a row is skipped when either says so); `[cutover]` needs at least one.
     #[serde(default)]
     pub skip_if: Option<String>,
-    /// Id watermark: rows whose integer `id` is at most this were sent by the previous relay
-    /// and are skipped without a query. The id column must be an integer column.
+    /// Id watermark: rows whose integer `id` is at most this were sent by the previous relay and
+    /// are skipped without a query (within the window, as `skip_if`). Needs an integer id column.
     #[serde(default)]
     pub skip_ids_through: Option<i64>,
-    /// `YYYY-MM-DD HH:MM:SS` (UTC): transactions that committed after this (their commit time
-    /// in the binlog) are relayed without checks: the previous relay was stopped before it.
-    /// Once the relay reads the first such transaction, the cutover window is over.
+    /// `YYYY-MM-DD HH:MM:SS` (UTC, that second included): transactions whose commit time in the
+    /// binlog is after it are relayed without checks. Set it to a time after the previous relay
+    /// stopped. Once the relay reads the first such transaction it logs `cutover window ended`.
     pub until: String,
 }
 
@@ -142,23 +173,30 @@ impl CutoverConfig {
 
 /// `[tracing]`: one OpenTelemetry span per relayed outbox row, exported as OTLP over
 /// HTTP/protobuf (see [`crate::observe::spans`]). Off unless an endpoint is configured.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
-    /// Base URL of an OTLP/HTTP receiver (`http://collector:4318`); spans go to
-    /// `<endpoint>/v1/traces`. Absent: the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used
-    /// as is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (plus `/v1/traces`) when either is set, else off.
-    /// `""`: off, whatever the environment says.
+    /// Base URL of an OTLP/HTTP (protobuf) receiver, e.g. `http://otel-collector:4318` (Jaeger,
+    /// Tempo, the OpenTelemetry Collector); spans go to `<url>/v1/traces`. Absent: the standard
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (plus
+    /// `/v1/traces`) when set, else off. `""`: off whatever the environment says;
+    /// `OTEL_SDK_DISABLED=true`: off. `https://` uses the system's OpenSSL;
+    /// `OTEL_EXPORTER_OTLP_HEADERS` (an API key, say) is honoured.
     pub otlp_endpoint: Option<String>,
-    /// The `service.name` resource attribute. Absent: `OTEL_SERVICE_NAME`, else `outbox-relay`.
+    /// The spans' `service.name`. Absent: `OTEL_SERVICE_NAME` when set, else `outbox-relay`.
+    /// `OTEL_RESOURCE_ATTRIBUTES` adds resource attributes.
     pub service_name: Option<String>,
-    /// Share of new traces recorded, 0.0 to 1.0 (a row without `traceparent`); a row with one
-    /// follows its parent's sampled flag. Default 1.0.
+    /// Share of new traces recorded (rows without a `traceparent`), from 0.0 (none) to 1.0 (all). A
+    /// row with a `traceparent` follows its sampled flag (parent-based sampling).
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub sample_ratio: f64,
-    /// Longest wait for one export request, in ms. Default 10000.
+    /// Longest wait for one export request to the receiver.
+    #[schemars(range(min = 1))]
     pub export_timeout_ms: u64,
-    /// Most finished spans waiting for export; beyond it new spans are dropped (the relay never
-    /// waits for the receiver). Default 8192.
+    /// Most finished spans waiting for export (exported every 5 s or per 512 spans, on a thread of
+    /// their own). When the receiver is slow or unreachable the queue fills and further spans are
+    /// dropped, with a warning: relaying never waits for the receiver.
+    #[schemars(range(min = 1))]
     pub max_queue_size: usize,
 }
 
@@ -176,22 +214,23 @@ impl Default for TracingConfig {
 
 /// `[http]`: `/metrics` (Prometheus), `/healthz` (the process runs) and `/readyz` (streaming and
 /// not stalled), see [`crate::observe::http`].
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Serve the endpoints. Default `true`.
+    /// Serve `/metrics`, `/healthz` and `/readyz`. `false`: no HTTP listener.
     pub enabled: bool,
-    /// `IP:port` to listen on. Default `127.0.0.1:9719` (loopback only; `0.0.0.0:9719` to be
-    /// scraped from other hosts). Port 0 picks a free port (logged at start-up). A port in use
-    /// is a configuration error at start-up.
+    /// `IP:port` of the HTTP endpoints: loopback only by default; `0.0.0.0:9719` (or `[::]:9719`)
+    /// to be scraped from other hosts or in a container. Port `0` picks a free port (logged at
+    /// start-up). A port already in use stops the relay at start-up with a configuration error
+    /// (exit code 2).
     pub listen: String,
-    /// `/readyz` answers 503 when no binlog event or heartbeat was read for this long, in ms
-    /// (the stream is stalled, or reading waits for Kafka). Must exceed
-    /// `mysql.heartbeat_interval_ms`. Default 30000.
+    /// `/readyz` answers 503 when no binlog event or heartbeat was read for this long (the stream
+    /// is stalled, or reading waits for Kafka's acknowledgements). Must exceed
+    /// `mysql.heartbeat_interval_ms`.
     pub ready_stall_ms: u64,
     /// `/readyz` answers 503 when no Kafka broker answered the relay's metadata probe for this
-    /// long, in ms, also while no rows flow (the probe runs every third of it while streaming).
-    /// At least 3000. Default 30000.
+    /// long, also while no rows flow; the probe runs every third of it while the relay streams.
+    #[schemars(range(min = 3000))]
     pub ready_kafka_ms: u64,
 }
 
@@ -225,69 +264,76 @@ pub fn derived_server_id(connector_name: &str) -> u32 {
 }
 
 /// `[mysql]`: the source server.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MysqlConfig {
-    /// Connection URL, `mysql://user:password@host:port/database`. The database part is where the
-    /// checkpoint table lives unless `checkpoint.table` names one. May hold `${env:NAME}` and
-    /// `${file:PATH}` references ([`crate::config::secrets`]). Never logged.
+    /// `mysql://user:password@host:port/database`. The database is where the checkpoint table lives
+    /// unless `checkpoint.table` names one. Percent-encode special characters of the password (`@`
+    /// is `%40`, `:` is `%3A`, `/` is `%2F`, `#` is `%23`, `%` is `%25`), or give it in `password`.
+    /// May hold `${env:NAME}` / `${file:PATH}` references. Never logged. TLS parameters in the URL
+    /// (`require_ssl`, `verify_ca`, …) are refused: use `tls_mode`.
     pub url: String,
-    /// The user's password, taken literally (no percent-encoding); replaces a password in
-    /// `url`. May hold `${env:NAME}` and `${file:PATH}` references. Never logged. Default: the
-    /// URL's password.
+    /// The user's password, taken literally (no percent-encoding); replaces a password in `url`.
+    /// Usually a reference: `"${file:/run/secrets/mysql_password}"` or `"${env:MYSQL_PASSWORD}"`.
+    /// Absent: the URL's password. Never logged.
     #[serde(default)]
     pub password: Option<String>,
-    /// TLS to the server, after the MySQL client's `--ssl-mode`: `disabled` (default),
-    /// `preferred`, `required`, `verify_ca` or `verify_identity` (see [`TlsMode`]).
+    /// TLS to the server, named after the MySQL client's `--ssl-mode`. Applies to every connection
+    /// of the relay (binlog dump, start-up checks, checkpoint, lease).
     #[serde(default)]
     pub tls_mode: TlsMode,
-    /// PEM file of the CA(s) that signed the server's certificate (the server's `ssl_ca`);
-    /// with `verify_ca`/`verify_identity` only. Default: the system trust store.
+    /// PEM file of the CA(s) that signed the server's certificate (the server's `ssl_ca`). Only
+    /// with `tls_mode` `verify_ca` or `verify_identity`; when set, only these CAs are trusted.
+    /// Absent: the system trust store.
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
-    /// PEM file of the client certificate (followed by any intermediates), for users created
-    /// `REQUIRE X509`; needs `tls_key` and a `tls_mode` other than `disabled`.
+    /// PEM file of the client certificate (then any intermediates), for users created `REQUIRE
+    /// X509` / `REQUIRE SUBJECT …`. Needs `tls_key`, and a `tls_mode` other than `disabled`.
     #[serde(default)]
     pub tls_cert: Option<PathBuf>,
-    /// PEM file of the client certificate's unencrypted private key.
+    /// PEM file of the client certificate's unencrypted private key (PKCS#8, PKCS#1 or SEC1). Needs
+    /// `tls_cert`.
     #[serde(default)]
     pub tls_key: Option<PathBuf>,
-    /// The `server_id` this relay registers with as a replica (COM_REGISTER_SLAVE). Must differ
-    /// from every server and replica in the topology: the server drops an older connection that
-    /// uses the same id. Default (absent or 0): derived from the connector name
-    /// ([`derived_server_id`]), stable across restarts and processes.
+    /// The replica `server_id` the relay registers with. Must differ from every server and replica
+    /// in the topology: the server drops an older connection with the same id (checked at start-up,
+    /// exit code 3 on a collision). `0` or absent: derived from `connector_name` as `2^31 +
+    /// crc32(connector_name) mod 2^31`, the same on every start and in every process, far above the
+    /// small ids servers are given by hand. In a fleet (`[fleet]`) each process derives its own per
+    /// source and a written one is refused.
     #[serde(default)]
     pub server_id: u32,
-    /// Heartbeat period the server is asked for (`@master_heartbeat_period`), in ms. The server
-    /// sends a heartbeat when it has had nothing else to send for this long. Default 5000.
+    /// Heartbeat period asked of the server (`@master_heartbeat_period`): it sends one when it has
+    /// had nothing else to send for this long.
     #[serde(default = "default_heartbeat_ms")]
+    #[schemars(range(min = 100))]
     pub heartbeat_interval_ms: u64,
-    /// Silence (no event, no heartbeat) after which the connection is presumed dead and the
-    /// relay reconnects, in ms. Must exceed `heartbeat_interval_ms`. Default 15000.
+    /// Silence (no event, no heartbeat) after which the connection is presumed dead (half-open TCP)
+    /// and the relay reconnects. Must exceed `heartbeat_interval_ms`.
     #[serde(default = "default_read_timeout_ms")]
     pub read_timeout_ms: u64,
-    /// How to resume: `auto` (by GTID when the checkpoint has one and the server is MariaDB,
-    /// else by file and position), `gtid`, or `position`. GTIDs let the relay continue on
-    /// another server of the same replication topology. Default `auto`.
+    /// How the relay resumes reading the binlog from its checkpoint.
     #[serde(default)]
     pub resume: ResumeMode,
 }
 
 /// `mysql.resume`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResumeMode {
-    /// GTID when available, else position.
+    /// By GTID when the checkpoint has a GTID position (MariaDB `@slave_connect_state`; MySQL
+    /// `COM_BINLOG_DUMP_GTID`), else by binlog file and position.
     #[default]
     Auto,
-    /// Always by GTID; an error when the checkpoint has none.
+    /// Always by GTID (an error when the checkpoint has none): lets the relay continue on another
+    /// server of the same replication topology.
     Gtid,
     /// Always by binlog file and position.
     Position,
 }
 
 /// `mysql.tls_mode`: the MySQL client's `--ssl-mode` values, in lower case.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TlsMode {
     /// No TLS.
@@ -301,8 +347,8 @@ pub enum TlsMode {
     /// TLS with a server certificate signed by `tls_ca` (or a CA of the system trust store);
     /// the host name is not checked.
     VerifyCa,
-    /// As `verify_ca`, and the certificate must be issued for the host of `mysql.url` (a DNS
-    /// name, or an IP address in its subjectAltName).
+    /// As `verify_ca`, and the certificate must be issued for the host of `mysql.url` (a DNS name,
+    /// or an IP address in its subjectAltName).
     VerifyIdentity,
 }
 
@@ -329,27 +375,34 @@ fn default_read_timeout_ms() -> u64 {
 
 /// `[dead_letter]`: rows that cannot be relayed (a NULL aggregate, a topic Kafka refuses, a
 /// record over `message.max.bytes`, an authorization failure).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeadLetterConfig {
-    /// `false` (default): stop the relay with an error naming the row's binlog position;
-    /// the checkpoint stays before it. `true`: produce a dead-letter record to `topic`, with
-    /// headers saying why and where, and continue.
+    /// What to do with a row that cannot be relayed (NULL aggregate type or id, a value that cannot
+    /// be converted, a partial row image, an INSERT logged as a statement, a NULL payload with
+    /// `outbox.null_payload = "dead_letter"`, an UPDATE with `outbox.on_update = "fail"`, a topic
+    /// name Kafka forbids, a record over `message.max.bytes` or its topic's `max.message.bytes`, a
+    /// topic that is missing or not authorized). `false`: stop with an error naming the row's
+    /// binlog position and table; the checkpoint stays before it. `true`: produce a dead-letter
+    /// record to `topic` and continue.
     pub enabled: bool,
-    /// Dead-letter topic. Default `outbox.dead_letter`.
+    /// The dead-letter topic. Its records carry the row's key, value (dropped when its size was the
+    /// problem) and headers, plus `dlq_reason` (why, with the fix), `dlq_topic`, `dlq_binlog_file`,
+    /// `dlq_binlog_pos`, `dlq_table`, `dlq_broker_error` when a broker refused the record, and
+    /// `dlq_value_dropped: true` when the value was dropped for its size. `outbox-relay dlq replay`
+    /// sends them again after the fix.
     pub topic: String,
-    /// A record whose topic the brokers refuse (missing while they create no topics, or not
-    /// authorized), as learnt from their metadata before sending or from a produce response
-    /// (then one producer restart later): `row_error` (default) treats
-    /// it as any row error (`enabled` decides: dead letter or stop); `hold` parks that record
-    /// and every later record of the same outbox table (`database.table`) in memory, in
-    /// order, while the other tables go on, and retries the table with the `[retry]` backoff
-    /// until its topic accepts. Takes precedence over `enabled` for such records only.
+    /// A record whose topic the brokers refuse: missing while they create none
+    /// (`auto.create.topics.enable=false`), or not authorized to the relay's principal, as their
+    /// metadata says before sending or a produce response says (then one producer restart later).
+    /// Takes precedence over `enabled` for these records only. `hold` is for at-least-once only:
+    /// refused with `kafka.delivery = "exactly_once"`.
     pub refused_topic: RefusedTopic,
-    /// With `refused_topic = "hold"`: most records held in memory for one source (all held
-    /// tables together). When reached, the relay stops reading the binlog (backpressure) until
-    /// a held table is released; nothing is dropped. Checked before each binlog event, so one
-    /// event's rows may pass it. Default 10000; at least 1.
+    /// With `refused_topic = "hold"`: most records held in memory for one source, all held tables
+    /// together. When reached, the relay stops reading the binlog (backpressure) until a held
+    /// table's topic accepts its records; nothing is dropped. Checked before each binlog event, so
+    /// the rows of one event may pass it.
+    #[schemars(range(min = 1))]
     pub hold_max_records: usize,
 }
 
@@ -366,7 +419,7 @@ impl Default for DeadLetterConfig {
 
 /// `dead_letter.refused_topic`: what to do with a record whose topic the brokers refuse (see
 /// [`DeadLetterConfig::refused_topic`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RefusedTopic {
     /// A row error like any other: dead-lettered when `dead_letter.enabled`, else the relay
@@ -401,75 +454,98 @@ impl std::fmt::Debug for MysqlConfig {
 /// `on_update`, `timestamp`, `timestamp_refused`, `datetime_time_zone`, `binary_format`,
 /// `key_format`) are the defaults of every
 /// outbox table; a `[[outbox.table]]` entry overrides any of them for one table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// Whose record layout: `relay` (default) or `debezium` (Debezium's outbox event router
-    /// and the worker's converters, set in `[debezium]`; its column names and defaults replace
-    /// `columns`, `headers`, `additional` and `topic`, which must then stay unset).
+    /// Whose record layout the relay writes.
     #[serde(default)]
     pub compat: debezium::Compat,
     /// Outbox tables as `database.table`, mapped with the defaults of this section. Every INSERT
     /// committed on one of them becomes one Kafka record; DELETEs are ignored, UPDATEs follow
-    /// `on_update`. Default empty; `tables` and `table` together name at least one table.
-    /// A name with `*` (any run of characters) or `?` (one character) in a part is a pattern
-    /// (`tenant_*.outbox`): every matching table, also one created while the relay runs
-    /// ([`crate::outbox::pattern`]).
+    /// `on_update`. `tables` and `[[outbox.table]]` together name at least one table. A name with
+    /// `*` (any run of characters) or `?` (one character) within the database or the table part is
+    /// a pattern, e.g. `tenant_*.outbox`, `*.outbox`, `shop.outbox_*`: every matching table, also
+    /// one created while the relay runs. Matching is case-sensitive; `_`, `%` and every other
+    /// character are literal. A pattern may not match the checkpoint table's name.
     #[serde(default)]
     pub tables: Vec<String>,
-    /// `[[outbox.table]]`: outbox tables with their own mapping (overrides of this section).
+    /// One outbox table (or a pattern of them, as in `tables`) with its own mapping: `name` plus
+    /// any of the keys below, each overriding the `[outbox]` key of that name for this table
+    /// (`columns` and `headers` merged key by key). A configured column missing from the table is a
+    /// start-up error naming it (exit code 3).
     #[serde(default)]
     pub table: Vec<OutboxTableConfig>,
-    /// Column mapping (defaults follow the common outbox shape).
+    /// The names of the outbox table's columns, when they differ from the common outbox shape.
+    /// Columns not named here (`status`, `retry_count`, …) are ignored unless listed in
+    /// `additional`.
     #[serde(default)]
     pub columns: ColumnMapping,
-    /// Topic template. `{aggregate_type}`, `{event_type}`, `{database}` (alias `{schema}`) and
-    /// `{table}` are replaced by the row's values; a template without placeholders is a fixed topic. Default
-    /// `outbox.event.{aggregate_type}` (the naming of Debezium's outbox event router).
+    /// Topic template. Placeholders: `{aggregate_type}`, `{event_type}`, `{database}` (alias
+    /// `{schema}`, the matched name with patterns) and `{table}`, replaced by the row's values;
+    /// without placeholders it is a fixed topic. Literal parts may use `a-z A-Z 0-9 . _ -`. The
+    /// default is the naming of Debezium's outbox event router.
     #[serde(default = "default_topic")]
     pub topic: String,
-    /// Names of the standard headers.
+    /// The names of the standard headers; `""` leaves a header out.
     #[serde(default)]
     pub headers: HeaderNames,
-    /// Extra columns copied into a header or into an envelope around the payload.
+    /// Extra columns copied into the record: `[{ column = "tenant", placement = "header", alias =
+    /// "tenant-id" }, { column = "version", placement = "envelope" }]`. With an `envelope`
+    /// placement the value becomes `{"payload": <payload>, "<alias>": <value>, …}`: numbers as JSON
+    /// numbers, NULL as `null`, text as strings; the payload embedded as JSON when it is JSON (a
+    /// JSON column or text that parses as JSON), as a JSON string when it is other text; a binary
+    /// payload cannot go into an envelope (dead letter or stop).
     #[serde(default)]
     pub additional: Vec<AdditionalColumn>,
-    /// What a row whose payload is NULL becomes. Default `tombstone`.
+    /// What a row whose payload is NULL becomes.
     #[serde(default)]
     pub null_payload: NullPayload,
-    /// What an UPDATE of an outbox row does. Default `ignore`.
+    /// What an UPDATE of outbox rows does (outbox rows are insert-only: an UPDATE is usually a bug
+    /// in the writer). DELETEs are always ignored: deleting relayed rows is how the outbox is kept
+    /// small.
     #[serde(default)]
     pub on_update: OnUpdate,
-    /// Where the record timestamp comes from. Default `commit`: the source transaction's
-    /// commit time from the binlog.
+    /// Where the record timestamp (Kafka `CreateTime`) comes from.
     #[serde(default)]
     pub timestamp: TimestampSource,
-    /// With `timestamp = "column"`: what a column value the topic would refuse becomes.
-    /// Default `commit`.
+    /// With `timestamp = "column"`: what a `created_at` value the record's topic would refuse
+    /// becomes: more than its `message.timestamp.after.max.ms` ahead of now (Kafka 4's default: one
+    /// hour), more than its `message.timestamp.before.max.ms` behind, or not after 1970, read from
+    /// the topic's configuration with a margin of a tenth of the limit, at most a minute.
+    /// `LogAppendTime` topics refuse no timestamp.
     #[serde(default)]
     pub timestamp_refused: TimestampRefused,
-    /// Time zone in which DATETIME `created_at` values are read: an IANA name
-    /// (`Europe/Berlin`) or `UTC`. TIMESTAMP columns are UTC by definition. Default `UTC`.
+    /// IANA time zone (`Europe/Berlin`) or `UTC` in which DATETIME `created_at` values are read;
+    /// TIMESTAMP columns are UTC by definition. Independent of the relay's and the server's time
+    /// zone. A local time in a daylight-saving gap is a row error; in an overlap the earlier
+    /// instant is taken.
     #[serde(default = "default_zone")]
     pub datetime_time_zone: String,
-    /// How binary (`BINARY`, `VARBINARY`) id, key and header columns become text. Default `uuid`.
+    /// The text form of binary-string (`BINARY`, `VARBINARY`) values used as id, key, header or
+    /// envelope field. Payloads are always raw bytes. `BINARY(n)` values get back the trailing 0x00
+    /// bytes the binlog drops.
     #[serde(default)]
     pub binary_format: BinaryFormat,
-    /// What the Kafka key holds. Default `text`.
+    /// What the Kafka key holds.
     #[serde(default)]
     pub key_format: KeyFormat,
-    /// What to do with an `XA COMMIT` whose `XA PREPARE` was logged before the point the relay
-    /// started reading from (its rows are unknown). Default `stop`.
+    /// An `XA COMMIT` whose `XA PREPARE` (which carries the transaction's rows) was logged before
+    /// the point the relay started reading from, so its rows are unknown.
     #[serde(default)]
     pub unknown_xa_commit: UnknownXaCommit,
-    /// `[outbox.cloudevents]`: CloudEvents headers on every record (binary content mode).
+    /// CloudEvents 1.0 attributes as headers on every record (the Kafka protocol binding's binary
+    /// content mode; the payload is untouched): `ce_specversion` `1.0`, `ce_id` (the `event_key`
+    /// column, else `id`), `ce_source`, `ce_type` (the `event_type` column), `ce_subject` (the
+    /// aggregate id), `ce_time` (the record timestamp, RFC 3339 UTC with ms), `content-type`.
+    /// Applies to every outbox table. A row without an event type, or without both `event_key` and
+    /// `id`, is a row error (dead letter or stop).
     #[serde(default)]
     pub cloudevents: CloudEventsConfig,
-    /// W3C trace context: when an outbox table has columns named `traceparent` and/or
-    /// `tracestate` (any case) that `additional` does not already map, `run` sends their values
-    /// as headers of those names (NULLs left out, like any header column). Found at start-up
-    /// from information_schema (W3C Trace Context, "traceparent Header" / "tracestate Header").
-    /// Default `true`.
+    /// W3C trace context: an outbox table with columns named `traceparent` and/or `tracestate` (any
+    /// case) sends their values as headers `traceparent` / `tracestate` (NULL: no header), with no
+    /// mapping; columns `additional` maps already follow that mapping. Found at start-up from
+    /// `information_schema`: a column added later is picked up at the next start. `replay` (binlog
+    /// files, no server) sends only mapped ones.
     #[serde(default = "default_trace_context")]
     pub trace_context: bool,
 }
@@ -486,16 +562,16 @@ fn default_trace_context() -> bool {
 /// `content-type` = `content_type`); the value (the payload) is untouched. A row without
 /// `event_type`, or without both `event_key` and `id`, cannot be a CloudEvent: a row error
 /// (dead letter or stop).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CloudEventsConfig {
-    /// Add the headers. Default `false`.
+    /// Add the CloudEvents headers to every record.
     pub enabled: bool,
-    /// `ce_source`: a URI-reference naming the context that produced the events (for example
-    /// `/shop/orders` or `urn:shop:orders`). Required when enabled.
+    /// `ce_source`: a URI-reference naming the producer of the events (`/shop/orders`,
+    /// `urn:shop:orders`). Required when `enabled`.
     pub source: String,
-    /// `content-type` (CloudEvents `datacontenttype`) of the payload. Default
-    /// `application/json`; `""` leaves the header out.
+    /// The `content-type` header (CloudEvents `datacontenttype`) of the payload; `""` leaves it
+    /// out.
     pub content_type: String,
 }
 
@@ -512,7 +588,7 @@ impl Default for CloudEventsConfig {
 /// `outbox.unknown_xa_commit`: an `XA COMMIT` whose `XA PREPARE` (which carries the
 /// transaction's rows) the relay has not read, because it was logged before the relay's start
 /// point (e.g. a first start while an XA transaction was prepared).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum UnknownXaCommit {
     /// Stop with an error naming the XID and how to resume from before its `XA PREPARE`.
@@ -533,62 +609,68 @@ fn default_zone() -> String {
 
 /// `[[outbox.table]]`: one outbox table with its own mapping. Every field but `name` is
 /// optional and defaults to the `[outbox]` value; `columns` and `headers` are merged key by key.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxTableConfig {
-    /// `database.table`, or a pattern of them (see [`OutboxConfig::tables`]).
+    /// The table as `database.table`, or a pattern of them (`tenant_*.outbox`, as in
+    /// `outbox.tables`).
     pub name: String,
-    /// Column names that differ from `[outbox.columns]`.
+    /// Column names of this table that differ from `[outbox.columns]`; the others are taken from
+    /// there.
     #[serde(default)]
     pub columns: PartialColumnMapping,
-    /// Topic template for this table.
+    /// Topic template for this table's records (as `outbox.topic`). Absent: `outbox.topic`.
     pub topic: Option<String>,
-    /// Header names that differ from `[outbox.headers]`.
+    /// Header names for this table that differ from `[outbox.headers]`; the others are taken from
+    /// there.
     #[serde(default)]
     pub headers: PartialHeaderNames,
-    /// Extra columns for this table (replaces `[outbox] additional`).
+    /// Extra columns of this table (as `outbox.additional`); replaces the `[outbox]` list. Absent:
+    /// `outbox.additional`.
     pub additional: Option<Vec<AdditionalColumn>>,
-    /// See [`OutboxConfig::null_payload`].
+    /// As `outbox.null_payload`, for this table. Absent: `outbox.null_payload`.
     pub null_payload: Option<NullPayload>,
-    /// See [`OutboxConfig::on_update`].
+    /// As `outbox.on_update`, for this table. Absent: `outbox.on_update`.
     pub on_update: Option<OnUpdate>,
-    /// See [`OutboxConfig::timestamp`].
+    /// As `outbox.timestamp`, for this table. Absent: `outbox.timestamp`.
     pub timestamp: Option<TimestampSource>,
-    /// See [`OutboxConfig::timestamp_refused`].
+    /// As `outbox.timestamp_refused`, for this table. Absent: `outbox.timestamp_refused`.
     pub timestamp_refused: Option<TimestampRefused>,
-    /// See [`OutboxConfig::datetime_time_zone`].
+    /// As `outbox.datetime_time_zone`, for this table. Absent: `outbox.datetime_time_zone`.
     pub datetime_time_zone: Option<String>,
-    /// See [`OutboxConfig::binary_format`].
+    /// As `outbox.binary_format`, for this table. Absent: `outbox.binary_format`.
     pub binary_format: Option<BinaryFormat>,
-    /// See [`OutboxConfig::key_format`].
+    /// As `outbox.key_format`, for this table. Absent: `outbox.key_format`.
     pub key_format: Option<KeyFormat>,
 }
 
 /// `[outbox.columns]`: names of the outbox columns. Columns not named here (`status`,
 /// `retry_count`, …) are ignored unless listed in `additional`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnMapping {
-    /// Event id; sent as header `id`. Default `id`.
+    /// The event id column, sent as header `id`.
     pub id: String,
-    /// Aggregate type; used by the topic template and sent as header `aggregate_type`.
-    /// Default `aggregate_type`.
+    /// The aggregate type column: the topic template's `{aggregate_type}` and header
+    /// `aggregate_type`. Must not be NULL.
     pub aggregate_type: String,
-    /// Aggregate id; the Kafka key (its text form, see `key_format`). Default `aggregate_id`.
+    /// The aggregate id column: the Kafka key (its text form, see `outbox.key_format`), so one
+    /// aggregate's events stay in order on one partition. Must not be NULL.
     pub aggregate_id: String,
-    /// Event type; sent as header `event_type`. Default `event_type`.
+    /// The event type column, sent as header `event_type`.
     pub event_type: String,
-    /// Consumers' idempotency key; sent as header `event_key`. Default `event_key`.
+    /// The consumers' idempotency key column, sent as header `event_key`.
     pub event_key: String,
-    /// Payload; the Kafka value, bytes as stored (MySQL JSON as MySQL prints it). Default
-    /// `payload`.
+    /// The payload column: the record value, bytes as stored (MySQL's JSON as MySQL prints it). A
+    /// NULL follows `outbox.null_payload`.
     pub payload: String,
-    /// Creation time (DATETIME read in `datetime_time_zone`, or TIMESTAMP): the Kafka record
-    /// timestamp with `timestamp = "column"`, and what `prune` and `check` read. `""`: none.
-    /// Default `created_at`.
+    /// The creation time column, DATETIME (read in `outbox.datetime_time_zone`) or TIMESTAMP (UTC):
+    /// the record timestamp with `outbox.timestamp = "column"`, and what `prune` and `check` read.
+    /// `""`: none.
     pub created_at: String,
-    /// Optional integer column holding an explicit partition number; NULL or `""` (default)
-    /// lets the key choose the partition.
+    /// An optional integer column with an explicit partition number; NULL or `""` (no such column)
+    /// lets the key choose the partition (`murmur2_random`). A partition the topic does not have is
+    /// a permanent refusal (dead letter or stop).
     pub partition: String,
 }
 
@@ -608,17 +690,24 @@ impl Default for ColumnMapping {
 }
 
 /// [`ColumnMapping`] with every field optional (`[[outbox.table]] columns`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-#[allow(missing_docs)]
 pub struct PartialColumnMapping {
+    /// This table's event id column. Absent: `outbox.columns.id`.
     pub id: Option<String>,
+    /// This table's aggregate type column. Absent: `outbox.columns.aggregate_type`.
     pub aggregate_type: Option<String>,
+    /// This table's aggregate id column (the key). Absent: `outbox.columns.aggregate_id`.
     pub aggregate_id: Option<String>,
+    /// This table's event type column. Absent: `outbox.columns.event_type`.
     pub event_type: Option<String>,
+    /// This table's idempotency key column. Absent: `outbox.columns.event_key`.
     pub event_key: Option<String>,
+    /// This table's payload column. Absent: `outbox.columns.payload`.
     pub payload: Option<String>,
+    /// This table's creation time column (`""`: none). Absent: `outbox.columns.created_at`.
     pub created_at: Option<String>,
+    /// This table's partition column (`""`: none). Absent: `outbox.columns.partition`.
     pub partition: Option<String>,
 }
 
@@ -640,16 +729,16 @@ impl PartialColumnMapping {
 }
 
 /// `[outbox.headers]`: the names of the standard headers; `""` leaves a header out.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeaderNames {
-    /// Header carrying the `id` column. Default `id`. (Shared, not copied, by every record.)
+    /// The header carrying the `id` column.
     pub id: Arc<str>,
-    /// Header carrying the `event_key` column. Default `event_key`.
+    /// The header carrying the `event_key` column.
     pub event_key: Arc<str>,
-    /// Header carrying the `event_type` column. Default `event_type`.
+    /// The header carrying the `event_type` column.
     pub event_type: Arc<str>,
-    /// Header carrying the `aggregate_type` column. Default `aggregate_type`.
+    /// The header carrying the `aggregate_type` column.
     pub aggregate_type: Arc<str>,
 }
 
@@ -665,13 +754,17 @@ impl Default for HeaderNames {
 }
 
 /// [`HeaderNames`] with every field optional.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-#[allow(missing_docs)]
 pub struct PartialHeaderNames {
+    /// This table's `id` header name (`""`: none). Absent: `outbox.headers.id`.
     pub id: Option<String>,
+    /// This table's `event_key` header name (`""`: none). Absent: `outbox.headers.event_key`.
     pub event_key: Option<String>,
+    /// This table's `event_type` header name (`""`: none). Absent: `outbox.headers.event_type`.
     pub event_type: Option<String>,
+    /// This table's `aggregate_type` header name (`""`: none). Absent:
+    /// `outbox.headers.aggregate_type`.
     pub aggregate_type: Option<String>,
 }
 
@@ -691,19 +784,19 @@ impl PartialHeaderNames {
 
 /// One `additional` entry: a column copied into the record (Debezium's
 /// `table.fields.additional.placement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdditionalColumn {
-    /// Column name.
+    /// The column's name.
     pub column: String,
-    /// `header` or `envelope`.
+    /// Where the column's value goes.
     pub placement: Placement,
-    /// Header or envelope field name. Default: the column name.
+    /// The header's or the envelope field's name. Absent: the column's name.
     pub alias: Option<String>,
 }
 
 /// Where an additional column goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// A Kafka header with the column's text form (omitted when NULL).
@@ -714,7 +807,7 @@ pub enum Placement {
 }
 
 /// `null_payload`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NullPayload {
     /// A record with a null value and the row's key (a Kafka tombstone).
@@ -727,7 +820,7 @@ pub enum NullPayload {
 }
 
 /// `timestamp`: where a record's timestamp (Kafka `CreateTime`) comes from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TimestampSource {
     /// The source transaction's commit time from the binlog: MySQL 8's GTID event carries it in
@@ -746,7 +839,7 @@ pub enum TimestampSource {
 /// its `message.timestamp.before.max.ms` in the past, or negative (Kafka documentation, topic
 /// configurations `message.timestamp.*`). Never applies to `LogAppendTime` topics, where the
 /// broker sets the timestamp itself.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TimestampRefused {
     /// Send the record with the commit time instead, with header `timestamp_fallback` holding
@@ -759,7 +852,7 @@ pub enum TimestampRefused {
 }
 
 /// `on_update`: outbox rows are insert-only; an UPDATE is usually a bug in the writer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnUpdate {
     /// Nothing is produced.
@@ -773,7 +866,7 @@ pub enum OnUpdate {
 
 /// `binary_format`: the text form of binary-string (`BINARY`, `VARBINARY`) values used as id,
 /// key, header or envelope field. Payloads are always raw bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BinaryFormat {
     /// 16-byte values as canonical UUID text (`3f2504e0-4f89-11d3-9a0c-0305e82c3301`, as
@@ -787,7 +880,7 @@ pub enum BinaryFormat {
 }
 
 /// `key_format`: the Kafka key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyFormat {
     /// The aggregate id's text form as UTF-8 (numbers in decimal, binary per `binary_format`,
@@ -801,61 +894,71 @@ pub enum KeyFormat {
 
 /// `[kafka]`: the producer. Its `Debug` output shows secret properties
 /// ([`crate::config::secrets::is_secret_property`]) as `***`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
-    /// Comma-separated `host:port` list (librdkafka `bootstrap.servers`).
+    /// The brokers to connect to first, `host:port[,host:port…]` (librdkafka `bootstrap.servers`).
     pub bootstrap_servers: String,
-    /// Most records produced but not yet acknowledged; when reached, reading the binlog pauses
-    /// until Kafka acknowledges the oldest. Default 10000.
+    /// Most records sent but not yet acknowledged. When reached, reading the binlog pauses until
+    /// Kafka acknowledges the oldest (backpressure): this bounds the relay's memory.
     #[serde(default = "default_max_in_flight")]
+    #[schemars(range(min = 1))]
     pub max_in_flight: usize,
-    /// Extra librdkafka producer properties (`"linger.ms" = "5"`, `"compression.type" =
-    /// "zstd"`, security settings). They may not weaken the delivery guarantees:
-    /// `enable.idempotence`, `acks` and `partitioner` are fixed by the relay and rejected here.
+    /// Extra librdkafka producer properties, names quoted: `"linger.ms" = "5"`, `"compression.type"
+    /// = "zstd"` (`gzip`, `snappy`, `lz4`, `zstd`), TLS (`"security.protocol" = "ssl"`,
+    /// `"ssl.ca.location"`, …) and SASL PLAIN / SCRAM (`"sasl.mechanisms"`, `"sasl.username"`,
+    /// `"sasl.password"`). The relay's own defaults are `linger.ms=1` and
+    /// `message.timeout.ms=120000`. Values may hold `${env:NAME}` / `${file:PATH}` references;
+    /// values of secret keys (`*password*`, `*secret*`, `sasl.jaas.config`,
+    /// `sasl.oauthbearer.config`, `ssl.key.pem`) are shown as `***` in logs. `enable.idempotence`,
+    /// `enable.gapless.guarantee`, `acks`, `request.required.acks`, `partitioner`,
+    /// `bootstrap.servers`, `transactional.id` and `transaction.timeout.ms` are set by the relay
+    /// and refused here: they would weaken ordering or delivery.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
-    /// `"at_least_once"` (default: an idempotent producer; a restart may send again what was
-    /// sent after the last checkpoint) or `"exactly_once"` (a transactional producer that writes
-    /// the resume point to [`KafkaConfig::progress_topic`] inside the Kafka transaction of the
-    /// records it covers: a `read_committed` consumer sees every outbox row once).
+    /// What a consumer may see after a relay crash.
     #[serde(default)]
     pub delivery: Delivery,
-    /// Exactly-once: the producer's `transactional.id`. Default `outbox-relay.<connector_name>`:
-    /// stable across restarts and instances, so a new instance fences an old one
-    /// (`InitProducerId`, KIP-98).
+    /// Exactly-once: the producer's `transactional.id`. Keep it stable and give every connector its
+    /// own: a new producer with the same id fences the older one. Absent:
+    /// `outbox-relay.<connector_name>`.
     #[serde(default)]
     pub transactional_id: Option<String>,
-    /// Exactly-once: the compacted topic holding each connector's resume point, keyed by
-    /// `connector_name`. Default `outbox-relay.progress`; created (1 partition,
-    /// `cleanup.policy=compact`) when missing.
+    /// Exactly-once: the compacted topic of resume points, keyed by `connector_name`; created (1
+    /// partition, `cleanup.policy=compact`) when missing. A start reads its last 1,000 offsets, and
+    /// the whole topic only when the connector has no point there.
     #[serde(default = "default_progress_topic")]
     pub progress_topic: String,
-    /// Exactly-once: the longest a Kafka transaction stays open while the relay is current, in
-    /// ms: records are committed (with their resume point) at the first transaction boundary
-    /// after this long. Default 100. A consumer reading `read_committed` sees a record about this
-    /// long after the relay read it, at most. While the relay catches up (the events it reads
-    /// are 2 s old or more) transactions stay open up to 1 s or their size bounds.
+    /// Exactly-once: the longest a Kafka transaction stays open while the relay is current; records
+    /// are committed, with their resume point, at the first source transaction boundary after it (a
+    /// current relay commits sooner, as soon as it has read everything the server sent). While the
+    /// relay catches up (it reads events 2 s old or more) transactions stay open up to 2 s or their
+    /// size bounds.
     #[serde(default = "default_transaction_interval_ms")]
+    #[schemars(range(min = 1))]
     pub transaction_interval_ms: u64,
-    /// Exactly-once: the most records (dead letters included) in one Kafka transaction; a source
-    /// transaction with more spans several, the resume point saying how many of its rows are
-    /// committed. Default 500000.
+    /// Exactly-once: the most records (dead letters included) in one Kafka transaction; a larger
+    /// source transaction spans several, each resume point saying how many of its rows are
+    /// committed.
     #[serde(default = "default_transaction_max_records")]
+    #[schemars(range(min = 1))]
     pub transaction_max_records: u64,
     /// Exactly-once: the most record bytes (key, value, headers) in one Kafka transaction.
-    /// Default 67108864 (64 MiB).
     #[serde(default = "default_transaction_max_bytes")]
+    #[schemars(range(min = 1))]
     pub transaction_max_bytes: u64,
-    /// Exactly-once: `transaction.timeout.ms`, in ms: a transaction the relay leaves open longer
-    /// (it hung or died) is aborted by the broker. Default 60000; at most the broker's
-    /// `transaction.max.timeout.ms` (900000 by default).
+    /// Exactly-once: librdkafka's `transaction.timeout.ms`, after which the broker aborts a
+    /// transaction the relay left open (crash, hang). A transaction open for a quarter of it counts
+    /// as full and is committed. At least 1000 and more than twice `transaction_interval_ms`; at
+    /// most the brokers' `transaction.max.timeout.ms` (900000 by default; over it `check` fails and
+    /// `run` stops with exit code 3).
     #[serde(default = "default_transaction_timeout_ms")]
+    #[schemars(range(min = 1000))]
     pub transaction_timeout_ms: u64,
 }
 
 /// `kafka.delivery`: what a consumer may see after a relay crash.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
     /// Idempotent producer, checkpoint in the state table after Kafka acknowledged: a restart
@@ -952,14 +1055,13 @@ fn default_max_in_flight() -> usize {
 }
 
 /// `[checkpoint]`: the state table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
-    /// Checkpoint table, `table` (in the database of `mysql.url`) or `database.table`.
-    /// Default `outbox_relay_checkpoint`. Create it with `migrations/0002_checkpoint.sql`.
+    /// The state table: `table` (in the database of `mysql.url`) or `database.table`. Create it
+    /// with `outbox-relay migrate` (`migrations/0002_checkpoint.sql`).
     pub table: String,
-    /// Least time between two checkpoint writes, in ms. Default 1000. A graceful stop always
-    /// writes the final checkpoint.
+    /// Least time between two checkpoint writes. A graceful stop always writes the final one.
     pub interval_ms: u64,
 }
 
@@ -973,22 +1075,24 @@ impl Default for CheckpointConfig {
 }
 
 /// `[retry]`: capped exponential backoff for lost MySQL or Kafka connections.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
-    /// First delay, in ms. Default 500.
+    /// First delay before reconnecting after a MySQL or Kafka failure. At least 1 and at most
+    /// `max_backoff_ms`.
+    #[schemars(range(min = 1))]
     pub initial_backoff_ms: u64,
-    /// Largest delay, in ms. Default 30000.
+    /// Largest delay (exponential backoff with jitter in between).
     pub max_backoff_ms: u64,
-    /// Give up after this many consecutive failed attempts, of any cause (MySQL, Kafka, the
-    /// lease, start-up checks); 0 retries forever. An attempt succeeds once it has streamed for
-    /// 10 s; an attempt that never reaches streaming (Kafka unreachable at start-up, say) fails,
-    /// however long it took. Default 0.
+    /// Consecutive failed attempts, of any cause (MySQL, Kafka, the lease, start-up checks), before
+    /// giving up with exit code 1; `0` retries forever. An attempt succeeds once it has streamed
+    /// for 10 s; one that never reaches streaming (Kafka unreachable at start-up) fails however
+    /// long it took.
     pub max_attempts: usize,
-    /// On a stop (SIGTERM/SIGINT), longest wait, in ms, for Kafka to acknowledge the records in
-    /// flight before the final checkpoint write. After it (Kafka unreachable) the relay exits 0
-    /// with the last checkpoint whose records were all acknowledged: the rest are sent again
-    /// on the next start (at least once). Default 30000.
+    /// On SIGTERM/SIGINT, the longest wait for Kafka to acknowledge the records in flight before
+    /// the final checkpoint write. After it (Kafka unreachable) the relay exits 0 with the last
+    /// checkpoint whose records were all acknowledged; the rest are sent again on the next start
+    /// (at least once).
     pub stop_timeout_ms: u64,
 }
 
@@ -1055,6 +1159,25 @@ impl std::fmt::Display for TableName {
     }
 }
 
+/// The message for a configuration file that is not there: where it was looked for, and how to
+/// name another.
+pub(crate) fn missing_file(path: &Path) -> String {
+    let dir = std::env::current_dir()
+        .map(|d| format!(" (looked in {})", d.display()))
+        .unwrap_or_default();
+    let shown = if path.is_absolute() {
+        String::new()
+    } else {
+        dir
+    };
+    format!(
+        "config file {} does not exist{shown}: save your configuration there, or pass its \
+         path with --config PATH (or OUTBOX_RELAY_CONFIG=PATH); {} lists every key",
+        path.display(),
+        reference::REFERENCE_PATH
+    )
+}
+
 /// Producer properties the relay sets itself; overriding them would break ordering or
 /// at-least-once delivery.
 pub const FIXED_PRODUCER_PROPERTIES: [&str; 8] = [
@@ -1076,12 +1199,12 @@ impl RelayConfig {
     /// required key or an invalid value; the message names the key.
     pub fn load(path: &Path) -> Result<Self, RelayError> {
         if !path.exists() {
-            return Err(RelayError::Config(format!(
-                "config file {} does not exist",
-                path.display()
-            )));
+            return Err(RelayError::Config(missing_file(path)));
         }
-        Self::from_figment(Figment::from(Toml::file_exact(path)))
+        Self::from_figment(
+            Figment::from(Toml::file_exact(path)),
+            &explain::Places::file(path),
+        )
     }
 
     /// Parses a TOML string (plus environment overrides) and validates it.
@@ -1089,22 +1212,18 @@ impl RelayConfig {
     /// # Errors
     /// As [`RelayConfig::load`].
     pub fn from_toml_str(toml: &str) -> Result<Self, RelayError> {
-        Self::from_figment(Figment::from(Toml::string(toml)))
+        let places = explain::Places(vec![explain::Place::text("", Some(toml), &[])]);
+        Self::from_figment(Figment::from(Toml::string(toml)), &places)
     }
 
-    pub(crate) fn from_figment(figment: Figment) -> Result<Self, RelayError> {
+    pub(crate) fn from_figment(
+        figment: Figment,
+        places: &explain::Places,
+    ) -> Result<Self, RelayError> {
         let mut config: Self = figment
             .merge(Env::prefixed(ENV_PREFIX).split("__"))
             .extract()
-            .map_err(|e| {
-                // Figment names keys with its profile ("default.kafka.x"); users wrote "kafka.x".
-                RelayError::Config(
-                    e.into_iter()
-                        .map(|e| e.to_string().replace("\"default.", "\""))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                )
-            })?;
+            .map_err(|e| places.error(e, &[]))?;
         config.resolve_secrets()?;
         if config.mysql.server_id == 0 {
             config.mysql.server_id = derived_server_id(&config.connector_name);

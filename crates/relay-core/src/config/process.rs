@@ -39,8 +39,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
+use super::explain::{Place, Places};
 use super::{HttpConfig, KafkaConfig, RelayConfig, RetryConfig, TracingConfig, ENV_PREFIX};
 use crate::error::RelayError;
 
@@ -50,18 +52,104 @@ const PROCESS_KEYS: [&str; 3] = ["source", "sources_dir", "sources_poll_ms"];
 /// Sections that belong to the process, not to a source.
 const PROCESS_SECTIONS: [&str; 3] = ["http", "tracing", "fleet"];
 
-/// `[fleet]` as written (every key optional; see [`FleetConfig`] for the defaults).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FleetWritten {
-    enabled: Option<bool>,
-    group_id: Option<String>,
-    control_topic: Option<String>,
-    partitions: Option<i64>,
-    instance_id: Option<String>,
-    session_timeout_ms: Option<u64>,
-    heartbeat_interval_ms: Option<u64>,
-    lease_ttl_ms: Option<u64>,
+// `[fleet]` as written: the keys, their defaults and their documentation (the configuration
+// reference is generated from it); `FleetConfig` is what the process uses.
+/// Many processes share the sources of a many-source file (a fleet): each joins a Kafka consumer
+/// group on a control topic and runs exactly the sources whose partitions it is assigned;
+/// a process that stops or freezes loses them to the others. Fencing stays the MySQL lease,
+/// given a time to live. Only in a file with `[[source]]` tables or `sources_dir`; the process's
+/// own, like `[http]`, never in a source. The membership uses the shared `[kafka]` section and
+/// follows the shared `[retry]` while Kafka cannot be reached.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetWritten {
+    /// `false` ignores the `[fleet]` table: the process runs every source itself, as without
+    /// it.
+    pub enabled: bool,
+    /// The Kafka consumer group the fleet's processes join; every process of one fleet needs the
+    /// same value, and two fleets on one cluster need different ones.
+    pub group_id: String,
+    /// The topic whose partitions stand for the sources: a source runs in the process assigned
+    /// its partition (`murmur2(name)`, Kafka's default partitioner). Created with `partitions`
+    /// partitions when missing; no record is ever written to it.
+    pub control_topic: String,
+    /// Partitions of a control topic the relay creates, 1 to 10000: the most processes that can
+    /// share the sources. An existing topic keeps its own count.
+    #[schemars(range(min = 1, max = 10_000))]
+    pub partitions: i64,
+    /// This process's name in the group, shown by `fleet status` as a partition's owner and used
+    /// as Kafka's `client.id`. Default `<hostname>:<pid>`; in Kubernetes
+    /// `"${env:POD_NAME}"`. 1 to 249 characters.
+    pub instance_id: Option<String>,
+    /// Kafka's `session.timeout.ms` of the membership, 1000 to 3600000 ms (and within the
+    /// brokers' `group.min.session.timeout.ms` / `group.max.session.timeout.ms`): a process
+    /// silent this long loses its sources to the others. The default is the brokers' lowest by
+    /// default.
+    #[schemars(range(min = 1_000, max = 3_600_000))]
+    pub session_timeout_ms: u64,
+    /// Kafka's `heartbeat.interval.ms`, above 0 and below `session_timeout_ms` (a third of it is
+    /// usual).
+    #[schemars(range(min = 1))]
+    pub heartbeat_interval_ms: u64,
+    /// The MySQL lease's time to live, 2000 to 3600000 ms: the lease connection's `wait_timeout`
+    /// is this in whole seconds (rounded up), a keeper confirms the lease every quarter of it,
+    /// and no record is handed to the producer unless the lease was confirmed within half of
+    /// it. A frozen or partitioned process stops producing before another takes its source.
+    #[schemars(range(min = 2_000, max = 3_600_000))]
+    pub lease_ttl_ms: u64,
+}
+
+impl Default for FleetWritten {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            group_id: DEFAULT_FLEET_GROUP.into(),
+            control_topic: DEFAULT_FLEET_TOPIC.into(),
+            partitions: DEFAULT_FLEET_PARTITIONS.into(),
+            instance_id: None,
+            session_timeout_ms: 6_000,
+            heartbeat_interval_ms: 1_500,
+            lease_ttl_ms: 8_000,
+        }
+    }
+}
+
+/// The top-level keys of a many-source file besides the shared sections and `[[source]]`
+/// (their documentation is the configuration reference's).
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManySourcesWritten {
+    /// A folder with one TOML file per source (`orders.toml`: the source `orders`), relative to
+    /// the configuration file. Each file holds one source's sections at its top level
+    /// (`[mysql]`, `[outbox]`, ...) and may set `name`. Files whose name starts with `.` are
+    /// skipped (Kubernetes mounts a ConfigMap through `..data` links). Makes the file a
+    /// many-source file, as `[[source]]` tables do.
+    pub sources_dir: Option<String>,
+    /// How often a many-source process reads its configuration again to add, restart and
+    /// remove sources without a SIGHUP. `0`: on SIGHUP only.
+    pub sources_poll_ms: u64,
+}
+
+impl Default for ManySourcesWritten {
+    fn default() -> Self {
+        Self {
+            sources_dir: None,
+            sources_poll_ms: DEFAULT_SOURCES_POLL_MS,
+        }
+    }
+}
+
+/// One source of a many-source file. Besides `name`, a source holds any section
+/// of a single-source file (`[source.mysql]`, `[source.outbox]`, `[source.kafka]`, ...) except
+/// `[http]`, `[tracing]` and `[fleet]`, which are the process's own; each is merged key by key
+/// over the file's top-level (shared) section of that name, and a list such as
+/// `outbox.tables` replaces the shared one.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SourceWritten {
+    /// The source's connector name (what `connector_name` is in a single-source file): it keys
+    /// the source's state-table row and its lease, so it must be unique; 1 to 191 characters.
+    /// Required in `[[source]]`; a `sources_dir` file's name without `.toml` by default.
+    pub name: String,
 }
 
 /// `[fleet]`: many processes share the file's sources. Each process joins Kafka consumer group
@@ -112,24 +200,23 @@ pub const DEFAULT_FLEET_PARTITIONS: i32 = 64;
 impl FleetConfig {
     /// `[fleet]` from its written value; `root` holds the shared `[kafka]`. `None` when
     /// `enabled = false`.
-    fn from_written(value: &Value, root: &Dict) -> Result<Option<Self>, RelayError> {
-        let w: FleetWritten = value.deserialize().map_err(|e| {
-            config_error(format!(
-                "[fleet]: {}",
-                e.to_string().replace("\"default.", "\"")
-            ))
-        })?;
-        if w.enabled == Some(false) {
+    fn from_written(
+        value: &Value,
+        root: &Dict,
+        places: &Places,
+    ) -> Result<Option<Self>, RelayError> {
+        let w: FleetWritten = value
+            .deserialize()
+            .map_err(|e| places.error(e, &["fleet"]))?;
+        if !w.enabled {
             return Ok(None);
         }
         let bad = |key: &str, why: &str| config_error(format!("fleet.{key} {why}"));
-        let group_id = w.group_id.unwrap_or_else(|| DEFAULT_FLEET_GROUP.into());
+        let group_id = w.group_id;
         if group_id.trim().is_empty() {
             return Err(bad("group_id", "must not be empty"));
         }
-        let control_topic = w
-            .control_topic
-            .unwrap_or_else(|| DEFAULT_FLEET_TOPIC.into());
+        let control_topic = w.control_topic;
         if control_topic.is_empty()
             || control_topic.len() > 249
             || control_topic == "."
@@ -146,7 +233,7 @@ impl FleetConfig {
                 ),
             ));
         }
-        let partitions = w.partitions.unwrap_or(DEFAULT_FLEET_PARTITIONS.into());
+        let partitions = w.partitions;
         let partitions = i32::try_from(partitions)
             .ok()
             .filter(|p| (1..=10_000).contains(p))
@@ -166,14 +253,14 @@ impl FleetConfig {
                 "must be 1 to 249 characters (an empty ${env:…} variable?)",
             ));
         }
-        let session_timeout_ms = w.session_timeout_ms.unwrap_or(6_000);
+        let session_timeout_ms = w.session_timeout_ms;
         if !(1_000..=3_600_000).contains(&session_timeout_ms) {
             return Err(bad(
                 "session_timeout_ms",
                 "must be 1000 to 3600000 (and within the brokers' group.min/max.session.timeout.ms)",
             ));
         }
-        let heartbeat_interval_ms = w.heartbeat_interval_ms.unwrap_or(1_500);
+        let heartbeat_interval_ms = w.heartbeat_interval_ms;
         if heartbeat_interval_ms == 0 || heartbeat_interval_ms >= session_timeout_ms {
             return Err(bad(
                 "heartbeat_interval_ms",
@@ -183,7 +270,7 @@ impl FleetConfig {
                 ),
             ));
         }
-        let lease_ttl_ms = w.lease_ttl_ms.unwrap_or(8_000);
+        let lease_ttl_ms = w.lease_ttl_ms;
         if !(2_000..=3_600_000).contains(&lease_ttl_ms) {
             return Err(bad(
                 "lease_ttl_ms",
@@ -198,12 +285,16 @@ impl FleetConfig {
                     .into(),
             ));
         }
-        let mut kafka: KafkaConfig = shared.extract_inner("kafka").map_err(figment_error)?;
+        let mut kafka: KafkaConfig = shared
+            .extract_inner("kafka")
+            .map_err(|e| places.error(e, &["kafka"]))?;
         for (key, value) in kafka.properties.iter_mut() {
             *value = super::secrets::resolve(&format!("kafka.properties.{key:?}"), value)?;
         }
         let retry: RetryConfig = if root.contains_key("retry") {
-            shared.extract_inner("retry").map_err(figment_error)?
+            shared
+                .extract_inner("retry")
+                .map_err(|e| places.error(e, &["retry"]))?
         } else {
             RetryConfig::default()
         };
@@ -292,16 +383,6 @@ fn config_error(msg: String) -> RelayError {
     RelayError::Config(msg)
 }
 
-/// Figment's message, with keys as the user wrote them.
-fn figment_error(e: figment::Error) -> RelayError {
-    RelayError::Config(
-        e.into_iter()
-            .map(|e| e.to_string().replace("\"default.", "\""))
-            .collect::<Vec<_>>()
-            .join("; "),
-    )
-}
-
 impl ProcessConfig {
     /// Loads `path` (TOML) and, for a many-source file, its sources folder; applies the
     /// environment overrides; validates every source.
@@ -313,14 +394,12 @@ impl ProcessConfig {
     /// the same `server_id` on the same server.
     pub fn load(path: &Path) -> Result<Self, RelayError> {
         if !path.exists() {
-            return Err(config_error(format!(
-                "config file {} does not exist",
-                path.display()
-            )));
+            return Err(config_error(super::missing_file(path)));
         }
+        let places = Places::file(path);
         let base =
             || Figment::from(Toml::file_exact(path)).merge(Env::prefixed(ENV_PREFIX).split("__"));
-        let root: Dict = base().extract().map_err(figment_error)?;
+        let root: Dict = base().extract().map_err(|e| places.error(e, &[]))?;
         if !PROCESS_KEYS.iter().any(|k| root.contains_key(*k)) {
             if root.contains_key("fleet") {
                 return Err(config_error(
@@ -329,7 +408,7 @@ impl ProcessConfig {
                         .into(),
                 ));
             }
-            let config = RelayConfig::from_figment(base())?;
+            let config = RelayConfig::from_figment(base(), &places)?;
             let fingerprint = fingerprint(&root, &config);
             return Ok(Self {
                 multi: false,
@@ -345,13 +424,13 @@ impl ProcessConfig {
                 fleet: None,
             });
         }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        Self::from_root(root, dir)
+        Self::from_root(root, path, &places)
     }
 
-    /// A many-source configuration from the file's top-level `root`; `dir` resolves a
-    /// relative `sources_dir`.
-    fn from_root(mut root: Dict, dir: &Path) -> Result<Self, RelayError> {
+    /// A many-source configuration from the top-level `root` of the file at `path` (whose
+    /// directory resolves a relative `sources_dir`), `places` its keys' lines.
+    fn from_root(mut root: Dict, path: &Path, places: &Places) -> Result<Self, RelayError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
         let tables = match root.remove("source") {
             None => Vec::new(),
             Some(Value::Array(_, items)) => items,
@@ -361,24 +440,18 @@ impl ProcessConfig {
                 ))
             }
         };
-        let sources_dir = match root.remove("sources_dir") {
-            None => None,
-            Some(Value::String(_, s)) => Some(dir.join(s)),
-            Some(_) => {
-                return Err(config_error(
-                    "sources_dir must be a string: the folder of the source files".into(),
-                ))
-            }
-        };
-        let poll_ms = match root.remove("sources_poll_ms") {
-            None => DEFAULT_SOURCES_POLL_MS,
-            Some(v) => v.deserialize::<u64>().map_err(|_| {
-                config_error("sources_poll_ms must be a whole number of ms (0: SIGHUP only)".into())
-            })?,
-        };
+        let own: Dict = ["sources_dir", "sources_poll_ms"]
+            .iter()
+            .filter_map(|k| Some(((*k).to_owned(), root.remove(*k)?)))
+            .collect();
+        let own: ManySourcesWritten = Figment::from(Serialized::defaults(own))
+            .extract()
+            .map_err(|e| places.error(e, &[]))?;
+        let sources_dir = own.sources_dir.map(|s| dir.join(s));
+        let poll_ms = own.sources_poll_ms;
         let fleet = match root.remove("fleet") {
             None => None,
-            Some(v) => FleetConfig::from_written(&v, &root)?,
+            Some(v) => FleetConfig::from_written(&v, &root, places)?,
         };
         if root.contains_key("connector_name") {
             return Err(config_error(
@@ -394,17 +467,23 @@ impl ProcessConfig {
                 .filter_map(|k| Some(((*k).to_owned(), root.get(*k)?.clone()))),
         )));
         let http: HttpConfig = if root.contains_key("http") {
-            process.extract_inner("http").map_err(figment_error)?
+            process
+                .extract_inner("http")
+                .map_err(|e| places.error(e, &["http"]))?
         } else {
             HttpConfig::default()
         };
         let tracing: TracingConfig = if root.contains_key("tracing") {
-            process.extract_inner("tracing").map_err(figment_error)?
+            process
+                .extract_inner("tracing")
+                .map_err(|e| places.error(e, &["tracing"]))?
         } else {
             TracingConfig::default()
         };
 
-        let mut written: Vec<(String, Dict)> = Vec::new();
+        // Each source's settings with where they are written: its own table or file first,
+        // then the shared sections.
+        let mut written: Vec<(String, Dict, Places)> = Vec::new();
         for (i, table) in tables.into_iter().enumerate() {
             let Value::Dict(_, mut dict) = table else {
                 return Err(config_error(format!(
@@ -414,7 +493,12 @@ impl ProcessConfig {
             };
             let name = take_name(&mut dict, None)
                 .map_err(|why| config_error(format!("[[source]] number {}: {why}", i + 1)))?;
-            written.push((name, dict));
+            let index = i.to_string();
+            let here = Places(vec![
+                Place::file(path, &["source", index.as_str()]),
+                Place::file(path, &[]),
+            ]);
+            written.push((name, dict, here));
         }
         if let Some(folder) = &sources_dir {
             for (file, mut dict) in read_folder(folder)? {
@@ -424,13 +508,14 @@ impl ProcessConfig {
                     .unwrap_or_default();
                 let name = take_name(&mut dict, Some(&stem))
                     .map_err(|why| config_error(format!("{}: {why}", file.display())))?;
-                written.push((name, dict));
+                let here = Places(vec![Place::file(&file, &[]), Place::file(path, &[])]);
+                written.push((name, dict, here));
             }
         }
 
         let mut sources = Vec::with_capacity(written.len());
         let mut names: HashMap<String, ()> = HashMap::new();
-        for (name, mut dict) in written {
+        for (name, mut dict, here) in written {
             if names.insert(name.clone(), ()).is_some() {
                 return Err(config_error(format!(
                     "two sources are named {name:?}: names key the state-table row and the \
@@ -454,8 +539,8 @@ impl ProcessConfig {
             dict.insert("connector_name".into(), Value::from(name.clone()));
             let merged =
                 Figment::from(Serialized::defaults(root.clone())).merge(Serialized::defaults(dict));
-            let settings: Dict = merged.extract().map_err(figment_error)?;
-            let mut config = RelayConfig::from_figment(merged).map_err(|e| match e {
+            let settings: Dict = merged.extract().map_err(|e| here.error(e, &[]))?;
+            let mut config = RelayConfig::from_figment(merged, &here).map_err(|e| match e {
                 RelayError::Config(msg) => in_source(msg),
                 other => other,
             })?;
@@ -527,7 +612,7 @@ fn read_folder(folder: &Path) -> Result<Vec<(PathBuf, Dict)>, RelayError> {
         .map(|file| {
             let dict: Dict = Figment::from(Toml::file_exact(&file))
                 .extract()
-                .map_err(|e| config_error(format!("{}: {}", file.display(), figment_error(e))))?;
+                .map_err(|e| Places::file(&file).error(e, &[]))?;
             Ok((file, dict))
         })
         .collect()
@@ -928,7 +1013,8 @@ tables = [\"pay.outbox\", \"pay.outbox2\"]
             ("lease_ttl_ms = 500", "fleet.lease_ttl_ms must be 2000 to 3600000"),
             ("session_timeout_ms = 10", "fleet.session_timeout_ms must be 1000"),
             ("instance_id = \"${env:OUTBOX_RELAY_TEST_UNSET_VAR}\"", "fleet.instance_id"),
-            ("groupid = \"x\"", "[fleet]: unknown field: found `groupid`"),
+            ("groupid = \"x\"", "unknown key \"groupid\" in [fleet] ("),
+            ("groupid = \"x\"", "line 14): did you mean \"group_id\"? The valid keys are: control_topic, enabled, group_id,"),
         ];
         for (i, (line, expected)) in cases.iter().enumerate() {
             let path = write(

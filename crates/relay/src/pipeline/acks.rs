@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::{refused_too, Ack, RowRef};
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::observe::audit::AckAudit;
+use outbox_relay_core::observe::audit::{self, AckAudit, RecordTimes};
 use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics};
 use outbox_relay_core::observe::spans::RowSpan;
 use outbox_relay_core::position::BinlogPosition;
@@ -51,6 +51,8 @@ pub(super) struct RecordInfo {
     /// does not move the checkpoint ([`Ack::Released`]), and a refusal is not dead-lettered
     /// here (the run ends and the next one starts before it).
     pub released: Option<u64>,
+    /// When it was handed to the producer; only with `[audit] timings`.
+    pub sent_at: Option<Instant>,
 }
 
 /// A record whose batch the broker refused for good, after which the producer stopped
@@ -343,6 +345,12 @@ impl AckQueue {
             return;
         }
         let clock = metrics::AckClock::now();
+        // `[audit] timings`: the wall clock of this batch of reports.
+        let wall = self
+            .audit
+            .as_ref()
+            .filter(|(a, _)| a.timings())
+            .map(|_| (Instant::now(), audit::unix_micros()));
         for (seq, outcome) in self.reports.drain(..) {
             let Some(entry) = seq
                 .checked_sub(self.first_seq)
@@ -363,6 +371,13 @@ impl AckQueue {
                         }
                         if let Some((_, lines)) = &mut self.audit {
                             let key = info.event_key.as_deref().map(String::from_utf8_lossy);
+                            let times =
+                                wall.zip(info.sent_at)
+                                    .map(|((now, now_us), sent)| RecordTimes {
+                                        read_us: audit::wall_micros(info.read_at, now, now_us),
+                                        sent_us: audit::wall_micros(sent, now, now_us),
+                                        acked_us: now_us,
+                                    });
                             AckAudit::record(
                                 lines,
                                 &info.topic,
@@ -370,6 +385,7 @@ impl AckQueue {
                                 offset,
                                 key.as_deref(),
                                 &info.position,
+                                times,
                             );
                         }
                         let counters = match &self.topic_counters {

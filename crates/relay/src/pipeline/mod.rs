@@ -68,7 +68,7 @@ use outbox_relay_mysql::cutover::{self, Cutover};
 
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
-use outbox_relay_core::observe::audit::AckAudit;
+use outbox_relay_core::observe::audit::{self, AckAudit};
 use outbox_relay_core::observe::metrics::{self, DeadLetterKind, Metrics, ProgressLog};
 use outbox_relay_core::observe::spans::{RowSpan, RowSpans, RowStart};
 use outbox_relay_core::outbox::OutboxEvent;
@@ -254,6 +254,8 @@ struct Progress<'s, S> {
     /// have written): the first write stores it even if nothing moved since. Without it, a
     /// hold's floor at the start point would keep the store behind it for the whole hold.
     start_unwritten: bool,
+    /// `[audit] timings`: the audit that gets a line per committed Kafka transaction.
+    commit_audit: Option<Arc<AckAudit>>,
 }
 
 impl<S: CheckpointStore> Progress<'_, S> {
@@ -308,6 +310,11 @@ impl<S: CheckpointStore> Progress<'_, S> {
         let moved = self.moved(&acked);
         if moved || sink.transaction_open() {
             sink.commit(&acked).await?;
+            if let Some(audit) = &self.commit_audit {
+                let mut line = String::new();
+                audit.commit(&mut line, audit::unix_micros());
+                audit.write(&mut line);
+            }
             self.stored = acked;
             self.stats.checkpoints_written += 1;
         }
@@ -549,6 +556,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         metrics: Arc::clone(&settings.metrics),
         floor: None,
         start_unwritten,
+        commit_audit: settings.ack_audit.clone().filter(|a| a.timings()),
     };
     let mut inflight = AckQueue::new(
         sink,
@@ -1286,7 +1294,15 @@ impl Reader<'_> {
                 if let Some(span) = held.span.as_deref_mut() {
                     span.produced();
                 }
-                let (done, info) = record_info(held, alone, None);
+                let (done, mut info) = record_info(held, alone, None);
+                if self
+                    .settings
+                    .ack_audit
+                    .as_ref()
+                    .is_some_and(|a| a.timings())
+                {
+                    info.sent_at = Some(Instant::now());
+                }
                 inflight.push_record(done, info);
                 self.last_sent = Some(row);
                 // Its acknowledgement is awaited once it counts as in flight (see `stream`).
@@ -1704,6 +1720,7 @@ fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordI
             span: held.span,
             event_key: held.event_key,
             released,
+            sent_at: None,
         },
     )
 }
@@ -1844,6 +1861,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             floor: None,
             start_unwritten: false,
+            commit_audit: None,
         }
     }
 

@@ -475,7 +475,9 @@ pub(crate) fn ack_audit(config: &RelayConfig) -> Result<Option<Arc<AckAudit>>, R
         .audit
         .acks_file
         .as_deref()
-        .map(|path| AckAudit::open(path, &config.dead_letter.topic).map(Arc::new))
+        .map(|path| {
+            AckAudit::open(path, &config.dead_letter.topic, config.audit.timings).map(Arc::new)
+        })
         .transpose()
 }
 

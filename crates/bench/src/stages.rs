@@ -1,0 +1,255 @@
+//! The latency budget of one steady run: each relayed row's latency split into stages, from
+//! points measured outside the relay's hot path:
+//!
+//! | point | measured by |
+//! | --- | --- |
+//! | statement sent, commit returned | the writer ([`crate::workload::write_steady`]) |
+//! | rows event arrived at a bare replica | [`crate::binlog::Tail`] |
+//! | read, handed to the producer, acknowledged | the relay's `[audit] timings` lines |
+//! | appended by the broker | the record's `LogAppendTime` (ms) |
+//! | Kafka transaction committed (exactly-once) | the audit's `commit` lines |
+//! | visible to a `read_committed` reader | [`crate::kafka::LiveReader`] |
+//!
+//! and the relay's own share of the p99: its commit → acknowledgement p99 minus the p99 of the
+//! bare arrival and of the bare producer's send → acknowledgement on the same rows.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use crate::kafka::summary;
+
+/// The relay's times of one row, from its audit line.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayTimes {
+    /// Its binlog event read, µs since the epoch.
+    pub read_us: i64,
+    /// Handed to the producer.
+    pub sent_us: i64,
+    /// Acknowledged.
+    pub acked_us: i64,
+}
+
+/// The audit of a relay run with `[audit] timings`: rows of workload `agg` (event keys
+/// `<agg>-<seq>`) by sequence number, and the commit times (sorted).
+#[derive(Debug, Default)]
+pub struct Audit {
+    /// Row sequence number → its times.
+    pub rows: HashMap<u64, RelayTimes>,
+    /// Committed Kafka transactions, µs since the epoch, sorted.
+    pub commits: Vec<i64>,
+}
+
+/// Reads `path` (missing: empty), keeping the rows of workload `agg` and every commit line.
+pub fn read_audit(path: &Path, agg: &str) -> Audit {
+    let mut out = Audit::default();
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let prefix = format!("{agg}-");
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["kind"] == "commit" {
+            if let Some(c) = v["committed_us"].as_i64() {
+                out.commits.push(c);
+            }
+            continue;
+        }
+        let Some(seq) = v["event_key"]
+            .as_str()
+            .and_then(|k| k.strip_prefix(&prefix))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let t = |k: &str| v[k].as_i64();
+        if let (Some(read_us), Some(sent_us), Some(acked_us)) =
+            (t("read_us"), t("sent_us"), t("acked_us"))
+        {
+            out.rows.insert(
+                seq,
+                RelayTimes {
+                    read_us,
+                    sent_us,
+                    acked_us,
+                },
+            );
+        }
+    }
+    out.commits.sort_unstable();
+    out
+}
+
+/// Everything measured about the rows of one steady run.
+#[derive(Debug, Default)]
+pub struct Points {
+    /// Rows per source transaction.
+    pub txn: u64,
+    /// Per transaction: its first row, statement sent, commit returned (µs since the epoch).
+    pub commits: Vec<(u64, i64, i64)>,
+    /// Row → arrival at the bare replica.
+    pub arrivals: HashMap<u64, i64>,
+    /// The bare producer's send → acknowledgement, µs.
+    pub bare_produce: Vec<i64>,
+    /// The relay's audit.
+    pub audit: Audit,
+    /// Row → broker append time (µs, from ms).
+    pub appended: HashMap<u64, i64>,
+    /// Row → arrival at the read_committed live reader.
+    pub visible: HashMap<u64, i64>,
+}
+
+/// The stage names in timeline order, each with what it spans.
+pub const STAGES: &[(&str, &str)] = &[
+    ("db_commit", "statement sent → commit returned"),
+    ("binlog_arrival", "commit returned → rows event at a bare replica"),
+    ("relay_read", "bare arrival → relay read the event"),
+    ("relay_handoff", "relay read → handed to the producer"),
+    ("broker_append", "handed to the producer → broker append (LogAppendTime, ms)"),
+    ("ack", "broker append → relay got the acknowledgement"),
+    ("commit_to_ack", "commit returned → acknowledged (the relay's figure)"),
+    ("txn_commit", "acknowledged → its Kafka transaction committed (exactly-once)"),
+    ("visible", "transaction committed → read_committed reader got it (exactly-once)"),
+    ("commit_to_visible", "commit returned → visible to a read_committed reader"),
+    ("bare_produce", "a bare producer's send → acknowledgement, same rows"),
+];
+
+/// Per stage: p50/p99/p999/max (ms) and the number of rows measured; and the relay's share of
+/// the p99 (`relay_share_p99_ms`) when the arrival, the bare producer and the relay's
+/// acknowledgements were all measured.
+pub fn budget(p: &Points) -> Value {
+    let mut stages: HashMap<&str, Vec<i64>> = HashMap::new();
+    let mut push = |name: &'static str, v: i64| stages.entry(name).or_default().push(v);
+    for &(first, sent, commit) in &p.commits {
+        push("db_commit", commit - sent);
+        for seq in first..first + p.txn.max(1) {
+            let arrival = p.arrivals.get(&seq).copied();
+            let relay = p.audit.rows.get(&seq).copied();
+            let appended = p.appended.get(&seq).copied();
+            if let Some(a) = arrival {
+                push("binlog_arrival", a - commit);
+            }
+            if let (Some(a), Some(r)) = (arrival, relay) {
+                push("relay_read", r.read_us - a);
+            }
+            if let Some(r) = relay {
+                push("relay_handoff", r.sent_us - r.read_us);
+                push("commit_to_ack", r.acked_us - commit);
+                if let Some(ap) = appended {
+                    push("broker_append", ap - r.sent_us);
+                    push("ack", r.acked_us - ap);
+                }
+                // The first commit at or after the acknowledgement.
+                let i = p.audit.commits.partition_point(|&c| c < r.acked_us);
+                if let Some(&c) = p.audit.commits.get(i) {
+                    push("txn_commit", c - r.acked_us);
+                    if let Some(&v) = p.visible.get(&seq) {
+                        push("visible", v - c);
+                    }
+                }
+            }
+            if let Some(&v) = p.visible.get(&seq) {
+                push("commit_to_visible", v - commit);
+            }
+        }
+    }
+    if !p.bare_produce.is_empty() {
+        stages.insert("bare_produce", p.bare_produce.clone());
+    }
+    let mut out = Map::new();
+    let mut p99 = HashMap::new();
+    for (name, _) in STAGES {
+        let Some(v) = stages.get_mut(name) else {
+            continue;
+        };
+        v.sort_unstable();
+        let mut s = Map::new();
+        for (k, x) in summary(v) {
+            s.insert(k.to_owned(), json!(x));
+        }
+        s.insert("rows".into(), json!(v.len()));
+        p99.insert(*name, summary(v)["p99_ms"]);
+        out.insert((*name).to_owned(), Value::Object(s));
+    }
+    let share = match (
+        p99.get("commit_to_ack"),
+        p99.get("binlog_arrival"),
+        p99.get("bare_produce"),
+    ) {
+        (Some(total), Some(arrival), Some(produce)) => json!(total - (arrival + produce)),
+        _ => Value::Null,
+    };
+    json!({"stages": out, "relay_share_p99_ms": share})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_are_the_differences_between_the_points_of_each_row() {
+        let mut p = Points {
+            txn: 2,
+            commits: vec![(10, 1_000, 3_000)],
+            ..Points::default()
+        };
+        for (seq, base) in [(10u64, 0i64), (11, 100)] {
+            p.arrivals.insert(seq, 3_500 + base);
+            p.audit.rows.insert(
+                seq,
+                RelayTimes {
+                    read_us: 4_000 + base,
+                    sent_us: 4_200 + base,
+                    acked_us: 9_000 + base,
+                },
+            );
+            p.appended.insert(seq, 7_000 + base);
+            p.visible.insert(seq, 12_000 + base);
+        }
+        p.audit.commits = vec![5_000, 10_000];
+        p.bare_produce = vec![2_000, 2_000];
+        let b = budget(&p);
+        let s = &b["stages"];
+        assert_eq!(s["db_commit"]["p50_ms"], 2.0);
+        assert_eq!(s["binlog_arrival"]["rows"], 2);
+        assert_eq!(s["relay_read"]["p50_ms"], 0.5);
+        assert_eq!(s["relay_handoff"]["p99_ms"], 0.2);
+        assert_eq!(s["broker_append"]["p50_ms"], 2.8);
+        assert_eq!(s["ack"]["p50_ms"], 2.0);
+        // 10,000 is the first commit at or after both acknowledgements (9,000 and 9,100).
+        assert_eq!(s["txn_commit"]["p99_ms"], 1.0);
+        assert_eq!(s["visible"]["p99_ms"], 2.1);
+        assert_eq!(s["commit_to_ack"]["p99_ms"], 6.1);
+        assert_eq!(s["commit_to_visible"]["p50_ms"], 9.0);
+        // 6.1 - (0.6 + 2.0)
+        let share = b["relay_share_p99_ms"].as_f64().expect("share");
+        assert!((share - 3.5).abs() < 1e-9, "{share}");
+    }
+
+    #[test]
+    fn the_audit_keeps_its_workload_rows_and_every_commit() {
+        let dir = std::env::temp_dir().join(format!("bench-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("a.jsonl");
+        std::fs::write(
+            &path,
+            concat!(
+                r#"{"kind":"record","event_key":"s5000x1-7","read_us":1,"sent_us":2,"acked_us":3}"#,
+                "\n",
+                r#"{"kind":"record","event_key":"s1000x1-7","read_us":4,"sent_us":5,"acked_us":6}"#,
+                "\n",
+                r#"{"kind":"commit","committed_us":9}"#,
+                "\n",
+                r#"{"kind":"commit","committed_us":8}"#,
+                "\nnot json\n",
+            ),
+        )
+        .expect("write");
+        let a = read_audit(&path, "s5000x1");
+        assert_eq!(a.rows.len(), 1);
+        assert_eq!(a.rows[&7].acked_us, 3);
+        assert_eq!(a.commits, vec![8, 9]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
