@@ -420,3 +420,52 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
     w.db.drop_database().await?;
     Ok(())
 }
+
+/// `migrate --inbox` as a consumer's user without DDL privileges (issue 31): the refused
+/// statement, CREATE and ALTER on the database, the account and the two fixes (another
+/// `--database-url`, or the GRANT line), never "check the user and password"; that GRANT makes
+/// the next run create the tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_inbox_names_the_privilege_a_consumer_user_lacks() -> Result<()> {
+    let db = TestDb::create("inbox_grant").await?;
+    let name = db.name().to_owned();
+    let user = format!("ig{}", unique_suffix().replace('_', ""));
+    let user = &user[..user.len().min(30)];
+    let mut admin = db.conn().await?;
+    for sql in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'inbox-pw'"),
+        format!("GRANT SELECT, INSERT, DELETE ON `{name}`.* TO '{user}'@'%'"),
+    ] {
+        admin.query_drop(&sql).await.with_context(|| sql.clone())?;
+    }
+    let url = outbox_relay_testkit::mysql_url(Some(&name)).replacen(
+        "root@",
+        &format!("{user}:inbox-pw@"),
+        1,
+    );
+    let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
+    ensure!(code == 3, "exit {code}\n{out}\n{err}");
+    let grant = format!("GRANT CREATE, ALTER ON `{name}`.* TO '{user}'@'%'");
+    for needle in [
+        format!("privileges of '{user}'@'%' for `outbox-relay migrate --inbox --database-url "),
+        format!("expected CREATE, ALTER on `{name}`.* to create and upgrade the inbox tables"),
+        "the server refused the statement CREATE TABLE IF NOT EXISTS outbox_inbox (…)".to_owned(),
+        "give --database-url the URL of a user that may create and alter tables".to_owned(),
+        format!("or, as an administrator: {grant}"),
+    ] {
+        ensure!(err.contains(&needle), "{needle:?} not in:\n{err}");
+    }
+    ensure!(
+        !err.contains("check the user and password") && !err.contains("inbox-pw"),
+        "{err}"
+    );
+    admin.query_drop(&grant).await?;
+    let (code, out, err) = run(&["migrate", "--inbox", "--database-url", &url])?;
+    ensure!(
+        code == 0 && out.contains("outbox_inbox: created"),
+        "after the GRANT: exit {code}\n{out}\n{err}"
+    );
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop(admin);
+    db.drop_database().await
+}

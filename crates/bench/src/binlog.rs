@@ -217,7 +217,9 @@ impl Tail {
                             out.arrivals.insert(seq, arrived);
                             let (k, value) = (key_of(seq), payload(arrived, seq, &key_of(seq)));
                             let sent = now_micros();
-                            match producer.send_result(FutureRecord::to(&topic).key(&k).payload(&value)) {
+                            match producer
+                                .send_result(FutureRecord::to(&topic).key(&k).payload(&value))
+                            {
                                 Ok(delivery) => {
                                     let tx = done_tx.clone();
                                     tokio::spawn(async move {

@@ -840,7 +840,10 @@ impl Bench {
             None
         };
         let machine = machine_state().await;
-        log(format!("steady: {} {rate}/s x{txn}: machine {machine}", sys.name()));
+        log(format!(
+            "steady: {} {rate}/s x{txn}: machine {machine}",
+            sys.name()
+        ));
         let w: Written =
             workload::write_steady(db.pool(), &agg, rate, txn, self.s.steady_secs).await?;
         let writer_end = Instant::now();

@@ -268,9 +268,11 @@ pub async fn migrate_inbox(url: &str) -> Result<InboxMigrateReport, RelayError> 
         privileges: "CREATE, ALTER".into(),
         on: format!("{}.*", super::quote_ident(&database)),
         purpose: format!("to create and upgrade the inbox tables of {database}"),
-        statement: "CREATE TABLE IF NOT EXISTS outbox_inbox (…) (migrations/0004_inbox.sql,                     then 0005_inbox_keys.sql and 0006_inbox_parked.sql)"
+        statement: "CREATE TABLE IF NOT EXISTS outbox_inbox (…) (migrations/0004_inbox.sql, \
+                    then 0005_inbox_keys.sql and 0006_inbox_parked.sql)"
             .into(),
-        instead: "give --database-url the URL of a user that may create and alter tables in                   that database (the consumers themselves need no DDL privilege)"
+        instead: "give --database-url the URL of a user that may create and alter tables in \
+                  that database (the consumers themselves need no DDL privilege)"
             .into(),
     };
     for sql in [INBOX_SQL, INBOX_KEYS_SQL, INBOX_PARKED_SQL] {
@@ -526,7 +528,7 @@ pub async fn prune_inbox(opts: &InboxPruneOptions) -> Result<InboxPruneReport, R
                                 "DELETE FROM {INBOX_TABLE} WHERE consumer = ? AND … LIMIT {}",
                                 opts.batch_size
                             ),
-                            instead: "give --database-url the URL of a user that may delete                                       them"
+                            instead: "give --database-url the URL of a user that may delete them"
                                 .into(),
                         };
                         return Err(needed.explain(&mut conn, e).await);
