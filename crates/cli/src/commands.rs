@@ -21,8 +21,10 @@ pub enum OpsCommand {
     ///
     /// Checks the binlog settings, server_id, GTID settings (mysql.resume = "gtid"), binlog
     /// retention against the checkpoint, privileges, the outbox tables (mapped columns and
-    /// their types), the checkpoint table, Kafka, the topics and the producer's message size
-    /// limit against the largest possible row. Changes nothing.
+    /// their types), the checkpoint table, Kafka, whether the brokers auto-create topics and
+    /// which of the configured topics exist, the topics' size limits, and each table's payloads
+    /// (the column's bound and the newest rows) against the largest record the producer and
+    /// the topic allow. Changes nothing.
     /// With --inbox-url URL (repeatable): also a consumer's inbox tables (present, keys
     /// compared byte for byte; migrations/0005_inbox_keys.sql).
     ///
