@@ -82,10 +82,11 @@ def normalize(text, uid):
     seconds = Renumber(lambda i: str(2 + i))
     def secs(v):
         return v if float(v) == 0 else seconds(v)
-    text = re.sub(r"\b(\d+(?:\.\d+)?)( s ago| s\)| s \(seconds since)", lambda m: secs(m.group(1)) + m.group(2), text)
-    text = re.sub(r"(\(age )(\d+)( s\))", lambda m: m.group(1) + secs(m.group(2)) + m.group(3), text)
-    text = re.sub(r"\b(\d+) min (\d+) s before", lambda m: f"0 min {secs(str(int(m.group(1)) * 60 + int(m.group(2))))} s before", text)
-    text = re.sub(r'("age_seconds":)([\d.]+)', lambda m: m.group(1) + secs(m.group(2)), text)
+    # Ages and durations; a lag of 0 s stays 0 (it means "caught up").
+    text = re.sub(r"\b(\d+(?:\.\d+)?)( s ago| s\))", lambda m: seconds(m.group(1)) + m.group(2), text)
+    text = re.sub(r"\b(\d+(?:\.\d+)?)( s \(seconds since)", lambda m: secs(m.group(1)) + m.group(2), text)
+    text = re.sub(r"\b(\d+) min (\d+) s before", lambda m: f"0 min {seconds(str(int(m.group(1)) * 60 + int(m.group(2))))} s before", text)
+    text = re.sub(r'("age_seconds":)([\d.]+)', lambda m: m.group(1) + seconds(m.group(2)), text)
     text = re.sub(r'("seconds":)([\d.]+)', lambda m: m.group(1) + secs(m.group(2)), text)
     lag = Renumber(lambda i: str(1250 + 250 * i))
     def lag_bytes(v):
@@ -101,6 +102,8 @@ def normalize(text, uid):
     text = re.sub(r"(connection )(\d+)", lambda m: m.group(1) + conns(m.group(2)), text)
     ports = Renumber(lambda i: str(9719 + i))
     text = re.sub(r"(address=127\.0\.0\.1:)(\d+)", lambda m: m.group(1) + ports(m.group(2)), text)
+    fleet_partitions = Renumber(lambda i: str(17 + 21 * i))
+    text = re.sub(r"(?m)^(\S+  partition )(\d+)", lambda m: m.group(1) + fleet_partitions(m.group(2)), text)
     text = re.sub(r"\((\d+) files\)", "(3 files)", text)
     text = re.sub(r"\((\d+) brokers?, (\d+) topics\)", lambda m: f"({m.group(1)} brokers, 12 topics)", text)
     return text
