@@ -19,7 +19,8 @@
 # second outbox table stamped with its created_at two hours ahead, which the topic refuses
 # (Kafka 4's log.message.timestamp.after.max.ms, 1 h): dead-lettered with its value, replayable;
 # a row whose aggregate type makes no valid topic, dead-lettered for good), a consumer group that
-# read the records, then the relay stopped and the operator commands run. `trace` is shown with
+# read the records, then the relay stopped, the operator commands run, and one more row written
+# for `trace` to find not relayed yet. `trace` is shown with
 # its report (stdout) only: its log lines (stderr) about the scenario's own DDL are left out.
 #
 # What varies from run to run is normalized, and only that (docs/capture_normalize.py):
@@ -178,6 +179,11 @@ capture prune-plan "${PRUNE_PLAN_ARGS[@]}" --config relay.toml
 capture republish-plan republish --config relay.toml --event-key evt-1001-created --event-key evt-1001-paid
 capture dlq-replay-plan "${DLQ_PLAN_ARGS[@]}" --config relay.toml
 capture dlq-replay "${DLQ_RUN_ARGS[@]}" --config relay.toml
+
+# A row committed while no relay runs: trace finds it not relayed yet (exit code 5).
+sql "$uid" -e "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload)
+  VALUES ('Order', 'order-1004', 'OrderCreated', 'evt-1004-created', '{\"total\": 9}')"
+STDOUT_ONLY=1 capture trace-not-relayed trace --config relay.toml evt-1004-created
 
 # check on a table whose created_at is not a date-time (a failure, exit code 3): its FAIL line.
 sql "$uid" -e "CREATE TABLE outbox_text LIKE outbox; ALTER TABLE outbox_text MODIFY created_at VARCHAR(32) NOT NULL DEFAULT '';
