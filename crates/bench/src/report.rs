@@ -422,7 +422,7 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
 }
 
 /// Writes `latest.json`, `latest.md` and `latency-<server>.png` per server of `all`
-/// ([`combine`]) into `out`, and the README section. Plots of servers not in `all` (and the
+/// ([`combine`]) into `out`, and the benchmark page's section. Plots of servers not in `all` (and the
 /// single `latency.png` from before per-server results) are removed: they would show an
 /// earlier run's figures.
 ///

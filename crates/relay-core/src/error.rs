@@ -186,7 +186,7 @@ impl RelayError {
         )
     }
 
-    /// Process exit code for this error (documented in the README): 2 configuration or
+    /// Process exit code for this error (documented in docs/src/operations/running.md): 2 configuration or
     /// command-line argument, 3 server prerequisite, 1 anything else.
     pub fn exit_code(&self) -> i32 {
         match self {
