@@ -99,7 +99,7 @@ fn sasl_kafka() -> Result<(Arc<PrivateService>, String, String)> {
 const SASL_USER: &str = "relay";
 const SASL_PASSWORD: &str = "relay-scram-secret";
 
-/// The grants the README documents for a least-privileged relay user: MariaDB 10.5+ names
+/// The grants the book documents (docs/src/server-setup.md) for a least-privileged relay user: MariaDB 10.5+ names
 /// BINLOG MONITOR and friends; MySQL 8.0 REPLICATION CLIENT. On MySQL 8.0 the user gets the
 /// server's default authentication, caching_sha2_password.
 async fn create_relay_user(db: &TestDb, user: &str, password: &str, require: &str) -> Result<()> {
@@ -250,7 +250,7 @@ fn toml_path(p: &std::path::Path) -> String {
     format!("{:?}", p.display().to_string())
 }
 
-/// A user created REQUIRE SSL (the server refuses it any plain connection) with the README's
+/// A user created REQUIRE SSL (the server refuses it any plain connection) with the book's
 /// least privileges: the relay connects with tls_mode = verify_ca against the test CA, its
 /// password read from a file (`${file:…}` in mysql.password), and relays the rows. Every
 /// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.

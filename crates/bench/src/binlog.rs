@@ -188,12 +188,11 @@ impl Tail {
                 let ev = ev.context("reading the binlog tail")?;
                 let arrived = now_micros();
                 match ev.read_data() {
-                    Ok(Some(EventData::TableMapEvent(tme))) => {
+                    Ok(Some(EventData::TableMapEvent(tme)))
                         if tme.database_name() == target.database
-                            && tme.table_name() == target.table
-                        {
-                            maps.insert(tme.table_id(), tme.into_owned());
-                        }
+                            && tme.table_name() == target.table =>
+                    {
+                        maps.insert(tme.table_id(), tme.into_owned());
                     }
                     Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEvent(_))))
                     | Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEventV1(_)))) => {
@@ -217,7 +216,9 @@ impl Tail {
                             out.arrivals.insert(seq, arrived);
                             let (k, value) = (key_of(seq), payload(arrived, seq, &key_of(seq)));
                             let sent = now_micros();
-                            match producer.send_result(FutureRecord::to(&topic).key(&k).payload(&value)) {
+                            match producer
+                                .send_result(FutureRecord::to(&topic).key(&k).payload(&value))
+                            {
                                 Ok(delivery) => {
                                     let tx = done_tx.clone();
                                     tokio::spawn(async move {

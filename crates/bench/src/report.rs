@@ -1,5 +1,5 @@
 //! The benchmark's outputs: targets, Markdown tables, the JSON file, the latency plots and the
-//! README section between `<!-- bench:begin -->` and `<!-- bench:end -->`. One server's figures
+//! benchmark page's section (docs/src/benchmark.md) between `<!-- bench:begin -->` and `<!-- bench:end -->`. One server's figures
 //! are one JSON object (what `outbox-relay-bench measure` writes); the outputs combine the
 //! servers' objects as `{"servers": {"<server>": {...}}, ...}` ([`combine`]).
 
@@ -422,7 +422,7 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
 }
 
 /// Writes `latest.json`, `latest.md` and `latency-<server>.png` per server of `all`
-/// ([`combine`]) into `out`, and the README section. Plots of servers not in `all` (and the
+/// ([`combine`]) into `out`, and the benchmark page's section. Plots of servers not in `all` (and the
 /// single `latency.png` from before per-server results) are removed: they would show an
 /// earlier run's figures.
 ///
@@ -458,7 +458,7 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
             let new = format!(
                 "{}{begin}\n{}{}",
                 &text[..a],
-                markdown_all(all, "tests/bench/results/"),
+                markdown_all(all, RESULTS_URL),
                 &text[b..]
             );
             std::fs::write(readme, new)?;
@@ -466,6 +466,11 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
     }
     Ok(())
 }
+
+/// Where the benchmark page finds the latency plots: the committed files on GitHub (the book is
+/// built from docs/src, which holds no copy of tests/bench/results).
+const RESULTS_URL: &str =
+    "https://github.com/outbox-relay/outbox-relay/raw/main/tests/bench/results/";
 
 const FONT_PATHS: [&str; 2] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",

@@ -103,16 +103,37 @@ pub struct Points {
 /// The stage names in timeline order, each with what it spans.
 pub const STAGES: &[(&str, &str)] = &[
     ("db_commit", "statement sent → commit returned"),
-    ("binlog_arrival", "commit returned → rows event at a bare replica"),
+    (
+        "binlog_arrival",
+        "commit returned → rows event at a bare replica",
+    ),
     ("relay_read", "bare arrival → relay read the event"),
     ("relay_handoff", "relay read → handed to the producer"),
-    ("broker_append", "handed to the producer → broker append (LogAppendTime, ms)"),
+    (
+        "broker_append",
+        "handed to the producer → broker append (LogAppendTime, ms)",
+    ),
     ("ack", "broker append → relay got the acknowledgement"),
-    ("commit_to_ack", "commit returned → acknowledged (the relay's figure)"),
-    ("txn_commit", "acknowledged → its Kafka transaction committed (exactly-once)"),
-    ("visible", "transaction committed → read_committed reader got it (exactly-once)"),
-    ("commit_to_visible", "commit returned → visible to a read_committed reader"),
-    ("bare_produce", "a bare producer's send → acknowledgement, same rows"),
+    (
+        "commit_to_ack",
+        "commit returned → acknowledged (the relay's figure)",
+    ),
+    (
+        "txn_commit",
+        "acknowledged → its Kafka transaction committed (exactly-once)",
+    ),
+    (
+        "visible",
+        "transaction committed → read_committed reader got it (exactly-once)",
+    ),
+    (
+        "commit_to_visible",
+        "commit returned → visible to a read_committed reader",
+    ),
+    (
+        "bare_produce",
+        "a bare producer's send → acknowledgement, same rows",
+    ),
 ];
 
 /// Per stage: p50/p99/p999/max (ms) and the number of rows measured; and the relay's share of
