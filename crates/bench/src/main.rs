@@ -328,6 +328,8 @@ impl Bench {
                         ("RUST_LOG", &log),
                         ("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit),
                         ("OUTBOX_RELAY__AUDIT__TIMINGS", "true"),
+                        // Any free port: another relay on the machine may hold the default.
+                        ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
                     ],
                 )?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
@@ -870,7 +872,8 @@ impl Bench {
         let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
         // Broker append time − commit for the others; the exactly-once relay's records are
         // appended before their transaction commits, so only visibility counts for it.
-        let appended = kafka::latencies(&self.s.bootstrap, &topic).await?;
+        let committed = (sys == System::RelayEos).then_some(n);
+        let appended = kafka::latencies(&self.s.bootstrap, &topic, committed).await?;
         let lat = match (&visible, sys) {
             (Some(v), System::RelayEos) => v.clone(),
             _ => appended.clone(),
