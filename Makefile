@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release demo demo-inbox test lint helm-lint prometheus-lint fmt services-up services-down clean bench fuzz inbox config-reference
+.PHONY: all build release demo demo-inbox test lint docs docs-lint docs-capture helm-lint prometheus-lint fmt services-up services-down clean bench fuzz inbox config-reference
 
 all: build
 
@@ -20,12 +20,13 @@ demo:
 
 ## The consumer half end to end: the relay produces order events, a fulfilment consumer on the
 ## Rust inbox helper grants coupons, crashes after a database commit, restarts, meets a duplicate
-## delivery; every order has one coupon (README, "Consumers: the inbox").
+## delivery; every order has one coupon (docs/src/consumers/inbox.md).
 demo-inbox:
 	tests/demo/inbox-demo.sh
 
 ## Every test: the unit tests, then every end-to-end suite against each server in
-## OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8) and the real Kafka (tests/run.sh;
+## OUTBOX_TEST_SERVERS (default mariadb10,mariadb11,mysql8) and the real Kafka, the README's
+## quick start as written (tests/quickstart.sh), the inbox helpers' suites (tests/run.sh;
 ## cargo --no-fail-fast, a summary at the end). One server: OUTBOX_TEST_SERVERS=mysql8 make test.
 test: services-up inbox
 	$(CARGO) build --workspace --all-targets
@@ -34,8 +35,9 @@ test: services-up inbox
 ## Formatting and lints, as CI runs them: Rust (rustfmt, clippy), the consumer helpers in
 ## inbox/ (Go: gofmt, go vet, staticcheck; Python: ruff format, ruff check; Java: Spotless
 ## with google-java-format, javac -Xlint -Werror), the Helm chart (helm-lint), the Prometheus
-## alert rules (prometheus-lint) and the configuration reference (config-reference).
-lint: inbox helm-lint prometheus-lint
+## alert rules (prometheus-lint), the configuration reference (config-reference) and the book
+## (docs-lint).
+lint: inbox helm-lint prometheus-lint docs-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test -q -p outbox-relay-core --test config_reference
@@ -50,6 +52,23 @@ lint: inbox helm-lint prometheus-lint
 ## or docs/src uses a key the reference does not list.
 config-reference:
 	$(CARGO) run -q -p outbox-relay -- config-reference > docs/src/reference/configuration.md
+
+## The documentation book (docs/, mdBook) into docs/book/ (git-ignored; open docs/book/index.html).
+## mdBook is pinned and built once per machine from crates.io into ~/.cache/outbox-relay/tools by docs/install-mdbook.sh (a few
+## minutes the first time).
+docs:
+	@set -euo pipefail; mdbook="$$(docs/install-mdbook.sh)"; "$$mdbook" build docs
+
+## The book built, then every internal link checked (docs/linkcheck.py over the built HTML: pages,
+## #anchors, links to this repository's files, and README.md's links into docs/).
+docs-lint: docs
+	docs/linkcheck.py docs/book
+
+## Every command output the book shows, captured again from a run against the test servers
+## (docs/capture.sh: MariaDB 10.11 and Kafka, started if needed) and written into the pages'
+## <!-- capture:NAME --> blocks; what varies run to run is normalized as docs/capture.sh says.
+docs-capture:
+	docs/capture.sh
 
 ## The Prometheus alert rules in deploy/prometheus: promtool (pinned; built once from the Go module
 ## proxy into .tools/bin by deploy/prometheus/install-promtool.sh, several minutes) `check rules`
@@ -182,7 +201,7 @@ faults-fleet:
 ## crates/bench), once per server in BENCH_SERVERS (default mariadb10,mysql8: MariaDB 10.11 and
 ## MySQL 8.0; also mariadb11), each started if needed (and Kafka). Writes
 ## tests/bench/results/{latest.json,latest.md,latency-<server>.png} (figures per server) and the
-## README's bench section. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
+## bench section of docs/src/benchmark.md. Defaults: 1,000,000 rows, 60 s per rate; smaller: BENCH_ROWS=100000
 ## BENCH_STEADY_SECS=15 make bench; one server: BENCH_SERVERS=mysql8 make bench. Takes ~25 min
 ## per server at the defaults; run it on a quiet machine.
 bench: inbox
@@ -191,7 +210,7 @@ bench: inbox
 
 ## Many idle sources in one process (also a step of `make bench`): start time and resident
 ## memory of BENCH_SOURCES (100) sources against one, on OUTBOX_TEST_SERVER's server
-## (crates/bench/src/sources.rs; README, "Many sources in one process").
+## (crates/bench/src/sources.rs; docs/src/benchmark.md, "Many sources in one process").
 .PHONY: bench-sources
 bench-sources: services-up
 	$(CARGO) build --release -p outbox-relay -p outbox-relay-bench
@@ -208,7 +227,7 @@ test-inbox-batch: services-up inbox
 
 ## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
 ## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
-## (tests/bench/inbox-bench.sh; README, "Benchmark").
+## (tests/bench/inbox-bench.sh; docs/src/benchmark.md, "The inbox's cost").
 .PHONY: bench-inbox
 bench-inbox: inbox
 	tests/bench/inbox-bench.sh

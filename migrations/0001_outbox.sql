@@ -1,7 +1,7 @@
 -- The outbox table, in the common shape (Debezium's outbox event router, most outbox libraries).
 -- The application INSERTs one row per event in the same transaction as its business change;
 -- outbox-relay produces each committed INSERT to Kafka. UPDATEs and DELETEs are ignored, so rows
--- may be deleted once relayed (README, "Guarantees": only committed INSERTs).
+-- may be deleted once relayed (docs/src/concepts/guarantees.md: only committed INSERTs).
 -- Extra columns (status, retry_count, ...) are tolerated and ignored.
 -- Apply in the application's database: mariadb shop < migrations/0001_outbox.sql
 CREATE TABLE IF NOT EXISTS outbox (

@@ -1,4 +1,4 @@
-//! Cutover from a polling relay (README, "Cutover from a polling relay"), end to end: a real
+//! Cutover from a polling relay (docs/src/migrate/polling.md), end to end: a real
 //! polling relay (in this test: `SELECT … FOR UPDATE SKIP LOCKED`, mark `SENDING`, produce, wait
 //! for the ack, mark `SENT`) relays an outbox table with a `status` column while a writer keeps
 //! inserting; it stops with rows `SENT`, rows `SENDING` it had produced (the "still sending"

@@ -1,5 +1,5 @@
 //! The Docker files stay consistent with the code (Docker cannot run in the test environment):
-//! `docker/docker-compose.yml` has the services, images, ports and mounts the README's "Run
+//! `docker/docker-compose.yml` has the services, images, ports and mounts the book's "Run
 //! with Docker" describes; the `docker/relay.toml` it mounts is a valid relay configuration
 //! (parsed by the relay's own loader) that points at those services; the MySQL config file has
 //! the binlog settings the relay checks; the relay has a healthcheck on its `/readyz` (bash's

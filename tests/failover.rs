@@ -543,7 +543,7 @@ struct FailoverCase {
     /// name, `mariadb-bin` or `mysql-bin`), as after a replica that rotated more often.
     replica_binlog_ahead: bool,
     /// After the failover: stop the relay on the primary gracefully, start it again, write more
-    /// rows: nothing may be sent twice (README: a graceful stop leaves no duplicates).
+    /// rows: nothing may be sent twice (docs/src/concepts/guarantees.md: a graceful stop leaves no duplicates).
     graceful_restart_after: bool,
     /// `kafka.delivery = "exactly_once"`: no checkpoint is copied (the progress topic holds the
     /// point, GTID set included), and a read_committed reader must see no duplicate.

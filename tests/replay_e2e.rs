@@ -224,7 +224,7 @@ async fn replay_of_the_servers_binlog_files_equals_the_live_records() -> Result<
         &spec.to_toml(),
     )?;
     // A replay has no server to ask for the outbox's layout, so it needs column names in the
-    // table maps (README, "Replay binlog files"). MySQL 8 writes none by default
+    // table maps (docs/src/operations/replay.md). MySQL 8 writes none by default
     // (binlog_row_metadata=MINIMAL): there the right outcome is a stop at the first outbox row
     // naming the fix, and nothing produced.
     let metadata = global_variable(&mut conn, "binlog_row_metadata").await?;

@@ -101,6 +101,10 @@ for server in "${servers[@]}"; do
   skip=(--skip fault_matrix_short_exactly_once_has_no_duplicates)
 done
 
+# The README's five-minute run, pasted as written (tests/quickstart.sh: MariaDB 10.11 and Kafka,
+# a database and topic of its own; about 20 s with the relay built by the suites above).
+run "README quick start (tests/quickstart.sh)" tests/quickstart.sh
+
 # The consumer helpers' own suites (inbox/, built by `make inbox`), once, against the first
 # server of OUTBOX_TEST_SERVERS and the shared Kafka, their batch-mode tests also against MySQL
 # 8.0 (INBOX_TEST_MYSQL_PORT: batch mode's MySQL statements differ); the shared inbox scenarios

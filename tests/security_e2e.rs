@@ -226,7 +226,7 @@ fn toml_path(p: &std::path::Path) -> String {
     format!("{:?}", p.display().to_string())
 }
 
-/// A user created REQUIRE SSL (the server refuses it any plain connection) with the README's
+/// A user created REQUIRE SSL (the server refuses it any plain connection) with the book's
 /// least privileges: the relay connects with tls_mode = verify_ca against the test CA, its
 /// password read from a file (`${file:…}` in mysql.password), and relays the rows. Every
 /// connection (checks, lease, checkpoint writes, binlog dump) is that user's, so each used TLS.

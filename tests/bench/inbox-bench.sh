@@ -7,8 +7,8 @@
 # transaction per record) and `batch` (batch mode: one transaction per poll batch of up to
 # BENCH_INBOX_BATCH records, default 500), committing offsets the same way. Each run prints
 # `BENCH records= seconds= p50_ms= p99_ms=` (latency: from the poll that returned the record
-# until it was settled). Writes tests/bench/results/inbox-latest.md and the README's inbox bench
-# table.
+# until it was settled). Writes tests/bench/results/inbox-latest.md and the inbox bench table of the book's
+# benchmark page (docs/src/benchmark.md).
 # Servers: BENCH_INBOX_SERVERS (default mariadb10,mysql8; BENCH_INBOX_SERVER, one name, is still
 # read); languages: OUTBOX_INBOX_LANGS (default rust,java,go,python); modes: BENCH_INBOX_MODES
 # (default plain,inbox,batch); BENCH_RELAY: a relay binary already built (default: build
@@ -143,13 +143,13 @@ rate() { awk -v n="$(val "$1" records)" -v s="$(val "$1" seconds)" 'BEGIN{if (s 
   echo "per poll batch. Rust built in release; Java $(java -version 2>&1 | head -1 | cut -d'"' -f2); Go $(go env GOVERSION | sed 's/^go//'); Python $(inbox/python/.venv/bin/python -c 'import platform; print(platform.python_version())')."
 } > "$out"
 cat "$out"
-# The README's table between its markers.
+# The benchmark page's table between its markers.
 python3 - "$out" <<'EOF'
 import re, sys
 table = open(sys.argv[1]).read().strip()
-readme = open("README.md").read()
+readme = open("docs/src/benchmark.md").read()
 start, end = "<!-- inbox-bench:start -->", "<!-- inbox-bench:end -->"
 if start in readme and end in readme:
     readme = re.sub(re.escape(start) + ".*?" + re.escape(end), start + "\n" + table + "\n" + end, readme, flags=re.S)
-    open("README.md", "w").write(readme)
+    open("docs/src/benchmark.md", "w").write(readme)
 EOF

@@ -47,7 +47,7 @@ done
 echo "total: $(count) records (8 Order + 4 Payment; the rolled-back order-1005 and the DELETEs produced none)"
 
 if command -v curl >/dev/null 2>&1; then
-  step "health and metrics (http.listen, default 127.0.0.1:9719; README \"Metrics and health\")"
+  step "health and metrics (http.listen, default 127.0.0.1:9719; docs/src/operations/metrics.md)"
   curl -s http://127.0.0.1:9719/readyz
   curl -s http://127.0.0.1:9719/metrics | grep -E '^outbox_relay_(outbox_rows_read_total|records_produced_total|records_in_flight|lag_seconds|checkpoint_binlog)' || true
 fi

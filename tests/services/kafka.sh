@@ -17,9 +17,6 @@
 #   tests/services/kafka.sh acl <kafka-acls options>   (such a broker, running): runs kafka-acls'
 # AclCommand against it as the super user, e.g. to deny one topic's WRITE but not its DESCRIBE
 # and lift that later (a topic refused only when produced to).
-#   tests/services/kafka.sh topics <kafka-topics options>   (running): kafka-topics.sh's
-# TopicCommand against it, e.g. --create --if-not-exists --topic T --partitions 3
-# --replication-factor 1.
 # KAFKA_EXTRA_PROPS: broker properties appended to server.properties, one per line (a private
 # broker with short transaction timeouts: tests/eos_e2e.rs).
 # KAFKA_ADVERTISED_PORT: the port the PLAINTEXT listener advertises (default KAFKA_PORT), so that
@@ -163,19 +160,10 @@ acl() {
     >>"$DIR/acl.log" 2>&1 || die "kafka-acls $* failed, see $DIR/acl.log"
 }
 
-# kafka-topics.sh of this broker (the jars have no scripts): TopicCommand with its options,
-# e.g. topics --create --if-not-exists --topic outbox.event.Order --partitions 3
-# --replication-factor 1 (the README's quick start), or topics --list.
-topics() {
-  running || die "Kafka is not running in $DIR"
-  java -Xmx128m -cp "$LIBS/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" "$@"
-}
-
 case "${1:-}" in
   up) up ;;
   acl) shift; acl "$@" ;;
-  topics) shift; topics "$@" ;;
   down) down ;;
   status) running && ready ;;
-  *) echo "usage: $0 up|down|status|acl <kafka-acls options>|topics <kafka-topics options>" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|acl <kafka-acls options>" >&2; exit 2 ;;
 esac

@@ -188,12 +188,11 @@ impl Tail {
                 let ev = ev.context("reading the binlog tail")?;
                 let arrived = now_micros();
                 match ev.read_data() {
-                    Ok(Some(EventData::TableMapEvent(tme))) => {
+                    Ok(Some(EventData::TableMapEvent(tme)))
                         if tme.database_name() == target.database
-                            && tme.table_name() == target.table
-                        {
-                            maps.insert(tme.table_id(), tme.into_owned());
-                        }
+                            && tme.table_name() == target.table =>
+                    {
+                        maps.insert(tme.table_id(), tme.into_owned());
                     }
                     Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEvent(_))))
                     | Ok(Some(EventData::RowsEvent(rows @ RowsEventData::WriteRowsEventV1(_)))) => {

@@ -190,15 +190,20 @@ pub struct Latencies {
     pub by_seq: Vec<(u64, i64)>,
 }
 
-/// Reads every record of `topic` and computes append time − payload `ts` for each.
+/// Reads every record of `topic` and computes append time − payload `ts` for each. `expected`:
+/// how many records a `read_committed` reader gets (a transactional producer's topic, whose
+/// commit markers take offsets); `None`: the partitions' record counts.
 ///
 /// # Errors
 /// The topic cannot be read.
-pub async fn latencies(bootstrap: &str, topic: &str) -> Result<Latencies> {
+pub async fn latencies(bootstrap: &str, topic: &str, expected: Option<u64>) -> Result<Latencies> {
     let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
     blocking(move || {
         let c = consumer(&bootstrap)?;
-        let want = count_of(&c, &topic)?;
+        let want = match expected {
+            Some(n) => n,
+            None => count_of(&c, &topic)?,
+        };
         let mut tpl = TopicPartitionList::new();
         for p in 0..PARTITIONS {
             tpl.add_partition_offset(&topic, p, Offset::Beginning)?;

@@ -9,7 +9,7 @@
 //!   FILE (one JSON object, `"server"` naming it);
 //! - `outbox-relay-bench report FILE...`: combines such files (or earlier `latest.json` files)
 //!   into `tests/bench/results/latest.json` (`{"servers": {"<server>": {...}}, ...}`),
-//!   `latest.md`, `latency-<server>.png` and the README's bench section;
+//!   `latest.md`, `latency-<server>.png` and the book's benchmark page's bench section;
 //! - `outbox-relay-bench` alone: both, for the one server.
 //!
 //! Settings (environment): `BENCH_ROWS` (1000000), `BENCH_STEADY_SECS` (60), `BENCH_RATES`
@@ -17,7 +17,7 @@
 //! `relay_eos` is the relay with `kafka.delivery = "exactly_once"`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
-//! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`README.md`, empty: leave it),
+//! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`docs/src/benchmark.md`, empty: leave it),
 //! `BENCH_PHASES` (`drain,steady,tenants`: run one for profiling; `tenants`, with the mariadb10
 //! server's run only, is the table-pattern phase of [`tenants`]: its own private MariaDB on
 //! `BENCH_TENANTS_PORT` (3596), `BENCH_TENANTS` schemas (1000) × `BENCH_TENANT_TABLES` (10)), `BENCH_DRAIN_REPEAT` (5: relay drains,
@@ -54,7 +54,7 @@ use serde_json::{json, Map, Value};
 
 use crate::workload::{now_micros, Written};
 
-/// `kafka.transaction_interval_ms` of the exactly-once relay: what the README names for p99
+/// `kafka.transaction_interval_ms` of the exactly-once relay: what the book (docs/src/exactly-once.md) names for p99
 /// commit → visible within 50 ms at 5k rows/s.
 const EOS_INTERVAL_MS: u64 = 20;
 
@@ -131,7 +131,7 @@ impl Settings {
             .collect::<Result<Vec<_>>>()?;
         let readme = env_or(
             "BENCH_README",
-            &root.join("README.md").display().to_string(),
+            &root.join("docs/src/benchmark.md").display().to_string(),
         );
         let phases = env_or("BENCH_PHASES", "drain,steady,tenants");
         let phases: Vec<&str> = phases.split(',').map(str::trim).collect();
@@ -328,6 +328,8 @@ impl Bench {
                         ("RUST_LOG", &log),
                         ("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit),
                         ("OUTBOX_RELAY__AUDIT__TIMINGS", "true"),
+                        // Any free port: another relay on the machine may hold the default.
+                        ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
                     ],
                 )?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
@@ -870,7 +872,8 @@ impl Bench {
         let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
         // Broker append time − commit for the others; the exactly-once relay's records are
         // appended before their transaction commits, so only visibility counts for it.
-        let appended = kafka::latencies(&self.s.bootstrap, &topic).await?;
+        let committed = (sys == System::RelayEos).then_some(n);
+        let appended = kafka::latencies(&self.s.bootstrap, &topic, committed).await?;
         let lat = match (&visible, sys) {
             (Some(v), System::RelayEos) => v.clone(),
             _ => appended.clone(),

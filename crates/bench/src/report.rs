@@ -1,5 +1,5 @@
 //! The benchmark's outputs: targets, Markdown tables, the JSON file, the latency plots and the
-//! README section between `<!-- bench:begin -->` and `<!-- bench:end -->`. One server's figures
+//! benchmark page's section (docs/src/benchmark.md) between `<!-- bench:begin -->` and `<!-- bench:end -->`. One server's figures
 //! are one JSON object (what `outbox-relay-bench measure` writes); the outputs combine the
 //! servers' objects as `{"servers": {"<server>": {...}}, ...}` ([`combine`]).
 
@@ -381,6 +381,7 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
             f(&v["db_queries_per_s"], 0),
         );
     }
+    budget_table(&mut m, all);
     let rss: Vec<String> = all["steady"]
         .as_array()
         .into_iter()
@@ -421,8 +422,65 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
     m
 }
 
+/// The latency budget of the relay's steady runs (stages.rs): per run, p50/p99/p999 of each
+/// stage and the relay's own share of the p99, and the machine's load when the run started.
+fn budget_table(m: &mut String, all: &Value) {
+    let runs: Vec<&Value> = all["steady"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("budget").is_some())
+        .collect();
+    if runs.is_empty() {
+        return;
+    }
+    m.push_str(
+        "\n**Latency budget per stage** (ms, p50 / p99 / p999 of each row's time in the stage; \
+         `relay share` = the relay's commit → ack p99 − (bare binlog arrival p99 + bare producer \
+         send → ack p99), measured on the same rows in the same run; `load` = 1-minute load \
+         average when the run started, **busy** above BENCH_MAX_LOAD):\n\n",
+    );
+    for (name, what) in crate::stages::STAGES {
+        let _ = writeln!(m, "- `{name}`: {what}");
+    }
+    m.push_str("\n| system | rows/s | rows/txn | load | stage | p50 | p99 | p999 |\n");
+    m.push_str("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
+    for v in runs {
+        let b = &v["budget"];
+        let load = match (num(&v["machine"]["load1"]), v["machine"]["busy"] == true) {
+            (Some(l), true) => format!("**{l:.1} busy**"),
+            (Some(l), false) => format!("{l:.1}"),
+            (None, _) => "–".into(),
+        };
+        let head = format!(
+            "| {} | {} | {} | {load} |",
+            v["system"].as_str().unwrap_or("?"),
+            v["rate"],
+            v["txn"]
+        );
+        for (name, _) in crate::stages::STAGES {
+            let st = &b["stages"][name];
+            if st.is_null() {
+                continue;
+            }
+            let _ = writeln!(
+                m,
+                "{head} {name} | {} | {} | {} |",
+                f(&st["p50_ms"], 2),
+                f(&st["p99_ms"], 2),
+                f(&st["p999_ms"], 2)
+            );
+        }
+        let _ = writeln!(
+            m,
+            "{head} **relay share of p99** | | **{}** | |",
+            f(&b["relay_share_p99_ms"], 2)
+        );
+    }
+}
+
 /// Writes `latest.json`, `latest.md` and `latency-<server>.png` per server of `all`
-/// ([`combine`]) into `out`, and the README section. Plots of servers not in `all` (and the
+/// ([`combine`]) into `out`, and the benchmark page's section. Plots of servers not in `all` (and the
 /// single `latency.png` from before per-server results) are removed: they would show an
 /// earlier run's figures.
 ///
@@ -458,7 +516,7 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
             let new = format!(
                 "{}{begin}\n{}{}",
                 &text[..a],
-                markdown_all(all, "tests/bench/results/"),
+                markdown_all(all, RESULTS_URL),
                 &text[b..]
             );
             std::fs::write(readme, new)?;
@@ -466,6 +524,11 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
     }
     Ok(())
 }
+
+/// Where the benchmark page finds the latency plots: the committed files on GitHub (the book is
+/// built from docs/src, which holds no copy of tests/bench/results).
+const RESULTS_URL: &str =
+    "https://github.com/outbox-relay/outbox-relay/raw/main/tests/bench/results/";
 
 const FONT_PATHS: [&str; 2] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",

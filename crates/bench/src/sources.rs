@@ -9,7 +9,7 @@
 //! sources added. The server's `max_connections` is raised for the run (each source holds about
 //! three connections: the lease, the binlog dump and its pool) and put back afterwards.
 //!
-//! Writes `tests/bench/results/sources.json` and `sources.md` and the README's block between
+//! Writes `tests/bench/results/sources.json` and `sources.md` and the block of the book's benchmark page (docs/src/benchmark.md) between
 //! `<!-- sources-bench:start -->` and `<!-- sources-bench:end -->`.
 
 use std::path::Path;

@@ -52,7 +52,7 @@ pub enum OpsCommand {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
-        /// Print one JSON object (keys in the README) instead of text.
+        /// Print one JSON object (keys in docs/src/operations/status.md) instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -124,9 +124,9 @@ pub enum OpsCommand {
     ///
     /// Selects old rows by the mapped created_at column, then waits until the checkpoint covers
     /// the binlog up to a position read after that selection, then deletes exactly those rows
-    /// in batches. It can never delete a row the relay has not acknowledged (README, "prune").
-    /// Without --yes it counts the rows it would delete and deletes nothing (exit 4);
-    /// --dry-run does the same with exit code 0.
+    /// in batches. It can never delete a row the relay has not acknowledged
+    /// (docs/src/operations/prune.md). Without --yes it counts the rows it would delete and
+    /// deletes nothing (exit 4); --dry-run does the same with exit code 0.
     ///
     /// Exit codes: 0 done (the counts are printed), or --dry-run printed them; 1 runtime error
     /// (also: the checkpoint did not cover the rows within --max-wait-ms; nothing more was
@@ -137,7 +137,7 @@ pub enum OpsCommand {
     /// With --inbox: delete a consumer's inbox rows instead (--database-url, --consumer,
     /// --bootstrap-servers; no config file): only rows processed longer ago than --older-than
     /// whose records the consumer group (--group, default the consumer name) has committed past,
-    /// so a redelivery is still recognised (README, "Consumers: the inbox").
+    /// so a redelivery is still recognised (docs/src/consumers/inbox.md).
     #[command(verbatim_doc_comment)]
     Prune {
         /// TOML config file; `OUTBOX_RELAY__SECTION__KEY` environment variables override it.
@@ -320,7 +320,7 @@ pub enum FleetCommand {
         /// override it.
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
-        /// Print one JSON object (keys in the README, "Fleet") instead of text.
+        /// Print one JSON object (keys in docs/src/fleet.md) instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -28,7 +28,7 @@ use tracing_subscriber::EnvFilter;
 /// mimalloc instead of glibc malloc, for librdkafka's allocations too (`override`): the relay
 /// allocates many small, short-lived buffers per row, and librdkafka several per record (the
 /// message and each header), which glibc's malloc served slowly (~10 % of the relay's CPU while
-/// draining a backlog; `make bench`, README "Benchmark"). mimalloc v2, not v3: v3 purges freed
+/// draining a backlog; `make bench`, docs/src/benchmark.md). mimalloc v2, not v3: v3 purges freed
 /// memory after 1 s instead of 10 ms, which held ~20 MB more at the peak of a drain.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

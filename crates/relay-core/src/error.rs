@@ -186,7 +186,7 @@ impl RelayError {
         )
     }
 
-    /// Process exit code for this error (documented in the README): 2 configuration or
+    /// Process exit code for this error (documented in docs/src/operations/running.md): 2 configuration or
     /// command-line argument, 3 server prerequisite, 1 anything else.
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -396,7 +396,7 @@ fn describe_mysql(e: &mysql_async::Error) -> RelayError {
                         crate::error::redact_error(&s.message)
                     ),
                     fix: "check the user and password in mysql.url (or mysql.password) and grant \
-                      what is missing (see the README, \"Server prerequisites\"); a user created \
+                      what is missing (see docs/src/server-setup.md, \"Server set-up\"); a user created \
                       REQUIRE SSL or REQUIRE X509 also needs mysql.tls_mode (and for X509 \
                       mysql.tls_cert and mysql.tls_key)"
                         .into(),
@@ -423,8 +423,8 @@ fn describe_mysql(e: &mysql_async::Error) -> RelayError {
                           (the server's ssl_ca); when the certificate does not name the host of \
                           mysql.url, connect by a name it holds or use tls_mode = \"verify_ca\"; \
                           for a user created REQUIRE X509 set mysql.tls_cert and mysql.tls_key to \
-                          a certificate signed by the server's ssl_ca (see the README, \"TLS to \
-                          MySQL\")"
+                          a certificate signed by the server's ssl_ca (see docs/src/security.md, \"TLS \
+                          to MySQL\")"
                         .into(),
                 }
             }

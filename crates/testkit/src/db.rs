@@ -108,8 +108,8 @@ impl TestDb {
     }
 
     /// Creates `'user'@'%'` (`REQUIRE require`: `NONE`, `SSL`, `X509`) with exactly the grants
-    /// the README documents for a least-privileged relay user of this database ("Least-privileged
-    /// MySQL user"): MariaDB 10.5+ names BINLOG MONITOR and friends, MySQL 8.0 REPLICATION
+    /// the book documents for a least-privileged relay user of this database
+    /// (docs/src/server-setup.md): MariaDB 10.5+ names BINLOG MONITOR and friends, MySQL 8.0 REPLICATION
     /// CLIENT; SELECT on `outbox`, SELECT, INSERT, UPDATE on `outbox_relay_checkpoint`. On MySQL
     /// 8.0 the user gets the server's default authentication, caching_sha2_password. The caller
     /// drops the user (users are not part of the database).

@@ -703,7 +703,7 @@ pub fn evaluate_outbox_event_key(
         format!(
             "if the application's event keys may differ only in case, accent or trailing spaces: \
              ALTER TABLE {} MODIFY {} {target} (the outbox is the application's table: the relay \
-             never changes it; README, \"Event keys\")",
+             never changes it; docs/src/consumers/inbox.md, \"Event keys are compared byte for byte\")",
             m.table.quoted(),
             super::quote_ident(&col.name)
         ),

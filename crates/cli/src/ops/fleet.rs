@@ -124,7 +124,7 @@ impl FleetStatus {
         Some((*counts.values().min()?, *counts.values().max()?))
     }
 
-    /// The report as JSON (keys in the README, "Fleet").
+    /// The report as JSON (keys in docs/src/fleet.md).
     pub fn to_json(&self) -> Value {
         let sources: Vec<Value> = self
             .sources

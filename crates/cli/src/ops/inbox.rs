@@ -9,7 +9,7 @@
 //!    (read once, before deleting, with the Kafka admin protocol's OffsetFetch);
 //! 2. the row is older than the retention (`processed_at` before the server's `NOW(6)` minus
 //!    `--older-than`), which must be longer than any redelivery the team does on purpose
-//!    (dead-letter replay, an offset reset, a republish): README, "Consumers: the inbox".
+//!    (dead-letter replay, an offset reset, a republish): docs/src/consumers/inbox.md.
 //!
 //! Deletes run in batches (`DELETE … LIMIT n`, autocommit: each a short transaction) with a
 //! pause between them, so writers of the inbox are never blocked for long.

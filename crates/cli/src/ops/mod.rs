@@ -3,7 +3,7 @@
 //! checkpoint), [`migrate`] (create or upgrade the tables), [`prune`] (delete relayed outbox
 //! rows), [`inbox`] (the consumers' inbox tables: `migrate --inbox`, `prune --inbox`) and
 //! [`fleet`] (`fleet status`: a fleet's sources, owners and leases),
-//! [`debezium`] (`migrate-from debezium`: the checkpoint from a stopped Debezium connector's offset). Each returns a report the command line prints; exit codes are in the README
+//! [`debezium`] (`migrate-from debezium`: the checkpoint from a stopped Debezium connector's offset). Each returns a report the command line prints; exit codes are in docs/src/operations/commands.md
 //! ("Operations").
 
 pub mod check;

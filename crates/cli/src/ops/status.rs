@@ -188,7 +188,7 @@ impl Status {
         Some((r, r.checkpoint.as_ref()?))
     }
 
-    /// One JSON object; keys as documented in the README ("status").
+    /// One JSON object; keys as documented in docs/src/operations/status.md.
     pub fn to_json(&self) -> Value {
         let checkpoint = match self.stored() {
             Some((r, c)) => json!({

@@ -5,7 +5,7 @@
 //! One process-wide [`Metrics`] ([`global`]) is updated by the pipeline with one call per
 //! site: events and rows read, records acknowledged, dead letters, checkpoint writes, errors and
 //! reconnects. Every metric is named `outbox_relay_…` with its unit as suffix, by a constant of
-//! [`super::names`]; the README's "Metrics" section lists them all.
+//! [`super::names`]; docs/src/operations/metrics.md lists them all.
 //!
 //! # Label cardinality
 //! Topics come from a template (`outbox.event.{aggregate_type}`), so their number depends on the

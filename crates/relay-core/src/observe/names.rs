@@ -1,6 +1,6 @@
 //! The names of the relay's metrics, served at `/metrics` by [`super::metrics::Metrics`]. They
-//! are the relay's external contract (dashboards, alerts and the README's "Metrics" section
-//! use them): every metric is registered under one of these constants, and [`ALL`] lists them
+//! are the relay's external contract (dashboards, alerts and docs/src/operations/metrics.md use
+//! them): every metric is registered under one of these constants, and [`ALL`] lists them
 //! (a unit test checks that the registry holds exactly these). The help texts, buckets and
 //! label values are in [`super::metrics`]. Every series of a source's metrics also carries the
 //! label `source` (its connector name); `outbox_relay_build_info`,

@@ -4,8 +4,8 @@
 //! Why: an acknowledgement is the broker's word that the record is in the log, and the relay's
 //! checkpoint moves on that word. The one place where that word has been seen wrong is a
 //! partition the producer had just learnt about: the first record of a topic the broker
-//! auto-created at that moment was acknowledged and then missing (README, "Not yet
-//! supported"). The broker names a partition's leader before the leader has created its log,
+//! auto-created at that moment was acknowledged and then missing (docs/src/limitations.md, "A loss
+//! seen once"). The broker names a partition's leader before the leader has created its log,
 //! and librdkafka's idempotence state of a fresh partition has had defects of its own
 //! (librdkafka #3712). So the first acknowledgement per (topic, partition) in a process is
 //! proven by reading the record at its offset with a `read_uncommitted` consumer; one that is

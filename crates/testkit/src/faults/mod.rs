@@ -190,7 +190,7 @@ impl Profile {
     }
 
     /// `make soak`: rounds of 6 kills, 1 broker restart, 1 server restart, 2 cuts, 1 freeze and
-    /// 2 CPU starvations, 5–30 s apart, for `minutes` (at least 60 for the soak the README
+    /// 2 CPU starvations, 5–30 s apart, for `minutes` (at least 60 for the soak docs/src/fault-matrix.md
     /// reports); writes go on throughout.
     pub fn soak(minutes: u64) -> Self {
         Self {

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The README's "Run it yourself in five minutes", run as a reader pastes it: every ```sh block
+# between <!-- quickstart:begin --> and <!-- quickstart:end --> in README.md, in order, in one
+# bash, from the repository's root, against the test servers (MariaDB 10.11 on MARIADB_PORT,
+# Kafka on KAFKA_PORT). The blocks read DB, DB_PORT, KAFKA_PORT and DIR with defaults; this test
+# sets them to a database and topic of its own and a scratch folder, and the relay's HTTP port to
+# one the system picks (OUTBOX_RELAY__HTTP__LISTEN, which the relay reads from the environment: the
+# README's 9719 may be taken by another relay on a shared machine); it changes nothing else.
+# Then it checks with its own Kafka reader that the one record arrived with the key, headers and
+# value the README shows, that the README's own reader printed it, and that the relay stopped
+# cleanly with its checkpoint stored. Part of `make test` (tests/run.sh); about 20 s when the
+# relay is built.
+#   tests/quickstart.sh
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/services/common.sh"
+cd "$REPO_ROOT"
+
+fail() { printf '[quickstart] FAILED: %s\n' "$*" >&2; exit 1; }
+say() { printf '[quickstart] %s\n' "$*" >&2; }
+
+# No '_' or '.' in the name: Kafka warns about topic names that mix them ($DB.Order).
+name="qs$$x$(date +%s)"
+scratch="$(mktemp -d)"
+topic="$name.Order"
+sql() { mariadb --protocol=TCP -h127.0.0.1 -P"$MARIADB_PORT" -uroot "$@"; }
+
+# The README's lines, extracted: nothing is added to them but a first line that fails the
+# script on the first command that fails (as a reader would stop there).
+python3 - README.md >"$scratch/quickstart.sh" <<'EOF'
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+m = re.search(r"<!-- quickstart:begin -->(.*?)<!-- quickstart:end -->", text, re.S)
+if not m:
+    sys.exit("README.md has no <!-- quickstart:begin --> ... <!-- quickstart:end --> block")
+blocks = re.findall(r"^```sh\n(.*?)^```", m.group(1), re.S | re.M)
+if not blocks:
+    sys.exit("the quickstart block of README.md holds no ```sh block")
+print("set -euo pipefail")
+print("".join(blocks), end="")
+EOF
+say "running $(grep -c . "$scratch/quickstart.sh") lines of README.md (DB=$name, DIR=$scratch)"
+
+cleanup() {
+  [ -z "${pgid:-}" ] || kill -- "-$pgid" 2>/dev/null || true
+  sql -e "DROP DATABASE IF EXISTS \`$name\`" 2>/dev/null || true
+  tests/services/kafka-topics.sh --bootstrap-server "127.0.0.1:$KAFKA_PORT" --delete --if-exists \
+    --topic "$topic" >/dev/null 2>&1 || true
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+# Its own process group, so that a run that hangs (a record that never comes: the README's kcat
+# waits for one) is stopped whole, the relay it started included.
+start=$SECONDS
+DB="$name" DB_PORT="$MARIADB_PORT" KAFKA_PORT="$KAFKA_PORT" DIR="$scratch" OUTBOX_RELAY__HTTP__LISTEN=127.0.0.1:0 \
+  setsid bash "$scratch/quickstart.sh" >"$scratch/out.txt" 2>"$scratch/err.txt" &
+pgid=$!
+deadline=$((SECONDS + ${QUICKSTART_TIMEOUT:-180}))
+while kill -0 "$pgid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 1; done
+if kill -0 "$pgid" 2>/dev/null; then
+  cat "$scratch/out.txt" "$scratch/err.txt" "$scratch/relay.log" >&2 2>/dev/null || true
+  fail "the README's lines did not finish within ${QUICKSTART_TIMEOUT:-180} s"
+fi
+status=0
+wait "$pgid" || status=$?
+pgid=""
+if [ "$status" != 0 ]; then
+  cat "$scratch/out.txt" "$scratch/err.txt" >&2
+  [ ! -f "$scratch/relay.log" ] || { echo "--- relay.log" >&2; cat "$scratch/relay.log" >&2; }
+  fail "the README's lines exited with $status"
+fi
+say "the README's lines ran in $((SECONDS - start)) s"
+
+# What the README's own reader printed.
+grep -qx 'key order-1001' "$scratch/out.txt" || { cat "$scratch/out.txt" >&2; fail "the README's kcat line printed no 'key order-1001'"; }
+
+# The record, read again by this test: exactly one, with the README's key, headers and value.
+records="$(kcat -q -C -b "127.0.0.1:$KAFKA_PORT" -t "$topic" -o beginning -e -f '%k|%h|%s\n')"
+[ "$(printf '%s\n' "$records" | grep -c .)" = 1 ] || fail "expected 1 record on $topic, found: $records"
+IFS='|' read -r key headers value <<<"$records"
+[ "$key" = order-1001 ] || fail "key: expected order-1001, found $key"
+[[ $headers =~ ^id=1,event_key=[0-9a-f-]{36},event_type=OrderCreated,aggregate_type=Order$ ]] ||
+  fail "headers: expected id=1,event_key=<uuid>,event_type=OrderCreated,aggregate_type=Order, found $headers"
+[ "$value" = '{"total": 42}' ] || fail "value: expected {\"total\": 42}, found $value"
+event_key="${headers#*event_key=}"; event_key="${event_key%%,*}"
+[ "$(sql -N "$name" -e "SELECT event_key FROM outbox WHERE id = 1")" = "$event_key" ] ||
+  fail "the record's event_key $event_key is not the outbox row's"
+
+# `kill $!` asked the relay to stop: it writes its checkpoint and says so.
+for _ in $(seq 1 30); do grep -q "stopped cleanly" "$scratch/relay.log" && break; sleep 1; done
+grep -q "stopped cleanly" "$scratch/relay.log" || { cat "$scratch/relay.log" >&2; fail "the relay did not stop cleanly after kill \$!"; }
+[ "$(sql -N "$name" -e "SELECT COUNT(*) FROM outbox_relay_checkpoint WHERE connector_name = '$name-relay'")" = 1 ] ||
+  fail "no checkpoint row for connector $name-relay"
+say "OK: the record arrived on $topic with key order-1001, the README's headers and value; the relay stopped cleanly"
