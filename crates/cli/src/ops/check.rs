@@ -1249,6 +1249,17 @@ async fn kafka_checks(
         partitions: value("num.partitions"),
         replication: value("default.replication.factor"),
         bootstrap: config.kafka.bootstrap_servers.clone(),
+        own: [
+            config
+                .dead_letter
+                .enabled
+                .then(|| config.dead_letter.topic.clone()),
+            (config.kafka.delivery == Delivery::ExactlyOnce)
+                .then(|| config.kafka.progress_topic.clone()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     };
     out.push(creation.check());
     let mut wanted: Vec<(String, String)> = Vec::new();
@@ -1299,6 +1310,9 @@ pub struct TopicCreation {
     pub replication: Option<String>,
     /// `kafka.bootstrap_servers`, for the `kafka-topics.sh` line.
     pub bootstrap: String,
+    /// The relay's own topics (dead letters, exactly-once progress), never a row's topic even
+    /// when a template's shape takes their names.
+    pub own: Vec<String>,
 }
 
 impl TopicCreation {
@@ -1395,7 +1409,10 @@ impl TopicCreation {
         let Some(shape) = TopicShape::of(m) else {
             return Check::ok(name, "templated (per row)");
         };
-        let named: Vec<&String> = existing.iter().filter(|t| shape.names(t)).collect();
+        let named: Vec<&String> = existing
+            .iter()
+            .filter(|t| shape.names(t) && !self.own.contains(t))
+            .collect();
         let then = match self.auto_create {
             Some(true) => format!(
                 "a topic it names that does not exist is created by the brokers on its first \
@@ -2213,6 +2230,7 @@ mod tests {
             partitions: Some("1".into()),
             replication: Some("1".into()),
             bootstrap: "kafka:9092".into(),
+            own: vec!["outbox.event.dead_letter".into()],
         };
         let on = creation(Some(true));
         let line = on.check();
@@ -2227,7 +2245,11 @@ mod tests {
                     .contains("with the partitions and replication you want"),
             "{line:?}"
         );
-        let existing = vec!["orders".to_owned(), "outbox.event.Order".to_owned()];
+        let existing = vec![
+            "orders".to_owned(),
+            "outbox.event.Order".to_owned(),
+            "outbox.event.dead_letter".to_owned(),
+        ];
         assert_eq!(
             on.fixed("topic of shop.outbox orders", "orders", &existing)
                 .level,
