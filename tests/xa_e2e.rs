@@ -326,7 +326,9 @@ async fn ensure_held(
 }
 
 /// Waits until the stored checkpoint has `rows_acked` ≥ `n` (the rows after the held boundary
-/// are acknowledged), checking on every read that it stays held.
+/// are acknowledged), checking on every read that it never passes `limit`, and at the end that
+/// it is held at or after `floor` ([`ensure_held`]). (Not `floor` on every read: a checkpoint
+/// written before the relay's last acknowledgements may still be behind it.)
 async fn wait_rows_acked(
     w: &World,
     relay: &RelayProcess,
@@ -335,18 +337,28 @@ async fn wait_rows_acked(
     limit: &BinlogPosition,
 ) -> Result<Checkpoint> {
     let mut conn = w.db.conn().await?;
-    wait_until(
+    let cp = wait_until(
         &format!("a checkpoint with rows_acked >= {n}"),
         RELAY_WAIT,
         Duration::from_millis(100),
         async || {
             relay.ensure_running()?;
             let cp = w.checkpoint().await?;
-            ensure_held(w, &mut conn, &cp, floor, limit).await?;
+            ensure!(
+                compare_positions(&mut conn, &cp.position(), limit)
+                    .await?
+                    .is_le(),
+                "while an XA transaction is prepared and undecided, the checkpoint {} \
+                 (rows_acked {}) passed its XA PREPARE group, which starts at {limit}",
+                cp.position(),
+                cp.rows_acked
+            );
             Ok((cp.rows_acked >= n).then_some(cp))
         },
     )
-    .await
+    .await?;
+    ensure_held(w, &mut conn, &cp, floor, limit).await?;
+    Ok(cp)
 }
 
 /// What [`around_a_prepared_xa`] wrote, saw and read.
