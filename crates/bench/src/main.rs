@@ -17,7 +17,9 @@
 //! `relay_eos` is the relay with `kafka.delivery = "exactly_once"`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
-//! `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`docs/src/benchmark.md`, empty: leave it),
+//! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
+//! min/median/max of the p99s), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
+//! load is flagged busy), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`docs/src/benchmark.md`, empty: leave it),
 //! `BENCH_PHASES` (`drain,steady,tenants`: run one for profiling; `tenants`, with the mariadb10
 //! server's run only, is the table-pattern phase of [`tenants`]: its own private MariaDB on
 //! `BENCH_TENANTS_PORT` (3596), `BENCH_TENANTS` schemas (1000) × `BENCH_TENANT_TABLES` (10)), `BENCH_DRAIN_REPEAT` (5: relay drains,
@@ -90,6 +92,9 @@ struct Settings {
     /// The `tenants` phase ([`tenants`]): pattern relay start-up and memory on many schemas.
     tenants: bool,
     drain_repeat: usize,
+    /// `BENCH_STEADY_REPEAT` (1): steady runs per system, rate and transaction size; with more
+    /// than one, min/median/max of their p99s.
+    steady_repeat: usize,
     relay_bin: PathBuf,
     debezium_libs: Option<PathBuf>,
     out: PathBuf,
@@ -147,6 +152,10 @@ impl Settings {
             drain_repeat: env_or("BENCH_DRAIN_REPEAT", "5")
                 .parse()
                 .context("BENCH_DRAIN_REPEAT")?,
+            steady_repeat: env_or("BENCH_STEADY_REPEAT", "1")
+                .parse::<usize>()
+                .context("BENCH_STEADY_REPEAT")?
+                .max(1),
             steady: phases.contains(&"steady"),
             rows: env_or("BENCH_ROWS", "1000000")
                 .parse()
@@ -790,16 +799,24 @@ impl Bench {
             }
             for &rate in &self.s.rates.clone() {
                 for &txn in &self.s.txns.clone() {
-                    let r = self.steady_one(sys, &db, &mut run, rate, txn).await;
-                    match r {
-                        Ok(v) => {
-                            log(format!("steady: {v}"));
-                            out.push(v);
+                    let mut runs = Vec::new();
+                    for rep in 0..self.s.steady_repeat {
+                        let r = self.steady_one(sys, &db, &mut run, rate, txn, rep).await;
+                        match r {
+                            Ok(mut v) => {
+                                log(format!("steady: {v}"));
+                                v["repetition"] = json!(rep);
+                                runs.push(v.clone());
+                                out.push(v);
+                            }
+                            Err(e) => {
+                                log(format!("steady: {} {rate}/s x{txn}: {e:#}", sys.name()));
+                                out.push(json!({"system": sys.name(), "rate": rate, "txn": txn, "error": format!("{e:#}")}));
+                            }
                         }
-                        Err(e) => {
-                            log(format!("steady: {} {rate}/s x{txn}: {e:#}", sys.name()));
-                            out.push(json!({"system": sys.name(), "rate": rate, "txn": txn, "error": format!("{e:#}")}));
-                        }
+                    }
+                    if runs.len() > 1 {
+                        out.push(repeats(sys, rate, txn, &runs));
                     }
                 }
             }
@@ -819,8 +836,14 @@ impl Bench {
         run: &mut Running,
         rate: u64,
         txn: u64,
+        rep: usize,
     ) -> Result<Value> {
-        let agg = format!("s{rate}x{txn}");
+        // Repetitions get workloads (event keys, topics) of their own.
+        let agg = if rep == 0 {
+            format!("s{rate}x{txn}")
+        } else {
+            format!("s{rate}x{txn}r{rep}")
+        };
         let topic = self.topic(sys.name(), &agg);
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
         let cpu0 = run.usage().map(|u| u.cpu_s);
@@ -965,6 +988,34 @@ impl Bench {
         )
         .await
     }
+}
+
+/// min/median/max over repeated steady runs of one system, rate and transaction size: the
+/// p99s (commit → ack, or visible for exactly-once), visible p99 and the relay's share of the
+/// p99. An entry `{"system", "rate", "txn", "repeats": {figure: {"min", "median", "max", "runs"}}}`.
+fn repeats(sys: System, rate: u64, txn: u64, runs: &[Value]) -> Value {
+    let mut figures = Map::new();
+    for (name, get) in [
+        (
+            "p99_ms",
+            (|v: &Value| v["p99_ms"].as_f64()) as fn(&Value) -> Option<f64>,
+        ),
+        ("visible_p99_ms", |v: &Value| v["visible_p99_ms"].as_f64()),
+        ("relay_share_p99_ms", |v: &Value| {
+            v["budget"]["relay_share_p99_ms"].as_f64()
+        }),
+    ] {
+        let mut xs: Vec<f64> = runs.iter().filter_map(get).collect();
+        if xs.is_empty() {
+            continue;
+        }
+        xs.sort_by(f64::total_cmp);
+        figures.insert(
+            name.to_owned(),
+            json!({"min": xs[0], "median": xs[xs.len() / 2], "max": xs[xs.len() - 1], "runs": xs.len()}),
+        );
+    }
+    json!({"system": sys.name(), "rate": rate, "txn": txn, "repeats": figures})
 }
 
 /// The machine before a measurement: load averages, and over one second the share of CPU time
@@ -1246,6 +1297,9 @@ async fn measure(s: Settings) -> Result<Value> {
     kafka::delete_topics(&b.s.bootstrap, &b.topics).await;
     std::fs::remove_dir_all(&b.scratch).ok();
     let (drain, steady, tenants) = result?;
+    // min/median/max of repeated steady runs: beside the runs, not among them.
+    let (steady_repeats, steady): (Vec<Value>, Vec<Value>) =
+        steady.into_iter().partition(|v| v.get("repeats").is_some());
 
     let f = |v: &Value| v.as_f64();
     let relay_rate = f(&drain["relay"]["rows_per_s"]);
@@ -1275,6 +1329,7 @@ async fn measure(s: Settings) -> Result<Value> {
         },
         "drain": drain,
         "steady": steady,
+        "steady_repeats": steady_repeats,
         "tenants": tenants,
         "duration_s": started.elapsed().as_secs_f64(),
     });
@@ -1283,4 +1338,34 @@ async fn measure(s: Settings) -> Result<Value> {
     }
     all["targets"] = report::targets(&all);
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_give_min_median_max_of_each_figure() {
+        let runs = [
+            json!({"p99_ms": 30.0, "budget": {"relay_share_p99_ms": 2.0}}),
+            json!({"p99_ms": 10.0, "budget": {"relay_share_p99_ms": 4.0}}),
+            json!({"p99_ms": 20.0, "budget": {"relay_share_p99_ms": 3.0}}),
+        ];
+        let r = repeats(System::Relay, 5000, 1, &runs);
+        assert_eq!(r["system"], "relay");
+        assert_eq!(r["rate"], 5000);
+        let p99 = &r["repeats"]["p99_ms"];
+        assert_eq!(
+            (
+                p99["min"].as_f64(),
+                p99["median"].as_f64(),
+                p99["max"].as_f64()
+            ),
+            (Some(10.0), Some(20.0), Some(30.0))
+        );
+        assert_eq!(p99["runs"], 3);
+        assert_eq!(r["repeats"]["relay_share_p99_ms"]["median"], 3.0);
+        // A figure no run has is left out.
+        assert!(r["repeats"].get("visible_p99_ms").is_none());
+    }
 }

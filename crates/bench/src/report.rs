@@ -382,6 +382,7 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         );
     }
     budget_table(&mut m, all);
+    repeats_table(&mut m, all);
     let rss: Vec<String> = all["steady"]
         .as_array()
         .into_iter()
@@ -420,6 +421,47 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         let _ = writeln!(m, "\n![latency percentiles per rate on {server}]({image})");
     }
     m
+}
+
+/// min / median / max over repeated steady runs (`BENCH_STEADY_REPEAT`), when there were any.
+fn repeats_table(m: &mut String, all: &Value) {
+    let rows: Vec<&Value> = all["steady_repeats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    m.push_str("\n**Repeated steady runs** (ms, min / median / max over the runs):\n\n");
+    m.push_str("| system | rows/s | rows/txn | runs | p99 | visible p99 | relay share of p99 |\n");
+    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let mmm = |x: &Value| {
+        if x.is_null() {
+            "–".to_owned()
+        } else {
+            format!(
+                "{} / {} / {}",
+                f(&x["min"], 1),
+                f(&x["median"], 1),
+                f(&x["max"], 1)
+            )
+        }
+    };
+    for v in rows {
+        let r = &v["repeats"];
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            v["system"].as_str().unwrap_or("?"),
+            v["rate"],
+            v["txn"],
+            r["p99_ms"]["runs"],
+            mmm(&r["p99_ms"]),
+            mmm(&r["visible_p99_ms"]),
+            mmm(&r["relay_share_p99_ms"]),
+        );
+    }
 }
 
 /// The latency budget of the relay's steady runs (stages.rs): per run, p50/p99/p999 of each
