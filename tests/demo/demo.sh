@@ -19,6 +19,12 @@ sql outbox_demo < "$ROOT/migrations/0001_outbox.sql"
 sql outbox_demo < "$ROOT/migrations/0002_checkpoint.sql"
 sql outbox_demo < "$ROOT/migrations/0003_checkpoint_layouts.sql"
 
+step "topics: demo.outbox.event.Order and demo.outbox.event.Payment, 3 partitions each (created before the relay starts, not left to the broker's auto-creation)"
+for t in demo.outbox.event.Order demo.outbox.event.Payment; do
+  "$ROOT/tests/services/kafka-topics.sh" --bootstrap-server "127.0.0.1:$KAFKA_PORT" --create \
+    --if-not-exists --topic "$t" --partitions 3 --replication-factor 1
+done
+
 step "starting the relay (log: $DEMO_DIR/relay.log)"
 cfg="$DEMO_DIR/relay.toml"
 sed -e "s/127.0.0.1:3306/127.0.0.1:$MARIADB_PORT/" -e "s/127.0.0.1:9092/127.0.0.1:$KAFKA_PORT/" "$HERE/relay.toml" > "$cfg"
