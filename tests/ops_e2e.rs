@@ -498,13 +498,13 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
     expect(&status, 4, &out, &err)?;
     has(
         &out,
-        "not applied (dry run): run again with --yes to write it",
+        "not applied: nothing changed (run again with --yes to write it)",
     )?;
     has(&out, &format!("new         {to} (rows_acked 0, gtid "))?;
     let unchanged = state(&w).await?;
     let (status, out, err) = run(&w.spec, &["reset", "--to", &to, "--dry-run"]).await?;
     expect(&status, 0, &out, &err)?;
-    has(&out, "not applied (dry run)")?;
+    has(&out, "not applied: nothing changed")?;
     let after_plans = state(&w).await?;
     ensure!(
         after_plans.position() == unchanged.position()

@@ -454,7 +454,10 @@ impl fmt::Display for ResetReport {
                 self.lease_token.unwrap_or(0)
             )
         } else {
-            write!(f, "not applied (dry run): run again with --yes to write it")
+            write!(
+                f,
+                "not applied: nothing changed (run again with --yes to write it)"
+            )
         }
     }
 }
