@@ -19,6 +19,18 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::workload::{key_of, now_micros, payload};
 
+/// A connection ready to ask for a binlog dump, as the relay's: on MariaDB GTID-aware
+/// (MARIA_SLAVE_CAPABILITY_GTID = 4).
+async fn replica_conn(url: &str, mariadb: bool) -> Result<Conn> {
+    let mut conn = Conn::new(Opts::from_url(url)?)
+        .await
+        .context("binlog replica connection")?;
+    if mariadb {
+        conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+    }
+    Ok(conn)
+}
+
 /// What the bare binlog stream read.
 #[derive(Debug, Clone, Default)]
 pub struct RawRead {
@@ -42,13 +54,7 @@ pub async fn raw_read(
     from: &BinlogPosition,
     to: &BinlogPosition,
 ) -> Result<RawRead> {
-    let mut conn = Conn::new(Opts::from_url(url)?)
-        .await
-        .context("binlog read connection")?;
-    if mariadb {
-        // As the relay does on MariaDB: GTID-aware dump (MARIA_SLAVE_CAPABILITY_GTID = 4).
-        conn.query_drop("SET @mariadb_slave_capability = 4").await?;
-    }
+    let conn = replica_conn(url, mariadb).await?;
     let started = Instant::now();
     let request = BinlogStreamRequest::new(server_id)
         .with_filename(from.file.as_bytes())
@@ -155,12 +161,7 @@ impl Tail {
         bootstrap: &str,
         topic: &str,
     ) -> Result<Self> {
-        let mut conn = Conn::new(Opts::from_url(url)?)
-            .await
-            .context("binlog tail connection")?;
-        if mariadb {
-            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
-        }
+        let conn = replica_conn(url, mariadb).await?;
         let request = BinlogStreamRequest::new(server_id)
             .with_filename(from.file.as_bytes())
             .with_pos(from.pos);

@@ -256,27 +256,23 @@ pub async fn write_steady(
 /// The row sequence number a payload carries (`"seq":<digits>`), also inside a JSON string
 /// that escapes the quotes.
 pub fn payload_seq(value: &[u8]) -> Option<u64> {
-    let pos = value
-        .windows(5)
-        .position(|w| w == b"seq\":" || w == b"seq\\\"")?;
-    let rest = &value[pos + 5..];
-    let digits: Vec<u8> = rest
-        .iter()
-        .skip_while(|b| !b.is_ascii_digit())
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+    payload_number(value, b"seq")
 }
 
 /// The commit-ish time (µs) a payload starts with (`"ts":<digits>`), also inside a JSON
 /// string that escapes the quotes.
 pub fn payload_ts(value: &[u8]) -> Option<i64> {
-    let pos = value
-        .windows(4)
-        .position(|w| w == b"ts\":" || w == b"ts\\\"")?;
-    let rest = &value[pos + 4..];
-    let digits: Vec<u8> = rest
+    payload_number(value, b"ts")
+}
+
+/// The digits after the first `<field>":` (or `<field>\"`, the form inside an escaped JSON
+/// string) in `value`, parsed.
+fn payload_number<T: std::str::FromStr>(value: &[u8], field: &[u8]) -> Option<T> {
+    let n = field.len() + 2;
+    let pos = value.windows(n).position(|w| {
+        w.starts_with(field) && (&w[field.len()..] == b"\":" || &w[field.len()..] == b"\\\"")
+    })?;
+    let digits: Vec<u8> = value[pos + n..]
         .iter()
         .skip_while(|b| !b.is_ascii_digit())
         .take_while(|b| b.is_ascii_digit())
