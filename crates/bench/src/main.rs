@@ -15,7 +15,9 @@
 //! Settings (environment): `BENCH_ROWS` (1000000), `BENCH_STEADY_SECS` (60), `BENCH_RATES`
 //! (`1000,5000,20000`), `BENCH_TXN_SIZES` (`1,10`), `BENCH_SYSTEMS` (`relay,relay_eos,polling,debezium`;
 //! `relay_eos` is the relay with `kafka.delivery = "exactly_once"`),
-//! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_DEBEZIUM_LIBS` (jars folder of the
+//! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_REF_BIN` (the binary of the
+//! `relay_ref` system: another build to compare with, e.g. an earlier commit's; `relay_ref` is
+//! not in the default systems), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
 //! min/median/max of the p99s), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
@@ -66,6 +68,10 @@ enum System {
     Relay,
     /// The relay with `kafka.delivery = "exactly_once"`.
     RelayEos,
+    /// Another build of the relay (`BENCH_REF_BIN`, e.g. an earlier commit's), at-least-once,
+    /// without `[audit] timings` (an older binary may not know the key): compared with `relay`
+    /// on commit → broker append in the same run.
+    RelayRef,
     Polling,
     Debezium,
 }
@@ -75,6 +81,7 @@ impl System {
         match self {
             System::Relay => "relay",
             System::RelayEos => "relay_eos",
+            System::RelayRef => "relay_ref",
             System::Polling => "polling",
             System::Debezium => "debezium",
         }
@@ -96,6 +103,8 @@ struct Settings {
     /// than one, min/median/max of their p99s.
     steady_repeat: usize,
     relay_bin: PathBuf,
+    /// `BENCH_REF_BIN`: the binary of [`System::RelayRef`].
+    ref_bin: Option<PathBuf>,
     debezium_libs: Option<PathBuf>,
     out: PathBuf,
     readme: Option<PathBuf>,
@@ -127,10 +136,11 @@ impl Settings {
             .map(|s| match s.trim() {
                 "relay" => Ok(System::Relay),
                 "relay_eos" => Ok(System::RelayEos),
+                "relay_ref" => Ok(System::RelayRef),
                 "polling" => Ok(System::Polling),
                 "debezium" => Ok(System::Debezium),
                 other => anyhow::bail!(
-                    "BENCH_SYSTEMS: unknown system {other:?} (relay, relay_eos, polling, debezium)"
+                    "BENCH_SYSTEMS: unknown system {other:?} (relay, relay_eos, relay_ref, polling, debezium)"
                 ),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -173,6 +183,10 @@ impl Settings {
                     .display()
                     .to_string(),
             )),
+            ref_bin: std::env::var("BENCH_REF_BIN")
+                .ok()
+                .filter(|b| !b.is_empty())
+                .map(PathBuf::from),
             debezium_libs: std::env::var("BENCH_DEBEZIUM_LIBS")
                 .ok()
                 .filter(|l| !l.is_empty())
@@ -285,7 +299,9 @@ impl Bench {
     /// `sys`'s name in topic and log names: the relay's carries the repetition's tag.
     fn system_tag(&self, sys: System) -> String {
         match sys {
-            System::Relay | System::RelayEos => format!("{}{}", sys.name(), self.run_tag),
+            System::Relay | System::RelayEos | System::RelayRef => {
+                format!("{}{}", sys.name(), self.run_tag)
+            }
             _ => sys.name().to_owned(),
         }
     }
@@ -310,11 +326,11 @@ impl Bench {
     /// Debezium where its offsets file (named `dbz_name`) says (or at the binlog end).
     async fn start(&self, sys: System, db: &TestDb, dbz_name: &str) -> Result<Running> {
         Ok(match sys {
-            System::Relay | System::RelayEos => {
-                let connector = if sys == System::RelayEos {
-                    self.connector_eos(db)
-                } else {
-                    self.connector(db)
+            System::Relay | System::RelayEos | System::RelayRef => {
+                let connector = match sys {
+                    System::RelayEos => self.connector_eos(db),
+                    System::RelayRef => format!("{}_ref", self.connector(db)),
+                    _ => self.connector(db),
                 };
                 let mut toml = relay_toml(&connector, db, &self.topic_prefix(sys));
                 if sys == System::RelayEos {
@@ -330,17 +346,22 @@ impl Bench {
                 let log = std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into());
                 // `[audit] timings`: the relay's points of the latency budget (stages.rs).
                 let audit = self.audit_path(sys).display().to_string();
-                let r = RelayProcess::spawn(
-                    &self.s.relay_bin,
-                    &toml,
-                    &[
-                        ("RUST_LOG", &log),
-                        ("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit),
-                        ("OUTBOX_RELAY__AUDIT__TIMINGS", "true"),
-                        // Any free port: another relay on the machine may hold the default.
-                        ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
-                    ],
-                )?;
+                let mut env = vec![
+                    ("RUST_LOG", log.as_str()),
+                    // Any free port: another relay on the machine may hold the default.
+                    ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
+                ];
+                let bin = if sys == System::RelayRef {
+                    self.s
+                        .ref_bin
+                        .as_deref()
+                        .context("BENCH_REF_BIN is not set (the relay binary to compare with)")?
+                } else {
+                    env.push(("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit));
+                    env.push(("OUTBOX_RELAY__AUDIT__TIMINGS", "true"));
+                    &self.s.relay_bin
+                };
+                let r = RelayProcess::spawn(bin, &toml, &env)?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
                 Running::Relay(r)
@@ -857,7 +878,7 @@ impl Bench {
             }
             _ => None,
         };
-        let relay = matches!(sys, System::Relay | System::RelayEos);
+        let relay = matches!(sys, System::Relay | System::RelayEos | System::RelayRef);
         // The budget's limits on the same rows: a bare replica and a bare producer.
         let tail = if relay {
             Some(self.start_tail(db, sys, &agg).await?)
