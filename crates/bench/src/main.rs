@@ -324,7 +324,15 @@ impl Bench {
 
     /// Starts `sys` on `db`. The relay starts where its checkpoint says (or at the binlog end);
     /// Debezium where its offsets file (named `dbz_name`) says (or at the binlog end).
-    async fn start(&self, sys: System, db: &TestDb, dbz_name: &str) -> Result<Running> {
+    /// `timed`: the relay writes `[audit] timings` for the latency budget (steady runs only: a
+    /// drain measures throughput, which a line per record would lower).
+    async fn start(
+        &self,
+        sys: System,
+        db: &TestDb,
+        dbz_name: &str,
+        timed: bool,
+    ) -> Result<Running> {
         Ok(match sys {
             System::Relay | System::RelayEos | System::RelayRef => {
                 let connector = match sys {
@@ -357,8 +365,10 @@ impl Bench {
                         .as_deref()
                         .context("BENCH_REF_BIN is not set (the relay binary to compare with)")?
                 } else {
-                    env.push(("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit));
-                    env.push(("OUTBOX_RELAY__AUDIT__TIMINGS", "true"));
+                    if timed {
+                        env.push(("OUTBOX_RELAY__AUDIT__ACKS_FILE", &audit));
+                        env.push(("OUTBOX_RELAY__AUDIT__TIMINGS", "true"));
+                    }
                     &self.s.relay_bin
                 };
                 let r = RelayProcess::spawn(bin, &toml, &env)?;
@@ -473,7 +483,7 @@ impl Bench {
                 "drain: starting {} once to fix its position",
                 sys.name()
             ));
-            match self.start(sys, &db, "dbz_drain").await {
+            match self.start(sys, &db, "dbz_drain", false).await {
                 Ok(mut run) => {
                     let r = self.wait_ready(sys, &db, &mut run).await;
                     run.stop().await?;
@@ -714,7 +724,7 @@ impl Bench {
         };
         let t0 = now_micros();
         let clock = Instant::now();
-        let mut run = self.start(sys, db, "dbz_drain").await?;
+        let mut run = self.start(sys, db, "dbz_drain", false).await?;
         let timeout = Duration::from_secs((self.s.rows / 500).max(600));
         let n = match &live {
             Some(live) => live.wait_for(written.rows, timeout, || run.check()).await?,
@@ -803,7 +813,7 @@ impl Bench {
                     .await?;
             }
             log(format!("steady: {}", sys.name()));
-            let mut run = match self.start(sys, &db, "dbz_steady").await {
+            let mut run = match self.start(sys, &db, "dbz_steady", true).await {
                 Ok(r) => r,
                 Err(e) => {
                     log(format!("steady: {} cannot run: {e:#}", sys.name()));

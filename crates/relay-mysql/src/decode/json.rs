@@ -453,6 +453,13 @@ fn write_quoted(out: &mut Vec<u8>, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(bytes.len() + 2);
     out.push(b'"');
+    // Most strings need no escape: one scan (which the compiler vectorizes) and one copy, not
+    // a branch per byte (this was 4.6 % of the relay's CPU draining a MySQL backlog).
+    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut plain = 0; // start of the run of bytes copied as they are
     for (i, &b) in bytes.iter().enumerate() {
         let escape: &[u8] = match b {
