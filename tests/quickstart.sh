@@ -20,7 +20,7 @@ cd "$REPO_ROOT"
 fail() { printf '[quickstart] FAILED: %s\n' "$*" >&2; exit 1; }
 say() { printf '[quickstart] %s\n' "$*" >&2; }
 
-# No '_' or '.' in the name: Kafka warns about topic names that mix them ($DB.Order).
+# Letters and digits only: a database name the README's lines take unquoted.
 name="qs$$x$(date +%s)"
 scratch="$(mktemp -d)"
 topic="$name.Order"
