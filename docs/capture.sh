@@ -231,5 +231,14 @@ tables = ["$uid.outbox"]
 EOF
 capture fleet-status fleet status --config fleet.toml
 
+# The same fleet with Kafka unreachable (nothing listens on port 1) and one attempt to join: the
+# process gives up and exits 1 with the error that names the fix (its ERROR line only).
+sed -e 's/^bootstrap_servers = .*/bootstrap_servers = "127.0.0.1:1"/' \
+  -e 's/^\[fleet\]$/[retry]\nmax_attempts = 1\n\n[fleet]/' "$work/fleet.toml" >"$work/fleet-down.toml"
+capture fleet-join-error run --config fleet-down.toml
+{ head -1 "$out/fleet-join-error.txt"; grep 'ERROR' "$out/fleet-join-error.out" | tail -1;
+  sed -n '/^\$ echo/,$p' "$out/fleet-join-error.txt"; } >"$out/fleet-join-error.cut"
+mv "$out/fleet-join-error.cut" "$out/fleet-join-error.txt"
+
 python3 docs/capture_normalize.py "$uid" "$out" docs/src
 log "done: every capture block of docs/src rewritten"

@@ -321,6 +321,13 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
     let url = format!("{}/{}", outbox_relay_testkit::mysql_url(None), db);
     let mut conn = w.db.conn().await?;
     conn.query_drop(OLD_INBOX_SQL).await?;
+    // The outbox as the older migrations/0001_outbox.sql created it (the database's default,
+    // case-insensitive collation).
+    conn.query_drop(
+        "ALTER TABLE outbox MODIFY event_key VARCHAR(255) CHARACTER SET utf8mb4 \
+         COLLATE utf8mb4_general_ci NOT NULL",
+    )
+    .await?;
     for (i, k) in KEYS.iter().enumerate() {
         ensure!(insert_inbox(&mut conn, k, i as i64).await?, "{k:?}");
     }
@@ -343,6 +350,7 @@ async fn migrate_inbox_makes_old_tables_compare_keys_byte_for_byte_and_check_war
         format!("fix: outbox-relay migrate --inbox --database-url mysql://…/{db}"),
         format!("WARN  {db}.outbox.event_key (unique event key)"),
         format!("fix: if the application's event keys may differ only in case, accent or trailing spaces: ALTER TABLE `{db}`.`outbox` MODIFY `event_key`"),
+        "NOT NULL, or `outbox-relay migrate --outbox` (migrations/0007_outbox_event_key.sql) for a table of the common shape; it copies the table".to_owned(),
     ] {
         ensure!(out.contains(&needle), "{needle:?} not in:\n{out}");
     }

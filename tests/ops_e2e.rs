@@ -639,6 +639,17 @@ async fn columns(conn: &mut Conn, db: &str, table: &str) -> Result<Vec<(String, 
         .await?)
 }
 
+/// The collation of `db`.outbox's event_key column.
+async fn event_key_collation(conn: &mut Conn, db: &str) -> Result<Option<String>> {
+    Ok(conn
+        .exec_first(
+            "SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? \
+             AND TABLE_NAME = 'outbox' AND COLUMN_NAME = 'event_key'",
+            (db,),
+        )
+        .await?)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Result<()> {
     let db = format!("ops_migrate_{}", unique_suffix());
@@ -777,6 +788,48 @@ async fn migrate_creates_then_changes_nothing_and_upgrades_old_layouts() -> Resu
     );
     let have = columns(&mut admin, &db, "outbox_relay_checkpoint").await?;
     ensure!(have == expected_cp, "{have:?}, expected {expected_cp:?}");
+
+    // An outbox created by the older 0001_outbox.sql (event_key in the database's default,
+    // case-insensitive collation): `migrate --outbox` makes its unique key byte-exact, keeping
+    // the rows, and a key differing only in case is then a new event.
+    let nopad = if outbox_relay_testkit::env::test_server().is_mysql() {
+        "utf8mb4_0900_bin"
+    } else {
+        "utf8mb4_nopad_bin"
+    };
+    ensure!(event_key_collation(&mut admin, &db).await?.as_deref() == Some(nopad));
+    admin
+        .query_drop(format!(
+            "ALTER TABLE `{db}`.outbox MODIFY event_key VARCHAR(255) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_general_ci NOT NULL; \
+             INSERT INTO `{db}`.outbox (aggregate_type, aggregate_id, event_type, event_key) \
+             VALUES ('Order', 'o-1', 'Created', 'evt-a')"
+        ))
+        .await?;
+    let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
+    expect(&status, 0, &out, &err)?;
+    ensure!(
+        out.trim()
+            == format!(
+                "{db}.outbox_relay_checkpoint: up to date (unchanged)\n{db}.outbox: upgraded \
+                 (compares event_key {nopad} byte for byte)"
+            ),
+        "{out}"
+    );
+    ensure!(event_key_collation(&mut admin, &db).await?.as_deref() == Some(nopad));
+    admin
+        .query_drop(format!(
+            "INSERT INTO `{db}`.outbox (aggregate_type, aggregate_id, event_type, event_key) \
+             VALUES ('Order', 'o-1', 'Created', 'evt-A')"
+        ))
+        .await?;
+    let keys: Vec<String> = admin
+        .query(format!("SELECT event_key FROM `{db}`.outbox ORDER BY id"))
+        .await?;
+    ensure!(keys == ["evt-a", "evt-A"], "{keys:?}");
+    let (status, out, err) = run(&spec, &["migrate", "--outbox"]).await?;
+    expect(&status, 0, &out, &err)?;
+    has(&out, &format!("{db}.outbox: up to date (unchanged)"))?;
     admin.query_drop(format!("DROP DATABASE `{db}`")).await?;
     Ok(())
 }
@@ -1621,8 +1674,8 @@ async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
 /// small rows, and the topic its quick start creates. The payload-size line is OK and says why
 /// (the column can hold more than the largest record, the newest rows do not come near it,
 /// what a larger row would do); the topic lines say whether the brokers auto-create topics and
-/// name the existing topic the template routes to. The one warning left is the outbox DDL's
-/// case-insensitive event_key (migrations/0001_outbox.sql). A payload near the producer's
+/// name the existing topic the template routes to; the outbox's unique event_key compares byte
+/// for byte (migrations/0001_outbox.sql), so nothing warns. A payload near the producer's
 /// limit, a template that names no existing topic and a missing fixed topic warn, with the
 /// numbers and the `kafka-topics.sh` line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1684,10 +1737,22 @@ async fn check_on_the_readme_setup_warns_only_where_a_row_or_topic_is_at_risk() 
         .filter(|l| l.starts_with("WARN") && !l.starts_with("WARN  binlog_row_metadata"))
         .collect();
     ensure!(
-        warnings.len() == 1
-            && warnings[0].starts_with(&format!("WARN  {db}.outbox.event_key (unique event key)")),
+        warnings.is_empty(),
         "warnings on the README's setup:\n{out}"
     );
+    let nopad = if outbox_relay_testkit::env::test_server().is_mysql() {
+        "utf8mb4_0900_bin"
+    } else {
+        "utf8mb4_nopad_bin"
+    };
+    has(
+        &out,
+        &format!(
+            "OK    {db}.outbox.event_key (unique event key): event_key varchar(255) (byte for byte)"
+        ),
+    )?;
+    let collation = event_key_collation(&mut conn, &db).await?;
+    ensure!(collation.as_deref() == Some(nopad), "{collation:?}");
 
     // A row near a lowered producer limit, a template naming no topic, a missing fixed topic.
     let mut near = w.spec.clone();

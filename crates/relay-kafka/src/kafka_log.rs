@@ -7,8 +7,9 @@
 //! clients. Here they go to DEBUG; the operator gets one WARN line when the cluster becomes
 //! unreachable (the brokers tried, the class of error, what to check) and one INFO line when
 //! it answers again. Other librdkafka lines keep their level (its LOG_ERR lines as WARN: the
-//! failures that matter reach the relay as errors of its own), and a line already logged in
-//! the last [`LOG_REPEAT`] goes to DEBUG.
+//! failures that matter reach the relay as errors of its own; a fresh broker's "Coordinator
+//! load in progress" while the producer gets its id, retried by librdkafka, as INFO), and a
+//! line already logged in the last [`LOG_REPEAT`] goes to DEBUG.
 //!
 //! State and repeat memory are per cluster (`kafka.bootstrap_servers`) and per process, so the
 //! clients of successive runs share them.
@@ -152,7 +153,7 @@ impl KafkaLog {
             tracing::debug!(target: "librdkafka", facility, "{message}");
             return;
         }
-        match level {
+        match shown_level(level, message) {
             L::Emerg | L::Alert | L::Critical => {
                 tracing::error!(target: "librdkafka", facility, "{message}")
             }
@@ -235,6 +236,28 @@ impl KafkaLog {
     }
 }
 
+/// The level a librdkafka line is logged at: its own, except a producer's "Failed to acquire
+/// idempotence PID from broker …: Coordinator load in progress: retrying" (or the coordinator
+/// not available or moved), a WARN that a fresh broker gives while it loads its transaction
+/// state topic at start-up: librdkafka retries on its own and the producer goes on once the
+/// coordinator answers, so it is INFO (a coordinator that never answers shows as the relay's own
+/// delivery timeout).
+fn shown_level(level: RDKafkaLogLevel, message: &str) -> RDKafkaLogLevel {
+    let coordinator_busy = [
+        "Coordinator load in progress",
+        "Coordinator not available",
+        "Not coordinator",
+    ];
+    let transient = message.contains(" PID from broker ")
+        && message.ends_with(": retrying")
+        && coordinator_busy.iter().any(|c| message.contains(c));
+    if transient && matches!(level, RDKafkaLogLevel::Warning) {
+        RDKafkaLogLevel::Info
+    } else {
+        level
+    }
+}
+
 /// `message` without the parts librdkafka changes from one repeat to the next: "(after 0ms in
 /// state CONNECT, 3 identical error(s) suppressed)" and the numbers in it.
 fn without_counters(message: &str) -> String {
@@ -313,6 +336,26 @@ mod tests {
             without_counters("1/1 brokers are down"),
             without_counters("a broker is down")
         );
+    }
+
+    #[test]
+    fn a_coordinator_loading_at_start_up_is_info() {
+        use RDKafkaLogLevel as L;
+        // As librdkafka 2.12's rdkafka_idempotence.c writes it on a fresh broker.
+        let loading = "Failed to acquire idempotence PID from broker 127.0.0.1:9092/1: Broker: \
+                       Coordinator load in progress: retrying";
+        assert!(matches!(shown_level(L::Warning, loading), L::Info));
+        let moved = "Failed to acquire transactional PID from broker kafka-0:9092/0: Broker: \
+                     Not coordinator: retrying";
+        assert!(matches!(shown_level(L::Warning, moved), L::Info));
+        // Other failures to get a PID (a refused ACL, a timeout) keep their level.
+        let denied = "Failed to acquire idempotence PID from broker 127.0.0.1:9092/1: Broker: \
+                      Cluster authorization failed: retrying";
+        assert!(matches!(shown_level(L::Warning, denied), L::Warning));
+        let timeout = "Failed to acquire idempotence PID from broker 127.0.0.1:9092/1: Local: \
+                       Timed out: retrying";
+        assert!(matches!(shown_level(L::Warning, timeout), L::Warning));
+        assert!(matches!(shown_level(L::Error, loading), L::Error));
     }
 
     #[test]

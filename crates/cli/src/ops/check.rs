@@ -670,9 +670,10 @@ async fn outbox_event_key_check(
 /// it compares loosely (case- and accent-insensitive or PAD SPACE), so the application cannot
 /// write two events whose keys differ only that way (its INSERT fails with a duplicate-key
 /// error: loud, never a silent merge; consumers' inboxes compare byte for byte). The outbox is
-/// the application's table, so the relay never changes it: the fix names the ALTER
-/// (`nopad_collation`: a NO PAD binary collation the server has, else VARBINARY). `None` when
-/// the column is in no unique key.
+/// the application's table, so `run` never changes it: the fix names the ALTER
+/// (`nopad_collation`: a NO PAD binary collation the server has, else VARBINARY) and, for a
+/// NO PAD collation, `migrate --outbox`, which applies it (migrations/0007_outbox_event_key.sql).
+/// `None` when the column is in no unique key.
 pub fn evaluate_outbox_event_key(
     m: &TableMapping,
     col: &crate::ops::inbox::KeyColumn,
@@ -686,9 +687,13 @@ pub fn evaluate_outbox_event_key(
     if col.byte_exact() {
         return Some(Check::ok(name, col.describe()));
     }
-    let target = match nopad_collation {
-        Some(c) => format!("VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL"),
-        None => "VARBINARY(1020) NOT NULL".to_owned(),
+    let (target, migrate) = match nopad_collation {
+        Some(c) => (
+            format!("VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {c} NOT NULL"),
+            ", or `outbox-relay migrate --outbox` (migrations/0007_outbox_event_key.sql) for a \
+             table of the common shape; it copies the table",
+        ),
+        None => ("VARBINARY(1020) NOT NULL".to_owned(), ""),
     };
     Some(Check::not_met(
         Level::Warn,
@@ -702,8 +707,9 @@ pub fn evaluate_outbox_event_key(
         ),
         format!(
             "if the application's event keys may differ only in case, accent or trailing spaces: \
-             ALTER TABLE {} MODIFY {} {target} (the outbox is the application's table: the relay \
-             never changes it; docs/src/consumers/inbox.md, \"Event keys are compared byte for byte\")",
+             ALTER TABLE {} MODIFY {} {target}{migrate} (the outbox is the application's table: \
+             `run` never changes it; docs/src/consumers/inbox.md, \"The outbox's own unique event \
+             key\")",
             m.table.quoted(),
             super::quote_ident(&col.name)
         ),

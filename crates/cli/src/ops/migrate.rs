@@ -1,8 +1,9 @@
 //! `outbox-relay migrate [--outbox]`: creates or upgrades the checkpoint table (and, with
-//! `--outbox`, creates missing outbox tables in the common shape) from the SQL in
-//! `migrations/`, embedded in the binary. Idempotent: the SQL is `CREATE TABLE IF NOT EXISTS`
-//! plus `ALTER TABLE … ADD COLUMN` statements that run only when their column is missing.
-//! Records nothing else (no migration history table).
+//! `--outbox`, creates missing outbox tables in the common shape and makes an existing one's
+//! unique `event_key` compare byte for byte) from the SQL in `migrations/`, embedded in the
+//! binary. Idempotent: the SQL is `CREATE TABLE IF NOT EXISTS` plus `ALTER TABLE` statements
+//! that run only when their column is missing or still of the old type. Records nothing else
+//! (no migration history table).
 
 use std::fmt;
 
@@ -20,19 +21,25 @@ use super::grants::{with_other_mysql_user, Needed};
 pub const OUTBOX_SQL: &str = include_str!("../../../../migrations/0001_outbox.sql");
 /// `migrations/0002_checkpoint.sql`: the checkpoint table, idempotent, with upgrades.
 pub const CHECKPOINT_SQL: &str = include_str!("../../../../migrations/0002_checkpoint.sql");
+/// `migrations/0007_outbox_event_key.sql`: an older outbox table's unique `event_key` in a NO
+/// PAD binary collation, idempotent.
+pub const OUTBOX_KEY_SQL: &str = include_str!("../../../../migrations/0007_outbox_event_key.sql");
 
 /// What happened to one table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// It did not exist and was created.
     Created,
-    /// It existed; these columns were added (`added`) or given a larger type (`widened`, as
-    /// `column type`: the state table's `table_layouts` from `TEXT` to `MEDIUMTEXT`).
+    /// It existed; these columns were added (`added`), given a larger type (`widened`, as
+    /// `column type`: the state table's `table_layouts` from `TEXT` to `MEDIUMTEXT`) or a
+    /// byte-exact collation (`collated`, as `column collation`: an outbox's `event_key`).
     Upgraded {
         /// Columns added.
         added: Vec<String>,
         /// Columns whose type was widened, with the new type.
         widened: Vec<String>,
+        /// Columns now compared byte for byte, with their new collation.
+        collated: Vec<String>,
     },
     /// It existed with everything; nothing changed.
     UpToDate,
@@ -110,10 +117,15 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
             if was != now {
                 let widened = vec![format!("table_layouts {now}")];
                 done = match done {
-                    Outcome::Upgraded { added, .. } => Outcome::Upgraded { added, widened },
+                    Outcome::Upgraded { added, .. } => Outcome::Upgraded {
+                        added,
+                        widened,
+                        collated: Vec::new(),
+                    },
                     _ => Outcome::Upgraded {
                         added: Vec::new(),
                         widened,
+                        collated: Vec::new(),
                     },
                 };
             }
@@ -123,7 +135,8 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
     for m in &mappings {
         let before = column_names(&mut conn, &m.table).await?;
         if !before.is_empty() {
-            report.tables.push(((*m.table).clone(), Outcome::UpToDate));
+            let done = upgrade_event_key(&mut conn, config, m).await?;
+            report.tables.push(((*m.table).clone(), done));
             continue;
         }
         common_shape(m)?;
@@ -158,8 +171,74 @@ fn outcome(before: &[String], after: &[String]) -> Outcome {
         Outcome::Upgraded {
             added,
             widened: Vec::new(),
+            collated: Vec::new(),
         }
     }
+}
+
+/// An existing outbox table of the common shape whose unique `event_key` is a `VARCHAR` not yet
+/// compared byte for byte gets `migrations/0007_outbox_event_key.sql`. Other tables are left as
+/// they are (`check` warns about a loose key and names the ALTER).
+async fn upgrade_event_key(
+    conn: &mut Conn,
+    config: &RelayConfig,
+    m: &TableMapping,
+) -> Result<Outcome, RelayError> {
+    if common_shape(m).is_err() {
+        return Ok(Outcome::UpToDate);
+    }
+    let before = event_key_collation(conn, &m.table).await?;
+    if before.as_deref().is_none_or(nopad_binary) {
+        // Nothing to run: no ALTER privilege needed.
+        return Ok(Outcome::UpToDate);
+    }
+    let needed = Needed {
+        privileges: "ALTER".into(),
+        on: m.table.quoted(),
+        purpose: format!(
+            "to make the unique event_key of the outbox table {} compare byte for byte",
+            m.table
+        ),
+        statement: format!(
+            "ALTER TABLE {} MODIFY `event_key` … COLLATE … (migrations/0007_outbox_event_key.sql)",
+            m.table.quoted()
+        ),
+        instead: with_other_mysql_user(config, DDL_USER),
+    };
+    if let Err(e) = run_in(conn, &m.table.database, &outbox_key_sql(&m.table.table)).await {
+        return Err(needed.explain(conn, e).await);
+    }
+    Ok(match event_key_collation(conn, &m.table).await? {
+        Some(now) if before.as_deref() != Some(now.as_str()) => Outcome::Upgraded {
+            added: Vec::new(),
+            widened: Vec::new(),
+            collated: vec![format!("event_key {now}")],
+        },
+        // A server without a NO PAD binary collation (MySQL before 8.0.17).
+        _ => Outcome::UpToDate,
+    })
+}
+
+/// Whether `collation` compares byte for byte without padding.
+fn nopad_binary(collation: &str) -> bool {
+    matches!(collation, "utf8mb4_nopad_bin" | "utf8mb4_0900_bin")
+}
+
+/// The collation of `table`'s `event_key` when it is a `VARCHAR` in a unique key.
+async fn event_key_collation(
+    conn: &mut Conn,
+    table: &TableName,
+) -> Result<Option<String>, RelayError> {
+    Ok(conn
+        .exec_first(
+            "SELECT c.COLLATION_NAME FROM information_schema.COLUMNS c WHERE c.TABLE_SCHEMA = ? \
+             AND c.TABLE_NAME = ? AND c.COLUMN_NAME = 'event_key' AND c.DATA_TYPE = 'varchar' \
+             AND EXISTS (SELECT 1 FROM information_schema.STATISTICS s WHERE s.TABLE_SCHEMA = \
+             c.TABLE_SCHEMA AND s.TABLE_NAME = c.TABLE_NAME AND s.COLUMN_NAME = c.COLUMN_NAME \
+             AND s.NON_UNIQUE = 0)",
+            (&table.database, &table.table),
+        )
+        .await?)
 }
 
 /// The data type of `table`'s `table_layouts` column (`text`, `mediumtext`), if it has one.
@@ -238,6 +317,13 @@ pub fn outbox_sql(name: &str) -> String {
     )
 }
 
+/// The event_key upgrade for an outbox table named `name` (in the default database).
+pub fn outbox_key_sql(name: &str) -> String {
+    OUTBOX_KEY_SQL
+        .replace("`outbox`", &format!("`{name}`"))
+        .replace("'outbox'", &format!("'{name}'"))
+}
+
 /// `--outbox` creates only tables whose mapping uses the common column names.
 fn common_shape(m: &TableMapping) -> Result<(), RelayError> {
     let d = ColumnMapping::default();
@@ -271,13 +357,20 @@ impl fmt::Display for MigrateReport {
             }
             match outcome {
                 Outcome::Created => write!(f, "{table}: created")?,
-                Outcome::Upgraded { added, widened } => {
+                Outcome::Upgraded {
+                    added,
+                    widened,
+                    collated,
+                } => {
                     let mut parts = Vec::new();
                     if !added.is_empty() {
                         parts.push(format!("added {}", added.join(", ")));
                     }
                     if !widened.is_empty() {
                         parts.push(format!("widened {}", widened.join(", ")));
+                    }
+                    if !collated.is_empty() {
+                        parts.push(format!("compares {} byte for byte", collated.join(", ")));
                     }
                     write!(f, "{table}: upgraded ({})", parts.join("; "))?
                 }
@@ -344,5 +437,10 @@ mod tests {
             sql.contains("CREATE TABLE IF NOT EXISTS `events` ("),
             "{sql}"
         );
+        let sql = outbox_key_sql("events");
+        assert!(!sql.contains("`outbox`"), "{sql}");
+        assert!(!sql.contains("'outbox'"), "{sql}");
+        assert_eq!(sql.matches("ALTER TABLE `events` MODIFY").count(), 1);
+        assert_eq!(sql.matches("TABLE_NAME = 'events'").count(), 1);
     }
 }
