@@ -812,6 +812,18 @@ impl Bench {
                     .query_drop(polling::SCHEMA)
                     .await?;
             }
+            if sys == System::RelayRef {
+                // An earlier build may not know the byte-exact collation of today's event_key
+                // (migrations/0001_outbox.sql): the one from before, same character set.
+                db.pool()
+                    .get_conn()
+                    .await?
+                    .query_drop(
+                        "ALTER TABLE outbox MODIFY event_key VARCHAR(255) \
+                         CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL",
+                    )
+                    .await?;
+            }
             log(format!("steady: {}", sys.name()));
             let mut run = match self.start(sys, &db, "dbz_steady", true).await {
                 Ok(r) => r,
