@@ -1279,8 +1279,19 @@ async fn main() -> Result<()> {
             report::write_all(&all, &s.out, s.readme.as_deref())?;
             print!("{}", report::markdown_all(&all, ""));
         }
+        // `make bench-budget`: steady-only runs, into BENCH_OUT and the page's budget section.
+        Some("budget-report") if args.len() > 1 => {
+            let mut runs = Vec::new();
+            for file in &args[1..] {
+                let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
+                runs.push(serde_json::from_str(&text).with_context(|| format!("parsing {file}"))?);
+            }
+            let all = report::combine(runs)?;
+            report::write_budget(&all, &s.out, s.readme.as_deref())?;
+            print!("{}", report::budget_markdown(&all, ""));
+        }
         _ => anyhow::bail!(
-            "usage: outbox-relay-bench [measure FILE | report FILE... | sources] (see crates/bench/src/main.rs)"
+            "usage: outbox-relay-bench [measure FILE | report FILE... | budget-report FILE... | sources] (see crates/bench/src/main.rs)"
         ),
     }
     Ok(())

@@ -677,6 +677,128 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// Writes the latency budget's outputs of `all` ([`combine`] of steady-only runs, `make
+/// bench-budget`) into `out`: `latest.json`, `latest.md` ([`budget_markdown`]) and
+/// `stages-<server>.png`, and the benchmark page's section between `<!-- budget:begin -->` and
+/// `<!-- budget:end -->` (its images from [`RESULTS_URL`]`budget/`).
+///
+/// # Errors
+/// A file cannot be written (a plot failing is only reported).
+pub fn write_budget(all: &Value, out: &Path, page: Option<&Path>) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("latest.json"),
+        serde_json::to_string_pretty(all)? + "\n",
+    )?;
+    std::fs::write(out.join("latest.md"), budget_markdown(all, ""))?;
+    for (name, v) in servers(all) {
+        if has_budget(v) {
+            if let Err(e) = plot_stages(v, &out.join(stage_plot_name(name))) {
+                eprintln!("[bench] no stage plot for {name}: {e:#}");
+            }
+        }
+    }
+    if let Some(page) = page {
+        let text = std::fs::read_to_string(page)
+            .with_context(|| format!("reading {}", page.display()))?;
+        let (begin, end) = ("<!-- budget:begin -->", "<!-- budget:end -->");
+        let (a, b) = text
+            .find(begin)
+            .zip(text.find(end))
+            .with_context(|| format!("{} has no {begin} … {end}", page.display()))?;
+        let new = format!(
+            "{}{begin}\n{}{}",
+            &text[..a],
+            budget_markdown(all, &format!("{RESULTS_URL}budget/")),
+            &text[b..]
+        );
+        std::fs::write(page, new)?;
+    }
+    Ok(())
+}
+
+/// The latency budget report of steady-only runs: per server, the machine, where the tail comes
+/// from, the issue's targets on latency, `relay` against `relay_ref` (another build) when it
+/// ran, the stage table, the repeated runs and the stage plot from `image_dir`.
+pub fn budget_markdown(all: &Value, image_dir: &str) -> String {
+    let mut m = String::new();
+    for (name, v) in servers(all) {
+        let _ = writeln!(m, "\n### {} (`{name}`)\n", server_title(name));
+        if let Some(e) = v["error"].as_str() {
+            let _ = writeln!(m, "Not measured: {}", e.lines().next().unwrap_or(""));
+            continue;
+        }
+        let mc = &v["machine"];
+        let _ = writeln!(
+            m,
+            "Machine: {} CPUs ({}), server {}, Kafka {}; load at start {}; relay {}; {} s per run.",
+            mc["cpus"],
+            mc["cpu_model"].as_str().unwrap_or("?"),
+            mc["db"].as_str().unwrap_or("?"),
+            mc["kafka"].as_str().unwrap_or("?"),
+            mc["loadavg_at_start"].as_str().unwrap_or("?"),
+            mc["relay_commit"].as_str().unwrap_or("?"),
+            v["settings"]["steady_secs"],
+        );
+        if let Some(line) = tail_sentence(v) {
+            let _ = writeln!(m, "\n**Where the tail comes from**: {line}");
+        }
+        m.push_str("\n| target | goal | measured (median of the runs) | met |\n| --- | --- | ---: | --- |\n");
+        for t in targets(v).as_array().into_iter().flatten().take(2) {
+            let met = match t["met"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "not measured",
+            };
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | {met} |",
+                t["target"].as_str().unwrap_or("?"),
+                t["goal"].as_str().unwrap_or("?"),
+                f(&t["value"], 2)
+            );
+        }
+        ref_table(&mut m, v);
+        budget_table(&mut m, v);
+        repeats_table(&mut m, v);
+        if has_budget(v) {
+            let _ = writeln!(
+                m,
+                "\n![latency by stage on {}]({image_dir}{})",
+                server_title(name),
+                stage_plot_name(name)
+            );
+        }
+    }
+    m
+}
+
+/// `relay` against `relay_ref` (`BENCH_REF_BIN`) per rate: median p99 commit → broker append
+/// (the figure both builds have) over the repeated runs.
+fn ref_table(m: &mut String, v: &Value) {
+    let steady = v["steady"].as_array().cloned().unwrap_or_default();
+    if !steady.iter().any(|r| r["system"] == "relay_ref") {
+        return;
+    }
+    let mut rates: Vec<u64> = steady.iter().filter_map(|r| r["rate"].as_u64()).collect();
+    rates.sort_unstable();
+    rates.dedup();
+    m.push_str(
+        "\n**Today's build against the reference build** (`relay_ref`, at-least-once, same \
+         run; median over the runs of the p99 commit → broker append, ms):\n\n\
+         | rows/s | relay | relay_ref |\n| ---: | ---: | ---: |\n",
+    );
+    for rate in rates {
+        let p = |sys: &str| median(steady_runs(&steady, sys, rate, 1).filter_map(|r| num(&r["p99_ms"])));
+        let _ = writeln!(
+            m,
+            "| {rate} | {} | {} |",
+            f(&json!(p("relay")), 1),
+            f(&json!(p("relay_ref")), 1)
+        );
+    }
+}
+
 /// Where the benchmark page finds the latency plots: the committed files on GitHub (the book is
 /// built from docs/src, which holds no copy of tests/bench/results).
 const RESULTS_URL: &str =
