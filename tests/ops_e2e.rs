@@ -1479,6 +1479,24 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     w.db.drop_database().await
 }
 
+/// A least-privileged relay user of `w`'s database (the book's grants; `prefix` and a unique
+/// suffix, at most 30 characters) created with `password`, and `w`'s spec logging in as it with
+/// `url_password`. The caller drops the user.
+async fn relay_user(
+    w: &World,
+    prefix: &str,
+    password: &str,
+    url_password: &str,
+) -> Result<(String, RelayConfigSpec)> {
+    let mut user = format!("{prefix}{}", unique_suffix().replace('_', ""));
+    user.truncate(30);
+    w.db.create_relay_user(&user, password, "NONE").await?;
+    let mut spec = w.spec.clone();
+    spec.mysql_url =
+        mysql_url(Some(w.db.name())).replacen("root@", &format!("{user}:{url_password}@"), 1);
+    Ok((user, spec))
+}
+
 /// `migrate` and `prune` run as the README's least-privileged relay user (issue 31): an
 /// up-to-date checkpoint table needs no statement, so `migrate` succeeds; a missing table names
 /// the refused statement, CREATE and ALTER on it, the account and the GRANT line, and that GRANT
@@ -1489,11 +1507,8 @@ async fn migrate_and_prune_name_the_privilege_the_relay_user_lacks() -> Result<(
     let w = World::new(bin(), "opsgrant").await?;
     let db = w.db.name().to_owned();
     let mut admin = w.db.conn().await?;
-    let user = format!("rg{}", unique_suffix().replace('_', ""));
-    let user = &user[..user.len().min(30)];
-    w.db.create_relay_user(user, "grant-test", "NONE").await?;
-    let mut spec = w.spec.clone();
-    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:grant-test@"), 1);
+    let (user, spec) = relay_user(&w, "rg", "grant-test", "grant-test").await?;
+    let user = user.as_str();
     let never = "check the user and password";
 
     let (status, out, err) = run(&spec, &["migrate"]).await?;
@@ -1632,11 +1647,8 @@ async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
 async fn check_on_the_readme_setup_warns_only_where_a_row_or_topic_is_at_risk() -> Result<()> {
     let w = World::new(bin(), "opsreadme").await?;
     let db = w.db.name().to_owned();
-    let user = format!("rr{}", unique_suffix().replace('_', ""));
-    let user = &user[..user.len().min(30)];
-    w.db.create_relay_user(user, "readme", "NONE").await?;
-    let mut spec = w.spec.clone();
-    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:readme@"), 1);
+    let (user, spec) = relay_user(&w, "rr", "readme", "readme").await?;
+    let user = user.as_str();
     let topic = w.topic("Order");
     create_topic(&spec.bootstrap_servers, &topic, 1_048_588).await?;
     let mut conn = w.db.conn().await?;
@@ -1928,5 +1940,53 @@ async fn a_checkpoint_inside_a_transaction_covers_its_acknowledged_rows() -> Res
         &format!("{}.outbox: 2 rows would be deleted", w.db.name()),
     )?;
     drop(conn);
+    w.db.drop_database().await
+}
+
+/// `check` with a wrong password (issue 31): one plain FAIL naming the user, the server and where
+/// the password comes from (the URL, or the environment variable that overrides it), exit 3,
+/// and no privilege list (the user may hold every privilege).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_with_a_wrong_password_says_access_denied_for_the_user() -> Result<()> {
+    let w = World::new(bin(), "opslogin").await?;
+    let (user, spec) = relay_user(&w, "rl", "right-one", "wrong-one").await?;
+    let user = user.as_str();
+    let opts = mysql_async::Opts::from_url(&spec.mysql_url)?;
+    let server = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
+    let failed = format!(
+        "FAIL  MySQL login: expected the server at {server} to accept user {user:?}, found \
+         access denied for user {user:?} at {server} (error 1045: Access denied for user '{user}'@"
+    );
+
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["check"]);
+    expect(&status, 3, &out, &err)?;
+    has(&out, &failed)?;
+    has(
+        &out,
+        "fix: check the user and password: the user is mysql.url's, the password comes from the \
+         password in mysql.url",
+    )?;
+    ensure!(!out.contains("REPLICATION"), "a privilege list:\n{out}");
+    ensure!(!out.contains("MySQL connection"), "{out}");
+
+    // The password from the environment: named as such.
+    let p = RelayProcess::spawn_args(
+        bin(),
+        &["check", "--config"],
+        &spec.to_toml(),
+        &[("OUTBOX_RELAY__MYSQL__PASSWORD", "also-wrong")],
+    )?;
+    let status = p.wait_exit(EXIT).await?;
+    let (out, err) = (p.stdout_text(), p.stderr_text());
+    expect(&status, 3, &out, &err)?;
+    has(&out, &failed)?;
+    has(
+        &out,
+        "the password comes from the environment variable OUTBOX_RELAY__MYSQL__PASSWORD",
+    )?;
+    let mut admin = w.db.conn().await?;
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop(admin);
     w.db.drop_database().await
 }
