@@ -539,10 +539,25 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
     )?;
     let token = row.lease_token;
 
-    // latest
+    // latest, past rows the relay never relayed: the plan counts and names them.
+    let late = gen.rows(3);
+    let mut tx = conn.start_transaction(Default::default()).await?;
+    insert_outbox_rows(&mut tx, "outbox", &late[..2], InsertStyle::SingleRow).await?;
+    tx.commit().await?;
+    insert_outbox_rows(&mut conn, "outbox", &late[2..], InsertStyle::SingleRow).await?;
+    let skipped = format!(
+        "skipped     3 outbox rows: {}, {}, {}",
+        late[0].event_key, late[1].event_key, late[2].event_key
+    );
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "latest"]).await?;
+    eprintln!("--- reset --to latest ---\n{out}{err}");
+    expect(&status, 4, &out, &err)?;
+    has(&out, "moves FORWARD")?;
+    has(&out, &skipped)?;
     let before = current_binlog_position(&mut conn).await?;
     let (status, out, err) = run(&w.spec, &["reset", "--to", "latest", "--yes"]).await?;
     expect(&status, 0, &out, &err)?;
+    has(&out, &skipped)?;
     let after = current_binlog_position(&mut conn).await?;
     let row = state(&w).await?;
     ensure!(
@@ -560,23 +575,8 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
         "{row:?}"
     );
 
-    // earliest
-    let (status, out, err) = run(&w.spec, &["reset", "--to", "earliest", "--yes"]).await?;
-    expect(&status, 0, &out, &err)?;
-    let row = state(&w).await?;
-    let first_now = binary_logs(&mut conn)
-        .await?
-        .first()
-        .context("logs")?
-        .0
-        .clone();
-    ensure!(
-        row.binlog_file == first_now && row.binlog_pos == 4,
-        "{row:?}"
-    );
-    has(&out, "moves BACK")?;
-
-    // A GTID position: kept as given; the position is where the binlog goes on after it.
+    // A GTID position (a move back from latest, so the plan reads no binlog): kept as given;
+    // the position is where the binlog goes on after it.
     let gtid = gtid_at(&mut conn, &target).await?.context("gtid")?;
     let (status, out, err) = run(&w.spec, &["reset", "--to", &gtid, "--yes"]).await?;
     expect(&status, 0, &out, &err)?;
@@ -606,6 +606,22 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
             target.file
         );
     }
+
+    // earliest (last: a forward move from it would count the rows of the whole binlog)
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "earliest", "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let row = state(&w).await?;
+    let first_now = binary_logs(&mut conn)
+        .await?
+        .first()
+        .context("logs")?
+        .0
+        .clone();
+    ensure!(
+        row.binlog_file == first_now && row.binlog_pos == 4,
+        "{row:?}"
+    );
+    has(&out, "moves BACK")?;
 
     // While a relay holds the lease: refused, nothing written.
     let relay = w.spawn()?;

@@ -64,6 +64,89 @@ pub async fn outbox_scanner(
     )
 }
 
+/// Outbox rows a forward move of the checkpoint skips (`reset`'s plan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Rows counted.
+    pub rows: u64,
+    /// The event keys of the first rows (at most [`SKIPPED_KEYS_SHOWN`]; a row without one
+    /// shows its position).
+    pub first: Vec<String>,
+    /// Counting stopped early (after [`SKIPPED_DEADLINE`]): `rows` is a lower bound.
+    pub partial: bool,
+}
+
+/// Most event keys [`skipped_rows`] lists.
+pub const SKIPPED_KEYS_SHOWN: usize = 5;
+/// Longest count of [`skipped_rows`].
+const SKIPPED_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The outbox rows from `checkpoint` to the boundary `to` that a relay resuming at `to` does
+/// not relay: every outbox row of the transactions in between, except those the checkpoint
+/// covers already ([`Checkpoint::covers_row`]: its `rows_acked`).
+///
+/// # Errors
+/// As [`outbox_scanner`] and [`Scanner::next`].
+pub async fn skipped_rows(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    server: &outbox_relay_mysql::preflight::ServerInfo,
+    checkpoint: &outbox_relay_core::state::checkpoint::Checkpoint,
+    to: &BinlogPosition,
+) -> Result<Skipped, RelayError> {
+    let mut skipped = Skipped::default();
+    if checkpoint
+        .position
+        .partial_cmp(to)
+        .is_none_or(|o| o.is_ge())
+    {
+        return Ok(skipped);
+    }
+    let mut scanner = outbox_scanner(config, conn, server, &checkpoint.position).await?;
+    let deadline = tokio::time::Instant::now() + SKIPPED_DEADLINE;
+    let mut base = checkpoint.position.clone();
+    let mut n = 0u64;
+    loop {
+        let Ok(next) = tokio::time::timeout_at(deadline, scanner.next()).await else {
+            skipped.partial = true;
+            return Ok(skipped);
+        };
+        let s = next?;
+        if s.event.position > *to {
+            return Ok(skipped);
+        }
+        for row in &s.rows {
+            n += 1;
+            if checkpoint.covers_row(&base, n) == Some(true) {
+                continue;
+            }
+            skipped.rows += 1;
+            if skipped.first.len() < SKIPPED_KEYS_SHOWN {
+                let key = match row {
+                    Ok(ev) => ev.event_key.as_deref(),
+                    Err(f) => f
+                        .headers
+                        .iter()
+                        .find(|(name, _)| name == "event_key")
+                        .map(|(_, v)| v.as_slice()),
+                };
+                skipped.first.push(key.map_or_else(
+                    || format!("(no event_key, at {})", s.event.position),
+                    |k| String::from_utf8_lossy(k).into_owned(),
+                ));
+            }
+        }
+        if s.event.position >= *to {
+            // `to` may follow events that end no transaction (a new file's first events).
+            return Ok(skipped);
+        }
+        if let Some(b) = s.boundary {
+            base = b.position;
+            n = 0;
+        }
+    }
+}
+
 /// How far a stored checkpoint covers the binlog, its `rows_acked` taken into account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Coverage {
