@@ -672,10 +672,14 @@ impl Search<'_> {
                     {
                         Some(ev.commit_ms)
                     }
+                    // Every outbox table is decoded (for the row's number): a failed row of
+                    // another table with the same event_key is not this one.
                     Err(f)
-                        if f.headers
-                            .iter()
-                            .any(|(n, v)| n == "event_key" && v.as_slice() == self.event_key) =>
+                        if !matches!(&f.error, RelayError::Row { table, .. }
+                            if *table != self.mapping.table.to_string())
+                            && f.headers.iter().any(|(n, v)| {
+                                n == "event_key" && v.as_slice() == self.event_key
+                            }) =>
                     {
                         Some(i64::from(s.event.timestamp) * 1000)
                     }
