@@ -13,7 +13,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use mysql_async::prelude::*;
 use outbox_relay_testkit::{
-    collect_records, describe_record, kafka_bootstrap, read_all_records, Record, World,
+    collect_records, create_topic, describe_record, kafka_bootstrap, read_all_records, Record,
+    RelayProcess, World,
 };
 
 /// The relay binary under test (built on first use).
@@ -286,6 +287,73 @@ async fn rows_that_cannot_be_relayed_are_dead_lettered_and_the_stream_continues(
             describe_record(d)
         );
     }
+    world.db.drop_database().await.context("drop")?;
+    Ok(())
+}
+
+/// A row whose partition column names a partition its topic does not have (issue 31): its
+/// dead letter keeps the value (only a size refusal drops it), so `dlq replay` lists it as one
+/// to replay once the topic has the partition, not as "value dropped".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_the_topic_lacks_is_dead_lettered_with_its_value() -> Result<()> {
+    let mut world = World::new(bin(), "mapping_part").await?;
+    let dlq = format!("{}dead", world.topic_prefix());
+    world.spec.dead_letter_topic = Some(dlq.clone());
+    let mut conn = world.db.conn().await?;
+    conn.query_drop("ALTER TABLE outbox ADD COLUMN part INT NULL")
+        .await?;
+    let prefix = only_table(
+        &mut world,
+        "outbox",
+        "part",
+        "columns = { partition = \"part\" }\n",
+    );
+    let topic = format!("{prefix}Order");
+    create_topic(&kafka_bootstrap(), &topic, 1_048_588).await?; // one partition: 0
+    let (relay, _) = world.start(WAIT).await?;
+    conn.query_drop(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload, part) \
+         VALUES ('Order', 'o-1', 'E', 'p5', '{\"n\": 5}', 5), \
+                ('Order', 'o-1', 'E', 'p0', '{\"n\": 0}', 0)",
+    )
+    .await?;
+    drop(conn);
+    let records =
+        collect_records(&kafka_bootstrap(), std::slice::from_ref(&topic), 1, WAIT).await?;
+    let dead = collect_records(&kafka_bootstrap(), std::slice::from_ref(&dlq), 1, WAIT).await?;
+    relay.stop(WAIT).await?;
+    ensure!(
+        records.len() == 1 && records[0].header("event_key") == Some("p0"),
+        "{:?}",
+        records.iter().map(describe_record).collect::<Vec<_>>()
+    );
+    let d = dead.first().context("no dead letter")?;
+    ensure!(
+        d.header("event_key") == Some("p5")
+            && d.header("dlq_reason")
+                .is_some_and(|r| r.contains("names a partition topic"))
+            && d.value_str() == Some(r#"{"n": 5}"#)
+            && d.header("dlq_value_dropped").is_none(),
+        "the dead letter keeps its value: {}",
+        describe_record(d)
+    );
+    let p = RelayProcess::spawn_args(
+        bin(),
+        &["dlq", "replay", "--dry-run", "--config"],
+        &world.spec.to_toml(),
+        &[],
+    )?;
+    let status = p.wait_exit(WAIT).await?;
+    let out = p.stdout_text();
+    eprintln!("--- dlq replay --dry-run ---\n{out}{}", p.stderr_text());
+    ensure!(
+        status.code() == Some(0)
+            && out.contains(&format!("-> {topic} event_key=p5"))
+            && !out.contains("SKIP"),
+        "exit {:?}:\n{out}\n{}",
+        status.code(),
+        p.stderr_text()
+    );
     world.db.drop_database().await.context("drop")?;
     Ok(())
 }

@@ -264,13 +264,16 @@ async fn status_reports_the_checkpoint_row_lag_and_lease() -> Result<()> {
     )
     .await?;
     // A row the relay has not read: lag that is not the checkpoint table's own writes.
+    let unread = current_binlog_position(&mut conn).await?;
     conn.query_drop(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
          VALUES ('Order', 'o-1', 'Created', 'unread', '{}')",
     )
     .await?;
     let before = current_binlog_position(&mut conn).await?;
-    let lag_before = lag(&mut conn, &cp, &before).await?;
+    // rows_acked 3 of the transaction after the checkpoint (it has no outbox row): its bytes
+    // are not lag, the unread row's are.
+    let lag_before = lag(&mut conn, &unread, &before).await?;
     let (status, out, err) = run(&w.spec, &["status"]).await?;
     expect(&status, 0, &out, &err)?;
     for line in [
@@ -536,10 +539,25 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
     )?;
     let token = row.lease_token;
 
-    // latest
+    // latest, past rows the relay never relayed: the plan counts and names them.
+    let late = gen.rows(3);
+    let mut tx = conn.start_transaction(Default::default()).await?;
+    insert_outbox_rows(&mut tx, "outbox", &late[..2], InsertStyle::SingleRow).await?;
+    tx.commit().await?;
+    insert_outbox_rows(&mut conn, "outbox", &late[2..], InsertStyle::SingleRow).await?;
+    let skipped = format!(
+        "skipped     3 outbox rows: {}, {}, {}",
+        late[0].event_key, late[1].event_key, late[2].event_key
+    );
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "latest"]).await?;
+    eprintln!("--- reset --to latest ---\n{out}{err}");
+    expect(&status, 4, &out, &err)?;
+    has(&out, "moves FORWARD")?;
+    has(&out, &skipped)?;
     let before = current_binlog_position(&mut conn).await?;
     let (status, out, err) = run(&w.spec, &["reset", "--to", "latest", "--yes"]).await?;
     expect(&status, 0, &out, &err)?;
+    has(&out, &skipped)?;
     let after = current_binlog_position(&mut conn).await?;
     let row = state(&w).await?;
     ensure!(
@@ -557,23 +575,8 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
         "{row:?}"
     );
 
-    // earliest
-    let (status, out, err) = run(&w.spec, &["reset", "--to", "earliest", "--yes"]).await?;
-    expect(&status, 0, &out, &err)?;
-    let row = state(&w).await?;
-    let first_now = binary_logs(&mut conn)
-        .await?
-        .first()
-        .context("logs")?
-        .0
-        .clone();
-    ensure!(
-        row.binlog_file == first_now && row.binlog_pos == 4,
-        "{row:?}"
-    );
-    has(&out, "moves BACK")?;
-
-    // A GTID position: kept as given; the position is where the binlog goes on after it.
+    // A GTID position (a move back from latest, so the plan reads no binlog): kept as given;
+    // the position is where the binlog goes on after it.
     let gtid = gtid_at(&mut conn, &target).await?.context("gtid")?;
     let (status, out, err) = run(&w.spec, &["reset", "--to", &gtid, "--yes"]).await?;
     expect(&status, 0, &out, &err)?;
@@ -603,6 +606,22 @@ async fn reset_moves_the_checkpoint_and_refuses_what_the_server_lacks() -> Resul
             target.file
         );
     }
+
+    // earliest (last: a forward move from it would count the rows of the whole binlog)
+    let (status, out, err) = run(&w.spec, &["reset", "--to", "earliest", "--yes"]).await?;
+    expect(&status, 0, &out, &err)?;
+    let row = state(&w).await?;
+    let first_now = binary_logs(&mut conn)
+        .await?
+        .first()
+        .context("logs")?
+        .0
+        .clone();
+    ensure!(
+        row.binlog_file == first_now && row.binlog_pos == 4,
+        "{row:?}"
+    );
+    has(&out, "moves BACK")?;
 
     // While a relay holds the lease: refused, nothing written.
     let relay = w.spawn()?;
@@ -1529,6 +1548,24 @@ async fn trace_follows_an_event_to_its_offset_groups_and_inbox() -> Result<()> {
     w.db.drop_database().await
 }
 
+/// A least-privileged relay user of `w`'s database (the book's grants; `prefix` and a unique
+/// suffix, at most 30 characters) created with `password`, and `w`'s spec logging in as it with
+/// `url_password`. The caller drops the user.
+async fn relay_user(
+    w: &World,
+    prefix: &str,
+    password: &str,
+    url_password: &str,
+) -> Result<(String, RelayConfigSpec)> {
+    let mut user = format!("{prefix}{}", unique_suffix().replace('_', ""));
+    user.truncate(30);
+    w.db.create_relay_user(&user, password, "NONE").await?;
+    let mut spec = w.spec.clone();
+    spec.mysql_url =
+        mysql_url(Some(w.db.name())).replacen("root@", &format!("{user}:{url_password}@"), 1);
+    Ok((user, spec))
+}
+
 /// `migrate` and `prune` run as the README's least-privileged relay user (issue 31): an
 /// up-to-date checkpoint table needs no statement, so `migrate` succeeds; a missing table names
 /// the refused statement, CREATE and ALTER on it, the account and the GRANT line, and that GRANT
@@ -1539,11 +1576,8 @@ async fn migrate_and_prune_name_the_privilege_the_relay_user_lacks() -> Result<(
     let w = World::new(bin(), "opsgrant").await?;
     let db = w.db.name().to_owned();
     let mut admin = w.db.conn().await?;
-    let user = format!("rg{}", unique_suffix().replace('_', ""));
-    let user = &user[..user.len().min(30)];
-    w.db.create_relay_user(user, "grant-test", "NONE").await?;
-    let mut spec = w.spec.clone();
-    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:grant-test@"), 1);
+    let (user, spec) = relay_user(&w, "rg", "grant-test", "grant-test").await?;
+    let user = user.as_str();
     let never = "check the user and password";
 
     let (status, out, err) = run(&spec, &["migrate"]).await?;
@@ -1682,11 +1716,8 @@ async fn trace_and_run_ignore_ddl_that_cannot_touch_the_outbox() -> Result<()> {
 async fn check_on_the_readme_setup_warns_only_where_a_row_or_topic_is_at_risk() -> Result<()> {
     let w = World::new(bin(), "opsreadme").await?;
     let db = w.db.name().to_owned();
-    let user = format!("rr{}", unique_suffix().replace('_', ""));
-    let user = &user[..user.len().min(30)];
-    w.db.create_relay_user(user, "readme", "NONE").await?;
-    let mut spec = w.spec.clone();
-    spec.mysql_url = mysql_url(Some(&db)).replacen("root@", &format!("{user}:readme@"), 1);
+    let (user, spec) = relay_user(&w, "rr", "readme", "readme").await?;
+    let user = user.as_str();
     let topic = w.topic("Order");
     create_topic(&spec.bootstrap_servers, &topic, 1_048_588).await?;
     let mut conn = w.db.conn().await?;
@@ -1808,5 +1839,235 @@ async fn check_on_the_readme_setup_warns_only_where_a_row_or_topic_is_at_risk() 
     let mut admin = w.db.conn().await?;
     admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
     drop((conn, admin));
+    w.db.drop_database().await
+}
+
+/// Our transaction's place in the binlog after `from`, from the server's own `SHOW BINLOG
+/// EVENTS` (other tests write to the shared server meanwhile): where it starts (the boundary
+/// before it: the start of its GTID event, or of its BEGIN without one), where each of its rows
+/// events (`Write_rows…`) starts, and where it ends. It is the transaction of the first table
+/// map of `db`.outbox.
+async fn our_transaction(
+    conn: &mut Conn,
+    from: &BinlogPosition,
+    db: &str,
+) -> Result<(BinlogPosition, Vec<BinlogPosition>, BinlogPosition)> {
+    let events: Vec<mysql_async::Row> = conn
+        .exec(
+            format!("SHOW BINLOG EVENTS IN '{}' FROM {}", from.file, from.pos),
+            (),
+        )
+        .await?;
+    let at = |pos: u64| BinlogPosition::new(&from.file, pos);
+    let mut start = None;
+    let mut writes = Vec::new();
+    let mut ours = false;
+    for (i, e) in events.iter().enumerate() {
+        let kind: String = e.get("Event_type").context("Event_type")?;
+        let info: String = e.get("Info").unwrap_or_default();
+        let pos: u64 = e.get("Pos").context("Pos")?;
+        if !ours {
+            if kind.contains("Gtid") && kind != "Gtid_list" || (kind == "Query" && info == "BEGIN")
+            {
+                // MySQL writes its GTID event before BEGIN: keep the first of the two.
+                if !(kind == "Query" && start.is_some()) {
+                    start = Some(pos);
+                }
+            } else if kind == "Xid" || (kind == "Query" && info == "COMMIT") {
+                start = None;
+            }
+            if kind == "Table_map" && info.contains(&format!("({db}.outbox)")) {
+                ours = true;
+            }
+            continue;
+        }
+        if kind.starts_with("Write_rows") {
+            writes.push(at(pos));
+        }
+        if kind == "Xid" || (kind == "Query" && info == "COMMIT") {
+            // Where it ends: where the next event starts (MariaDB 11.4 shows End_log_pos 0
+            // inside transactions).
+            let end = match events.get(i + 1) {
+                Some(next) => next.get::<u64, _>("Pos").context("Pos")?,
+                None => e.get::<u64, _>("End_log_pos").context("End_log_pos")?,
+            };
+            return Ok((at(start.context("its start")?), writes, at(end)));
+        }
+    }
+    anyhow::bail!("no committed transaction on {db}.outbox after {from}")
+}
+
+/// `status --json`: its JSON, its lag in bytes, and the bytes from `from` to the server's end
+/// before and after it ran (other tests write to the shared server meanwhile).
+async fn status_lag_from(
+    spec: &RelayConfigSpec,
+    conn: &mut Conn,
+    from: &BinlogPosition,
+) -> Result<(serde_json::Value, u64, u64, u64)> {
+    let end_before = current_binlog_position(conn).await?;
+    let (status, out, err) = run(spec, &["status", "--json"]).await?;
+    eprintln!("--- status --json ---\n{out}{err}");
+    let end_after = current_binlog_position(conn).await?;
+    expect(&status, 0, &out, &err)?;
+    let v: serde_json::Value = serde_json::from_str(out.trim()).context(out.clone())?;
+    let bytes = v["lag"]["bytes"].as_u64().context("lag bytes")?;
+    let low = lag(conn, from, &end_before).await?;
+    let high = lag(conn, from, &end_after).await?;
+    Ok((v, bytes, low, high))
+}
+
+/// A checkpoint inside a transaction (issue 31: a SIGTERM between the acknowledgement of a
+/// transaction's rows and its end stores `rows_acked`): with `rows_acked` = 1 of its 2 rows,
+/// `trace` calls the first row relayed and the second not, `status` counts the lag from the
+/// second row's event and says the transaction is partly acknowledged, `prune` waits; with
+/// `rows_acked` = 2 the whole transaction is covered (its lag is gone, prune proceeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_inside_a_transaction_covers_its_acknowledged_rows() -> Result<()> {
+    let w = World::new(bin(), "opsrowsacked").await?;
+    let mut conn = w.db.conn().await?;
+    let from = current_binlog_position(&mut conn).await?;
+    let mut rows = RowGen::new(&w.uid, "ra", 1).rows(2);
+    let created = chrono::Utc::now().timestamp_micros() - 20_000_000;
+    for r in &mut rows {
+        r.created_at_micros = created;
+    }
+    let mut tx = conn.start_transaction(Default::default()).await?;
+    insert_outbox_rows(&mut tx, "outbox", &rows, InsertStyle::SingleRow).await?;
+    tx.commit().await?;
+    let (base, writes, tx_end) = our_transaction(&mut conn, &from, w.db.name()).await?;
+    ensure!(writes.len() == 2, "two rows events: {writes:?}");
+    let second = writes[1].clone();
+    // The checkpoint a stop after the first row's acknowledgement leaves.
+    let set_acked = async |conn: &mut Conn, n: u64| {
+        conn.exec_drop(
+            "REPLACE INTO outbox_relay_checkpoint (connector_name, binlog_file, binlog_pos, \
+             rows_acked, source_server_id) VALUES (?, ?, ?, ?, @@server_id)",
+            (w.connector(), &base.file, base.pos, n),
+        )
+        .await
+    };
+    set_acked(&mut conn, 1).await?;
+
+    // rows_acked = 1: the first row is relayed, the second not.
+    let (status, out, err) = run(&w.spec, &["trace", &rows[0].event_key]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["trace", &rows[0].event_key]);
+    expect(&status, 5, &out, &err)?;
+    has(&out, &format!("checkpoint  {base} rows_acked 1 ("))?;
+    has(
+        &out,
+        "inside the transaction, its row 1 acknowledged, relayed",
+    )?;
+    let (status, out, err) = run(&w.spec, &["trace", &rows[1].event_key]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["trace", &rows[1].event_key]);
+    expect(&status, 5, &out, &err)?;
+    has(&out, "NOT YET RELAYED")?;
+
+    let (v, bytes, low, high) = status_lag_from(&w.spec, &mut conn, &second).await?;
+    ensure!(
+        (low..=high).contains(&bytes),
+        "lag {bytes}: expected the bytes from the second row's event {second} to the end, \
+         within [{low}, {high}]: {v}"
+    );
+    let p = &v["lag"]["partly_acknowledged"];
+    ensure!(
+        p["rows_acked"] == 1 && p["rows"] == 2 && p["unrelayed_from"] == second.to_string(),
+        "{v}"
+    );
+    let (status, out, err) = run(&w.spec, &["status"]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["status"]);
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!(
+            "the transaction after the checkpoint is partly acknowledged: 1 of its 2 outbox \
+             rows; the lag counts from {second}"
+        ),
+    )?;
+    let prune = [
+        "prune",
+        "--dry-run",
+        "--older-than",
+        "5s",
+        "--max-wait-ms",
+        "500",
+    ];
+    let (status, out, err) = run(&w.spec, &prune).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &prune);
+    expect(&status, 1, &out, &err)?;
+    has(&err, "does not cover the binlog up to")?;
+
+    // rows_acked = 2: the whole transaction.
+    set_acked(&mut conn, 2).await?;
+    let (status, out, err) = run(&w.spec, &["trace", &rows[1].event_key]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["trace", &rows[1].event_key]);
+    expect(&status, 5, &out, &err)?;
+    has(
+        &out,
+        "inside the transaction, its row 2 acknowledged, relayed",
+    )?;
+    let (v, bytes, low, high) = status_lag_from(&w.spec, &mut conn, &tx_end).await?;
+    // 0 when only checkpoint writes follow (no other test wrote meanwhile).
+    ensure!(
+        bytes == 0 || (low..=high).contains(&bytes),
+        "lag {bytes}: expected the bytes after our transaction's end {tx_end}, within \
+         [{low}, {high}], or 0: {v}"
+    );
+    ensure!(v["lag"]["partly_acknowledged"].is_null(), "{v}");
+    let (status, out, err) = run(&w.spec, &prune).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &prune);
+    expect(&status, 0, &out, &err)?;
+    has(
+        &out,
+        &format!("{}.outbox: 2 rows would be deleted", w.db.name()),
+    )?;
+    drop(conn);
+    w.db.drop_database().await
+}
+
+/// `check` with a wrong password (issue 31): one plain FAIL naming the user, the server and where
+/// the password comes from (the URL, or the environment variable that overrides it), exit 3,
+/// and no privilege list (the user may hold every privilege).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_with_a_wrong_password_says_access_denied_for_the_user() -> Result<()> {
+    let w = World::new(bin(), "opslogin").await?;
+    let (user, spec) = relay_user(&w, "rl", "right-one", "wrong-one").await?;
+    let user = user.as_str();
+    let opts = mysql_async::Opts::from_url(&spec.mysql_url)?;
+    let server = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
+    let failed = format!(
+        "FAIL  MySQL login: expected the server at {server} to accept user {user:?}, found \
+         access denied for user {user:?} at {server} (error 1045: Access denied for user '{user}'@"
+    );
+
+    let (status, out, err) = run(&spec, &["check"]).await?;
+    eprintln!("--- {:?} ---\n{out}{err}", &["check"]);
+    expect(&status, 3, &out, &err)?;
+    has(&out, &failed)?;
+    has(
+        &out,
+        "fix: check the user and password: the user is mysql.url's, the password comes from the \
+         password in mysql.url",
+    )?;
+    ensure!(!out.contains("REPLICATION"), "a privilege list:\n{out}");
+    ensure!(!out.contains("MySQL connection"), "{out}");
+
+    // The password from the environment: named as such.
+    let p = RelayProcess::spawn_args(
+        bin(),
+        &["check", "--config"],
+        &spec.to_toml(),
+        &[("OUTBOX_RELAY__MYSQL__PASSWORD", "also-wrong")],
+    )?;
+    let status = p.wait_exit(EXIT).await?;
+    let (out, err) = (p.stdout_text(), p.stderr_text());
+    expect(&status, 3, &out, &err)?;
+    has(&out, &failed)?;
+    has(
+        &out,
+        "the password comes from the environment variable OUTBOX_RELAY__MYSQL__PASSWORD",
+    )?;
+    let mut admin = w.db.conn().await?;
+    admin.query_drop(format!("DROP USER '{user}'@'%'")).await?;
+    drop(admin);
     w.db.drop_database().await
 }

@@ -186,6 +186,12 @@ impl RelayError {
         )
     }
 
+    /// Whether this is a failed login to the MySQL server ([`LOGIN_DENIED`]): a wrong user,
+    /// password or client host, not a missing privilege.
+    pub fn is_login_denied(&self) -> bool {
+        matches!(self, Self::Prerequisite { setting, .. } if setting == LOGIN_SETTING)
+    }
+
     /// Process exit code for this error (documented in docs/src/operations/running.md): 2 configuration or
     /// command-line argument, 3 server prerequisite, 1 anything else.
     pub fn exit_code(&self) -> i32 {
@@ -210,6 +216,30 @@ pub const ER_UNKNOWN_COM_ERROR: u16 = 1047;
 /// ER_ACCESS_DENIED_ERROR (1045), ER_TABLEACCESS_DENIED_ERROR (1142),
 /// ER_COLUMNACCESS_DENIED_ERROR (1143), ER_SPECIFIC_ACCESS_DENIED_ERROR (1227).
 pub const ACCESS_DENIED: [u16; 5] = [1044, 1045, 1142, 1143, 1227];
+
+/// Of [`ACCESS_DENIED`], the failed login (ER_ACCESS_DENIED_ERROR, "Access denied for user
+/// 'u'@'h' (using password: YES)"): a wrong user, password or client host, or a user that
+/// requires TLS; never a missing privilege.
+pub const LOGIN_DENIED: u16 = 1045;
+
+/// The `setting` of the [`RelayError::Prerequisite`] of a failed login ([`LOGIN_DENIED`]);
+/// see [`RelayError::is_login_denied`].
+pub const LOGIN_SETTING: &str = "login to the MySQL server (mysql.url's user and password)";
+
+/// The global privileges the documentation (docs/src/server-setup.md) grants the relay's user
+/// on MariaDB 10.5 and later (10.11, 11.4): the binlog dump, `SHOW BINARY LOGS` / `SHOW MASTER
+/// STATUS`, `SHOW SLAVE HOSTS` (the server_id collision check) and `SHOW ALL SLAVES STATUS`
+/// (`log_slave_updates` on a replica).
+pub const MARIADB_GLOBAL_PRIVILEGES: [&str; 4] = [
+    "REPLICATION SLAVE",
+    "BINLOG MONITOR",
+    "REPLICATION MASTER ADMIN",
+    "REPLICA MONITOR",
+];
+
+/// The global privileges the documentation grants the relay's user on MySQL 8.0 (and MariaDB
+/// before 10.5, where REPLICATION CLIENT still covers the monitoring statements).
+pub const MYSQL_GLOBAL_PRIVILEGES: [&str; 2] = ["REPLICATION SLAVE", "REPLICATION CLIENT"];
 
 /// Of [`ACCESS_DENIED`], the errors of one statement refused to a user that is logged in
 /// (1142, 1143, 1227): the server names the privilege it wanted.
@@ -381,24 +411,36 @@ fn describe_mysql(e: &mysql_async::Error) -> RelayError {
                     ),
                 }
             }
+            // A failed login is about the user and password, not privileges.
+            mysql_async::Error::Server(s) if s.code == LOGIN_DENIED => RelayError::Prerequisite {
+                setting: LOGIN_SETTING.into(),
+                expected: "the server to accept the user and password".into(),
+                found: format!(
+                    "access denied (error 1045: {})",
+                    crate::error::redact_error(&s.message)
+                ),
+                fix: "check the user in mysql.url and the password (mysql.password, or the \
+                      URL's); a user created REQUIRE SSL or REQUIRE X509 also needs \
+                      mysql.tls_mode (and for X509 mysql.tls_cert and mysql.tls_key)"
+                    .into(),
+            },
             // Access problems are the operator's to fix: retrying would only hide them.
             mysql_async::Error::Server(s) if ACCESS_DENIED.contains(&s.code) => {
                 RelayError::Prerequisite {
                     setting: "privileges of the mysql.url user".into(),
-                    expected:
-                        "a user that can log in and holds REPLICATION SLAVE, REPLICATION CLIENT \
-                     (MariaDB 10.5+: also BINLOG MONITOR, REPLICATION MASTER ADMIN), SELECT on the \
-                     outbox tables and SELECT, INSERT, UPDATE on the checkpoint table"
-                            .into(),
+                    expected: format!(
+                        "a user that holds {} on *.* (MySQL 8.0; MariaDB 10.5+: {}), SELECT on \
+                         the outbox tables and SELECT, INSERT, UPDATE on the checkpoint table",
+                        MYSQL_GLOBAL_PRIVILEGES.join(", "),
+                        MARIADB_GLOBAL_PRIVILEGES.join(", ")
+                    ),
                     found: format!(
                         "error {}: {}",
                         s.code,
                         crate::error::redact_error(&s.message)
                     ),
-                    fix: "check the user and password in mysql.url (or mysql.password) and grant \
-                      what is missing (see docs/src/server-setup.md, \"Server set-up\"); a user created \
-                      REQUIRE SSL or REQUIRE X509 also needs mysql.tls_mode (and for X509 \
-                      mysql.tls_cert and mysql.tls_key)"
+                    fix: "grant what is missing (see docs/src/server-setup.md, \"Server \
+                          set-up\")"
                         .into(),
                 }
             }
@@ -584,7 +626,57 @@ mod tests {
             "Access denied for user 'relay'@'10.0.0.5' (using password: YES)",
         ))
         .to_string();
-        assert!(login.contains("check the user and password"), "{login}");
+        assert!(
+            login.contains("check the user in mysql.url and the password"),
+            "{login}"
+        );
+        assert!(
+            login.contains("access denied (error 1045: Access denied for user 'relay'@'10.0.0.5'"),
+            "{login}"
+        );
+        // No privilege list: the user may hold them all.
+        assert!(!login.contains("REPLICATION"), "{login}");
+    }
+
+    /// The global privileges named when one is missing are those the server set-up page grants,
+    /// for each flavor.
+    #[test]
+    fn the_privilege_lists_are_the_ones_the_set_up_page_grants() {
+        let page = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/src/server-setup.md"
+        ))
+        .expect("docs/src/server-setup.md");
+        let granted: Vec<Vec<String>> = page
+            .lines()
+            .filter_map(|l| {
+                l.trim()
+                    .strip_prefix("GRANT ")?
+                    .strip_suffix(" TO 'relay'@'%';")
+            })
+            .filter_map(|l| l.strip_suffix(" ON *.*"))
+            .map(|l| l.split(", ").map(str::to_owned).collect())
+            .collect();
+        assert_eq!(
+            granted,
+            vec![
+                MARIADB_GLOBAL_PRIVILEGES.map(str::to_owned).to_vec(),
+                MYSQL_GLOBAL_PRIVILEGES.map(str::to_owned).to_vec()
+            ],
+            "the GRANT … ON *.* lines of docs/src/server-setup.md (MariaDB, then MySQL)"
+        );
+        let denied = RelayError::from(server_error(
+            1044,
+            "Access denied for user 'relay'@'%' to database 'shop'",
+        ))
+        .to_string();
+        assert!(
+            denied.contains(
+                "REPLICATION SLAVE, REPLICATION CLIENT on *.* (MySQL 8.0; MariaDB 10.5+: \
+                 REPLICATION SLAVE, BINLOG MONITOR, REPLICATION MASTER ADMIN, REPLICA MONITOR)"
+            ),
+            "{denied}"
+        );
     }
 
     #[test]

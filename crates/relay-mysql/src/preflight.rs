@@ -584,7 +584,7 @@ pub async fn current_layouts(
 ///
 /// # Errors
 /// The query fails.
-async fn row_metadata_full(conn: &mut Conn) -> Result<bool, RelayError> {
+pub async fn row_metadata_full(conn: &mut Conn) -> Result<bool, RelayError> {
     let vars = binlog_variables(conn).await?;
     Ok(vars.iter().any(|(n, v)| {
         n.eq_ignore_ascii_case("binlog_row_metadata") && v.eq_ignore_ascii_case("FULL")

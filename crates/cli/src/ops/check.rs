@@ -65,6 +65,45 @@ impl fmt::Display for CheckReport {
     }
 }
 
+/// The check of a login the server refused (error 1045): the user and server by name, where
+/// the password comes from, and no privilege list (the user may hold every privilege).
+fn login_denied(config: &RelayConfig, e: &RelayError) -> Check {
+    let (user, server) = match super::opts(config) {
+        Ok(o) => (
+            o.user().unwrap_or("(none)").to_owned(),
+            format!("{}:{}", o.ip_or_hostname(), o.tcp_port()),
+        ),
+        Err(_) => ("(unknown)".to_owned(), "(unknown)".to_owned()),
+    };
+    let password = if std::env::var_os("OUTBOX_RELAY__MYSQL__PASSWORD").is_some() {
+        "the environment variable OUTBOX_RELAY__MYSQL__PASSWORD (it overrides mysql.password)"
+    } else if config.mysql.password.is_some() {
+        "mysql.password"
+    } else if mysql_async::Opts::from_url(&config.mysql.url).is_ok_and(|o| o.pass().is_some()) {
+        "the password in mysql.url"
+    } else {
+        "none is set (mysql.url has no password and mysql.password is not set)"
+    };
+    let detail = match e {
+        RelayError::Prerequisite { found, .. } => found
+            .strip_prefix("access denied ")
+            .unwrap_or(found)
+            .to_owned(),
+        other => other.to_string(),
+    };
+    Check::not_met(
+        Level::Fail,
+        "MySQL login",
+        format!("the server at {server} to accept user {user:?}"),
+        format!("access denied for user {user:?} at {server} {detail}"),
+        format!(
+            "check the user and password: the user is mysql.url's, the password comes from \
+             {password}; a user created REQUIRE SSL also needs mysql.tls_mode. The MySQL checks \
+             were skipped"
+        ),
+    )
+}
+
 /// Runs every check against `config`'s server and brokers.
 pub async fn check(config: &RelayConfig) -> CheckReport {
     let mut report = CheckReport::default();
@@ -85,6 +124,7 @@ pub async fn check(config: &RelayConfig) -> CheckReport {
             }
             let _ = conn.disconnect().await;
         }
+        Err(e) if e.is_login_denied() => report.checks.push(login_denied(config, &e)),
         Err(e) => report.checks.push(Check::not_met(
             Level::Fail,
             "MySQL connection",

@@ -17,8 +17,10 @@
 //! makes it visible (the binlog is the two-phase-commit coordinator), so the row's INSERT ends
 //! before `S`. When the checkpoint covers `S`, that INSERT is before the checkpoint, which by
 //! the relay's contract means Kafka acknowledged its record. Rows committed after the SELECT
-//! are not in the id list, so they are never deleted in that chunk. `rows_acked` is ignored
-//! (conservative). The relay ignores the DELETEs.
+//! are not in the id list, so they are never deleted in that chunk. A checkpoint with
+//! `rows_acked` covers the transaction after it when all of that transaction's outbox rows are
+//! among them (`scan::coverage`, read through a binlog dump; when it cannot be read, only the
+//! checkpoint's position counts). The relay ignores the DELETEs.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -146,6 +148,7 @@ pub async fn prune(config: &RelayConfig, opts: &PruneOptions) -> Result<PruneRep
         config,
         table,
         server_id: server.server_id,
+        server: &server,
         flavor: server.flavor,
         mappings: &mappings,
     };
@@ -161,6 +164,7 @@ struct Ctx<'a> {
     config: &'a RelayConfig,
     table: TableName,
     server_id: u32,
+    server: &'a preflight::ServerInfo,
     flavor: outbox_relay_mysql::server::Flavor,
     mappings: &'a [TableMapping],
 }
@@ -281,6 +285,10 @@ async fn wait_covered(
     max_wait: Duration,
 ) -> Result<(), RelayError> {
     let started = Instant::now();
+    let mut covered: Option<(
+        outbox_relay_core::state::checkpoint::Checkpoint,
+        BinlogPosition,
+    )> = None;
     loop {
         let row = read_state_row(conn, &ctx.table, &ctx.config.connector_name).await?;
         let Some(stored) = row.and_then(|r| r.checkpoint) else {
@@ -291,7 +299,7 @@ async fn wait_covered(
                 fix: "start the relay (`outbox-relay run`) and let it store a checkpoint".into(),
             });
         };
-        let (cp, source) = (stored.position, stored.source_server_id);
+        let source = stored.source_server_id;
         if source != ctx.server_id {
             return Err(RelayError::Prerequisite {
                 setting: format!("checkpoint of connector {:?}", ctx.config.connector_name),
@@ -301,6 +309,18 @@ async fn wait_covered(
                     .into(),
             });
         }
+        // Rows of the transaction after the checkpoint that rows_acked covers are relayed
+        // (scan::coverage, the rule trace and status use too); read again only when the
+        // checkpoint moved.
+        if covered.as_ref().is_none_or(|(c, _)| *c != stored) {
+            let through = super::scan::coverage(ctx.config, conn, ctx.server, &stored, end)
+                .await
+                .map_or_else(|_| stored.position.clone(), |c| c.through);
+            covered = Some((stored.clone(), through));
+        }
+        let cp = covered
+            .as_ref()
+            .map_or_else(|| stored.position.clone(), |(_, t)| t.clone());
         let why = match cp.partial_cmp(end) {
             Some(o) if o.is_ge() => return Ok(()),
             Some(_) => match outbox_insert_between(conn, ctx, &cp, end).await? {

@@ -113,6 +113,9 @@ pub struct ResetReport {
     pub applied: bool,
     /// The lease token the write was fenced with.
     pub lease_token: Option<u64>,
+    /// A forward move: the outbox rows it skips ([`scan::skipped_rows`]), or why they were not
+    /// counted.
+    pub skipped: Option<Result<scan::Skipped, String>>,
 }
 
 /// Resolves `target` and, with `yes`, writes it as `config`'s checkpoint.
@@ -153,6 +156,7 @@ pub async fn reset(
             return Err(e);
         }
     };
+    let skipped = skipped(config, &mut conn, &server, before.as_ref(), &position).await;
     let mut report = ResetReport {
         connector,
         table,
@@ -162,6 +166,7 @@ pub async fn reset(
         how,
         applied: false,
         lease_token: None,
+        skipped,
     };
     if let Some(lease) = lease {
         let token = lease.token();
@@ -183,6 +188,32 @@ pub async fn reset(
     let _ = conn.disconnect().await;
     let _ = pool.disconnect().await;
     Ok(report)
+}
+
+/// The outbox rows a move from `before`'s checkpoint forward to `to` skips; `None` when it is
+/// no forward move.
+async fn skipped(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    server: &ServerInfo,
+    before: Option<&StateRow>,
+    to: &BinlogPosition,
+) -> Option<Result<scan::Skipped, String>> {
+    let current = before?.checkpoint.as_ref()?;
+    if current.position.partial_cmp(to) != Some(std::cmp::Ordering::Less) {
+        return None;
+    }
+    if current.source_server_id != server.server_id {
+        return Some(Err(format!(
+            "the current checkpoint was written for server_id {}, not this server's {}",
+            current.source_server_id, server.server_id
+        )));
+    }
+    Some(
+        scan::skipped_rows(config, conn, server, current, to)
+            .await
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// Takes the connector's lease for an operator command (`command` names it in `lease_owner`),
@@ -447,6 +478,33 @@ impl fmt::Display for ResetReport {
             None => "the relay starts at the new position",
         };
         writeln!(f, "effect      {effect}")?;
+        match &self.skipped {
+            None => {}
+            Some(Ok(s)) if s.rows == 0 && !s.partial => writeln!(
+                f,
+                "skipped     none: no outbox row lies between the current and the new position"
+            )?,
+            Some(Ok(s)) => {
+                let more = if s.rows > s.first.len() as u64 {
+                    format!(", the first {}", s.first.len())
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    f,
+                    "skipped     {}{} outbox rows{}: {}",
+                    if s.partial { "at least " } else { "" },
+                    s.rows,
+                    if s.partial {
+                        " (counting stopped after 60 s)".to_owned()
+                    } else {
+                        more
+                    },
+                    s.first.join(", ")
+                )?;
+            }
+            Some(Err(why)) => writeln!(f, "skipped     not counted: {why}")?,
+        }
         if self.applied {
             write!(
                 f,

@@ -20,6 +20,239 @@ use outbox_relay_mysql::binlog::source::{report_host, BinlogSource, SourceEvent,
 use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
 use outbox_relay_mysql::server::Flavor;
 
+/// The dump server_id of an operator command that reads the binlog while the relay may run
+/// (`trace`, `status`, `prune`): 4000000000 + a hash of the connector name and the process id,
+/// so it is neither the connector's own `mysql.server_id` (a second dump with it would make the
+/// server drop the running relay's connection) nor (very likely) another command's.
+pub fn private_server_id(config: &RelayConfig) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(config.connector_name.as_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    4_000_000_000 + h.finalize() % 294_967_295
+}
+
+/// A [`Scanner`] from `from` that decodes the rows of every outbox table of `config` (patterns
+/// resolved on the server, layouts from `information_schema` when table maps carry no column
+/// names), numbering them as `run` does, as replica [`private_server_id`].
+///
+/// # Errors
+/// As [`Scanner::open`]; [`RelayError::Mysql`] when the tables of a pattern cannot be listed.
+pub async fn outbox_scanner(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    server: &outbox_relay_mysql::preflight::ServerInfo,
+    from: &BinlogPosition,
+) -> Result<Scanner, RelayError> {
+    let mappings =
+        outbox_relay_mysql::preflight::resolve_mappings(conn, &config.table_mappings()?).await?;
+    // ServerInfo::row_metadata_full is only known after the prerequisite checks: asked here.
+    let layouts = if outbox_relay_mysql::preflight::row_metadata_full(conn).await? {
+        None
+    } else {
+        let tables: Vec<_> = mappings.iter().map(|m| (*m.table).clone()).collect();
+        outbox_relay_mysql::preflight::current_layouts(conn, &tables)
+            .await
+            .ok()
+            .flatten()
+    };
+    let mut dump = config.clone();
+    dump.mysql.server_id = private_server_id(config);
+    Ok(
+        Scanner::open(&dump, server.flavor, &StartFrom::Position(from.clone()))
+            .await?
+            .with_outbox_tables(mappings, layouts),
+    )
+}
+
+/// Outbox rows a forward move of the checkpoint skips (`reset`'s plan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Rows counted.
+    pub rows: u64,
+    /// The event keys of the first rows (at most [`SKIPPED_KEYS_SHOWN`]; a row without one
+    /// shows its position).
+    pub first: Vec<String>,
+    /// Counting stopped early (after [`SKIPPED_DEADLINE`]): `rows` is a lower bound.
+    pub partial: bool,
+}
+
+/// Most event keys [`skipped_rows`] lists.
+pub const SKIPPED_KEYS_SHOWN: usize = 5;
+/// Longest count of [`skipped_rows`].
+const SKIPPED_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The outbox rows from `checkpoint` to the boundary `to` that a relay resuming at `to` does
+/// not relay: every outbox row of the transactions in between, except those the checkpoint
+/// covers already ([`Checkpoint::covers_row`]: its `rows_acked`).
+///
+/// # Errors
+/// As [`outbox_scanner`] and [`Scanner::next`].
+pub async fn skipped_rows(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    server: &outbox_relay_mysql::preflight::ServerInfo,
+    checkpoint: &outbox_relay_core::state::checkpoint::Checkpoint,
+    to: &BinlogPosition,
+) -> Result<Skipped, RelayError> {
+    let mut skipped = Skipped::default();
+    if checkpoint
+        .position
+        .partial_cmp(to)
+        .is_none_or(|o| o.is_ge())
+    {
+        return Ok(skipped);
+    }
+    let mut scanner = outbox_scanner(config, conn, server, &checkpoint.position).await?;
+    let deadline = tokio::time::Instant::now() + SKIPPED_DEADLINE;
+    let mut base = checkpoint.position.clone();
+    let mut n = 0u64;
+    loop {
+        let Ok(next) = tokio::time::timeout_at(deadline, scanner.next()).await else {
+            skipped.partial = true;
+            return Ok(skipped);
+        };
+        let s = next?;
+        if s.event.position > *to {
+            return Ok(skipped);
+        }
+        for row in &s.rows {
+            n += 1;
+            if checkpoint.covers_row(&base, n) == Some(true) {
+                continue;
+            }
+            skipped.rows += 1;
+            if skipped.first.len() < SKIPPED_KEYS_SHOWN {
+                let key = match row {
+                    Ok(ev) => ev.event_key.as_deref(),
+                    Err(f) => f
+                        .headers
+                        .iter()
+                        .find(|(name, _)| name == "event_key")
+                        .map(|(_, v)| v.as_slice()),
+                };
+                skipped.first.push(key.map_or_else(
+                    || format!("(no event_key, at {})", s.event.position),
+                    |k| String::from_utf8_lossy(k).into_owned(),
+                ));
+            }
+        }
+        if s.event.position >= *to {
+            // `to` may follow events that end no transaction (a new file's first events).
+            return Ok(skipped);
+        }
+        if let Some(b) = s.boundary {
+            base = b.position;
+            n = 0;
+        }
+    }
+}
+
+/// How far a stored checkpoint covers the binlog, its `rows_acked` taken into account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coverage {
+    /// Every outbox row before this position is relayed: the checkpoint's position, or the end
+    /// of the transaction after it when all of that transaction's outbox rows are among the
+    /// checkpoint's `rows_acked`.
+    pub through: BinlogPosition,
+    /// The transaction after the checkpoint is partly acknowledged.
+    pub partial: Option<PartlyAcked>,
+}
+
+/// A transaction whose first outbox rows are acknowledged (the checkpoint's `rows_acked`) and
+/// the rest not yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartlyAcked {
+    /// Its outbox rows acknowledged (`rows_acked`).
+    pub acked: u64,
+    /// Its outbox rows (those read up to the server's end, when it has not ended there).
+    pub rows: u64,
+    /// Where the event holding its first unacknowledged row starts: binlog before it is
+    /// relayed.
+    pub unrelayed_from: BinlogPosition,
+}
+
+/// Longest read of the transaction after a checkpoint.
+const COVERAGE_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How far `checkpoint` covers the binlog, up to the server's end `end`: with `rows_acked` = 0
+/// its position; else the transaction after it is read (a binlog dump as replica
+/// [`private_server_id`], its outbox rows decoded with every outbox table of `config` as `run`
+/// numbers them) and judged by [`Checkpoint::covers_row`]: all its rows acknowledged moves
+/// `through` to its end, otherwise it is [`PartlyAcked`].
+///
+/// # Errors
+/// As [`Scanner::open`] and [`Scanner::next`]; [`RelayError::Binlog`] after
+/// [`COVERAGE_DEADLINE`].
+pub async fn coverage(
+    config: &RelayConfig,
+    conn: &mut mysql_async::Conn,
+    server: &outbox_relay_mysql::preflight::ServerInfo,
+    checkpoint: &outbox_relay_core::state::checkpoint::Checkpoint,
+    end: &BinlogPosition,
+) -> Result<Coverage, RelayError> {
+    let at = Coverage {
+        through: checkpoint.position.clone(),
+        partial: None,
+    };
+    if checkpoint.rows_acked == 0
+        || checkpoint
+            .position
+            .partial_cmp(end)
+            .is_none_or(|o| o.is_ge())
+    {
+        return Ok(at);
+    }
+    let read = async {
+        let mut scanner = outbox_scanner(config, conn, server, &checkpoint.position).await?;
+        let mut rows = 0u64;
+        let mut event_start = checkpoint.position.clone();
+        let mut unrelayed_from: Option<BinlogPosition> = None;
+        loop {
+            let s = scanner.next().await?;
+            for _ in &s.rows {
+                rows += 1;
+                if checkpoint.covers_row(&checkpoint.position, rows) == Some(false)
+                    && unrelayed_from.is_none()
+                {
+                    unrelayed_from = Some(event_start.clone());
+                }
+            }
+            let ended = s.boundary.is_some() || s.event.position >= *end;
+            if let Some(b) = &s.boundary {
+                if unrelayed_from.is_none() {
+                    return Ok(Coverage {
+                        through: b.position.clone(),
+                        partial: None,
+                    });
+                }
+            }
+            if ended {
+                return Ok(Coverage {
+                    through: checkpoint.position.clone(),
+                    partial: Some(PartlyAcked {
+                        acked: checkpoint.rows_acked,
+                        rows,
+                        unrelayed_from: unrelayed_from.unwrap_or(event_start),
+                    }),
+                });
+            }
+            // Events of a compressed payload share its end: the next starts where it ends only
+            // once the payload is over.
+            if !s.event.in_payload && s.event.position > event_start {
+                event_start = s.event.position.clone();
+            }
+        }
+    };
+    match tokio::time::timeout(COVERAGE_DEADLINE, read).await {
+        Ok(r) => r,
+        Err(_) => Err(RelayError::binlog(format!(
+            "reading the transaction after the checkpoint {} took over {} s",
+            checkpoint.position,
+            COVERAGE_DEADLINE.as_secs()
+        ))),
+    }
+}
+
 /// MariaDB GTID event (type 162).
 const MARIADB_GTID_EVENT: u8 = 162;
 /// MySQL tagged GTID event (type 42).

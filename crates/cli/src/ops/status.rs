@@ -41,11 +41,18 @@ pub struct Status {
     /// The server's GTID state there (`@@gtid_binlog_pos` on MariaDB, `Executed_Gtid_Set` on
     /// MySQL).
     pub server_gtid: Option<String>,
-    /// Bytes of binlog from the checkpoint to the end, 0 when only writes to the checkpoint
+    /// Bytes of binlog not yet relayed: from the checkpoint (past the rows of the transaction
+    /// after it that `rows_acked` covers) to the end, 0 when only writes to the checkpoint
     /// table lie between (`None` without a checkpoint, or when its file is gone).
     pub lag_bytes: Option<u64>,
     /// 0 when caught up, else the checkpoint's age (see the module docs).
     pub lag_seconds: Option<f64>,
+    /// The transaction after the checkpoint is partly acknowledged (`rows_acked` of its rows);
+    /// `lag_bytes` then counts from its first unacknowledged row's event.
+    pub partly_acked: Option<super::scan::PartlyAcked>,
+    /// Why the lag may count acknowledged rows (the transaction after a checkpoint with
+    /// `rows_acked` could not be read).
+    pub lag_note: Option<String>,
     /// Connection id holding the lease (`IS_USED_LOCK`), if any.
     pub lease_holder: Option<u64>,
 }
@@ -75,10 +82,31 @@ pub async fn status(config: &RelayConfig) -> Result<Status, RelayError> {
         logs.iter()
             .any(|(name, size)| *name == p.file && p.pos <= *size)
     });
-    let mut lag_bytes = position
-        .as_ref()
-        .and_then(|p| bytes_between(&logs, p, &end));
-    if let (Some(b), Some(p)) = (lag_bytes, &position) {
+    // With rows_acked > 0 the transaction after the checkpoint is read: rows of it among the
+    // acknowledged ones are not lag (scan::coverage, the rule trace and prune use too).
+    let mut partly_acked = None;
+    let mut lag_note = None;
+    let covered = match row.as_ref().and_then(|r| r.checkpoint.as_ref()) {
+        Some(cp) if checkpoint_available => {
+            match super::scan::coverage(config, &mut conn, &server, cp, &end).await {
+                Ok(c) => {
+                    partly_acked = c.partial.clone();
+                    Some(c.partial.map_or(c.through, |p| p.unrelayed_from))
+                }
+                Err(e) => {
+                    lag_note = Some(format!(
+                        "the transaction after the checkpoint (rows_acked {}) was not read, so \
+                         it counts as lag: {e}",
+                        cp.rows_acked
+                    ));
+                    Some(cp.position.clone())
+                }
+            }
+        }
+        _ => position.clone(),
+    };
+    let mut lag_bytes = covered.as_ref().and_then(|p| bytes_between(&logs, p, &end));
+    if let (Some(b), Some(p), None) = (lag_bytes, &covered, &partly_acked) {
         // An idle relay's checkpoint stays before its own last checkpoint write (writing a
         // checkpoint past it would make another write, and so on): those writes are not lag.
         if b > 0 && only_checkpoint_writes(&mut conn, &table, p, &end).await? {
@@ -102,6 +130,8 @@ pub async fn status(config: &RelayConfig) -> Result<Status, RelayError> {
         server_gtid,
         lag_bytes,
         lag_seconds,
+        partly_acked,
+        lag_note,
         lease_holder: holder,
     })
 }
@@ -217,6 +247,12 @@ impl Status {
             "lag": {
                 "bytes": self.lag_bytes,
                 "seconds": self.lag_seconds.map(round3),
+                "partly_acknowledged": self.partly_acked.as_ref().map(|p| json!({
+                    "rows_acked": p.acked,
+                    "rows": p.rows,
+                    "unrelayed_from": p.unrelayed_from.to_string(),
+                })),
+                "note": self.lag_note,
             },
             "lease": {
                 "held": self.lease_holder.is_some(),
@@ -286,6 +322,17 @@ impl fmt::Display for Status {
                 }
             )?,
             _ => writeln!(f, "lag               unknown")?,
+        }
+        if let Some(p) = &self.partly_acked {
+            writeln!(
+                f,
+                "                  the transaction after the checkpoint is partly acknowledged: \
+                 {} of its {} outbox rows; the lag counts from {}",
+                p.acked, p.rows, p.unrelayed_from
+            )?;
+        }
+        if let Some(note) = &self.lag_note {
+            writeln!(f, "                  {note}")?;
         }
         let owner = self
             .row

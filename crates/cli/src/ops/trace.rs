@@ -147,6 +147,9 @@ pub struct BinlogTransaction {
     pub after: String,
     /// The end of its commit event (`FILE:POS`).
     pub end: String,
+    /// The row's number among the transaction's outbox rows (from 1, over every outbox
+    /// table, as `run` numbers them for the checkpoint's `rows_acked`).
+    pub row_in_transaction: u64,
     /// Its GTID (MariaDB `domain-server-seq`, MySQL `uuid:n`), when it has one.
     pub gtid: Option<String>,
     /// Commit time, ms since the epoch (MySQL 8: the GTID event's µs commit timestamp;
@@ -162,7 +165,10 @@ pub struct BinlogTransaction {
 pub struct CheckpointView {
     /// The checkpoint's position (`FILE:POS`).
     pub position: String,
-    /// The checkpoint is at or past the transaction's end: the relay has relayed it.
+    /// Outbox rows of the transaction after `position` acknowledged too.
+    pub rows_acked: u64,
+    /// The checkpoint covers the row: past its transaction's end, or at its start with the
+    /// row among the `rows_acked` acknowledged ones. The relay has relayed it.
     pub relayed: bool,
     /// When not relayed: binlog bytes from the checkpoint to the transaction's end.
     pub behind_bytes: Option<u64>,
@@ -171,21 +177,34 @@ pub struct CheckpointView {
 }
 
 impl CheckpointView {
-    /// `state`'s checkpoint against a transaction ending at `tx_end` (when found), with the
-    /// bytes behind from the file sizes of `logs`; `None` for a lease placeholder.
+    /// `state`'s checkpoint against the row's transaction `tx` (when found), judged by
+    /// [`outbox_relay_core::state::checkpoint::Checkpoint::covers_row`] (so a checkpoint inside
+    /// that transaction covers the row when it is among its `rows_acked`), with the bytes
+    /// behind from the file sizes of `logs`; `None` for a lease placeholder.
     pub fn new(
         state: &StateRow,
-        tx_end: Option<&BinlogPosition>,
+        tx: Option<&BinlogTransaction>,
         logs: &[(String, u64)],
     ) -> Option<Self> {
-        let cp = state.position()?;
-        let relayed = tx_end.is_some_and(|e| cp >= *e);
+        let checkpoint = state.checkpoint.as_ref()?;
+        let cp = &checkpoint.position;
+        let bounds = tx.and_then(|t| {
+            Some((
+                t.after.parse::<BinlogPosition>().ok()?,
+                t.end.parse::<BinlogPosition>().ok()?,
+                t.row_in_transaction,
+            ))
+        });
+        let relayed = bounds.as_ref().is_some_and(|(after, end, row)| {
+            checkpoint.covers_row(after, *row).unwrap_or(false) || cp >= end
+        });
         Some(Self {
             position: cp.to_string(),
+            rows_acked: checkpoint.rows_acked,
             relayed,
-            behind_bytes: tx_end
+            behind_bytes: bounds
                 .filter(|_| !relayed)
-                .and_then(|e| bytes_between(logs, &cp, e)),
+                .and_then(|(_, end, _)| bytes_between(logs, cp, &end)),
             age_seconds: state.age_seconds,
         })
     }
@@ -382,17 +401,22 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
     .await
     .ok()
     .flatten();
-    let layouts = if server.row_metadata_full {
+    // Every outbox table, for the row's number in its transaction.
+    let outbox = preflight::resolve_mappings(&mut conn, &config.table_mappings()?).await?;
+    // ServerInfo::row_metadata_full is only known after the prerequisite checks: asked here.
+    let layouts = if preflight::row_metadata_full(&mut conn).await? {
         None
     } else {
-        let tables: Vec<TableName> = found.iter().map(|(m, ..)| (*m.table).clone()).collect();
+        let tables: Vec<TableName> = outbox.iter().map(|m| (*m.table).clone()).collect();
         preflight::current_layouts(&mut conn, &tables)
             .await
             .ok()
             .flatten()
     };
     let mut dump_config = config.clone();
-    dump_config.mysql.server_id = opts.server_id.unwrap_or_else(|| trace_server_id(config));
+    dump_config.mysql.server_id = opts
+        .server_id
+        .unwrap_or_else(|| scan::private_server_id(config));
     for (row, (m, _, created_ms)) in report.rows.iter_mut().zip(&found) {
         let Some(created_ms) = created_ms else {
             row.notes.push(
@@ -408,6 +432,7 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
             logs: &logs,
             end: &end,
             mapping: m,
+            outbox: &outbox,
             layouts: layouts.clone(),
             event_key: opts.event_key.as_bytes(),
             around_ms: *created_ms,
@@ -432,12 +457,7 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
                 "connector {:?} has no checkpoint row: it never ran (or was reset)",
                 config.connector_name
             )),
-            (Some(s), tx) => {
-                let tx_end = tx
-                    .as_ref()
-                    .and_then(|t| t.end.parse::<BinlogPosition>().ok());
-                row.checkpoint = CheckpointView::new(s, tx_end.as_ref(), &logs);
-            }
+            (Some(s), tx) => row.checkpoint = CheckpointView::new(s, tx.as_ref(), &logs),
         }
     }
     drop(conn);
@@ -515,15 +535,6 @@ pub async fn trace(config: &RelayConfig, opts: &TraceOptions) -> Result<TraceRep
         }
     }
     Ok(report)
-}
-
-/// The dump server_id of a trace: 4000000000 + a hash of the connector name and the process
-/// id, so it is neither the connector's nor (very likely) another trace's.
-fn trace_server_id(config: &RelayConfig) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(config.connector_name.as_bytes());
-    h.update(&std::process::id().to_le_bytes());
-    4_000_000_000 + h.finalize() % 294_967_295
 }
 
 /// A row read with [`select_list`] as a [`RowTrace`] (lookups still empty), the record `run`
@@ -608,6 +619,9 @@ struct Search<'a> {
     logs: &'a [(String, u64)],
     end: &'a BinlogPosition,
     mapping: &'a TableMapping,
+    /// Every outbox table (patterns resolved): the row's number in its transaction counts
+    /// their rows, as `run` does.
+    outbox: &'a [TableMapping],
     layouts: Option<Arc<str>>,
     event_key: &'a [u8],
     around_ms: i64,
@@ -636,11 +650,12 @@ impl Search<'_> {
         let mut scanner =
             Scanner::open(self.config, self.flavor, &StartFrom::Position(from.clone()))
                 .await?
-                .with_outbox_tables(vec![self.mapping.clone()], self.layouts.clone());
+                .with_outbox_tables(self.outbox.to_vec(), self.layouts.clone());
         let until_ms = self.around_ms.saturating_add(self.window_ms);
         let mut after = from;
         let mut gtid: Option<String> = None;
-        let mut hit: Option<i64> = None;
+        let mut hit: Option<(i64, u64)> = None;
+        let mut rows = 0u64;
         loop {
             let s = scanner.next().await?;
             let header = s.event.event.header();
@@ -649,6 +664,7 @@ impl Search<'_> {
                 gtid = self.gtid_of(&s.event);
             }
             for row in &s.rows {
+                rows += 1;
                 let commit_ms = match row {
                     Ok(ev)
                         if *ev.table == *self.mapping.table
@@ -656,24 +672,29 @@ impl Search<'_> {
                     {
                         Some(ev.commit_ms)
                     }
+                    // Every outbox table is decoded (for the row's number): a failed row of
+                    // another table with the same event_key is not this one.
                     Err(f)
-                        if f.headers
-                            .iter()
-                            .any(|(n, v)| n == "event_key" && v.as_slice() == self.event_key) =>
+                        if !matches!(&f.error, RelayError::Row { table, .. }
+                            if *table != self.mapping.table.to_string())
+                            && f.headers.iter().any(|(n, v)| {
+                                n == "event_key" && v.as_slice() == self.event_key
+                            }) =>
                     {
                         Some(i64::from(s.event.timestamp) * 1000)
                     }
                     _ => None,
                 };
-                if commit_ms.is_some() && hit.is_none() {
-                    hit = commit_ms;
+                if hit.is_none() {
+                    hit = commit_ms.map(|ms| (ms, rows));
                 }
             }
             if let Some(b) = s.boundary {
-                if let Some(commit_ms) = hit {
+                if let Some((commit_ms, row_in_transaction)) = hit {
                     return Ok(Some(BinlogTransaction {
                         after: after.to_string(),
                         end: b.position.to_string(),
+                        row_in_transaction,
                         gtid,
                         commit_ms,
                         committed_at: rfc3339(commit_ms),
@@ -684,6 +705,7 @@ impl Search<'_> {
                 }
                 after = b.position;
                 gtid = None;
+                rows = 0;
             }
             if s.event.position >= *self.end && hit.is_none() {
                 return Ok(None);
@@ -1153,7 +1175,20 @@ impl fmt::Display for TraceReport {
                 )?;
             }
             if let Some(c) = &r.checkpoint {
-                if c.relayed {
+                let inside = r.binlog.as_ref().filter(|b| b.after == c.position);
+                if let (true, Some(b)) = (c.relayed, inside) {
+                    // A checkpoint inside the row's transaction (a stop between two of its rows'
+                    // acknowledgements and its end).
+                    writeln!(
+                        f,
+                        "checkpoint  {} rows_acked {} (age {}): inside the transaction, its row {} \
+                         acknowledged, relayed",
+                        c.position,
+                        c.rows_acked,
+                        super::human_duration(c.age_seconds),
+                        b.row_in_transaction
+                    )?;
+                } else if c.relayed {
                     writeln!(
                         f,
                         "checkpoint  {} (age {}): past the transaction, relayed",

@@ -197,22 +197,22 @@ impl Places {
 
     /// ` (relay.toml line 6)`, ` (environment variable OUTBOX_RELAY__X__Y)`, or nothing.
     fn at(&self, path: &[String]) -> String {
+        self.at_with(path, |var| std::env::var(var).ok())
+    }
+
+    /// [`Places::at`] with the environment read through `env`. The environment is merged
+    /// after the files, so a variable that sets the key, or a section above it with the key
+    /// in its value (`OUTBOX_RELAY__KAFKA__PROPERTIES='{"linger.ms"=20}'`), is where the value
+    /// came from, even when a file writes that section too.
+    fn at_with(&self, path: &[String], env: impl Fn(&str) -> Option<String>) -> String {
         if path.is_empty() {
             return String::new();
         }
+        if let Some(var) = env_source(path, env) {
+            return format!(" (environment variable {var})");
+        }
         if let Some(f) = self.find(path) {
             return f.place.line(f.at.line);
-        }
-        let var = format!(
-            "{}{}",
-            super::ENV_PREFIX,
-            path.iter()
-                .map(|s| s.to_uppercase())
-                .collect::<Vec<_>>()
-                .join("__")
-        );
-        if !path.is_empty() && std::env::var_os(&var).is_some() {
-            return format!(" (environment variable {var})");
         }
         // A missing key: the line of the closest section written.
         (1..path.len())
@@ -599,6 +599,32 @@ impl Places {
 }
 
 /// `kafka.properties."linger.ms"`, `outbox.additional[1].placement` (1 = the first entry).
+/// The environment variable (`OUTBOX_RELAY__A__B`) whose value holds the key at `path`: the
+/// one of the key itself, else the nearest one of a section above it whose value (parsed as
+/// the configuration loader parses it: `{"linger.ms"=20}` is a table) has the key.
+fn env_source(path: &[String], env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    (1..=path.len()).rev().find_map(|n| {
+        let var = format!(
+            "{}{}",
+            super::ENV_PREFIX,
+            path[..n]
+                .iter()
+                .map(|s| s.to_uppercase())
+                .collect::<Vec<_>>()
+                .join("__")
+        );
+        let text = env(&var)?;
+        let mut value: figment::value::Value = text.parse().ok()?;
+        for seg in &path[n..] {
+            value = match value {
+                figment::value::Value::Dict(_, mut dict) => dict.remove(seg)?,
+                _ => return None,
+            };
+        }
+        Some(var)
+    })
+}
+
 fn key_label(path: &[String]) -> String {
     let mut out = String::new();
     for seg in path {
@@ -959,6 +985,39 @@ mod tests {
             "unknown key \"table\" in [debezium] (line 8): table.expand.json.payload read as \
              nested tables because the name has dots: quote it: \"table.expand.json.payload\" = \
              true"
+        );
+    }
+
+    #[test]
+    fn a_key_set_by_the_environment_is_attributed_to_its_variable_not_to_the_file() {
+        let file = format!(
+            "{BASE}[outbox]\ntables = [\"shop.outbox\"]\n[kafka.properties]\nacks = \"all\"\n"
+        );
+        let places = Places(vec![Place::text("relay.toml", Some(&file), &[])]);
+        let path = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let env = |var: &str| {
+            (var == "OUTBOX_RELAY__KAFKA__PROPERTIES").then(|| r#"{"linger.ms"=20}"#.to_owned())
+        };
+        // The key is in the variable's table: the variable, not the file's [kafka.properties].
+        assert_eq!(
+            places.at_with(&path(&["kafka", "properties", "linger.ms"]), env),
+            " (environment variable OUTBOX_RELAY__KAFKA__PROPERTIES)"
+        );
+        // A key of the same section written only in the file: the file's line.
+        assert_eq!(
+            places.at_with(&path(&["kafka", "properties", "acks"]), env),
+            " (relay.toml line 8)"
+        );
+        // Without the variable: the section's line, as before.
+        assert_eq!(
+            places.at_with(&path(&["kafka", "properties", "linger.ms"]), |_| None),
+            " (relay.toml line 7)"
+        );
+        // A scalar override of a key the file writes too: the variable.
+        let env = |var: &str| (var == "OUTBOX_RELAY__KAFKA__PROPERTIES__ACKS").then(|| "1".into());
+        assert_eq!(
+            places.at_with(&path(&["kafka", "properties", "acks"]), env),
+            " (environment variable OUTBOX_RELAY__KAFKA__PROPERTIES__ACKS)"
         );
     }
 

@@ -110,7 +110,12 @@ pub enum SendError {
     /// The sink's local queue is full (librdkafka's, for Kafka): wait for a delivery, then send
     /// again (backpressure).
     QueueFull,
-    /// Refused for good (for example larger than `message.max.bytes`): dead-letter or stop.
+    /// Refused for good because of its size (larger than `message.max.bytes` or the topic's
+    /// `max.message.bytes`): dead-letter without its value (`dlq_value_dropped`), or stop.
+    TooLarge(String),
+    /// Refused for good for something other than its size (a partition the topic does not
+    /// have, an invalid record, a policy): dead-letter with its value, so that `dlq replay`
+    /// can send it once the cause is fixed, or stop.
     Permanent(String),
     /// The record's timestamp is one its topic refuses (and no fallback applies): dead-letter
     /// (with its value) or stop.

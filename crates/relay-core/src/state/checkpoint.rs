@@ -35,6 +35,23 @@ pub struct Checkpoint {
     pub table_layouts: Option<Arc<str>>,
 }
 
+impl Checkpoint {
+    /// Whether the outbox row numbered `row` (from 1, in binlog order, over every outbox table)
+    /// of the transaction that starts at the boundary `base` is covered: relayed by the
+    /// relay's contract. It is when the checkpoint lies past that transaction (a checkpoint is
+    /// always a boundary, so past `base` means at or after the transaction's end), or when the
+    /// checkpoint is `base` itself and the row is among its first `rows_acked`. This is the one
+    /// rule `trace`, `status` and `prune` judge "relayed" by; `None` when `base` is in another
+    /// binlog sequence than the checkpoint (positions of different file names do not compare).
+    pub fn covers_row(&self, base: &BinlogPosition, row: u64) -> Option<bool> {
+        Some(match self.position.partial_cmp(base)? {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Equal => row <= self.rows_acked,
+            std::cmp::Ordering::Less => false,
+        })
+    }
+}
+
 /// Where checkpoints live. Kept small so an exactly-once mode can store them inside a Kafka
 /// transaction later.
 pub trait CheckpointStore {
@@ -47,4 +64,36 @@ pub trait CheckpointStore {
         &self,
         checkpoint: &Checkpoint,
     ) -> impl std::future::Future<Output = Result<(), RelayError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(pos: u64, rows_acked: u64) -> Checkpoint {
+        Checkpoint {
+            position: BinlogPosition::new("bin.000003", pos),
+            rows_acked,
+            gtid_set: None,
+            source_server_id: 1,
+            source_server_uuid: None,
+            table_layouts: None,
+        }
+    }
+
+    #[test]
+    fn a_row_is_covered_past_the_checkpoint_or_among_its_acknowledged_rows() {
+        let base = BinlogPosition::new("bin.000003", 8069);
+        // Past the transaction: every row of it.
+        assert_eq!(at(9000, 0).covers_row(&base, 7), Some(true));
+        // At its start: only the first rows_acked rows.
+        assert_eq!(at(8069, 1).covers_row(&base, 1), Some(true));
+        assert_eq!(at(8069, 1).covers_row(&base, 2), Some(false));
+        assert_eq!(at(8069, 0).covers_row(&base, 1), Some(false));
+        // Before it: none.
+        assert_eq!(at(7000, 5).covers_row(&base, 1), Some(false));
+        // Another binlog sequence: unknown.
+        let other = BinlogPosition::new("mysql-bin.000001", 4);
+        assert_eq!(at(8069, 1).covers_row(&other, 1), None);
+    }
 }

@@ -489,9 +489,10 @@ impl KafkaSink {
     /// [`KafkaSink::deliveries`] once Kafka acknowledges it or gives up.
     ///
     /// # Errors
-    /// [`SendError::QueueFull`] when librdkafka's queue is full; [`SendError::Permanent`] for
-    /// a record Kafka can never take (larger than `message.max.bytes`, or than the topic's
-    /// `max.message.bytes` once [`KafkaSink::ensure_topic`] learnt it); [`SendError::Failed`]
+    /// [`SendError::QueueFull`] when librdkafka's queue is full; [`SendError::TooLarge`] for
+    /// a record larger than `message.max.bytes`, or than the topic's `max.message.bytes` once
+    /// [`KafkaSink::ensure_topic`] learnt it; [`SendError::Permanent`] for one Kafka can never
+    /// take for another reason (a partition the topic does not have); [`SendError::Failed`]
     /// otherwise.
     pub fn send(&self, record: &Record, seq: u64) -> Result<(), SendError> {
         if let Some(reason) = self.missing_reason(&record.topic) {
@@ -503,7 +504,7 @@ impl KafkaSink {
             record.value.as_deref(),
             &record.headers,
         ) {
-            return Err(SendError::Permanent(reason));
+            return Err(SendError::TooLarge(reason));
         }
         let (timestamp, headers) = self.stamped(record)?;
         let mut br: BaseRecord<'_, [u8], [u8], usize> =
@@ -665,7 +666,7 @@ impl KafkaSink {
             dl.value.as_deref(),
             &all,
         ) {
-            return Err(SendError::Permanent(reason));
+            return Err(SendError::TooLarge(reason));
         }
         let mut headers = OwnedHeaders::new_with_capacity(all.len());
         for (key, value) in all {
@@ -834,7 +835,12 @@ fn classify_send_error(e: KafkaError, topic: &str, size: usize) -> SendError {
     match e {
         KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
         KafkaError::MessageProduction(code) if is_permanent(code) => {
-            SendError::Permanent(refusal_reason(code, topic, size))
+            let reason = refusal_reason(code, topic, size);
+            if is_size_refusal(code) {
+                SendError::TooLarge(reason)
+            } else {
+                SendError::Permanent(reason)
+            }
         }
         other => SendError::Failed(RelayError::kafka(format!(
             "cannot produce to topic {topic}: {other}"
@@ -866,6 +872,16 @@ const PERMANENT_CODES: [RDKafkaErrorCode; 13] = {
 /// See [`PERMANENT_CODES`].
 fn is_permanent(code: RDKafkaErrorCode) -> bool {
     PERMANENT_CODES.contains(&code)
+}
+
+/// The permanent codes that are about the record's size, the only refusals for which its
+/// dead letter leaves the value out (a value the broker refused as too large would be refused
+/// again on the dead-letter topic).
+fn is_size_refusal(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize
+    )
 }
 
 /// Classifies a fatal error of the idempotent producer by its cause. librdkafka raises
@@ -984,6 +1000,32 @@ fn is_topic_refusal(code: RDKafkaErrorCode) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_size_refusal_is_too_large_the_others_keep_the_value() {
+        let refused = |code| classify_send_error(KafkaError::MessageProduction(code), "t.Order", 9);
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::InvalidMessageSize,
+        ] {
+            assert!(matches!(refused(code), SendError::TooLarge(_)), "{code:?}");
+        }
+        // The row named a partition the topic does not have: its value was fine.
+        match refused(RDKafkaErrorCode::UnknownPartition) {
+            SendError::Permanent(reason) => assert!(
+                reason.contains("names a partition topic t.Order does not have"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        for code in [
+            RDKafkaErrorCode::InvalidRecord,
+            RDKafkaErrorCode::PolicyViolation,
+            RDKafkaErrorCode::InvalidTimestamp,
+        ] {
+            assert!(matches!(refused(code), SendError::Permanent(_)), "{code:?}");
+        }
+    }
 
     #[test]
     fn an_acknowledgement_without_an_offset_is_not_trusted() {

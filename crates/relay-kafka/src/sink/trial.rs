@@ -112,9 +112,11 @@ impl KafkaSink {
         }
         let (timestamp, headers) = match self.stamped(record) {
             Ok(stamped) => stamped,
-            Err(SendError::Permanent(reason) | SendError::Timestamp(reason)) => {
-                return Ok(refused_here(reason))
-            }
+            Err(
+                SendError::Permanent(reason)
+                | SendError::TooLarge(reason)
+                | SendError::Timestamp(reason),
+            ) => return Ok(refused_here(reason)),
             Err(SendError::Failed(e)) => return Err(e),
             Err(SendError::QueueFull | SendError::BrokerRefused(_)) => {
                 return Err(RelayError::kafka("the trial record could not be prepared"))

@@ -548,6 +548,7 @@ impl AckQueue {
                 Err(SendError::QueueFull) => return false,
                 Err(
                     SendError::Permanent(reason)
+                    | SendError::TooLarge(reason)
                     | SendError::Timestamp(reason)
                     | SendError::BrokerRefused(reason),
                 ) => {

@@ -1684,14 +1684,6 @@ impl Reader<'_> {
             }
             match send(sink, inflight.next_seq()) {
                 Ok(()) => return Ok(()),
-                Err(SendError::Permanent(reason)) => {
-                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, false))
-                }
-                Err(SendError::Timestamp(reason)) => {
-                    return Err(Refusal::Permanent(reason, DeadLetterKind::Producer, true))
-                }
-                Err(SendError::BrokerRefused(reason)) => return Err(Refusal::Topic(reason)),
-                Err(SendError::Failed(e)) => return Err(Refusal::Failed(e)),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
                         self.on_ack(ack, inflight.is_empty(), progress)
@@ -1699,6 +1691,7 @@ impl Reader<'_> {
                     }
                     None => tokio::time::sleep(Duration::from_millis(10)).await,
                 },
+                Err(refused) => return Err(Refusal::of(refused)),
             }
         }
     }
@@ -1774,6 +1767,24 @@ enum Refusal {
     Failed(RelayError),
 }
 
+impl Refusal {
+    /// The refusal of a send that failed for a reason other than a full queue: the value is
+    /// left out of the dead letter only when its size was the problem.
+    fn of(e: SendError) -> Self {
+        match e {
+            SendError::TooLarge(reason) => Self::Permanent(reason, DeadLetterKind::Producer, false),
+            SendError::Permanent(reason) | SendError::Timestamp(reason) => {
+                Self::Permanent(reason, DeadLetterKind::Producer, true)
+            }
+            SendError::BrokerRefused(reason) => Self::Topic(reason),
+            SendError::Failed(e) => Self::Failed(e),
+            SendError::QueueFull => {
+                Self::Failed(RelayError::kafka("the producer's queue stayed full"))
+            }
+        }
+    }
+}
+
 /// The dead letter of `record`; its value is kept unless `keep_value` is false (the refusal is
 /// about the record's size).
 fn dead_letter_of(
@@ -1829,6 +1840,45 @@ mod tests {
     use super::*;
     use outbox_relay_core::position::BinlogPosition;
     use outbox_relay_mysql::state::store::MysqlCheckpointStore;
+
+    /// The dead letter of a record refused by `e`, with its value `{"n":1}`.
+    fn refused_as(e: SendError) -> DeadLetter {
+        let record = Record {
+            topic: Arc::from("t.Order"),
+            key: b"o-1".to_vec(),
+            value: Some(br#"{"n":1}"#.to_vec()),
+            headers: Vec::new(),
+            partition: Some(7),
+            timestamp_ms: 0,
+            column_timestamp: false,
+            fallback_ms: None,
+        };
+        let Refusal::Permanent(reason, _, keep_value) = Refusal::of(e) else {
+            panic!("not a permanent refusal");
+        };
+        dead_letter_of(
+            record,
+            reason,
+            BinlogPosition::new("bin.000001", 400),
+            "shop.outbox".into(),
+            keep_value,
+        )
+    }
+
+    #[test]
+    fn a_dead_letter_drops_the_value_only_when_its_size_was_refused() {
+        // A partition the topic does not have: the record was fine, `dlq replay` needs it.
+        let dl = refused_as(SendError::Permanent(
+            "the partition column names a partition topic t.Order does not have".into(),
+        ));
+        assert_eq!(dl.value.as_deref(), Some(&br#"{"n":1}"#[..]));
+        assert!(!dl.value_dropped);
+        let dl = refused_as(SendError::Timestamp("timestamp out of range".into()));
+        assert!(dl.value.is_some() && !dl.value_dropped);
+        let dl = refused_as(SendError::TooLarge("larger than max.message.bytes".into()));
+        assert_eq!(dl.value, None);
+        assert!(dl.value_dropped);
+    }
 
     fn base(server_id: u32, uuid: Option<&str>) -> Arc<Checkpoint> {
         Arc::new(Checkpoint {
