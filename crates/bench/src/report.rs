@@ -699,8 +699,8 @@ pub fn write_budget(all: &Value, out: &Path, page: Option<&Path>) -> Result<()> 
         }
     }
     if let Some(page) = page {
-        let text = std::fs::read_to_string(page)
-            .with_context(|| format!("reading {}", page.display()))?;
+        let text =
+            std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
         let (begin, end) = ("<!-- budget:begin -->", "<!-- budget:end -->");
         let (a, b) = text
             .find(begin)
@@ -789,7 +789,9 @@ fn ref_table(m: &mut String, v: &Value) {
          | rows/s | relay | relay_ref |\n| ---: | ---: | ---: |\n",
     );
     for rate in rates {
-        let p = |sys: &str| median(steady_runs(&steady, sys, rate, 1).filter_map(|r| num(&r["p99_ms"])));
+        let p = |sys: &str| {
+            median(steady_runs(&steady, sys, rate, 1).filter_map(|r| num(&r["p99_ms"])))
+        };
         let _ = writeln!(
             m,
             "| {rate} | {} | {} |",
