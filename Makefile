@@ -225,6 +225,14 @@ test-inbox-batch: services-up inbox
 	  OUTBOX_TEST_SERVER=$$server $(CARGO) test -p outbox-relay-e2e --test inbox_e2e -- batch_mode_ || exit 1; \
 	done
 
+## The latency budget per stage (not part of `make bench`, about 20 minutes): steady runs of the
+## relay in both delivery modes with a bare replica and a bare producer on the same rows, on a
+## fresh private broker, per server of BENCH_SERVERS (mariadb10,mysql8); BENCH_REF_COMMIT=<commit>
+## adds that build side by side (tests/bench/budget.sh; docs/src/benchmark.md, "Latency budget").
+.PHONY: bench-budget
+bench-budget: services-up
+	tests/bench/budget.sh
+
 ## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
 ## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
 ## (tests/bench/inbox-bench.sh; docs/src/benchmark.md, "The inbox's cost").

@@ -20,7 +20,8 @@
 //! not in the default systems), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
-//! min/median/max of the p99s), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
+//! min/median/max of the p99s), `BENCH_WARMUP_SECS` (0: a run of that length at the first rate
+//! before each system's measured runs, not reported), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
 //! load is flagged busy), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`docs/src/benchmark.md`, empty: leave it),
 //! `BENCH_PHASES` (`drain,steady,tenants`: run one for profiling; `tenants`, with the mariadb10
 //! server's run only, is the table-pattern phase of [`tenants`]: its own private MariaDB on
@@ -102,6 +103,10 @@ struct Settings {
     /// `BENCH_STEADY_REPEAT` (1): steady runs per system, rate and transaction size; with more
     /// than one, min/median/max of their p99s.
     steady_repeat: usize,
+    /// `BENCH_WARMUP_SECS` (0): a steady run of this many seconds at the first rate before each
+    /// system's measured runs, not reported (a new topic's first seconds and a cold broker
+    /// would otherwise be in the first run's tail).
+    warmup_secs: u64,
     relay_bin: PathBuf,
     /// `BENCH_REF_BIN`: the binary of [`System::RelayRef`].
     ref_bin: Option<PathBuf>,
@@ -166,6 +171,9 @@ impl Settings {
                 .parse::<usize>()
                 .context("BENCH_STEADY_REPEAT")?
                 .max(1),
+            warmup_secs: env_or("BENCH_WARMUP_SECS", "0")
+                .parse()
+                .context("BENCH_WARMUP_SECS")?,
             steady: phases.contains(&"steady"),
             rows: env_or("BENCH_ROWS", "1000000")
                 .parse()
@@ -840,11 +848,30 @@ impl Bench {
                 db.drop_database().await?;
                 continue;
             }
+            if let (true, Some(&rate), Some(&txn)) = (
+                self.s.warmup_secs > 0,
+                self.s.rates.first(),
+                self.s.txns.first(),
+            ) {
+                let r = self
+                    .steady_one(sys, &db, &mut run, rate, txn, Run::Warmup)
+                    .await;
+                log(format!(
+                    "steady: {} warm-up at {rate}/s (not reported): {}",
+                    sys.name(),
+                    match r {
+                        Ok(v) => format!("p99 {} ms", v["p99_ms"]),
+                        Err(e) => format!("{e:#}"),
+                    }
+                ));
+            }
             for &rate in &self.s.rates.clone() {
                 for &txn in &self.s.txns.clone() {
                     let mut runs = Vec::new();
                     for rep in 0..self.s.steady_repeat {
-                        let r = self.steady_one(sys, &db, &mut run, rate, txn, rep).await;
+                        let r = self
+                            .steady_one(sys, &db, &mut run, rate, txn, Run::Measured(rep))
+                            .await;
                         match r {
                             Ok(mut v) => {
                                 log(format!("steady: {v}"));
@@ -879,13 +906,13 @@ impl Bench {
         run: &mut Running,
         rate: u64,
         txn: u64,
-        rep: usize,
+        which: Run,
     ) -> Result<Value> {
         // Repetitions get workloads (event keys, topics) of their own.
-        let agg = if rep == 0 {
-            format!("s{rate}x{txn}")
-        } else {
-            format!("s{rate}x{txn}r{rep}")
+        let (agg, secs) = match which {
+            Run::Measured(0) => (format!("s{rate}x{txn}"), self.s.steady_secs),
+            Run::Measured(rep) => (format!("s{rate}x{txn}r{rep}"), self.s.steady_secs),
+            Run::Warmup => (format!("w{rate}x{txn}"), self.s.warmup_secs),
         };
         let topic = self.topic(sys.name(), &agg);
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
@@ -912,8 +939,7 @@ impl Bench {
             "steady: {} {rate}/s x{txn}: machine {machine}",
             sys.name()
         ));
-        let w: Written =
-            workload::write_steady(db.pool(), &agg, rate, txn, self.s.steady_secs).await?;
+        let w: Written = workload::write_steady(db.pool(), &agg, rate, txn, secs).await?;
         let writer_end = Instant::now();
         let wait = Duration::from_secs(60);
         let n = match (&live, sys) {
@@ -1031,6 +1057,15 @@ impl Bench {
         )
         .await
     }
+}
+
+/// Which steady run of a system, rate and transaction size.
+#[derive(Debug, Clone, Copy)]
+enum Run {
+    /// Before the measured ones, not reported (`BENCH_WARMUP_SECS`).
+    Warmup,
+    /// Repetition `n` (0-based) of `BENCH_STEADY_REPEAT`.
+    Measured(usize),
 }
 
 /// min/median/max over repeated steady runs of one system, rate and transaction size: the

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `make bench-budget`: the latency budget per stage (crates/bench/src/stages.rs) on each server
+# of BENCH_SERVERS (default mariadb10,mysql8): steady runs of the relay (at-least-once and
+# exactly-once, and `relay_ref`, another build, when one is given) with a bare replica and a bare
+# producer on the same rows, on a fresh private Kafka broker (empty storage, as a dedicated
+# cluster: a broker holding the test suite's thousands of partitions has a slower tail).
+# Writes tests/bench/results/budget/ (latest.json, latest.md, stages-<server>.png) and the
+# benchmark page's budget section (docs/src/benchmark.md, BENCH_README to change, empty: leave).
+# Settings (defaults): BENCH_RATES (1000,5000), BENCH_STEADY_SECS (15), BENCH_STEADY_REPEAT (3),
+# BENCH_WARMUP_SECS (5), BENCH_MAX_LOAD (1.0: the 1-minute load a run should start below; the
+# script waits up to BENCH_QUIET_WAIT seconds, default 600, for it, and a run that starts above
+# is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
+# BENCH_REF_COMMIT (a commit to build once into target/bench-ref/<commit> and run as relay_ref,
+# e.g. ec800a1) or BENCH_REF_BIN (a relay binary to run as relay_ref).
+source "$(dirname "${BASH_SOURCE[0]}")/../services/common.sh"
+cd "$REPO_ROOT"
+BENCH_SERVERS="${BENCH_SERVERS:-mariadb10,mysql8}"
+IFS=',' read -r -a servers <<<"${BENCH_SERVERS// /}"
+for server in "${servers[@]}"; do
+  case "$server" in mariadb10|mariadb11|mysql8) ;; *) die "BENCH_SERVERS: unknown server '$server' (mariadb10, mariadb11, mysql8)" ;; esac
+done
+apt_install fonts-dejavu-core
+log "building outbox-relay and the bench harness (release)"
+${CARGO:-cargo} build --release -p outbox-relay -p outbox-relay-bench
+
+systems="relay,relay_eos"
+if [ -n "${BENCH_REF_COMMIT:-}" ]; then
+  ref_dir="$REPO_ROOT/target/bench-ref/$BENCH_REF_COMMIT"
+  export BENCH_REF_BIN="$ref_dir/target/release/outbox-relay"
+  if [ ! -x "$BENCH_REF_BIN" ]; then
+    log "building the reference relay at $BENCH_REF_COMMIT (once) in $ref_dir"
+    [ -d "$ref_dir/src" ] || git worktree add --force --detach "$ref_dir/src" "$BENCH_REF_COMMIT" >&2
+    (cd "$ref_dir/src" && CARGO_TARGET_DIR="$ref_dir/target" ${CARGO:-cargo} build --release -p outbox-relay)
+  fi
+fi
+if [ -n "${BENCH_REF_BIN:-}" ]; then
+  [ -x "$BENCH_REF_BIN" ] || die "BENCH_REF_BIN: $BENCH_REF_BIN is not an executable"
+  systems="$systems,relay_ref"
+fi
+
+export KAFKA_PORT="${BENCH_KAFKA_PORT:-9292}"
+export KAFKA_CONTROLLER_PORT="$((KAFKA_PORT + 1))"
+export KAFKA_DIR
+KAFKA_DIR="$(mktemp -d /tmp/outbox-bench-kafka.XXXXXX)"
+runs="$(mktemp -d)"
+trap 'tests/services/kafka.sh down || true; rm -rf "$KAFKA_DIR" "$runs"' EXIT
+tests/services/kafka.sh up
+
+max_load="${BENCH_MAX_LOAD:-1.0}"
+quiet() { awk -v max="$max_load" '{ exit !($1 < max) }' /proc/loadavg; }
+files=()
+for server in "${servers[@]}"; do
+  tests/services/server.sh "$server" up
+  deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-600}))
+  until quiet || [ $SECONDS -ge $deadline ]; do sleep 5; done
+  quiet || log "the 1-minute load is still $(cut -d' ' -f1 /proc/loadavg) (above $max_load): the report flags busy runs"
+  log "$server: load before the run: $(cat /proc/loadavg)"
+  OUTBOX_TEST_SERVER="$server" BENCH_PHASES=steady BENCH_SYSTEMS="$systems" \
+    BENCH_RATES="${BENCH_RATES:-1000,5000}" BENCH_TXN_SIZES=1 \
+    BENCH_STEADY_SECS="${BENCH_STEADY_SECS:-15}" BENCH_STEADY_REPEAT="${BENCH_STEADY_REPEAT:-3}" \
+    BENCH_WARMUP_SECS="${BENCH_WARMUP_SECS:-5}" \
+    target/release/outbox-relay-bench measure "$runs/$server.json" \
+    || printf '{"server": "%s", "error": "the harness failed: see the output of make bench-budget"}\n' "$server" >"$runs/$server.json"
+  files+=("$runs/$server.json")
+done
+BENCH_OUT="${BENCH_OUT:-tests/bench/results/budget}" target/release/outbox-relay-bench budget-report "${files[@]}"
