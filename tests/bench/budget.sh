@@ -7,7 +7,7 @@
 # Writes tests/bench/results/budget/ (latest.json, latest.md, stages-<server>.png) and the
 # benchmark page's budget section (docs/src/benchmark.md, BENCH_README to change, empty: leave).
 # Settings (defaults): BENCH_RATES (1000,5000), BENCH_STEADY_SECS (15), BENCH_STEADY_REPEAT (3),
-# BENCH_WARMUP_SECS (5), BENCH_MAX_LOAD (1.0: the 1-minute load a run should start below; the
+# BENCH_WARMUP_SECS (20), BENCH_MAX_LOAD (1.0: the 1-minute load a run should start below; the
 # script waits up to BENCH_QUIET_WAIT seconds, default 600, for it, and a run that starts above
 # is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
 # BENCH_REF_COMMIT (a commit to build once into target/bench-ref/<commit> and run as relay_ref,
@@ -40,8 +40,10 @@ fi
 
 export KAFKA_PORT="${BENCH_KAFKA_PORT:-9292}"
 export KAFKA_CONTROLLER_PORT="$((KAFKA_PORT + 1))"
-export KAFKA_DIR
+export KAFKA_DIR KAFKA_GC_LOG=1
 KAFKA_DIR="$(mktemp -d /tmp/outbox-bench-kafka.XXXXXX)"
+# Its GC pauses within each run go into the report (stages.rs, gc_pauses).
+export BENCH_KAFKA_GC_LOG="$KAFKA_DIR/gc.log"
 runs="$(mktemp -d)"
 trap 'tests/services/kafka.sh down || true; rm -rf "$KAFKA_DIR" "$runs"' EXIT
 tests/services/kafka.sh up
@@ -58,7 +60,7 @@ for server in "${servers[@]}"; do
   OUTBOX_TEST_SERVER="$server" BENCH_PHASES=steady BENCH_SYSTEMS="$systems" \
     BENCH_RATES="${BENCH_RATES:-1000,5000}" BENCH_TXN_SIZES=1 \
     BENCH_STEADY_SECS="${BENCH_STEADY_SECS:-15}" BENCH_STEADY_REPEAT="${BENCH_STEADY_REPEAT:-3}" \
-    BENCH_WARMUP_SECS="${BENCH_WARMUP_SECS:-5}" \
+    BENCH_WARMUP_SECS="${BENCH_WARMUP_SECS:-20}" \
     target/release/outbox-relay-bench measure "$runs/$server.json" \
     || printf '{"server": "%s", "error": "the harness failed: see the output of make bench-budget"}\n' "$server" >"$runs/$server.json"
   files+=("$runs/$server.json")

@@ -24,6 +24,8 @@
 # KAFKA_LIBS_DIR: where the Kafka jars are (default $OUTBOX_SERVICES_DIR/kafka-libs-VERSION).
 # KAFKA_DIR: the broker's folder (config, data, logs; default $OUTBOX_SERVICES_DIR/kafka), for a
 # private broker beside servers of the default folder (the fault matrix test's broker).
+# KAFKA_GC_LOG=1: the broker's JVM logs its garbage collections to $KAFKA_DIR/gc.log, each line
+# stamped in ms since the epoch (make bench-budget counts the pauses within each run).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DIR="${KAFKA_DIR:-$SERVICES_DIR/kafka}"
@@ -127,6 +129,7 @@ logger.state.level=WARN
 L4J
   local java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1
     -XX:CICompilerCount=2 -Djava.awt.headless=true "-Dlog4j2.configurationFile=$DIR/log4j2.properties")
+  [ "${KAFKA_GC_LOG:-0}" != 1 ] || java_opts+=("-Xlog:gc:file=$DIR/gc.log:timemillis")
   if [ ! -f "$DIR/data/meta.properties" ]; then
     local cluster_id
     cluster_id="$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"

@@ -20,8 +20,8 @@
 //! not in the default systems), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
-//! min/median/max of the p99s), `BENCH_WARMUP_SECS` (0: a run of that length at the first rate
-//! before each system's measured runs, not reported), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
+//! min/median/max of the p99s), `BENCH_WARMUP_SECS` (0: a run of that length at the highest
+//! rate before each system's measured runs, not reported), `BENCH_MAX_LOAD` (1.0: a steady run starting above this 1-minute
 //! load is flagged busy), `BENCH_OUT` (`tests/bench/results`), `BENCH_README` (`docs/src/benchmark.md`, empty: leave it),
 //! `BENCH_PHASES` (`drain,steady,tenants`: run one for profiling; `tenants`, with the mariadb10
 //! server's run only, is the table-pattern phase of [`tenants`]: its own private MariaDB on
@@ -42,7 +42,7 @@ mod stages;
 mod tenants;
 mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,9 +103,9 @@ struct Settings {
     /// `BENCH_STEADY_REPEAT` (1): steady runs per system, rate and transaction size; with more
     /// than one, min/median/max of their p99s.
     steady_repeat: usize,
-    /// `BENCH_WARMUP_SECS` (0): a steady run of this many seconds at the first rate before each
-    /// system's measured runs, not reported (a new topic's first seconds and a cold broker
-    /// would otherwise be in the first run's tail).
+    /// `BENCH_WARMUP_SECS` (0): a steady run of this many seconds at the highest rate before
+    /// each system's measured runs, not reported (a broker's JVM compiles its hot paths in its
+    /// first minutes: without it the first system measured gets a slower broker).
     warmup_secs: u64,
     relay_bin: PathBuf,
     /// `BENCH_REF_BIN`: the binary of [`System::RelayRef`].
@@ -850,7 +850,7 @@ impl Bench {
             }
             if let (true, Some(&rate), Some(&txn)) = (
                 self.s.warmup_secs > 0,
-                self.s.rates.first(),
+                self.s.rates.iter().max(),
                 self.s.txns.first(),
             ) {
                 let r = self
@@ -928,6 +928,21 @@ impl Bench {
             _ => None,
         };
         let relay = matches!(sys, System::Relay | System::RelayEos | System::RelayRef);
+        // A topic in use, not one the relay meets with the first measured row (a new topic's
+        // first record waits for its metadata: ~0.5-1 s, and an exactly-once relay stops
+        // reading until it is acknowledged).
+        let primed = u64::from(relay);
+        if relay {
+            workload::write_prime(db.pool(), &agg).await?;
+            kafka::wait_for_count(
+                &self.s.bootstrap,
+                &topic,
+                1,
+                Duration::from_secs(60),
+                || run.check(),
+            )
+            .await?;
+        }
         // The budget's limits on the same rows: a bare replica and a bare producer.
         let tail = if relay {
             Some(self.start_tail(db, sys, &agg).await?)
@@ -939,26 +954,37 @@ impl Bench {
             "steady: {} {rate}/s x{txn}: machine {machine}",
             sys.name()
         ));
+        let busy0 = procs::machine_busy_s().ok();
+        let started_ms = stages::unix_ms();
         let w: Written = workload::write_steady(db.pool(), &agg, rate, txn, secs).await?;
+        // The machine while the rows were written: near 1.0, every core was busy (writer,
+        // database, relay, bare replica and producer, broker together) and a tail may be just
+        // that.
+        let busy_during = busy_share(busy0, w.secs);
         let writer_end = Instant::now();
         let wait = Duration::from_secs(60);
+        let want = w.rows + primed;
         let n = match (&live, sys) {
-            (Some(live), System::RelayEos) => live.wait_for(w.rows, wait, || run.check()).await?,
+            (Some(live), System::RelayEos) => live.wait_for(want, wait, || run.check()).await?,
             _ => {
-                kafka::wait_for_count(&self.s.bootstrap, &topic, w.rows, wait, || run.check())
-                    .await?
+                kafka::wait_for_count(&self.s.bootstrap, &topic, want, wait, || run.check()).await?
             }
         };
         let visible = match live {
             Some(live) => {
                 if sys == System::Relay {
-                    live.wait_for(w.rows, wait, || Ok(())).await?;
+                    live.wait_for(want, wait, || Ok(())).await?;
                 }
                 Some(live.finish()?.0)
             }
             None => None,
         };
         let catch_up = writer_end.elapsed().as_secs_f64();
+        // BENCH_KAFKA_GC_LOG (make bench-budget): the broker's GC pauses while this run's rows
+        // were written and relayed.
+        let broker_gc = std::env::var("BENCH_KAFKA_GC_LOG")
+            .ok()
+            .map(|path| stages::gc_pauses(Path::new(&path), started_ms, stages::unix_ms()));
         let cpu = run.usage().map(|u| u.cpu_s).zip(cpu0).map(|(b, a)| b - a);
         let db_cpu = self.db_cpu().zip(db_cpu0).map(|(b, a)| b - a);
         let queries = polling_queries(run).zip(q0).map(|(b, a)| b - a);
@@ -993,12 +1019,16 @@ impl Bench {
             "system": sys.name(), "rate": rate, "txn": txn,
             "rows": w.rows, "writer_rows_per_s": w.rows as f64 / w.secs,
             "writer_deadlocks": w.deadlocks,
-            "delivered": n, "catch_up_s": catch_up,
+            "delivered": n - primed.min(n), "catch_up_s": catch_up,
             // Kept up: everything delivered within 5 s of the writer's last commit.
-            "kept_up": n >= w.rows && catch_up <= 5.0,
-            "latency_samples": lat.micros.len(), "unusable": lat.unusable,
-            "machine": machine,
+            "kept_up": n >= want && catch_up <= 5.0,
+            // The primed row has no writer's timestamp.
+            "latency_samples": lat.micros.len(), "unusable": lat.unusable.saturating_sub(primed),
+            "machine": machine, "machine_busy": busy_during,
         });
+        if let Some(gc) = broker_gc {
+            v["broker_gc"] = gc;
+        }
         if let Some(b) = budget {
             v["budget"] = b;
         }

@@ -580,13 +580,14 @@ fn budget_table(m: &mut String, all: &Value) {
         "\n**Latency budget per stage** (ms, p50 / p99 / p999 of each row's time in the stage; \
          `relay share` = the relay's commit → ack p99 − (bare binlog arrival p99 + bare producer \
          send → ack p99), measured on the same rows in the same run; `load` = 1-minute load \
-         average when the run started, **busy** above BENCH_MAX_LOAD):\n\n",
+         average when the run started, **busy** above BENCH_MAX_LOAD; `CPU busy` = share of all \
+         cores busy while the rows were written):\n\n",
     );
     for (name, what) in crate::stages::STAGES {
         let _ = writeln!(m, "- `{name}`: {what}");
     }
-    m.push_str("\n| system | rows/s | rows/txn | load | stage | p50 | p99 | p999 |\n");
-    m.push_str("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
+    m.push_str("\n| system | rows/s | rows/txn | load | CPU busy | stage | p50 | p99 | p999 |\n");
+    m.push_str("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
     for v in runs {
         let b = &v["budget"];
         let load = match (num(&v["machine"]["load1"]), v["machine"]["busy"] == true) {
@@ -595,10 +596,11 @@ fn budget_table(m: &mut String, all: &Value) {
             (None, _) => "–".into(),
         };
         let head = format!(
-            "| {} | {} | {} | {load} |",
+            "| {} | {} | {} | {load} | {} |",
             v["system"].as_str().unwrap_or("?"),
             v["rate"],
-            v["txn"]
+            v["txn"],
+            pct(&v["machine_busy"])
         );
         for (name, _) in crate::stages::STAGES {
             let st = &b["stages"][name];
@@ -618,6 +620,16 @@ fn budget_table(m: &mut String, all: &Value) {
             "{head} **relay share of p99** | | **{}** | |",
             f(&b["relay_share_p99_ms"], 2)
         );
+        let gc = &v["broker_gc"];
+        if !gc.is_null() {
+            let _ = writeln!(
+                m,
+                "{head} broker GC pauses: {} (total / max ms) | | {} | {} |",
+                gc["pauses"],
+                f(&gc["total_ms"], 1),
+                f(&gc["max_ms"], 1)
+            );
+        }
     }
 }
 

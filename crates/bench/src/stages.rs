@@ -204,9 +204,75 @@ pub fn budget(p: &Points) -> Value {
     json!({"stages": out, "relay_share_p99_ms": share})
 }
 
+/// Now, in ms since the epoch.
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The broker's stop-the-world garbage collection pauses logged between `from_ms` and `to_ms`
+/// (ms since the epoch) in `path`, a JVM unified log with the `timemillis` decorator
+/// (`-Xlog:gc:file=…:timemillis`, tests/services/kafka.sh with `KAFKA_GC_LOG=1`), lines such as
+/// `[1764921021123ms] GC(5) Pause Young (Normal) (G1 Evacuation Pause) 51M->12M(256M) 3.456ms`:
+/// `{"pauses": n, "total_ms": …, "max_ms": …}`; `null` when the file cannot be read.
+pub fn gc_pauses(path: &Path, from_ms: i64, to_ms: i64) -> Value {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Value::Null;
+    };
+    let (mut n, mut total, mut max) = (0u64, 0f64, 0f64);
+    for line in text.lines() {
+        let Some(at) = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("ms]"))
+            .and_then(|(t, _)| t.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        if !(from_ms..=to_ms).contains(&at) || !line.contains(" Pause ") {
+            continue;
+        }
+        let Some(ms) = line
+            .rsplit(' ')
+            .next()
+            .and_then(|x| x.strip_suffix("ms"))
+            .and_then(|x| x.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        n += 1;
+        total += ms;
+        max = max.max(ms);
+    }
+    json!({"pauses": n, "total_ms": total, "max_ms": max})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gc_pauses_counts_the_pauses_within_the_window() {
+        let dir = std::env::temp_dir().join(format!("bench-gc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("gc.log");
+        std::fs::write(
+            &path,
+            "[1000ms] Using G1\n\
+             [1500ms] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 51M->12M(256M) 3.5ms\n\
+             [2500ms] GC(1) Pause Young (Normal) (G1 Evacuation Pause) 60M->13M(256M) 20.25ms\n\
+             [2600ms] GC(2) Concurrent Mark Cycle 40.0ms\n\
+             [2700ms] GC(2) Pause Remark 70M->70M(256M) 1.25ms\n\
+             [9000ms] GC(3) Pause Young (Normal) (G1 Evacuation Pause) 51M->12M(256M) 99.0ms\n",
+        )
+        .expect("write");
+        let g = gc_pauses(&path, 2000, 3000);
+        assert_eq!(g["pauses"], 2);
+        assert_eq!(g["total_ms"], 21.5);
+        assert_eq!(g["max_ms"], 20.25);
+        assert!(gc_pauses(&dir.join("none.log"), 0, 1).is_null());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn stages_are_the_differences_between_the_points_of_each_row() {

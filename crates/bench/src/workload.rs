@@ -120,6 +120,24 @@ fn insert_sql(agg: &str, first: u64, n: u64) -> (String, usize) {
     (sql, bytes)
 }
 
+/// Commits one row of aggregate `agg` whose event key (`<agg>-prime`) and payload (`{}`) are
+/// not a measured row's: the relay's producer learns the topic (metadata, and for exactly-once
+/// the partition's first AddPartitionsToTxn) before the measured rows, as on a topic in use.
+///
+/// # Errors
+/// A connection or the INSERT fails.
+pub async fn write_prime(pool: &Pool, agg: &str) -> Result<()> {
+    pool.get_conn()
+        .await?
+        .exec_drop(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, event_key, payload) \
+             VALUES (?, 'prime', 'prime', ?, '{}')",
+            (agg, format!("{agg}-prime")),
+        )
+        .await?;
+    Ok(())
+}
+
 /// What a writer wrote.
 #[derive(Debug, Clone, Default)]
 pub struct Written {
