@@ -303,6 +303,21 @@ pub trait RecordSink: Sync {
     fn transaction_open(&self) -> bool {
         false
     }
+    /// Exactly-once: enqueues `point`'s progress record into the open transaction now, before
+    /// the records' acknowledgements are awaited, so its round trip overlaps theirs instead of
+    /// following them; a [`RecordSink::commit`] with the same point then sends no other (one
+    /// with another point sends its own, which the resume reads as the later). Nothing for a
+    /// sink without transactions, or without an open one.
+    ///
+    /// # Errors
+    /// As [`RecordSink::commit`] when the record cannot be enqueued.
+    fn prepare_commit(
+        &self,
+        point: &Checkpoint,
+    ) -> impl Future<Output = Result<(), RelayError>> + Send {
+        let _ = point;
+        async { Ok(()) }
+    }
     /// Makes everything sent so far durable together with `point`, the resume point after it.
     ///
     /// # Errors

@@ -94,6 +94,9 @@ pub struct TransactionalSink {
     /// [`Open`] it outlives the failed commit or abort that reports a fencing, so the error can
     /// tell whether the transaction outlived `transaction.timeout.ms` (see [`Self::expired`]).
     unfinished: Mutex<Option<(Instant, SystemTime)>>,
+    /// The point whose progress record [`RecordSink::prepare_commit`] enqueued into the open
+    /// transaction (cleared when it ends).
+    prepared: Mutex<Option<Checkpoint>>,
 }
 
 impl TransactionalSink {
@@ -168,6 +171,7 @@ impl TransactionalSink {
             transaction_timeout: Duration::from_millis(k.transaction_timeout_ms),
             open: Mutex::new(Open::default()),
             unfinished: Mutex::new(None),
+            prepared: Mutex::new(None),
         };
         let timeout = sink.op_timeout;
         sink.blocking(move |p| p.init_transactions(timeout))
@@ -322,6 +326,7 @@ impl TransactionalSink {
     fn close(&self) -> (Duration, u64) {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let closed = std::mem::take(&mut *open);
+        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.inner.metrics.transaction_closed();
         (
             closed.since.map_or(Duration::ZERO, |s| s.elapsed()),
@@ -445,14 +450,36 @@ impl RecordSink for TransactionalSink {
     fn transaction_open(&self) -> bool {
         self.open.lock().map(|o| o.since.is_some()).unwrap_or(true)
     }
+    async fn prepare_commit(&self, point: &Checkpoint) -> Result<(), RelayError> {
+        if !self.transaction_open() {
+            return Ok(());
+        }
+        if let Err(e) = self.send_progress(point).await {
+            self.abort().await;
+            return Err(e);
+        }
+        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = Some(point.clone());
+        Ok(())
+    }
     async fn commit(&self, point: &Checkpoint) -> Result<(), RelayError> {
         self.begin().map_err(|e| match e {
             SendError::Failed(e) => e,
             other => RelayError::kafka(format!("beginning a transaction: {other:?}")),
         })?;
-        if let Err(e) = self.send_progress(point).await {
-            self.abort().await;
-            return Err(e);
+        let prepared = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if prepared.as_ref() != Some(point) {
+            if prepared.is_some() {
+                tracing::debug!(position = %point.position, rows_acked = point.rows_acked,
+                    "the commit's point is not the prepared one: sending it too (the later wins)");
+            }
+            if let Err(e) = self.send_progress(point).await {
+                self.abort().await;
+                return Err(e);
+            }
         }
         // Wait for the progress record's acknowledgement here, serving the queue: rdkafka's
         // commit_transaction flushes first, and its flush polls the queue in steps of 100 ms,

@@ -349,6 +349,21 @@ impl<S: CheckpointStore> Progress<'_, S> {
         Ok(())
     }
 
+    /// [`DeliveryMode::Committed`]: the point [`Progress::commit`] will write once everything
+    /// queued before the transaction boundary `boundary` (the last one read, nothing after it
+    /// queued) is acknowledged: that boundary itself, unless a hold's floor or a base of another
+    /// server would make it another (`None`: not known ahead).
+    fn point_at(&self, boundary: &Checkpoint) -> Option<Checkpoint> {
+        let own = boundary.source_server_id == self.server.0
+            && !matches!((&boundary.source_server_uuid, &self.server.1), (Some(a), Some(b)) if a != b);
+        (matches!(self.mode, DeliveryMode::Committed { .. }) && self.floor.is_none() && own).then(
+            || Checkpoint {
+                rows_acked: 0,
+                ..boundary.clone()
+            },
+        )
+    }
+
     /// `true` while the acknowledged base was written on another server (a run moved there by
     /// GTID, until its first boundary).
     fn foreign_base(&self) -> bool {
@@ -907,8 +922,7 @@ impl Reader<'_> {
                         && (progress.dirty || sink.transaction_open())
                     {
                         if self.rows_in_tx == 0 {
-                            self.drain(sink, progress, inflight).await?;
-                            progress.persist(false, sink).await?;
+                            self.commit_at_boundary(sink, progress, inflight).await?;
                             last_commit = Instant::now();
                         } else {
                             // Inside a source transaction: commit at its end, so that the
@@ -981,8 +995,7 @@ impl Reader<'_> {
                             self.pending = Some((boundary.0, advances));
                         }
                         if std::mem::take(&mut commit_due) {
-                            self.drain(sink, progress, inflight).await?;
-                            progress.persist(false, sink).await?;
+                            self.commit_at_boundary(sink, progress, inflight).await?;
                             last_commit = Instant::now();
                         }
                     }
@@ -998,8 +1011,7 @@ impl Reader<'_> {
                     && sink.transaction_open()
                     && !catching_up(self.event_time) =>
                 {
-                    self.drain(sink, progress, inflight).await?;
-                    progress.persist(false, sink).await?;
+                    self.commit_at_boundary(sink, progress, inflight).await?;
                     last_commit = Instant::now();
                     commit_due = false;
                 }
@@ -1668,6 +1680,25 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// Drains and persists (exactly-once: commits) at a source transaction boundary
+    /// (`rows_in_tx` 0). Exactly-once, the progress record of the point the commit will write
+    /// is enqueued first ([`RecordSink::prepare_commit`]): its round trip overlaps the records'
+    /// acknowledgements, and reading resumes one round trip sooner.
+    async fn commit_at_boundary<S: CheckpointStore, K: RecordSink>(
+        &mut self,
+        sink: &K,
+        progress: &mut Progress<'_, S>,
+        inflight: &mut AckQueue,
+    ) -> Result<(), RelayError> {
+        if self.rows_in_tx == 0 && sink.transaction_open() {
+            if let Some(point) = progress.point_at(&self.tx_base) {
+                sink.prepare_commit(&point).await?;
+            }
+        }
+        self.drain(sink, progress, inflight).await?;
+        progress.persist(false, sink).await
+    }
+
     /// Calls `send` with the queue's next sequence number until librdkafka's queue has room,
     /// taking acknowledgements meanwhile (backpressure).
     async fn send_with_backpressure<S: CheckpointStore, K: RecordSink>(
@@ -1913,6 +1944,35 @@ mod tests {
             start_unwritten: false,
             commit_audit: None,
         }
+    }
+
+    #[test]
+    fn the_prepared_point_is_the_one_the_commit_writes_after_the_boundary_is_acknowledged() {
+        let committed = DeliveryMode::Committed {
+            interval: Duration::from_millis(20),
+        };
+        let boundary = Arc::new(Checkpoint {
+            position: BinlogPosition::new("mariadb-bin.000067", 40_000),
+            ..(*base(1, None)).clone()
+        });
+        let mut p = progress(base(1, None), (1, None));
+        p.mode = committed;
+        let prepared = p.point_at(&boundary).expect("known ahead");
+        p.on_ack(Ack::Boundary(Arc::clone(&boundary), true))
+            .expect("ack");
+        assert_eq!(p.acked(), prepared);
+        // Not known ahead: at-least-once, a hold's floor, another server's boundary.
+        p.mode = DeliveryMode::Acknowledged;
+        assert_eq!(p.point_at(&boundary), None);
+        p.mode = committed;
+        p.set_floor(Some(&base(1, None)));
+        assert_eq!(p.point_at(&boundary), None);
+        p.set_floor(None);
+        assert_eq!(p.point_at(&base(2, None)), None);
+        let mut mysql = progress(base(2, Some("a")), (2, Some("a")));
+        mysql.mode = committed;
+        assert!(mysql.point_at(&base(2, Some("a"))).is_some());
+        assert_eq!(mysql.point_at(&base(2, Some("b"))), None);
     }
 
     #[test]
