@@ -158,6 +158,34 @@ fn median_run<'a>(runs: &[&'a Value]) -> Option<&'a Value> {
     sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
+/// The steady runs with a latency budget, of repeated ones the one with the median p99 of each
+/// system, rate and transaction size ([`median_run`]; the repeated runs' table gives min /
+/// median / max), in the order they ran.
+fn median_budget_runs(all: &Value) -> Vec<&Value> {
+    let all_runs: Vec<&Value> = all["steady"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("budget").is_some())
+        .collect();
+    let key = |v: &Value| (v["system"].clone(), v["rate"].clone(), v["txn"].clone());
+    let mut runs = Vec::new();
+    let mut seen = Vec::new();
+    for v in &all_runs {
+        if seen.contains(&key(v)) {
+            continue;
+        }
+        let group: Vec<&Value> = all_runs
+            .iter()
+            .copied()
+            .filter(|w| key(w) == key(v))
+            .collect();
+        seen.push(key(v));
+        runs.extend(median_run(&group));
+    }
+    runs
+}
+
 /// The median of `xs` (the lower one of an even count), `None` when empty.
 fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = xs.collect();
@@ -586,31 +614,9 @@ fn repeats_table(m: &mut String, all: &Value) {
 /// The latency budget of the relay's steady runs (stages.rs): per run, p50/p99/p999 of each
 /// stage and the relay's own share of the p99, and the machine's load when the run started.
 fn budget_table(m: &mut String, all: &Value) {
-    let all_runs: Vec<&Value> = all["steady"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| v.get("budget").is_some())
-        .collect();
-    if all_runs.is_empty() {
+    let runs = median_budget_runs(all);
+    if runs.is_empty() {
         return;
-    }
-    // Repetitions: the run with the median p99 of each system, rate and transaction size (the
-    // repeated runs' table gives min / median / max).
-    let mut runs: Vec<&Value> = Vec::new();
-    let mut seen = Vec::new();
-    for v in &all_runs {
-        let key = (v["system"].clone(), v["rate"].clone(), v["txn"].clone());
-        if seen.contains(&key) {
-            continue;
-        }
-        let group: Vec<&Value> = all_runs
-            .iter()
-            .copied()
-            .filter(|w| (w["system"].clone(), w["rate"].clone(), w["txn"].clone()) == key)
-            .collect();
-        seen.push(key);
-        runs.extend(median_run(&group));
     }
     m.push_str(
         "\n**Latency budget per stage** (ms, p50 / p99 / p999 of each row's time in the stage; \
@@ -966,16 +972,12 @@ fn plot(all: &Value, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The latency budget as bars: one panel per steady run with a budget (first repetition),
-/// the stages of its timeline top to bottom, p50 and p99 of each (ms, log scale).
+/// The latency budget as bars: one panel per steady run with a budget (of repeated runs the
+/// median one, as in the table), the stages of its timeline top to bottom, p50 and p99 of each
+/// (ms, log scale).
 fn plot_stages(all: &Value, path: &Path) -> Result<()> {
     register_font()?;
-    let runs: Vec<&Value> = all["steady"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| v.get("budget").is_some() && v["repetition"].as_u64().unwrap_or(0) == 0)
-        .collect();
+    let runs = median_budget_runs(all);
     anyhow::ensure!(!runs.is_empty(), "no latency budget to plot");
     let names: Vec<&str> = crate::stages::STAGES.iter().map(|(n, _)| *n).collect();
     let cols = 2usize.min(runs.len());
