@@ -1091,20 +1091,21 @@ mod tests {
     #[test]
     fn the_budget_names_the_tails_largest_stage_and_judges_the_issues_targets() {
         let stage = |p99: f64| json!({"p50_ms": 1.0, "p99_ms": p99});
-        let run = |sys: &str, share: f64, broker: f64, visible: f64| {
+        let run = |sys: &str, share: f64, broker: f64, ack_p99: f64, visible: f64| {
             json!({"system": sys, "rate": 5000, "txn": 1, "p99_ms": 20.0,
                    "visible_p99_ms": visible,
                    "budget": {"relay_share_p99_ms": share, "stages": {
                        "binlog_arrival": stage(2.0), "relay_read": stage(1.5),
                        "relay_handoff": stage(0.2), "broker_append": stage(broker),
-                       "ack": stage(3.0), "commit_to_ack": stage(18.0),
+                       "ack": stage(3.0), "commit_to_ack": stage(ack_p99),
                        "bare_produce": stage(15.0)}}})
         };
-        // Three repetitions: the median share is 4.0; the exactly-once run is 60 ms over the
-        // at-least-once ack p99 of the median run (18 ms).
+        // Three repetitions: the median run (by commit → ack p99) is the 18 ms one, whose share
+        // is 4.0, also the median share; the exactly-once run is 60 ms over the at-least-once
+        // ack p99 of the median run.
         let all = json!({"drain": {}, "steady": [
-            run("relay", 4.0, 12.0, 19.0), run("relay", 9.0, 12.0, 19.0),
-            run("relay", 1.0, 12.0, 19.0), run("relay_eos", 0.0, 1.0, 78.0)]});
+            run("relay", 9.0, 12.0, 30.0, 19.0), run("relay", 4.0, 12.0, 18.0, 19.0),
+            run("relay", 1.0, 12.0, 10.0, 19.0), run("relay_eos", 0.0, 1.0, 9.0, 78.0)]});
         let line = tail_sentence(&all).expect("a sentence");
         assert!(line.contains("`broker_append`"), "{line}");
         assert!(line.contains("p99 12.0 ms of the 18.0 ms"), "{line}");
