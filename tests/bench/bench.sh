@@ -14,16 +14,7 @@
 # Settings: BENCH_SERVERS and BENCH_* (see crates/bench/src/main.rs; BENCH_DEBEZIUM_LIBS, when
 # set, is used on every server), e.g.
 #   BENCH_SERVERS=mysql8 BENCH_ROWS=100000 BENCH_STEADY_SECS=15 make bench
-source "$(dirname "${BASH_SOURCE[0]}")/../services/common.sh"
-cd "$REPO_ROOT"
-BENCH_SERVERS="${BENCH_SERVERS:-mariadb10,mysql8}"
-IFS=',' read -r -a servers <<<"${BENCH_SERVERS// /}"
-for server in "${servers[@]}"; do
-  case "$server" in mariadb10|mariadb11|mysql8) ;; *) die "BENCH_SERVERS: unknown server '$server' (mariadb10, mariadb11, mysql8)" ;; esac
-done
-apt_install fonts-dejavu-core
-log "building outbox-relay and the bench harness (release)"
-${CARGO:-cargo} build --release -p outbox-relay -p outbox-relay-bench
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 tests/services/kafka.sh up
 
 runs="$(mktemp -d)"

@@ -12,16 +12,7 @@
 # is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
 # BENCH_REF_COMMIT (a commit to build once into target/bench-ref/<commit> and run as relay_ref,
 # e.g. ec800a1) or BENCH_REF_BIN (a relay binary to run as relay_ref).
-source "$(dirname "${BASH_SOURCE[0]}")/../services/common.sh"
-cd "$REPO_ROOT"
-BENCH_SERVERS="${BENCH_SERVERS:-mariadb10,mysql8}"
-IFS=',' read -r -a servers <<<"${BENCH_SERVERS// /}"
-for server in "${servers[@]}"; do
-  case "$server" in mariadb10|mariadb11|mysql8) ;; *) die "BENCH_SERVERS: unknown server '$server' (mariadb10, mariadb11, mysql8)" ;; esac
-done
-apt_install fonts-dejavu-core
-log "building outbox-relay and the bench harness (release)"
-${CARGO:-cargo} build --release -p outbox-relay -p outbox-relay-bench
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 systems="relay,relay_eos"
 if [ -n "${BENCH_REF_COMMIT:-}" ]; then

@@ -1308,6 +1308,17 @@ fn steady_p99(steady: &[Value], sys: &str, rate: u64) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// The figures of `files` (what `measure` wrote, or combined files), combined
+/// ([`report::combine`]).
+fn combined(files: &[String]) -> Result<Value> {
+    let mut runs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
+        runs.push(serde_json::from_str(&text).with_context(|| format!("parsing {file}"))?);
+    }
+    report::combine(runs)
+}
+
 /// The relay's allocator (crates/cli/src/main.rs), so the bare producer limit is measured with
 /// the same librdkafka allocation costs as the relay.
 #[global_allocator]
@@ -1335,23 +1346,13 @@ async fn main() -> Result<()> {
             sources::measure(&s.relay_bin, &s.out, s.readme.as_deref()).await?;
         }
         Some("report") if args.len() > 1 => {
-            let mut runs = Vec::new();
-            for file in &args[1..] {
-                let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
-                runs.push(serde_json::from_str(&text).with_context(|| format!("parsing {file}"))?);
-            }
-            let all = report::combine(runs)?;
+            let all = combined(&args[1..])?;
             report::write_all(&all, &s.out, s.readme.as_deref())?;
             print!("{}", report::markdown_all(&all, ""));
         }
         // `make bench-budget`: steady-only runs, into BENCH_OUT and the page's budget section.
         Some("budget-report") if args.len() > 1 => {
-            let mut runs = Vec::new();
-            for file in &args[1..] {
-                let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
-                runs.push(serde_json::from_str(&text).with_context(|| format!("parsing {file}"))?);
-            }
-            let all = report::combine(runs)?;
+            let all = combined(&args[1..])?;
             report::write_budget(&all, &s.out, s.readme.as_deref())?;
             print!("{}", report::budget_markdown(&all, ""));
         }

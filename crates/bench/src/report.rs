@@ -549,25 +549,31 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         "\n**Targets**:\n\n| target | goal | measured | met |\n| --- | --- | ---: | --- |\n",
     );
     for t in all["targets"].as_array().into_iter().flatten() {
-        let met = match t["met"].as_bool() {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None if t["goal"].as_str().is_some_and(|g| g.starts_with('(')) => "",
-            None => "not measured",
-        };
-        let _ = writeln!(
-            m,
-            "| {} | {} | {} | {met} |",
-            t["target"].as_str().unwrap_or("?"),
-            t["goal"].as_str().unwrap_or("?"),
-            f(&t["value"], 2)
-        );
+        target_row(&mut m, t);
     }
     if let Some(image) = image {
         let server = server_title(all["server"].as_str().unwrap_or("?"));
         let _ = writeln!(m, "\n![latency percentiles per rate on {server}]({image})");
     }
     m
+}
+
+/// One row of a targets table: target, goal, measured value, met (empty for a bound that is
+/// not a target: its goal in parentheses).
+fn target_row(m: &mut String, t: &Value) {
+    let met = match t["met"].as_bool() {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None if t["goal"].as_str().is_some_and(|g| g.starts_with('(')) => "",
+        None => "not measured",
+    };
+    let _ = writeln!(
+        m,
+        "| {} | {} | {} | {met} |",
+        t["target"].as_str().unwrap_or("?"),
+        t["goal"].as_str().unwrap_or("?"),
+        f(&t["value"], 2)
+    );
 }
 
 /// min / median / max over repeated steady runs (`BENCH_STEADY_REPEAT`), when there were any.
@@ -715,20 +721,28 @@ pub fn write_all(all: &Value, out: &Path, readme: Option<&Path>) -> Result<()> {
         }
     }
     if let Some(readme) = readme {
-        let text = std::fs::read_to_string(readme)
-            .with_context(|| format!("reading {}", readme.display()))?;
-        let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
-        if let (Some(a), Some(b)) = (text.find(begin), text.find(end)) {
-            let new = format!(
-                "{}{begin}\n{}{}",
-                &text[..a],
-                markdown_all(all, RESULTS_URL),
-                &text[b..]
-            );
-            std::fs::write(readme, new)?;
-        }
+        write_section(readme, "bench", &markdown_all(all, RESULTS_URL))?;
     }
     Ok(())
+}
+
+/// Replaces what `page` holds between `<!-- NAME:begin -->` and `<!-- NAME:end -->` with
+/// `body`; `false` (nothing written) when the page has no such markers.
+///
+/// # Errors
+/// The page cannot be read or written.
+fn write_section(page: &Path, name: &str, body: &str) -> Result<bool> {
+    let text =
+        std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
+    let (begin, end) = (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    let Some((a, b)) = text.find(&begin).zip(text.find(&end)) else {
+        return Ok(false);
+    };
+    std::fs::write(page, format!("{}{begin}\n{body}{}", &text[..a], &text[b..]))?;
+    Ok(true)
 }
 
 /// Writes the latency budget's outputs of `all` ([`combine`] of steady-only runs, `make
@@ -753,20 +767,12 @@ pub fn write_budget(all: &Value, out: &Path, page: Option<&Path>) -> Result<()> 
         }
     }
     if let Some(page) = page {
-        let text =
-            std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
-        let (begin, end) = ("<!-- budget:begin -->", "<!-- budget:end -->");
-        let (a, b) = text
-            .find(begin)
-            .zip(text.find(end))
-            .with_context(|| format!("{} has no {begin} … {end}", page.display()))?;
-        let new = format!(
-            "{}{begin}\n{}{}",
-            &text[..a],
-            budget_markdown(all, &format!("{RESULTS_URL}budget/")),
-            &text[b..]
+        let body = budget_markdown(all, &format!("{RESULTS_URL}budget/"));
+        anyhow::ensure!(
+            write_section(page, "budget", &body)?,
+            "{} has no <!-- budget:begin --> … <!-- budget:end -->",
+            page.display()
         );
-        std::fs::write(page, new)?;
     }
     Ok(())
 }
@@ -799,18 +805,7 @@ pub fn budget_markdown(all: &Value, image_dir: &str) -> String {
         }
         m.push_str("\n| target | goal | measured (median of the runs) | met |\n| --- | --- | ---: | --- |\n");
         for t in targets(v).as_array().into_iter().flatten().take(2) {
-            let met = match t["met"].as_bool() {
-                Some(true) => "yes",
-                Some(false) => "**no**",
-                None => "not measured",
-            };
-            let _ = writeln!(
-                m,
-                "| {} | {} | {} | {met} |",
-                t["target"].as_str().unwrap_or("?"),
-                t["goal"].as_str().unwrap_or("?"),
-                f(&t["value"], 2)
-            );
+            target_row(&mut m, t);
         }
         ref_table(&mut m, v);
         budget_table(&mut m, v);
