@@ -12,7 +12,9 @@ pub mod source;
 
 use std::future::Future;
 
-use mysql_async::binlog::events::TableMapEvent;
+/// The table map event of [`EventSource::table_map`] (mysql_async's), for implementations
+/// outside this crate.
+pub use mysql_async::binlog::events::TableMapEvent;
 
 use outbox_relay_core::error::RelayError;
 use source::{BinlogSource, SourceEvent};

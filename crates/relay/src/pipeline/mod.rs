@@ -61,10 +61,12 @@ use tokio::sync::watch;
 
 mod acks;
 mod hold;
+mod read_ahead;
 use acks::{AckQueue, Done, RecordInfo};
 pub use hold::HoldSettings;
 use hold::{Held, Holds};
 use outbox_relay_mysql::cutover::{self, Cutover};
+use read_ahead::ReadAhead;
 
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
@@ -495,21 +497,25 @@ fn not_after(a: &Checkpoint, b: &Checkpoint) -> bool {
 }
 
 /// Outcome of a run: the last acknowledged checkpoint (to resume from) and the result.
-pub struct RunOutcome {
+pub struct RunOutcome<E> {
     /// Latest point with all records before it acknowledged (at least the start).
     pub acked: Checkpoint,
     /// `Ok` after a requested stop; the error that ended the run otherwise.
     pub result: Result<(), RelayError>,
     /// Counters.
     pub stats: RunStats,
+    /// The source, back from the reader thread (`None` when that thread did not end in
+    /// time, or panicked): the replay reads its counters.
+    pub source: Option<E>,
 }
 
-/// The stages of one run, borrowed from the supervisor.
+/// The stages of one run. The source and the decoder move to the run's reader thread
+/// (module `read_ahead`); the rest is borrowed from the supervisor.
 pub struct Stages<'a, S, E, K> {
     /// Binlog events: the live dump or binlog files.
-    pub source: &'a mut E,
+    pub source: E,
     /// Decoder for the outbox tables.
-    pub decoder: &'a mut Decoder,
+    pub decoder: Decoder,
     /// Topic/key/header mapping.
     pub router: &'a Router,
     /// Kafka producer: [`outbox_relay_kafka::sink::KafkaSink`] (at-least-once) or
@@ -530,13 +536,13 @@ pub struct Stages<'a, S, E, K> {
 ///
 /// `refusals` carries what earlier runs learnt about records the brokers refuse for good (keep
 /// one per connector and pass it to every run; see "Records a broker refuses for good").
-pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
+pub async fn run<S: CheckpointStore, E: EventSource + Send + 'static, K: RecordSink>(
     stages: Stages<'_, S, E, K>,
     settings: &PipelineSettings,
     start: Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
     refusals: &mut Refusals,
-) -> RunOutcome {
+) -> RunOutcome<E> {
     let Stages {
         source,
         decoder,
@@ -588,6 +594,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         settings,
         event_time: 0,
         read_at: Instant::now(),
+        decoder_state: (false, 0),
         table: None,
         refusals,
         last_sent: None,
@@ -600,18 +607,25 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
             .hold
             .map(|h| Holds::new(h, Arc::clone(&settings.metrics))),
     };
-    let result = reader
-        .stream(
-            source,
-            decoder,
-            router,
-            sink,
-            lease,
-            shutdown,
-            &mut progress,
-            &mut inflight,
-        )
-        .await;
+    let (result, source) = match ReadAhead::start(source, decoder, Arc::clone(&settings.metrics)) {
+        Ok(mut ahead) => {
+            let result = reader
+                .stream(
+                    &mut ahead,
+                    router,
+                    sink,
+                    lease,
+                    shutdown,
+                    &mut progress,
+                    &mut inflight,
+                )
+                .await;
+            // Nothing more is read while the run drains its acknowledgements.
+            let back = ahead.close(settings.io_timeout).await;
+            (result, back.map(|(source, _)| source))
+        }
+        Err(e) => (Err(e), None),
+    };
     if let Err(e) = &result {
         // Say so at once: draining and the final checkpoint write may take a while more.
         tracing::warn!(error = %e, "run interrupted");
@@ -675,6 +689,7 @@ pub async fn run<S: CheckpointStore, E: EventSource, K: RecordSink>(
         acked: progress.resume_point(),
         result,
         stats: progress.stats,
+        source,
     }
 }
 
@@ -691,10 +706,13 @@ struct Reader<'a> {
     /// Newest boundary read after the last queued record, not queued yet (see `stream`).
     pending: Option<(Arc<Checkpoint>, bool)>,
     settings: &'a PipelineSettings,
-    /// Binlog timestamp of the event being decoded (s since the epoch), for the latency metric.
+    /// Binlog timestamp of the event being relayed (s since the epoch), for the latency metric.
     event_time: u32,
-    /// When the event being decoded was read (the read → ack latency metric of its rows).
+    /// When the event being relayed was read (the read → ack latency metric of its rows).
     read_at: Instant,
+    /// The decoder's state after the event last taken: inside a transaction, and how many
+    /// prepared XA transactions are undecided (logged at a stop request).
+    decoder_state: (bool, usize),
     /// The last outbox table a row came from: its `database.table` label and row counter,
     /// looked up once per table rather than per row.
     table: Option<(Arc<TableName>, Arc<str>, metrics::TableRows)>,
@@ -852,10 +870,9 @@ impl Reader<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn stream<S: CheckpointStore, E: EventSource, K: RecordSink>(
+    async fn stream<S: CheckpointStore, E: EventSource + Send + 'static, K: RecordSink>(
         &mut self,
-        source: &mut E,
-        decoder: &mut Decoder,
+        source: &mut ReadAhead<E>,
         router: &Router,
         sink: &K,
         mut lease: Option<&mut Lease>,
@@ -891,7 +908,7 @@ impl Reader<'_> {
                 biased;
                 // A dropped sender also means stop: the loop re-checks the flag.
                 _ = shutdown.changed() => {
-                    tracing::info!(in_transaction = decoder.in_transaction(), undecided_xa = decoder.undecided_xa().0, "stop requested");
+                    tracing::info!(in_transaction = self.decoder_state.0, undecided_xa = self.decoder_state.1, "stop requested");
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
                 () = hold_retry(self.holds.as_ref().and_then(Holds::next_try)),
@@ -936,17 +953,17 @@ impl Reader<'_> {
                     progress_log.log(progress.stats.records_acked, &progress.acked_base.position);
                 }
                 // Not while hold_max_records records are held (backpressure of held tables).
-                event = source.next_event(), if self.records_in_flight < self.settings.max_in_flight
+                event = source.next(), if self.records_in_flight < self.settings.max_in_flight
                     && !self.holds.as_ref().is_some_and(Holds::full) =>
                 {
                     let Some(event) = event? else {
                         tracing::debug!("the source has no more events");
                         return Ok(());
                     };
-                    self.settings.metrics.event_read(event.dated_at());
                     self.event_time = event.timestamp;
-                    self.read_at = Instant::now();
-                    let (rows, boundary) = decoder.decode(&event, |id| source.table_map(id))?.into_parts();
+                    self.read_at = event.read_at;
+                    self.decoder_state = (event.in_transaction, event.undecided_xa);
+                    let (rows, boundary) = (event.rows, event.boundary);
                     for row in rows {
                         let index = self.rows_in_tx;
                         self.rows_in_tx += 1;

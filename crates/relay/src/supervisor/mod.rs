@@ -671,7 +671,7 @@ async fn stream<K: RecordSink>(
         ),
     )
     .await;
-    let mut source = match connected {
+    let source = match connected {
         None => return Attempt::before_streaming(Some(start), Ok(())),
         Some(Ok(s)) => s.with_metrics(Arc::clone(metrics)),
         Some(Err(e)) => return Attempt::before_streaming(Some(start), Err(e)),
@@ -750,8 +750,8 @@ async fn stream<K: RecordSink>(
     };
     tracing::info!(from = %from, rows_acked = start.rows_acked, server_id = config.mysql.server_id, "streaming binlog");
     let stages = Stages {
-        source: &mut source,
-        decoder: &mut decoder,
+        source,
+        decoder,
         router,
         sink,
         store: Some(store),

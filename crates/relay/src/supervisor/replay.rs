@@ -95,7 +95,7 @@ pub async fn replay(
     let router = new_router(&config)?;
     // Binlog files come without a server to ask for the trace-context columns: only mapped
     // ones (outbox.additional) are sent.
-    let mut decoder = new_decoder(
+    let decoder = new_decoder(
         &config,
         config.checkpoint_table()?,
         None,
@@ -117,7 +117,7 @@ pub async fn replay(
     // Not served anywhere (a replay has no HTTP endpoints); its summary is logged.
     let metrics = std::sync::Arc::new(Metrics::new());
     let sink = new_sink(&config, std::sync::Arc::clone(&metrics)).await?;
-    let mut source = ReplaySource::new(&plan);
+    let source = ReplaySource::new(&plan);
     let settings = PipelineSettings {
         max_in_flight: config.kafka.max_in_flight,
         checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
@@ -153,8 +153,8 @@ pub async fn replay(
         table_layouts: None,
     };
     let stages = Stages {
-        source: &mut source,
-        decoder: &mut decoder,
+        source,
+        decoder,
         router: &router,
         sink: &sink,
         store: None::<&MysqlCheckpointStore>,
@@ -165,9 +165,15 @@ pub async fn replay(
     // A replay is not retried: a refusal that stops the producer ends it (exit 1).
     let mut refusals = Refusals::default();
     let outcome = pipeline::run(stages, &settings, start, &mut shutdown, &mut refusals).await;
+    // The source comes back from the reader thread unless that thread panicked or hung; its
+    // counters are then unknown (and the replay incomplete).
+    let (events, finished) = outcome
+        .source
+        .as_ref()
+        .map_or((0, false), |s| (s.events(), s.finished()));
     let summary = ReplaySummary {
         files: file_count,
-        events: source.events(),
+        events,
         transactions: plan.transactions,
         records: outcome
             .stats
@@ -176,7 +182,7 @@ pub async fn replay(
         dead_lettered: outcome.stats.dead_lettered,
         last_position: (outcome.stats.transactions > 0).then(|| outcome.acked.position.clone()),
         rows_after_last_position: outcome.acked.rows_acked,
-        complete: source.finished(),
+        complete: finished,
     };
     let last = summary
         .last_position

@@ -1,0 +1,292 @@
+//! The binlog read and decoded on a thread of its own, ahead of the pipeline.
+//!
+//! Reading the dump, parsing its events and decoding the outbox rows (binary JSON rendering
+//! included) used to share the pipeline's task with routing and producing; draining MySQL the
+//! pipeline thread held three quarters of the relay's CPU samples while a second core had room
+//! (issue 30's profile). Here the [`EventSource`] and the [`Decoder`] move to a thread named
+//! `binlog-reader` with a current-thread Tokio runtime, and the pipeline receives, in binlog
+//! order, the events that carry outbox rows or end a transaction ([`DecodedEvent`]).
+//!
+//! A dedicated thread rather than a task of the relay's runtime: two tasks passing messages are
+//! kept on one worker by Tokio's LIFO slot, which a second worker cannot steal from, so they
+//! would take turns on one core instead of using two.
+//!
+//! # Bounds
+//! The thread runs ahead of the pipeline by at most [`MAX_EVENTS_AHEAD`] events and about
+//! [`MAX_BYTES_AHEAD`] bytes (an event's size, or its rows' payloads when larger: an
+//! `XA COMMIT` carries its transaction's rows); a single larger event passes alone. Beyond,
+//! it stops reading the dump until the pipeline takes the oldest: `kafka.max_in_flight` still
+//! bounds what is unacknowledged, this what is decoded but not yet produced.
+//!
+//! # Order of failures
+//! An error of the source or the decoder reaches the pipeline after every event before it,
+//! as it did when both ran in the pipeline's task. A thread that stops without saying why (a
+//! panic) is an error too, never the end of the source.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use outbox_relay_core::error::RelayError;
+use outbox_relay_core::observe::metrics::Metrics;
+use outbox_relay_mysql::binlog::EventSource;
+use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
+
+/// Most events decoded and not yet taken by the pipeline.
+pub const MAX_EVENTS_AHEAD: usize = 1024;
+
+/// About the most bytes decoded and not yet taken by the pipeline (16 MiB).
+pub const MAX_BYTES_AHEAD: usize = 16 << 20;
+
+/// One binlog event that carries outbox rows or ends a transaction, decoded. Events with
+/// neither (table maps, other tables' rows, a transaction's start) are read and counted
+/// (`outbox_relay_binlog_events_total`) on the reader thread, and not passed on.
+pub struct DecodedEvent {
+    /// The event's binlog timestamp, s since the epoch.
+    pub timestamp: u32,
+    /// When the reader thread read it (the start of the read → ack latency of its rows).
+    pub read_at: Instant,
+    /// Its outbox rows, in binlog order.
+    pub rows: Vec<DecodedRow>,
+    /// The transaction boundary it ends with.
+    pub boundary: Option<TxBoundary>,
+    /// After it, the decoder is inside a transaction (or holds undecided XA transactions).
+    pub in_transaction: bool,
+    /// After it: prepared XA transactions whose outcome was not read yet.
+    pub undecided_xa: usize,
+    /// Its share of [`MAX_BYTES_AHEAD`], returned when the event is dropped.
+    _room: OwnedSemaphorePermit,
+}
+
+enum Item {
+    Event(DecodedEvent),
+    /// The source has no more events (the end of the last binlog file).
+    End,
+    Failed(RelayError),
+}
+
+/// The receiving end: the pipeline's source of decoded events.
+pub struct ReadAhead<E> {
+    events: mpsc::Receiver<Item>,
+    /// Set once the source ended or failed: nothing more comes.
+    over: bool,
+    /// The source and the decoder, handed back when the thread ends.
+    back: oneshot::Receiver<(E, Decoder)>,
+}
+
+impl<E: EventSource + Send + 'static> ReadAhead<E> {
+    /// Starts the reader thread with `source` and `decoder`.
+    ///
+    /// # Errors
+    /// [`RelayError::Binlog`] when the operating system refuses a thread or the thread's
+    /// runtime cannot start.
+    pub fn start(source: E, decoder: Decoder, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
+        let (tx, events) = mpsc::channel(MAX_EVENTS_AHEAD);
+        let (give_back, back) = oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RelayError::binlog(format!("cannot start the binlog reader: {e}")))?;
+        std::thread::Builder::new()
+            .name("binlog-reader".to_owned())
+            .spawn(move || {
+                let parts = runtime.block_on(read(source, decoder, tx, metrics));
+                // Nobody waiting (the run is over): dropped here.
+                let _ = give_back.send(parts);
+            })
+            .map_err(|e| RelayError::binlog(format!("cannot start the binlog reader: {e}")))?;
+        Ok(Self {
+            events,
+            over: false,
+            back,
+        })
+    }
+
+    /// The next decoded event; `Ok(None)` once the source ended (and forever after).
+    /// Cancel-safe: an event is only taken by a call that returns it.
+    ///
+    /// # Errors
+    /// The source's or the decoder's error, after every event before it; a
+    /// [`RelayError::Binlog`] when the reader thread stopped without one.
+    pub async fn next(&mut self) -> Result<Option<DecodedEvent>, RelayError> {
+        if self.over {
+            return Ok(None);
+        }
+        match self.events.recv().await {
+            Some(Item::Event(e)) => Ok(Some(e)),
+            Some(Item::End) => {
+                self.over = true;
+                Ok(None)
+            }
+            Some(Item::Failed(e)) => {
+                self.over = true;
+                Err(e)
+            }
+            None => {
+                self.over = true;
+                Err(RelayError::binlog(
+                    "the binlog reader thread stopped unexpectedly (see the panic message \
+                     above); the run restarts from its checkpoint",
+                ))
+            }
+        }
+    }
+
+    /// Stops the reader thread and returns the source and the decoder (`None` when the thread
+    /// did not end within `wait`, or panicked). The live dump's connection closes with it.
+    pub async fn close(self, wait: Duration) -> Option<(E, Decoder)> {
+        // The thread sees the channel closed, whether reading, decoding or waiting for room.
+        drop(self.events);
+        tokio::time::timeout(wait, self.back).await.ok()?.ok()
+    }
+}
+
+/// The reader thread's loop: reads, decodes and passes on until the source ends or fails, or
+/// the pipeline closes the channel; returns the source and the decoder.
+async fn read<E: EventSource>(
+    mut source: E,
+    mut decoder: Decoder,
+    tx: mpsc::Sender<Item>,
+    metrics: Arc<Metrics>,
+) -> (E, Decoder) {
+    let room = Arc::new(Semaphore::new(MAX_BYTES_AHEAD));
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = tx.closed() => break,
+            next = source.next_event() => next,
+        };
+        let event = match next {
+            Ok(Some(event)) => event,
+            Ok(None) => {
+                let _ = tx.send(Item::End).await;
+                break;
+            }
+            Err(e) => {
+                let _ = tx.send(Item::Failed(e)).await;
+                break;
+            }
+        };
+        let read_at = Instant::now();
+        metrics.event_read(event.dated_at());
+        let (rows, boundary) = match decoder.decode(&event, |id| source.table_map(id)) {
+            Ok(decoded) => decoded.into_parts(),
+            Err(e) => {
+                let _ = tx.send(Item::Failed(e)).await;
+                break;
+            }
+        };
+        if rows.is_empty() && boundary.is_none() {
+            continue;
+        }
+        let bytes = rows
+            .iter()
+            .map(|r| match r {
+                Ok(e) => e.payload.as_ref().map_or(0, Vec::len) + e.aggregate_id.len(),
+                Err(f) => f.value.as_ref().map_or(0, Vec::len),
+            })
+            .sum::<usize>()
+            .max(event.event.header().event_size() as usize)
+            .clamp(1, MAX_BYTES_AHEAD);
+        // `bytes` ≤ MAX_BYTES_AHEAD ≤ u32::MAX.
+        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let room = tokio::select! {
+            biased;
+            () = tx.closed() => break,
+            room = Arc::clone(&room).acquire_many_owned(permits) => match room {
+                Ok(room) => room,
+                Err(_) => break, // never closed
+            },
+        };
+        let (undecided_xa, _) = decoder.undecided_xa();
+        let item = Item::Event(DecodedEvent {
+            timestamp: event.timestamp,
+            read_at,
+            rows,
+            boundary,
+            in_transaction: decoder.in_transaction(),
+            undecided_xa,
+            _room: room,
+        });
+        if tx.send(item).await.is_err() {
+            break;
+        }
+    }
+    (source, decoder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use outbox_relay_core::config::TableName;
+    use outbox_relay_mysql::binlog::source::SourceEvent;
+    use outbox_relay_mysql::binlog::TableMapEvent;
+
+    /// A source that ends, fails or panics on its first read.
+    enum Scripted {
+        Ends,
+        Fails,
+        Panics,
+    }
+
+    impl EventSource for Scripted {
+        async fn next_event(&mut self) -> Result<Option<SourceEvent>, RelayError> {
+            match self {
+                Self::Ends => Ok(None),
+                Self::Fails => Err(RelayError::mysql("the server went away")),
+                Self::Panics => panic!("a scripted panic of the reader thread"),
+            }
+        }
+
+        fn table_map(&self, _: u64) -> Option<&TableMapEvent<'static>> {
+            None
+        }
+    }
+
+    fn decoder() -> Decoder {
+        Decoder::new(
+            Vec::new(),
+            TableName {
+                database: "relay".into(),
+                table: "checkpoint".into(),
+            },
+            None,
+        )
+    }
+
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new())
+    }
+
+    #[tokio::test]
+    async fn a_source_that_ends_ends_the_stream_and_comes_back() {
+        let mut ahead =
+            ReadAhead::start(Scripted::Ends, decoder(), metrics()).expect("the reader starts");
+        assert!(ahead.next().await.expect("no error").is_none());
+        assert!(
+            ahead.next().await.expect("no error").is_none(),
+            "ended stays ended"
+        );
+        let back = ahead.close(Duration::from_secs(10)).await;
+        assert!(matches!(back, Some((Scripted::Ends, _))));
+    }
+
+    #[tokio::test]
+    async fn a_source_error_reaches_the_pipeline() {
+        let mut ahead =
+            ReadAhead::start(Scripted::Fails, decoder(), metrics()).expect("the reader starts");
+        let err = ahead.next().await.err().expect("the source's error");
+        assert!(err.to_string().contains("the server went away"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_reader_thread_that_panics_is_an_error_not_the_end() {
+        let mut ahead =
+            ReadAhead::start(Scripted::Panics, decoder(), metrics()).expect("the reader starts");
+        let err = ahead.next().await.err().expect("an error, not Ok(None)");
+        assert!(err.to_string().contains("stopped unexpectedly"), "{err}");
+        assert!(ahead.close(Duration::from_secs(10)).await.is_none());
+    }
+}
