@@ -1,4 +1,5 @@
-//! One run of the pipeline: source → decode → route → sink → checkpoint, until shutdown or error.
+//! One run of the pipeline: source → decode (on the reader thread) → route → sink → checkpoint, until
+//! shutdown or error.
 //!
 //! # Progress and resumption
 //! Records are produced in binlog order. Every produced record and every transaction boundary
@@ -10,8 +11,10 @@
 //! `rows_acked` outbox rows of the transaction after the stored boundary are skipped.
 //!
 //! # Backpressure
-//! At most `kafka.max_in_flight` records are unacknowledged; beyond that the source is not read
-//! until Kafka acknowledges the oldest. A full librdkafka queue is handled the same way.
+//! At most `kafka.max_in_flight` records are unacknowledged; beyond that no event is taken
+//! from the reader thread (module `read_ahead`, which reads and decodes the binlog at most
+//! 1,024 events ahead) and that thread stops reading, until Kafka acknowledges the oldest. A
+//! full librdkafka queue is handled the same way.
 //!
 //! # Rows that cannot be relayed
 //! A row that cannot become a record, or that Kafka refuses for good (too large, topic missing
@@ -904,6 +907,10 @@ impl Reader<'_> {
             if *shutdown.borrow() {
                 return Ok(());
             }
+            // The reader thread reads on only while events are taken (see `read_ahead`).
+            let takes = self.records_in_flight < self.settings.max_in_flight
+                && !self.holds.as_ref().is_some_and(Holds::full);
+            source.pause(!takes);
             tokio::select! {
                 biased;
                 // A dropped sender also means stop: the loop re-checks the flag.
@@ -953,8 +960,7 @@ impl Reader<'_> {
                     progress_log.log(progress.stats.records_acked, &progress.acked_base.position);
                 }
                 // Not while hold_max_records records are held (backpressure of held tables).
-                event = source.next(), if self.records_in_flight < self.settings.max_in_flight
-                    && !self.holds.as_ref().is_some_and(Holds::full) =>
+                event = source.next(), if takes =>
                 {
                     let Some(event) = event? else {
                         tracing::debug!("the source has no more events");

@@ -18,6 +18,11 @@
 //! it stops reading the dump until the pipeline takes the oldest: `kafka.max_in_flight` still
 //! bounds what is unacknowledged, this what is decoded but not yet produced.
 //!
+//! While the pipeline takes nothing (`kafka.max_in_flight` records unacknowledged, or
+//! `dead_letter.hold_max_records` held) it says so ([`ReadAhead::pause`]) and the thread stops
+//! reading before its next event: heartbeats then stay unread too, so `/readyz` sees the stall
+//! as it did when the pipeline read the dump itself.
+//!
 //! # Order of failures
 //! An error of the source or the decoder reaches the pipeline after every event before it,
 //! as it did when both ran in the pipeline's task. A thread that stops without saying why (a
@@ -26,7 +31,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::metrics::Metrics;
@@ -73,6 +78,8 @@ pub struct ReadAhead<E> {
     over: bool,
     /// The source and the decoder, handed back when the thread ends.
     back: oneshot::Receiver<(E, Decoder)>,
+    /// `true` while the pipeline takes nothing: the thread reads no further.
+    paused: watch::Sender<bool>,
 }
 
 impl<E: EventSource + Send + 'static> ReadAhead<E> {
@@ -84,6 +91,7 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
     pub fn start(source: E, decoder: Decoder, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
         let (tx, events) = mpsc::channel(MAX_EVENTS_AHEAD);
         let (give_back, back) = oneshot::channel();
+        let (paused, pause) = watch::channel(false);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -91,7 +99,7 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
         std::thread::Builder::new()
             .name("binlog-reader".to_owned())
             .spawn(move || {
-                let parts = runtime.block_on(read(source, decoder, tx, metrics));
+                let parts = runtime.block_on(read(source, decoder, tx, pause, metrics));
                 // Nobody waiting (the run is over): dropped here.
                 let _ = give_back.send(parts);
             })
@@ -100,6 +108,7 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
             events,
             over: false,
             back,
+            paused,
         })
     }
 
@@ -133,6 +142,13 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
         }
     }
 
+    /// `true`: the pipeline takes nothing for now, so the thread stops before its next event
+    /// (what it decoded already stays queued); `false`: it reads on.
+    pub fn pause(&self, paused: bool) {
+        self.paused
+            .send_if_modified(|p| std::mem::replace(p, paused) != paused);
+    }
+
     /// Stops the reader thread and returns the source and the decoder (`None` when the thread
     /// did not end within `wait`, or panicked). The live dump's connection closes with it.
     pub async fn close(self, wait: Duration) -> Option<(E, Decoder)> {
@@ -148,10 +164,18 @@ async fn read<E: EventSource>(
     mut source: E,
     mut decoder: Decoder,
     tx: mpsc::Sender<Item>,
+    mut pause: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 ) -> (E, Decoder) {
     let room = Arc::new(Semaphore::new(MAX_BYTES_AHEAD));
     loop {
+        if *pause.borrow_and_update() {
+            tokio::select! {
+                biased;
+                () = tx.closed() => break,
+                resumed = pause.wait_for(|p| !p) => if resumed.is_err() { break },
+            }
+        }
         let next = tokio::select! {
             biased;
             () = tx.closed() => break,
