@@ -13,7 +13,7 @@
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that no event is taken
 //! from the reader thread (module `read_ahead`, which reads and decodes the binlog at most
-//! 1,024 events ahead) and that thread stops reading, until Kafka acknowledges the oldest. A
+//! 256 events ahead) and that thread stops reading, until Kafka acknowledges the oldest. A
 //! full librdkafka queue is handled the same way.
 //!
 //! # Rows that cannot be relayed

@@ -39,10 +39,10 @@ use outbox_relay_mysql::binlog::EventSource;
 use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
 
 /// Most events decoded and not yet taken by the pipeline.
-pub const MAX_EVENTS_AHEAD: usize = 1024;
+pub const MAX_EVENTS_AHEAD: usize = 256;
 
-/// About the most bytes decoded and not yet taken by the pipeline (16 MiB).
-pub const MAX_BYTES_AHEAD: usize = 16 << 20;
+/// About the most bytes decoded and not yet taken by the pipeline (1 MiB).
+pub const MAX_BYTES_AHEAD: usize = 1 << 20;
 
 /// One binlog event that carries outbox rows or ends a transaction, decoded. Events with
 /// neither (table maps, other tables' rows, a transaction's start) are read and counted
