@@ -387,6 +387,45 @@ pub fn markdown_all(all: &Value, image_dir: &str) -> String {
     m
 }
 
+/// Where the CPU went in the reported (median) relay drain, per million rows: the relay's
+/// threads, the broker and the database, against the bare producer's own CPU; `None` without
+/// the per-thread figures (a run before they were measured).
+fn drain_cpu_line(relay: &Value, produce: &Value) -> Option<String> {
+    let threads = relay["cpu_s_by_thread"].as_object()?;
+    let rows = relay["records"].as_f64().filter(|n| *n > 0.0)? / 1e6;
+    let per_m = |v: &Value| v.as_f64().map(|s| format!("{:.2}", s / rows));
+    let part = |name: &str| per_m(&threads.get(name).cloned().unwrap_or(Value::Null));
+    let mut parts = Vec::new();
+    for (key, label) in [
+        ("binlog_reader", "binlog reader thread (read + decode)"),
+        (
+            "pipeline",
+            "pipeline (route, produce, acknowledge, checkpoint)",
+        ),
+        ("librdkafka", "librdkafka's threads"),
+        ("other", "other threads"),
+    ] {
+        if let Some(v) = part(key) {
+            parts.push(format!("{label} {v}"));
+        }
+    }
+    let mut line = format!(
+        "CPU of the reported relay drain, s per million rows: {}",
+        parts.join(", ")
+    );
+    if let Some(v) = per_m(&relay["broker_cpu_s"]) {
+        let _ = write!(line, "; the broker {v}");
+    }
+    if let Some(v) = per_m(&relay["db_cpu_s"]) {
+        let _ = write!(line, "; the database {v}");
+    }
+    if let Some(v) = produce["cpu_s_per_million"].as_f64() {
+        let _ = write!(line, " (the bare producer: {v:.2} of its own)");
+    }
+    let _ = write!(line, "; machine busy {}.", pct(&relay["machine_busy"]));
+    Some(line)
+}
+
 /// The Markdown report of one server's figures: drain, limit, steady state, targets, and the
 /// latency plot at `image` when given.
 pub fn markdown(all: &Value, image: Option<&str>) -> String {
@@ -469,6 +508,9 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
             "\nRelay drains, each against the bare producer measured right before it (rows/s; the median is in the table): {}.",
             list.join("; ")
         );
+    }
+    if let Some(line) = drain_cpu_line(&d["relay"], &l["produce"]) {
+        let _ = writeln!(m, "\n{line}");
     }
     let _ = writeln!(
         m,
@@ -834,18 +876,37 @@ fn ref_table(m: &mut String, v: &Value) {
     rates.dedup();
     m.push_str(
         "\n**Today's build against the reference build** (`relay_ref`, at-least-once, same \
-         run; median over the runs of the p99 commit → broker append, ms):\n\n\
-         | rows/s | relay | relay_ref |\n| ---: | ---: | ---: |\n",
+         run; median over the runs of the p99 commit → broker append, ms). The systems run one \
+         after the other, `relay_ref` last on the longest-warmed broker: each one's bare \
+         producer, sending the same rows at the same moments, shows its minutes' broker, so \
+         the builds compare by the ratio to it:\n\n\
+         | rows/s | relay | its bare producer | ratio | relay_ref | its bare producer | ratio |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for rate in rates {
         let p = |sys: &str| {
             median(steady_runs(&steady, sys, rate, 1).filter_map(|r| num(&r["p99_ms"])))
         };
+        let bare = |sys: &str| {
+            median(
+                steady_runs(&steady, sys, rate, 1)
+                    .filter_map(|r| num(&r["budget"]["stages"]["bare_produce"]["p99_ms"])),
+            )
+        };
+        let ratio = |a: Option<f64>, b: Option<f64>| {
+            json!(a.zip(b.filter(|b| *b > 0.0)).map(|(a, b)| a / b))
+        };
+        let (relay, relay_bare) = (p("relay"), bare("relay"));
+        let (reference, ref_bare) = (p("relay_ref"), bare("relay_ref"));
         let _ = writeln!(
             m,
-            "| {rate} | {} | {} |",
-            f(&json!(p("relay")), 1),
-            f(&json!(p("relay_ref")), 1)
+            "| {rate} | {} | {} | {} | {} | {} | {} |",
+            f(&json!(relay), 1),
+            f(&json!(relay_bare), 1),
+            f(&ratio(relay, relay_bare), 2),
+            f(&json!(reference), 1),
+            f(&json!(ref_bare), 1),
+            f(&ratio(reference, ref_bare), 2),
         );
     }
 }
@@ -1057,6 +1118,25 @@ fn plot_stages(all: &Value, path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_drain_cpu_line_divides_each_thread_by_the_rows() {
+        let relay = json!({"records": 2_000_000, "machine_busy": 0.9, "broker_cpu_s": 6.0,
+                           "db_cpu_s": 1.0,
+                           "cpu_s_by_thread": {"binlog_reader": 4.0, "pipeline": 3.0,
+                                               "librdkafka": 2.0}});
+        let produce = json!({"cpu_s_per_million": 3.6});
+        assert_eq!(
+            drain_cpu_line(&relay, &produce).as_deref(),
+            Some(
+                "CPU of the reported relay drain, s per million rows: binlog reader thread \
+                 (read + decode) 2.00, pipeline (route, produce, acknowledge, checkpoint) 1.50, \
+                 librdkafka's threads 1.00; the broker 3.00; the database 0.50 (the bare \
+                 producer: 3.60 of its own); machine busy 90%."
+            )
+        );
+        assert_eq!(drain_cpu_line(&json!({"records": 10}), &produce), None);
+    }
 
     #[test]
     fn combines_servers_and_figures_from_before_per_server_results() {
