@@ -16,6 +16,8 @@
 #   BENCH_SERVERS=mysql8 BENCH_ROWS=100000 BENCH_STEADY_SECS=15 make bench
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 tests/services/kafka.sh up
+# The broker's CPU during each drain (crates/bench: broker_cpu).
+export BENCH_KAFKA_PIDFILE="${KAFKA_DIR:-$SERVICES_DIR/kafka}/kafka.pid"
 
 runs="$(mktemp -d)"
 current=""      # the server being measured (for the purge when the script is interrupted)

@@ -723,6 +723,7 @@ impl Bench {
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
         log(format!("drain: {}", self.system_tag(sys)));
         let db_cpu0 = self.db_cpu();
+        let broker_cpu0 = broker_cpu();
         let b0 = procs::machine_busy_s().ok();
         // Exactly-once: records count once committed (visible to read_committed readers); the
         // topic also holds transaction markers, so its offsets are no count.
@@ -744,8 +745,14 @@ impl Bench {
             }
         };
         let usage = run.usage();
+        // Where the relay's CPU went, by thread (the reader, the pipeline, librdkafka).
+        let threads = match (&run, run.pid()) {
+            (Running::Relay(_), Some(pid)) => procs::thread_cpu(pid).ok(),
+            _ => None,
+        };
         let wall = clock.elapsed().as_secs_f64();
         let db_cpu1 = self.db_cpu();
+        let broker_cpu1 = broker_cpu();
         let machine_busy = busy_share(b0, wall);
         let counters = match &run {
             Running::Polling { counters, .. } => Some((
@@ -792,6 +799,12 @@ impl Bench {
         }
         if let (Some(a), Some(b)) = (db_cpu0, db_cpu1) {
             r.insert("db_cpu_s".into(), json!(b - a));
+        }
+        if let (Some(a), Some(b)) = (broker_cpu0, broker_cpu1) {
+            r.insert("broker_cpu_s".into(), json!(b - a));
+        }
+        if let Some(threads) = threads {
+            r.insert("cpu_s_by_thread".into(), json!(threads));
         }
         if let Some((q, u)) = counters {
             r.insert("db_queries".into(), json!(q));
@@ -1128,6 +1141,15 @@ fn repeats(sys: System, rate: u64, txn: u64, runs: &[Value]) -> Value {
 
 /// The machine before a measurement: load averages, and over one second the share of CPU time
 /// stolen by the hypervisor and spent busy (all cores). A run whose 1-minute load exceeds
+/// CPU seconds of the Kafka broker so far, when `BENCH_KAFKA_PIDFILE` (set by
+/// tests/bench/bench.sh) names a readable pid file.
+fn broker_cpu() -> Option<f64> {
+    let file = std::env::var("BENCH_KAFKA_PIDFILE").ok()?;
+    procs::usage(procs::pid_from_file(&file)?)
+        .ok()
+        .map(|u| u.cpu_s)
+}
+
 /// `BENCH_MAX_LOAD` (default 1.0) is flagged `busy`: its tail says more about the machine than
 /// about the relay.
 async fn machine_state() -> Value {

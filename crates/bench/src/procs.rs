@@ -44,6 +44,56 @@ pub fn usage(pid: u32) -> Result<Usage> {
     })
 }
 
+/// CPU seconds of a process's threads so far, summed by the part of the relay they belong to:
+/// `binlog_reader` (the thread that reads and decodes the binlog), `pipeline` (the main thread
+/// and Tokio's workers: routing, producing, acknowledgements, checkpoints, HTTP),
+/// `librdkafka` (its `rdk:*` threads: the producer's I/O, batching and delivery reports) and
+/// `other`. Threads that ended are not counted (`/proc/<pid>/task` lists live ones).
+///
+/// # Errors
+/// The process does not exist (any more).
+pub fn thread_cpu(pid: u32) -> Result<std::collections::BTreeMap<&'static str, f64>> {
+    let mut by = std::collections::BTreeMap::new();
+    let dir = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let path = entry?.path();
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue; // ended meanwhile
+        };
+        let tid = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let Some(cpu_s) = stat_cpu_s(&stat) else {
+            continue;
+        };
+        *by.entry(thread_class(comm.trim(), tid == pid.to_string()))
+            .or_insert(0.0) += cpu_s;
+    }
+    Ok(by)
+}
+
+/// The part of the relay a thread named `comm` belongs to (see [`thread_cpu`]).
+pub fn thread_class(comm: &str, main: bool) -> &'static str {
+    if comm == "binlog-reader" {
+        "binlog_reader"
+    } else if comm.starts_with("rdk:") {
+        "librdkafka"
+    } else if main || comm.starts_with("tokio-runtime") || comm.starts_with("tokio-rt") {
+        "pipeline"
+    } else {
+        "other"
+    }
+}
+
+/// utime + stime of a `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line, in seconds.
+fn stat_cpu_s(stat: &str) -> Option<f64> {
+    let (_, after) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| Some(f.get(i)?.parse::<f64>().ok()? / TICKS);
+    Some(tick(11)? + tick(12)?)
+}
+
 /// The pid in the server's `@@pid_file`, when readable (the database's CPU is only shown
 /// then).
 pub fn pid_from_file(path: &str) -> Option<u32> {
@@ -73,4 +123,33 @@ pub fn machine_busy_s() -> Result<f64> {
         .map(|(_, v)| v)
         .sum();
     Ok(busy / TICKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_are_classed_by_their_names() {
+        assert_eq!(thread_class("binlog-reader", false), "binlog_reader");
+        assert_eq!(thread_class("rdk:broker1", false), "librdkafka");
+        assert_eq!(thread_class("rdk:main", false), "librdkafka");
+        assert_eq!(thread_class("outbox-relay", true), "pipeline");
+        assert_eq!(thread_class("tokio-runtime-w", false), "pipeline");
+        assert_eq!(thread_class("readback", false), "other");
+    }
+
+    #[test]
+    fn a_stat_line_gives_user_plus_system_time() {
+        // pid (comm with ) and spaces) state ppid … utime=150 stime=50 (fields 14 and 15).
+        let line = "42 (a) b c) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0";
+        assert_eq!(stat_cpu_s(line), Some(2.0));
+        assert_eq!(stat_cpu_s("42 (short) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_has_a_pipeline_thread() {
+        let by = thread_cpu(std::process::id()).expect("own /proc");
+        assert!(by.contains_key("pipeline"), "{by:?}");
+    }
 }

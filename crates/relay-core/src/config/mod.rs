@@ -900,7 +900,8 @@ pub struct KafkaConfig {
     /// The brokers to connect to first, `host:port[,host:port…]` (librdkafka `bootstrap.servers`).
     pub bootstrap_servers: String,
     /// Most records sent but not yet acknowledged. When reached, reading the binlog pauses until
-    /// Kafka acknowledges the oldest (backpressure): this bounds the relay's memory.
+    /// Kafka acknowledges the oldest (backpressure; the reader thread has decoded at most 4,096
+    /// events, about 2 MiB, ahead): this bounds the relay's memory.
     #[serde(default = "default_max_in_flight")]
     #[schemars(range(min = 1))]
     pub max_in_flight: usize,

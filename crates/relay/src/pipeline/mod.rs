@@ -13,8 +13,8 @@
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that no event is taken
 //! from the reader thread (module `read_ahead`, which reads and decodes the binlog at most
-//! 256 events ahead) and that thread stops reading, until Kafka acknowledges the oldest. A
-//! full librdkafka queue is handled the same way.
+//! 4,096 events, about 2 MiB, ahead) and that thread stops reading, until Kafka acknowledges
+//! the oldest. A full librdkafka queue is handled the same way.
 //!
 //! # Rows that cannot be relayed
 //! A row that cannot become a record, or that Kafka refuses for good (too large, topic missing
