@@ -907,10 +907,17 @@ impl Reader<'_> {
             if *shutdown.borrow() {
                 return Ok(());
             }
-            // The reader thread reads on only while events are taken (see `read_ahead`).
-            let takes = self.records_in_flight < self.settings.max_in_flight
-                && !self.holds.as_ref().is_some_and(Holds::full);
-            source.pause(!takes);
+            let held_full = self.holds.as_ref().is_some_and(Holds::full);
+            let takes = self.records_in_flight < self.settings.max_in_flight && !held_full;
+            // The reader thread stops reading while no event is taken (see `read_ahead`), and
+            // reads on once a quarter of max_in_flight was acknowledged: a relay at its bound
+            // would otherwise wake that thread at every acknowledgement.
+            let max = self.settings.max_in_flight;
+            if !takes {
+                source.pause(true);
+            } else if self.records_in_flight <= max - max / 4 {
+                source.pause(false);
+            }
             tokio::select! {
                 biased;
                 // A dropped sender also means stop: the loop re-checks the flag.
