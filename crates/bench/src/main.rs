@@ -362,11 +362,15 @@ impl Bench {
                 let log = std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into());
                 // `[audit] timings`: the relay's points of the latency budget (stages.rs).
                 let audit = self.audit_path(sys).display().to_string();
+                let overrides = relay_overrides();
                 let mut env = vec![
                     ("RUST_LOG", log.as_str()),
                     // Any free port: another relay on the machine may hold the default.
                     ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
                 ];
+                // The harness's own OUTBOX_RELAY__* settings reach its relays (the test kit
+                // clears the caller's, so that a test runs the configuration it writes).
+                env.extend(overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                 let bin = if sys == System::RelayRef {
                     self.s
                         .ref_bin
@@ -1200,6 +1204,15 @@ fn own_cpu() -> Option<f64> {
     procs::usage(std::process::id()).map(|u| u.cpu_s).ok()
 }
 
+/// The `OUTBOX_RELAY__*` variables the bench was started with (`OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT=40000
+/// make bench`), passed to every relay it starts and recorded with the figures; the harness
+/// sets `OUTBOX_RELAY__HTTP__LISTEN` and the audit file itself.
+fn relay_overrides() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("OUTBOX_RELAY__"))
+        .collect()
+}
+
 /// Busy share of all the machine's cores (relay or harness, database server, Kafka together) since
 /// `busy0` (from [`procs::machine_busy_s`]) over `secs`: near 1.0 means the phase was bound by
 /// this machine's CPUs.
@@ -1468,6 +1481,10 @@ async fn measure(s: Settings) -> Result<Value> {
             "txn_sizes": b.s.txns, "payload_bytes": workload::PAYLOAD_BYTES, "keys": workload::KEYS,
             "partitions": kafka::PARTITIONS, "polling_batch": polling::BATCH,
             "polling_interval_ms": polling::INTERVAL.as_millis() as u64,
+            "relay_overrides": relay_overrides()
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect::<Map<String, Value>>(),
         },
         "drain": drain,
         "steady": steady,

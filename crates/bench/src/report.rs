@@ -457,6 +457,17 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         mc["kafka"].as_str().unwrap_or("?"), mc["loadavg_at_start"].as_str().unwrap_or("?"),
         mc["relay_commit"].as_str().unwrap_or("?"),
     );
+    if let Some(o) = st["relay_overrides"].as_object().filter(|o| !o.is_empty()) {
+        let list: Vec<String> = o
+            .iter()
+            .map(|(k, v)| format!("`{k}={}`", v.as_str().unwrap_or("?")))
+            .collect();
+        let _ = writeln!(
+            m,
+            "Relay settings changed for this run: {}.\n",
+            list.join(", ")
+        );
+    }
     let _ = writeln!(
         m,
         "**Backlog drain** ({} rows, {}-byte JSON payloads, {} keys, transactions of 1–100 rows; written in {} s):\n",

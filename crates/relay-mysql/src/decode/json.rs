@@ -645,14 +645,25 @@ fn shortest_digits(x: f64) -> (Digits, i32) {
         .take_while(|&&c| c != b'e')
         .filter(|c| c.is_ascii_digit())
         .count();
+    // With at most 15 digits (DBL_DIG) no tie is possible: n-digit decimals are then further
+    // apart than the interval of reals that round to `x`, so the one inside it (the shortest)
+    // is also the nearest. Only 16- and 17-digit values are formatted again.
     let mut nearest = Digits::default();
-    let _ = write!(nearest, "{x:.*e}", n.saturating_sub(1));
-    let nearest = nearest.as_slice();
-    let reads_back = std::str::from_utf8(nearest)
-        .ok()
-        .and_then(|t| t.parse::<f64>().ok())
-        == Some(x);
-    let chosen = if reads_back { nearest } else { shortest };
+    let chosen = if n <= 15 {
+        shortest
+    } else {
+        let _ = write!(nearest, "{x:.*e}", n.saturating_sub(1));
+        let nearest = nearest.as_slice();
+        let reads_back = std::str::from_utf8(nearest)
+            .ok()
+            .and_then(|t| t.parse::<f64>().ok())
+            == Some(x);
+        if reads_back {
+            nearest
+        } else {
+            shortest
+        }
+    };
     let (mantissa, exponent) = match chosen.iter().position(|&c| c == b'e') {
         Some(e) => (&chosen[..e], &chosen[e + 1..]),
         None => (chosen, &b"0"[..]),
@@ -2080,6 +2091,26 @@ mod tests {
         fn doubles_read_back_exactly(x in arb_f64()) {
             let text = double(x);
             prop_assert!(check_double_text(x, &text).is_ok(), "{}", text);
+        }
+
+        /// The digits skip the second formatting below 16 digits: they are those of always
+        /// rounding correctly to the shortest length and keeping that when it reads back.
+        #[test]
+        fn shortest_digits_are_the_nearest_of_their_length(x in arb_f64()) {
+            let x = x.abs();
+            prop_assume!(x != 0.0);
+            let shortest = format!("{x:e}");
+            let n = shortest.split('e').next().map_or(1, |m| m.bytes().filter(u8::is_ascii_digit).count());
+            let nearest = format!("{x:.*e}", n - 1);
+            let chosen = if nearest.parse::<f64>() == Ok(x) { nearest } else { shortest };
+            let (mantissa, exponent) = chosen.split_once('e').expect("exponent");
+            let mut digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+            while digits.len() > 1 && digits.last() == Some(&b'0') {
+                digits.pop();
+            }
+            let (got, decpt) = shortest_digits(x);
+            prop_assert_eq!(got.as_slice(), digits.as_slice());
+            prop_assert_eq!(decpt, exponent.parse::<i32>().expect("exponent") + 1);
         }
 
         #[test]

@@ -1124,15 +1124,15 @@ impl Reader<'_> {
         self.settings.metrics.set_in_flight(self.records_in_flight);
         if std::mem::take(&mut self.drain_after) {
             // Sent alone: nothing more is sent before its report.
-            self.drain(sink, progress, inflight).await?;
+            Box::pin(self.drain(sink, progress, inflight)).await?;
         }
         if sink.transaction_full() && !progress.foreign_base() {
             // A Kafka transaction holds at most so many records or bytes: a larger source
             // transaction spans several, the point saying how many of its rows are committed.
             // (Not while the base is another server's: such a point cannot count this server's
             // rows, see `Progress::acked`; the transaction then ends at the boundary.)
-            self.drain(sink, progress, inflight).await?;
-            progress.persist(true, sink).await?;
+            Box::pin(self.drain(sink, progress, inflight)).await?;
+            Box::pin(progress.persist(true, sink)).await?;
             *last_commit = Instant::now();
         }
         Ok(())
@@ -1221,10 +1221,17 @@ impl Reader<'_> {
                         dl.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
                     ))
                 });
-                return self
-                    .dead_letter((dl, kind), err, span, sink, done, progress, inflight)
-                    .await
-                    .map(|()| true);
+                return Box::pin(self.dead_letter(
+                    (dl, kind),
+                    err,
+                    span,
+                    sink,
+                    done,
+                    progress,
+                    inflight,
+                ))
+                .await
+                .map(|()| true);
             }
         };
         let span = self.settings.spans.as_ref().map(|spans| {
@@ -1264,18 +1271,17 @@ impl Reader<'_> {
                 refusal.keep_value,
             );
             dl.broker_error = Some(refusal.broker_error);
-            return self
-                .dead_letter(
-                    (dl, DeadLetterKind::Broker),
-                    err,
-                    span,
-                    sink,
-                    done,
-                    progress,
-                    inflight,
-                )
-                .await
-                .map(|()| true);
+            return Box::pin(self.dead_letter(
+                (dl, DeadLetterKind::Broker),
+                err,
+                span,
+                sink,
+                done,
+                progress,
+                inflight,
+            ))
+            .await
+            .map(|()| true);
         }
         let mut held = Held {
             record,
@@ -1308,22 +1314,34 @@ impl Reader<'_> {
         let alone = self.refusals.isolates(&row);
         sink.ensure_topic(&held.record.topic).await?;
         if alone {
-            self.drain(sink, progress, inflight).await?;
+            Box::pin(self.drain(sink, progress, inflight)).await?;
         }
-        let mut sent = self
-            .send_with_backpressure(sink, progress, inflight, |s, seq| s.send(&held.record, seq))
-            .await;
+        // The rare paths' futures are boxed (here and below): this future is built and moved
+        // for every row, and with them inline it was 3.4 KB, whose copies were about a third
+        // of the pipeline thread's CPU draining a backlog.
+        let mut sent = match self.send_once(sink, inflight, |s, seq| s.send(&held.record, seq)) {
+            Err(SendError::QueueFull) => {
+                Box::pin(
+                    self.send_with_backpressure(sink, progress, inflight, |s, seq| {
+                        s.send(&held.record, seq)
+                    }),
+                )
+                .await
+            }
+            sent => sent.map_err(Refusal::of),
+        };
         if matches!(
             sent,
             Err(Refusal::Permanent(_, DeadLetterKind::Producer, false))
-        ) && sink.recheck_topic_limit(&held.record).await
+        ) && Box::pin(sink.recheck_topic_limit(&held.record)).await
         {
             // The topic's max.message.bytes was raised since it was read.
-            sent = self
-                .send_with_backpressure(sink, progress, inflight, |s, seq| {
+            sent = Box::pin(
+                self.send_with_backpressure(sink, progress, inflight, |s, seq| {
                     s.send(&held.record, seq)
-                })
-                .await;
+                }),
+            )
+            .await;
         }
         if self.holds.is_none() {
             // Without holds a refused topic is a row error like any other.
@@ -1371,7 +1389,7 @@ impl Reader<'_> {
                     reason: reason.clone(),
                 };
                 let dl = dead_letter_of(record, reason, position, table.to_string(), keep_value);
-                self.dead_letter((dl, kind), err, span, sink, done, progress, inflight)
+                Box::pin(self.dead_letter((dl, kind), err, span, sink, done, progress, inflight))
                     .await
                     .map(|()| true)
             }
@@ -1739,11 +1757,7 @@ impl Reader<'_> {
         send: impl Fn(&K, u64) -> Result<(), SendError>,
     ) -> Result<(), Refusal> {
         loop {
-            if let Some(clock) = &self.lease_clock {
-                // Checked before every hand-over: a process resumed after a freeze stops here.
-                clock.check().map_err(Refusal::Failed)?;
-            }
-            match send(sink, inflight.next_seq()) {
+            match self.send_once(sink, inflight, &send) {
                 Ok(()) => return Ok(()),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
@@ -1755,6 +1769,21 @@ impl Reader<'_> {
                 Err(refused) => return Err(Refusal::of(refused)),
             }
         }
+    }
+
+    /// One hand-over of a record to the producer (`send` with the next sequence number), after
+    /// the lease check: a process resumed after a freeze stops here. A full queue is
+    /// [`SendError::QueueFull`], for the caller to wait on acknowledgements.
+    fn send_once<K: RecordSink>(
+        &self,
+        sink: &K,
+        inflight: &AckQueue,
+        send: impl Fn(&K, u64) -> Result<(), SendError>,
+    ) -> Result<(), SendError> {
+        if let Some(clock) = &self.lease_clock {
+            clock.check().map_err(SendError::Failed)?;
+        }
+        send(sink, inflight.next_seq())
     }
 }
 
