@@ -274,6 +274,12 @@ impl AckQueue {
         }
     }
 
+    /// The next acknowledgement in order when its delivery report is already filed; `None`
+    /// otherwise (nothing waits and the producer is not served: see [`AckQueue::next`]).
+    pub fn next_ready(&mut self) -> Option<Ack> {
+        self.pop_ready()
+    }
+
     fn front_ready(&self) -> bool {
         match self.entries.front() {
             Some(Entry::Boundary(..)) => true,

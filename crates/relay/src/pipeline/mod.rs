@@ -932,6 +932,12 @@ impl Reader<'_> {
                 }
                 Some(ack) = inflight.next(sink), if !inflight.is_empty() => {
                     self.on_ack(ack, inflight.is_empty(), progress)?;
+                    // Those already filed with it, in one go: a turn of this loop per
+                    // acknowledgement re-armed every branch above and below each time.
+                    for _ in 1..ACK_BATCH {
+                        let Some(ack) = inflight.next_ready() else { break };
+                        self.on_ack(ack, inflight.is_empty(), progress)?;
+                    }
                 }
                 _ = tick.tick() => {
                     if let Some(lease) = lease.as_deref_mut() {
@@ -1829,6 +1835,10 @@ async fn hold_retry(at: Option<Instant>) {
 
 /// Exactly-once: events at least this old (binlog timestamp, s) mean the relay is catching up.
 const CATCH_UP_LAG_S: u64 = 2;
+
+/// At most this many acknowledgements handled per turn of the streaming loop, so that a stop
+/// request or a due hold retry waits for no more than that.
+const ACK_BATCH: usize = 1024;
 
 /// Exactly-once: the longest a Kafka transaction stays open while the relay catches up.
 /// Each commit stops producing until the coordinator answers (tens of ms); a drain of 150k
