@@ -37,6 +37,7 @@ mod kafka;
 mod polling;
 mod procs;
 mod report;
+mod sampler;
 mod sources;
 mod stages;
 mod tenants;
@@ -245,7 +246,8 @@ fn relay_toml(connector: &str, db: &TestDb, topic_prefix: &str) -> String {
 
 /// A running system under test.
 enum Running {
-    Relay(RelayProcess),
+    /// A relay process and the port of its `/metrics`.
+    Relay(RelayProcess, u16),
     Polling {
         stop: Arc<AtomicBool>,
         counters: Arc<polling::Counters>,
@@ -257,7 +259,7 @@ enum Running {
 impl Running {
     fn pid(&self) -> Option<u32> {
         match self {
-            Running::Relay(r) => Some(r.pid()),
+            Running::Relay(r, _) => Some(r.pid()),
             Running::Debezium(d) => Some(d.pid()),
             Running::Polling { .. } => None,
         }
@@ -265,7 +267,7 @@ impl Running {
 
     fn check(&mut self) -> Result<()> {
         match self {
-            Running::Relay(r) => r.ensure_running(),
+            Running::Relay(r, _) => r.ensure_running(),
             Running::Debezium(d) => d.ensure_running(),
             Running::Polling { task, .. } => {
                 anyhow::ensure!(!task.is_finished(), "the polling relay stopped");
@@ -280,7 +282,7 @@ impl Running {
 
     async fn stop(self) -> Result<()> {
         match self {
-            Running::Relay(r) => {
+            Running::Relay(r, _) => {
                 r.stop(Duration::from_secs(60)).await?;
             }
             Running::Debezium(mut d) => d.stop().await,
@@ -363,10 +365,13 @@ impl Bench {
                 // `[audit] timings`: the relay's points of the latency budget (stages.rs).
                 let audit = self.audit_path(sys).display().to_string();
                 let overrides = relay_overrides();
+                // A free port (another relay on the machine may hold the default), known
+                // here for the drain's sampler.
+                let port = outbox_relay_testkit::free_local_port()?;
+                let listen = format!("127.0.0.1:{port}");
                 let mut env = vec![
                     ("RUST_LOG", log.as_str()),
-                    // Any free port: another relay on the machine may hold the default.
-                    ("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0"),
+                    ("OUTBOX_RELAY__HTTP__LISTEN", listen.as_str()),
                 ];
                 // The harness's own OUTBOX_RELAY__* settings reach its relays (the test kit
                 // clears the caller's, so that a test runs the configuration it writes).
@@ -386,7 +391,7 @@ impl Bench {
                 let r = RelayProcess::spawn(bin, &toml, &env)?;
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
-                Running::Relay(r)
+                Running::Relay(r, port)
             }
             System::Polling => {
                 let stop = Arc::new(AtomicBool::new(false));
@@ -738,6 +743,10 @@ impl Bench {
         let t0 = now_micros();
         let clock = Instant::now();
         let mut run = self.start(sys, db, "dbz_drain", false).await?;
+        let sampler = match &run {
+            Running::Relay(r, port) => Some(sampler::Sampler::start(r.pid(), *port)),
+            _ => None,
+        };
         let timeout = Duration::from_secs((self.s.rows / 500).max(600));
         let n = match &live {
             Some(live) => live.wait_for(written.rows, timeout, || run.check()).await?,
@@ -749,9 +758,13 @@ impl Bench {
             }
         };
         let usage = run.usage();
+        let sampled = match sampler {
+            Some(s) => s.finish().await.summary(max_in_flight()),
+            None => Value::Null,
+        };
         // Where the relay's CPU went, by thread (the reader, the pipeline, librdkafka).
         let threads = match (&run, run.pid()) {
-            (Running::Relay(_), Some(pid)) => procs::thread_cpu(pid).ok(),
+            (Running::Relay(..), Some(pid)) => procs::thread_cpu(pid).ok(),
             _ => None,
         };
         let wall = clock.elapsed().as_secs_f64();
@@ -792,6 +805,9 @@ impl Bench {
         );
         r.insert("fraction_of_limit".into(), json!(rate / limit_rate));
         r.insert("machine_busy".into(), json!(machine_busy));
+        if !sampled.is_null() {
+            r.insert("sampled".into(), sampled);
+        }
         if let Some(u) = usage {
             r.insert("cpu_s".into(), json!(u.cpu_s));
             r.insert(
@@ -1211,6 +1227,15 @@ fn relay_overrides() -> Vec<(String, String)> {
     std::env::vars()
         .filter(|(k, _)| k.starts_with("OUTBOX_RELAY__"))
         .collect()
+}
+
+/// The relays' `kafka.max_in_flight`: the bench's override, or the relay's default (10,000).
+fn max_in_flight() -> f64 {
+    relay_overrides()
+        .iter()
+        .find(|(k, _)| k == "OUTBOX_RELAY__KAFKA__MAX_IN_FLIGHT")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(10_000.0)
 }
 
 /// Busy share of all the machine's cores (relay or harness, database server, Kafka together) since

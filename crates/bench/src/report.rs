@@ -442,6 +442,36 @@ fn drain_cpu_line(relay: &Value, limit: &Value) -> Option<String> {
     Some(line)
 }
 
+/// What the sampler saw during the reported drain (see `sampler.rs`): the records in flight
+/// against `kafka.max_in_flight` and how often the pipeline's thread was runnable; `None`
+/// without samples.
+fn drain_sampled_line(s: &Value) -> Option<String> {
+    let n = s["samples"].as_u64().filter(|n| *n > 0)?;
+    let mut line = format!(
+        "Sampled every 50 ms during the reported drain ({n} samples): records in flight median \
+         {}, p90 {} of at most {}",
+        f(&s["in_flight_p50"], 0),
+        f(&s["in_flight_p90"], 0),
+        f(&s["max_in_flight"], 0),
+    );
+    if let Some(b) = s["share_below_quarter"].as_f64() {
+        let _ = write!(
+            line,
+            " (below a quarter of it in {:.0} % of samples)",
+            b * 100.0
+        );
+    }
+    if let Some(r) = s["pipeline_runnable_share"].as_f64() {
+        let _ = write!(
+            line,
+            "; the pipeline's thread runnable (running or waiting for a core) in {:.0} %",
+            r * 100.0
+        );
+    }
+    line.push('.');
+    Some(line)
+}
+
 /// The Markdown report of one server's figures: drain, limit, steady state, targets, and the
 /// latency plot at `image` when given.
 pub fn markdown(all: &Value, image: Option<&str>) -> String {
@@ -537,6 +567,9 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         );
     }
     if let Some(line) = drain_cpu_line(&d["relay"], l) {
+        let _ = writeln!(m, "\n{line}");
+    }
+    if let Some(line) = drain_sampled_line(&d["relay"]["sampled"]) {
         let _ = writeln!(m, "\n{line}");
     }
     let _ = writeln!(
@@ -1166,6 +1199,23 @@ mod tests {
             )
         );
         assert_eq!(drain_cpu_line(&json!({"records": 10}), &limit), None);
+    }
+
+    #[test]
+    fn the_sampled_line_gives_the_window_and_the_pipeline_thread() {
+        let s = json!({"samples": 80, "max_in_flight": 10000.0, "in_flight_p50": 900.0,
+                       "in_flight_p90": 4000.0, "share_below_quarter": 0.7,
+                       "pipeline_runnable_share": 0.9});
+        assert_eq!(
+            drain_sampled_line(&s).as_deref(),
+            Some(
+                "Sampled every 50 ms during the reported drain (80 samples): records in flight \
+                 median 900, p90 4000 of at most 10000 (below a quarter of it in 70 % of \
+                 samples); the pipeline's thread runnable (running or waiting for a core) in \
+                 90 %."
+            )
+        );
+        assert_eq!(drain_sampled_line(&Value::Null), None);
     }
 
     #[test]

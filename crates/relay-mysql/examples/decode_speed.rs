@@ -68,37 +68,64 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         list.join(", ")
     );
     let mappings = RelayConfig::from_toml_str(&toml)?.table_mappings()?;
+    // A file that holds the table's CREATE TABLE (and the bench's ALTER) gives the decoder the
+    // layout itself; one that starts later needs it given.
+    let mut track = false;
     let mut best = f64::MAX;
-    for pass in 1..=repeat {
-        let mut source = BinlogFileSource::open(&path)?;
-        let mut decoder =
-            Decoder::new(mappings.clone(), TableName::parse("none.none", None)?, None);
-        for t in &tables {
+    let mut pass = 1;
+    while pass <= repeat {
+        match decode_pass(&path, &mappings, &tables, track) {
+            Ok((rows, failed, secs)) => {
+                let ns = secs * 1e9 / rows.max(1) as f64;
+                best = best.min(ns);
+                println!(
+                    "pass {pass}: {rows} rows ({failed} failed) in {secs:.3} s: {ns:.0} ns per row"
+                );
+                pass += 1;
+            }
+            Err(e) if !track && e.to_string().contains("layout is unknown") => track = true,
+            Err(e) => return Err(e),
+        }
+    }
+    println!("best: {best:.0} ns per row");
+    Ok(())
+}
+
+/// Decodes the whole file once: (rows, rows that failed, seconds).
+fn decode_pass(
+    path: &std::path::Path,
+    mappings: &[outbox_relay_core::outbox::mapping::TableMapping],
+    tables: &[String],
+    track: bool,
+) -> Result<(u64, u64, f64), Box<dyn std::error::Error>> {
+    let mut source = BinlogFileSource::open(path)?;
+    let mut decoder = Decoder::new(
+        mappings.to_vec(),
+        TableName::parse("none.none", None)?,
+        None,
+    );
+    if track {
+        for t in tables {
             decoder.track_layout(
                 TableName::parse(t, None)?,
                 COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
             );
         }
-        let (mut rows, mut failed) = (0u64, 0u64);
-        let started = Instant::now();
-        while let Some(ev) = source.next_event() {
-            let ev = ev?;
-            let (decoded, _) = decoder.decode(&ev, |id| source.table_map(id))?.into_parts();
-            for row in decoded {
-                match row {
-                    Ok(event) => {
-                        rows += 1;
-                        std::hint::black_box(event);
-                    }
-                    Err(_) => failed += 1,
+    }
+    let (mut rows, mut failed) = (0u64, 0u64);
+    let started = Instant::now();
+    while let Some(ev) = source.next_event() {
+        let ev = ev?;
+        let (decoded, _) = decoder.decode(&ev, |id| source.table_map(id))?.into_parts();
+        for row in decoded {
+            match row {
+                Ok(event) => {
+                    rows += 1;
+                    std::hint::black_box(event);
                 }
+                Err(_) => failed += 1,
             }
         }
-        let secs = started.elapsed().as_secs_f64();
-        let ns = secs * 1e9 / rows.max(1) as f64;
-        best = best.min(ns);
-        println!("pass {pass}: {rows} rows ({failed} failed) in {secs:.3} s: {ns:.0} ns per row");
     }
-    println!("best: {best:.0} ns per row");
-    Ok(())
+    Ok((rows, failed, started.elapsed().as_secs_f64()))
 }
