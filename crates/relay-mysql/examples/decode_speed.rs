@@ -42,14 +42,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut source = BinlogFileSource::open(&path)?;
         while let Some(ev) = source.next_event() {
             let ev = ev?;
-            if let Some(tm) = ev
+            if ev.event.header().event_type_raw()
+                != mysql_async::binlog::EventType::TABLE_MAP_EVENT as u8
+            {
+                continue;
+            }
+            if let Ok(tm) = ev
                 .event
                 .read_event::<outbox_relay_mysql::binlog::TableMapEvent<'_>>()
-                .ok()
-                .filter(|_| {
-                    ev.event.header().event_type_raw()
-                        == mysql_async::binlog::EventType::TABLE_MAP_EVENT as u8
-                })
             {
                 let name = format!("{}.{}", tm.database_name(), tm.table_name());
                 if tm.table_name() == "outbox" && !tables.contains(&name) {
