@@ -7,9 +7,9 @@
 # Writes tests/bench/results/budget/ (latest.json, latest.md, stages-<server>.png) and the
 # benchmark page's budget section (docs/src/benchmark.md, BENCH_README to change, empty: leave).
 # Settings (defaults): BENCH_RATES (1000,5000), BENCH_STEADY_SECS (15), BENCH_STEADY_REPEAT (3),
-# BENCH_WARMUP_SECS (20), BENCH_MAX_LOAD (1.0: the 1-minute load a run should start below; the
-# script waits up to BENCH_QUIET_WAIT seconds, default 600, for it, and a run that starts above
-# is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
+# BENCH_WARMUP_SECS (20), BENCH_MAX_LOAD (1.0: the 1-minute load each server's runs should start
+# below; the script waits up to BENCH_QUIET_WAIT seconds, default 600, for it), BENCH_MAX_BUSY
+# (25: a run starting while more than this % of the CPUs is busy is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
 # BENCH_REF_COMMIT (a commit to build once into target/bench-ref/<commit> and run as relay_ref,
 # e.g. ec800a1) or BENCH_REF_BIN (a relay binary to run as relay_ref).
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
@@ -46,7 +46,7 @@ for server in "${servers[@]}"; do
   tests/services/server.sh "$server" up
   deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-600}))
   until quiet || [ $SECONDS -ge $deadline ]; do sleep 5; done
-  quiet || log "the 1-minute load is still $(cut -d' ' -f1 /proc/loadavg) (above $max_load): the report flags busy runs"
+  quiet || log "the 1-minute load is still $(cut -d' ' -f1 /proc/loadavg) (above $max_load): its runs start on a busier machine"
   log "$server: load before the run: $(cat /proc/loadavg)"
   OUTBOX_TEST_SERVER="$server" BENCH_PHASES=steady BENCH_SYSTEMS="$systems" \
     BENCH_RATES="${BENCH_RATES:-1000,5000}" BENCH_TXN_SIZES=1 \

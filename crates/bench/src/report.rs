@@ -730,8 +730,10 @@ fn budget_table(m: &mut String, all: &Value) {
         "\n**Latency budget per stage** (ms, p50 / p99 / p999 of each row's time in the stage; \
          `relay share` = the relay's commit → ack p99 − (bare binlog arrival p99 + bare producer \
          send → ack p99), measured on the same rows in the same run; `load` = 1-minute load \
-         average when the run started, **busy** above BENCH_MAX_LOAD; `CPU busy` = share of all \
-         cores busy while the rows were written; of repeated runs, the one with the median p99):\n\n",
+         average when the run started (it remembers the bench's own warm-up and previous run) \
+         and, in brackets, the share of all cores busy in the second before it, **busy** above \
+         BENCH_MAX_BUSY (25 %): something else was running; `CPU busy` = share of all cores busy \
+         while the rows were written; of repeated runs, the one with the median p99):\n\n",
     );
     for (name, what) in crate::stages::STAGES {
         let _ = writeln!(m, "- `{name}`: {what}");
@@ -740,9 +742,11 @@ fn budget_table(m: &mut String, all: &Value) {
     m.push_str("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
     for v in runs {
         let b = &v["budget"];
+        let before =
+            num(&v["machine"]["busy_pct"]).map_or(String::new(), |b| format!(" ({b:.0}%)"));
         let load = match (num(&v["machine"]["load1"]), v["machine"]["busy"] == true) {
-            (Some(l), true) => format!("**{l:.1} busy**"),
-            (Some(l), false) => format!("{l:.1}"),
+            (Some(l), true) => format!("**{l:.1}{before} busy**"),
+            (Some(l), false) => format!("{l:.1}{before}"),
             (None, _) => "–".into(),
         };
         let head = format!(
