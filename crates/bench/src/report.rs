@@ -442,6 +442,44 @@ fn drain_cpu_line(relay: &Value, limit: &Value) -> Option<String> {
     Some(line)
 }
 
+/// The whole machine's CPU per row in the reported drain and in its two limits, and what that
+/// allows on these cores: machine CPU per row = share of all cores busy × cores × seconds ÷ rows
+/// (every process: the relay or bare tool, the broker, the database server). Had the machine
+/// spent only the bare binlog read's (`r`) and the bare producer's (`p`) CPU per row, at the
+/// bare producer's own busy share, a drain would reach `p / (r + p)` of the bare producer: the
+/// ratio a relay with no CPU of its own could reach on a machine the bare producer already keeps
+/// busy. `None` without the machine figures.
+fn drain_machine_line(relay: &Value, limit: &Value, cores: f64) -> Option<String> {
+    let per_row_us = |v: &Value| -> Option<f64> {
+        let busy = v["machine_busy"].as_f64()?;
+        let rate = v["rows_per_s"].as_f64().filter(|r| *r > 0.0)?;
+        Some(busy * cores / rate * 1e6)
+    };
+    let r = per_row_us(&limit["binlog_read"])?;
+    let p = per_row_us(&limit["produce"])?;
+    let x = per_row_us(relay)?;
+    let (busy_p, busy_x) = (
+        limit["produce"]["machine_busy"].as_f64()?,
+        relay["machine_busy"].as_f64()?,
+    );
+    Some(format!(
+        "The whole machine's CPU per row (all {cores:.0} cores' busy time ÷ rows: relay or bare \
+         tool, broker, database): bare binlog read {r:.2} µs, bare producer {p:.2} µs, relay \
+         {x:.2} µs ({:+.2} µs beyond the two). A relay that spent no CPU of its own would, at the \
+         bare producer's busy share ({:.0} %), reach {:.2}× the bare producer on this machine \
+         (p / (r + p): reading the binlog costs CPU the bare producer does not spend); the relay \
+         reached {:.2}× = {:.2} (that ceiling) × {:.2} (CPU per row of the two ÷ its own) × {:.2} \
+         (its busy share ÷ the producer's).",
+        x - r - p,
+        busy_p * 100.0,
+        p / (r + p),
+        (p / x) * (busy_x / busy_p),
+        p / (r + p),
+        (r + p) / x,
+        busy_x / busy_p,
+    ))
+}
+
 /// What the sampler saw during the reported drain (see `sampler.rs`): the records in flight
 /// against `kafka.max_in_flight` and how often the pipeline's thread was runnable; `None`
 /// without samples.
@@ -567,6 +605,10 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         );
     }
     if let Some(line) = drain_cpu_line(&d["relay"], l) {
+        let _ = writeln!(m, "\n{line}");
+    }
+    let cores = mc["cpus"].as_f64().unwrap_or(1.0);
+    if let Some(line) = drain_machine_line(&d["relay"], l, cores) {
         let _ = writeln!(m, "\n{line}");
     }
     if let Some(line) = drain_sampled_line(&d["relay"]["sampled"]) {
@@ -1203,6 +1245,28 @@ mod tests {
             )
         );
         assert_eq!(drain_cpu_line(&json!({"records": 10}), &limit), None);
+    }
+
+    #[test]
+    fn the_machine_line_splits_the_ratio_into_ceiling_cpu_and_busy_share() {
+        // 2 cores: read 0.5 × 2 / 1M = 1 µs, producer 0.75 × 2 / 300k = 5 µs, relay
+        // 0.8 × 2 / 200k = 8 µs; 200k / 300k = 0.67 = 5/6 × 6/8 × 0.8/0.75.
+        let relay = json!({"machine_busy": 0.8, "rows_per_s": 200_000.0});
+        let limit = json!({"binlog_read": {"machine_busy": 0.5, "rows_per_s": 1_000_000.0},
+                           "produce": {"machine_busy": 0.75, "rows_per_s": 300_000.0}});
+        assert_eq!(
+            drain_machine_line(&relay, &limit, 2.0).as_deref(),
+            Some(
+                "The whole machine's CPU per row (all 2 cores' busy time ÷ rows: relay or bare \
+                 tool, broker, database): bare binlog read 1.00 µs, bare producer 5.00 µs, relay \
+                 8.00 µs (+2.00 µs beyond the two). A relay that spent no CPU of its own would, \
+                 at the bare producer's busy share (75 %), reach 0.83× the bare producer on this \
+                 machine (p / (r + p): reading the binlog costs CPU the bare producer does not \
+                 spend); the relay reached 0.67× = 0.83 (that ceiling) × 0.75 (CPU per row of \
+                 the two ÷ its own) × 1.07 (its busy share ÷ the producer's)."
+            )
+        );
+        assert_eq!(drain_machine_line(&json!({}), &limit, 2.0), None);
     }
 
     #[test]
