@@ -121,8 +121,24 @@ pub struct TailOut {
     pub arrivals: HashMap<u64, i64>,
     /// The bare producer's send → acknowledgement, µs, per row sent (unsorted).
     pub produce_micros: Vec<i64>,
+    /// Row sequence number → the bare producer's send → acknowledgement of its record, µs.
+    pub produce_by_row: HashMap<u64, i64>,
     /// Records the bare producer could not deliver.
     pub produce_failed: u64,
+}
+
+impl TailOut {
+    /// One bare record's delivery report: its row and send → acknowledgement (µs), `None` when
+    /// it was not delivered.
+    fn delivered(&mut self, (seq, us): (u64, Option<i64>)) {
+        match us {
+            Some(us) => {
+                self.produce_micros.push(us);
+                self.produce_by_row.insert(seq, us);
+            }
+            None => self.produce_failed += 1,
+        }
+    }
 }
 
 /// The physical limits of the stages a relay adds nothing to, measured on the same rows while
@@ -179,7 +195,8 @@ impl Tail {
         let task = tokio::spawn(async move {
             let mut out = TailOut::default();
             let mut maps: HashMap<u64, TableMapEvent<'static>> = HashMap::new();
-            let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Option<i64>>();
+            let (done_tx, mut done_rx) =
+                tokio::sync::mpsc::unbounded_channel::<(u64, Option<i64>)>();
             loop {
                 let ev = tokio::select! {
                     ev = stream.next() => ev,
@@ -224,7 +241,7 @@ impl Tail {
                                     let tx = done_tx.clone();
                                     tokio::spawn(async move {
                                         let ok = matches!(delivery.await, Ok(Ok(_)));
-                                        let _ = tx.send(ok.then(|| now_micros() - sent));
+                                        let _ = tx.send((seq, ok.then(|| now_micros() - sent)));
                                     });
                                 }
                                 Err(_) => out.produce_failed += 1,
@@ -234,10 +251,7 @@ impl Tail {
                     _ => {}
                 }
                 while let Ok(d) = done_rx.try_recv() {
-                    match d {
-                        Some(us) => out.produce_micros.push(us),
-                        None => out.produce_failed += 1,
-                    }
+                    out.delivered(d);
                 }
             }
             drop(done_tx);
@@ -247,8 +261,7 @@ impl Tail {
             loop {
                 tokio::select! {
                     d = done_rx.recv() => match d {
-                        Some(Some(us)) => out.produce_micros.push(us),
-                        Some(None) => out.produce_failed += 1,
+                        Some(d) => out.delivered(d),
                         None => break,
                     },
                     () = &mut wait => break,

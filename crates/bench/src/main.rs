@@ -1037,6 +1037,7 @@ impl Bench {
                     commits: w.commits.clone(),
                     arrivals: out.arrivals,
                     bare_produce: out.produce_micros,
+                    bare_by_row: out.produce_by_row,
                     audit: stages::read_audit(&self.audit_path(sys), &agg),
                     appended: appended.by_seq.iter().copied().collect(),
                     visible: visible
@@ -1144,6 +1145,9 @@ fn repeats(sys: System, rate: u64, txn: u64, runs: &[Value]) -> Value {
         ("visible_p99_ms", |v: &Value| v["visible_p99_ms"].as_f64()),
         ("relay_share_p99_ms", |v: &Value| {
             v["budget"]["relay_share_p99_ms"].as_f64()
+        }),
+        ("relay_excess_p99_ms", |v: &Value| {
+            v["budget"]["relay_excess_p99_ms"].as_f64()
         }),
     ] {
         let mut xs: Vec<f64> = runs.iter().filter_map(get).collect();

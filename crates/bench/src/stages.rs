@@ -92,6 +92,8 @@ pub struct Points {
     pub arrivals: HashMap<u64, i64>,
     /// The bare producer's send → acknowledgement, µs.
     pub bare_produce: Vec<i64>,
+    /// Row → the bare producer's send → acknowledgement of its record, µs.
+    pub bare_by_row: HashMap<u64, i64>,
     /// The relay's audit.
     pub audit: Audit,
     /// Row → broker append time (µs, from ms).
@@ -134,6 +136,11 @@ pub const STAGES: &[(&str, &str)] = &[
         "bare_produce",
         "a bare producer's send → acknowledgement, same rows",
     ),
+    (
+        "relay_excess",
+        "per row: bare arrival → the relay's acknowledgement, less the bare producer's send → \
+         acknowledgement of the same row (the relay's own time, paired row by row)",
+    ),
 ];
 
 /// Per stage: p50/p99/p999/max (ms) and the number of rows measured; and the relay's share of
@@ -153,6 +160,11 @@ pub fn budget(p: &Points) -> Value {
             }
             if let (Some(a), Some(r)) = (arrival, relay) {
                 push("relay_read", r.read_us - a);
+                // Paired on the row: a broker stall both records meet cancels out, where the
+                // difference of two p99s keeps each run's luck.
+                if let Some(&bare) = p.bare_by_row.get(&seq) {
+                    push("relay_excess", r.acked_us - a - bare);
+                }
             }
             if let Some(r) = relay {
                 push("relay_handoff", r.sent_us - r.read_us);
@@ -201,7 +213,8 @@ pub fn budget(p: &Points) -> Value {
         (Some(total), Some(arrival), Some(produce)) => json!(total - (arrival + produce)),
         _ => Value::Null,
     };
-    json!({"stages": out, "relay_share_p99_ms": share})
+    let excess = p99.get("relay_excess").map_or(Value::Null, |v| json!(v));
+    json!({"stages": out, "relay_share_p99_ms": share, "relay_excess_p99_ms": excess})
 }
 
 /// Now, in ms since the epoch.
@@ -296,6 +309,7 @@ mod tests {
         }
         p.audit.commits = vec![5_000, 10_000];
         p.bare_produce = vec![2_000, 2_000];
+        p.bare_by_row = HashMap::from([(10, 2_000), (11, 4_000)]);
         let b = budget(&p);
         let s = &b["stages"];
         assert_eq!(s["db_commit"]["p50_ms"], 2.0);
@@ -312,6 +326,14 @@ mod tests {
         // 6.1 - (0.6 + 2.0)
         let share = b["relay_share_p99_ms"].as_f64().expect("share");
         assert!((share - 3.5).abs() < 1e-9, "{share}");
+        // Per row, arrival → ack less the bare record's send → ack: (9,000 - 3,500) - 2,000
+        // and (9,100 - 3,600) - 4,000.
+        assert_eq!(s["relay_excess"]["rows"], 2);
+        assert_eq!(s["relay_excess"]["max_ms"], 3.5);
+        assert_eq!(b["relay_excess_p99_ms"], s["relay_excess"]["p99_ms"]);
+        assert!(s["relay_excess"]["p50_ms"]
+            .as_f64()
+            .is_some_and(|x| x == 1.5 || x == 3.5));
     }
 
     #[test]
