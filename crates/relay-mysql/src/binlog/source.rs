@@ -7,6 +7,8 @@
 //! timeout as a dead connection: the server sends heartbeats while idle, so silence means the
 //! TCP connection is gone even if no error arrived.
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -306,7 +308,18 @@ impl BinlogSource {
     pub async fn next(&mut self) -> Result<SourceEvent, RelayError> {
         loop {
             let deadline = self.last_event + self.read_timeout;
-            let event = match tokio::time::timeout_at(deadline, self.stream.next()).await {
+            let next = self.stream.next();
+            tokio::pin!(next);
+            // An event already received (a transaction's events arrive together, a backlog
+            // always) needs no read deadline: arming a timer for each event was a quarter of
+            // the reader thread's CPU at 5,000 one-row transactions/s (clock reads and timer
+            // wheel work for every event).
+            let ready = std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await;
+            let read = match ready {
+                Poll::Ready(event) => Ok(event),
+                Poll::Pending => tokio::time::timeout_at(deadline, next).await,
+            };
+            let event = match read {
                 Err(_) => {
                     return Err(RelayError::mysql(format!(
                         "no binlog event or heartbeat for {} s: treating the connection as dead",
