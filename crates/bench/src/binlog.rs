@@ -119,8 +119,6 @@ pub async fn raw_read(
 pub struct TailOut {
     /// Row sequence number → arrival of its rows event, µs since the epoch.
     pub arrivals: HashMap<u64, i64>,
-    /// The bare producer's send → acknowledgement, µs, per row sent (unsorted).
-    pub produce_micros: Vec<i64>,
     /// Row sequence number → the bare producer's send → acknowledgement of its record, µs.
     pub produce_by_row: HashMap<u64, i64>,
     /// Records the bare producer could not deliver.
@@ -132,10 +130,7 @@ impl TailOut {
     /// it was not delivered.
     fn delivered(&mut self, (seq, us): (u64, Option<i64>)) {
         match us {
-            Some(us) => {
-                self.produce_micros.push(us);
-                self.produce_by_row.insert(seq, us);
-            }
+            Some(us) => _ = self.produce_by_row.insert(seq, us),
             None => self.produce_failed += 1,
         }
     }

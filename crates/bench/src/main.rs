@@ -1036,7 +1036,6 @@ impl Bench {
                     txn,
                     commits: w.commits.clone(),
                     arrivals: out.arrivals,
-                    bare_produce: out.produce_micros,
                     bare_by_row: out.produce_by_row,
                     audit: stages::read_audit(&self.audit_path(sys), &agg),
                     appended: appended.by_seq.iter().copied().collect(),

@@ -90,8 +90,6 @@ pub struct Points {
     pub commits: Vec<(u64, i64, i64)>,
     /// Row → arrival at the bare replica.
     pub arrivals: HashMap<u64, i64>,
-    /// The bare producer's send → acknowledgement, µs.
-    pub bare_produce: Vec<i64>,
     /// Row → the bare producer's send → acknowledgement of its record, µs.
     pub bare_by_row: HashMap<u64, i64>,
     /// The relay's audit.
@@ -187,8 +185,8 @@ pub fn budget(p: &Points) -> Value {
             }
         }
     }
-    if !p.bare_produce.is_empty() {
-        stages.insert("bare_produce", p.bare_produce.clone());
+    if !p.bare_by_row.is_empty() {
+        stages.insert("bare_produce", p.bare_by_row.values().copied().collect());
     }
     let mut out = Map::new();
     let mut p99 = HashMap::new();
@@ -308,8 +306,7 @@ mod tests {
             p.visible.insert(seq, 12_000 + base);
         }
         p.audit.commits = vec![5_000, 10_000];
-        p.bare_produce = vec![2_000, 2_000];
-        p.bare_by_row = HashMap::from([(10, 2_000), (11, 4_000)]);
+        p.bare_by_row = HashMap::from([(10, 2_000), (11, 2_000)]);
         let b = budget(&p);
         let s = &b["stages"];
         assert_eq!(s["db_commit"]["p50_ms"], 2.0);
@@ -327,7 +324,7 @@ mod tests {
         let share = b["relay_share_p99_ms"].as_f64().expect("share");
         assert!((share - 3.5).abs() < 1e-9, "{share}");
         // Per row, arrival → ack less the bare record's send → ack: (9,000 - 3,500) - 2,000
-        // and (9,100 - 3,600) - 4,000.
+        // and (9,100 - 3,600) - 2,000.
         assert_eq!(s["relay_excess"]["rows"], 2);
         assert_eq!(s["relay_excess"]["max_ms"], 3.5);
         assert_eq!(b["relay_excess_p99_ms"], s["relay_excess"]["p99_ms"]);
