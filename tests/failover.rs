@@ -44,7 +44,7 @@ use outbox_relay_testkit::{
     canonical_gtid_set, collect_records, collect_until, describe_exit, gtid_state_variable,
     mysql_port, next_server_id, read_all_records, read_checkpoint, read_committed_records,
     replica_port, replica_script, unique_suffix, wait_until, Checkpoint, Record, RelayConfigSpec,
-    RelayProcess, TcpProxy, TestDb, DEFAULT_CHECKPOINT_TABLE,
+    RelayProcess, TcpProxy, TestDb, Watchdog, DEFAULT_CHECKPOINT_TABLE,
 };
 
 /// The relay binary under test (built on first use).
@@ -475,7 +475,17 @@ impl ReplicaGuard {
         tokio::task::block_in_place(|| {
             let mut users = REPLICA_USERS.lock().unwrap_or_else(|e| e.into_inner());
             if *users == 0 {
-                replica_script("up")?;
+                // A second try from a stopped replica: a stuck or failed start (the script is
+                // killed after its limit) is printed, not hidden, and costs one test's time.
+                if let Err(first) = replica_script("up") {
+                    eprintln!(
+                        "starting the replica failed; stopping it and trying once more: {first:#}"
+                    );
+                    let _ = replica_script("down");
+                    replica_script("up").with_context(|| {
+                        format!("starting the replica, second try (the first: {first:#})")
+                    })?;
+                }
             }
             *users += 1;
             Ok(Self)
@@ -552,6 +562,9 @@ struct FailoverCase {
 
 /// Replica → primary failover under a continuous workload; see the module docs for the setup.
 async fn gtid_failover(name: &str, case: FailoverCase) -> Result<()> {
+    // Armed before the replica: starting it waits on a script and on the other tests' use of it,
+    // before this test's database (which arms its own) exists.
+    let _watchdog = Watchdog::arm();
     let _replica = ReplicaGuard::up()?;
     let uid = unique_suffix();
     // The database is created on the primary after the replica started: it replicates.

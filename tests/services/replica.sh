@@ -29,8 +29,10 @@ REPLICA_PORT="${REPLICA_PORT:-$((PRIMARY_PORT + 1))}"
 REPLICA_WILD_DO_TABLE="${REPLICA_WILD_DO_TABLE:-${MARIADB_REPLICA_WILD_DO_TABLE:-failover_%.%}}"
 REPLICA_DIR="$SERVICES_DIR/replica"
 
-primary() { mariadb --protocol=TCP -h127.0.0.1 -P"$PRIMARY_PORT" -uroot -N -B "$@"; }
-replica() { mariadb --protocol=TCP -h127.0.0.1 -P"$REPLICA_PORT" -uroot -N -B "$@"; }
+# Every client call is bounded (connect 10 s, the whole call 60 s): a call that never returns
+# would otherwise hang the script and the failover tests waiting on it.
+primary() { timeout 60 mariadb --connect-timeout=10 --protocol=TCP -h127.0.0.1 -P"$PRIMARY_PORT" -uroot -N -B "$@"; }
+replica() { timeout 60 mariadb --connect-timeout=10 --protocol=TCP -h127.0.0.1 -P"$REPLICA_PORT" -uroot -N -B "$@"; }
 
 # The replica's server.sh: same flavor, its own port, data folder and settings.
 replica_server() {
@@ -57,7 +59,7 @@ replicate_wild_do_table=$REPLICA_WILD_DO_TABLE"
 replication_status() {
   local stmt='SHOW SLAVE STATUS'
   [ "$FLAVOR" = mysql8 ] && stmt='SHOW REPLICA STATUS'
-  mariadb --protocol=TCP -h127.0.0.1 -P"$REPLICA_PORT" -uroot -E -e "$stmt" 2>/dev/null \
+  timeout 30 mariadb --connect-timeout=10 --protocol=TCP -h127.0.0.1 -P"$REPLICA_PORT" -uroot -E -e "$stmt" 2>/dev/null \
     | awk -F': ' '
         /^ *(Slave|Replica)_IO_Running:/ {io=$2}
         /^ *(Slave|Replica)_SQL_Running:/ {sql=$2}

@@ -39,7 +39,9 @@ LOG="$DIR/$DAEMON.log"
 SOCK="$DIR/$DAEMON.sock"
 TLS_DIR="${SERVER_TLS_DIR:-${MARIADB_TLS_DIR:-}}"
 
-ping() { sql_client -e 'SELECT 1' >/dev/null; }
+# Bounded: wait_for checks its deadline only between calls, so a ping that never returned (a
+# server that accepts but never answers) would hang it.
+ping() { timeout 30 mariadb --connect-timeout=5 --protocol=TCP -h127.0.0.1 -P"$PORT" -uroot -N -B -e 'SELECT 1' >/dev/null; }
 sql_client() { mariadb --protocol=TCP -h127.0.0.1 -P"$PORT" -uroot -N -B "$@"; }
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
