@@ -32,6 +32,7 @@ pub mod outbox;
 pub mod per_server;
 pub mod relay;
 pub mod relay_bin;
+pub mod script;
 pub mod unique;
 pub mod wait;
 pub mod watchdog;

@@ -12,12 +12,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
+
+/// How long one action of a private service's script may take (`up` initialises a data folder
+/// the first time, a minute at most here): a script still running after this is stuck, and
+/// [`crate::script::run`] kills it with what it started rather than hang the test binary.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(600);
 
 /// The repository root (where `tests/services/` is).
 pub fn repo_root() -> PathBuf {
@@ -160,25 +166,16 @@ impl PrivateService {
             .join("tests")
             .join("services")
             .join(&self.spec.script);
-        let out = Command::new("bash")
+        let mut command = Command::new("bash");
+        command
             .arg(&path)
             .args(&self.spec.args)
             .arg(action)
             .args(options)
             .env("OUTBOX_SERVICES_DIR", self.dir())
-            .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .with_context(|| format!("running {} {action}", path.display()))?;
-        if !out.status.success() {
-            bail!(
-                "{} {action} ({:?}) failed with {}:\n{}{}",
-                path.display(),
-                self.spec.env,
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+            .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let what = format!("{} {action} ({:?})", path.display(), self.spec.env);
+        crate::script::run(command, &what, SCRIPT_LIMIT)?;
         Ok(())
     }
 }
