@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use tokio::process::Command;
+use anyhow::{Context, Result};
 
 /// The repository root, as compiled in (`crates/testkit/../..`).
 pub fn default_repo_root() -> PathBuf {
@@ -56,36 +55,18 @@ impl Services {
     /// Runs `<script> <action>` and returns how long it took.
     ///
     /// # Errors
-    /// The script cannot be started, fails, or takes longer than `timeout`; the error carries
-    /// its output.
+    /// The script cannot be started, fails, or takes longer than `timeout` (then it is killed
+    /// with what it started, [`crate::script::run`]); the error carries its output.
     pub async fn run(&self, service: Service, action: &str, timeout: Duration) -> Result<Duration> {
         let (script, args) = service.script();
         let script = self.dir.join(script);
         let started = Instant::now();
-        let child = Command::new(&script)
-            .args(args)
-            .arg(action)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(timeout, child)
+        let mut command = std::process::Command::new(&script);
+        command.args(args).arg(action);
+        let what = format!("{} {action}", script.display());
+        tokio::task::spawn_blocking(move || crate::script::run(command, &what, timeout))
             .await
-            .with_context(|| {
-                format!(
-                    "{} {action} did not finish in {timeout:?}",
-                    script.display()
-                )
-            })?
-            .with_context(|| format!("running {} {action}", script.display()))?;
-        if !out.status.success() {
-            bail!(
-                "{} {action} failed ({}):\n{}{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+            .context("the thread running a service script")??;
         Ok(started.elapsed())
     }
 
