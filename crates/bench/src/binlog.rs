@@ -121,6 +121,8 @@ pub struct TailOut {
     pub arrivals: HashMap<u64, i64>,
     /// Row sequence number → the bare producer's send → acknowledgement of its record, µs.
     pub produce_by_row: HashMap<u64, i64>,
+    /// The same for the control producer (`BENCH_PAIR_CONTROL`), empty without it.
+    pub control_by_row: HashMap<u64, i64>,
     /// Records the bare producer could not deliver.
     pub produce_failed: u64,
 }
@@ -128,13 +130,22 @@ pub struct TailOut {
 impl TailOut {
     /// One bare record's delivery report: its row and send → acknowledgement (µs), `None` when
     /// it was not delivered.
-    fn delivered(&mut self, (seq, us): (u64, Option<i64>)) {
+    fn delivered(&mut self, (seq, us, control): Delivered) {
+        let by_row = if control {
+            &mut self.control_by_row
+        } else {
+            &mut self.produce_by_row
+        };
         match us {
-            Some(us) => _ = self.produce_by_row.insert(seq, us),
+            Some(us) => _ = by_row.insert(seq, us),
             None => self.produce_failed += 1,
         }
     }
 }
+
+/// A bare record's delivery report: its row, send → acknowledgement (µs, `None`: not
+/// delivered), and whether the control producer sent it.
+type Delivered = (u64, Option<i64>, bool);
 
 /// The physical limits of the stages a relay adds nothing to, measured on the same rows while
 /// the relay runs: a second replica connection (as the relay connects: mysql_async, GTID-aware
@@ -144,6 +155,18 @@ impl TailOut {
 pub struct Tail {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<TailOut>>,
+}
+
+/// The tail's bare producers: where they send, and whether a second one runs.
+pub struct BareProducers<'a> {
+    /// Kafka's bootstrap servers.
+    pub bootstrap: &'a str,
+    /// The topic both send to.
+    pub topic: &'a str,
+    /// A second bare producer (its own connection, the same settings) sends each row's record
+    /// right after the first: the per-row difference of two producers that add nothing is the
+    /// noise floor of the relay's paired figure (`pair_floor`).
+    pub control: bool,
 }
 
 /// Where the tail finds a row's sequence number: the outbox table and its `event_key` column
@@ -159,7 +182,7 @@ pub struct TailTarget {
 
 impl Tail {
     /// Starts streaming from `from` (the binlog's current end) with replica id `server_id`,
-    /// producing to `topic`.
+    /// producing as `bare` says.
     ///
     /// # Errors
     /// The connection, the dump request or the producer fails.
@@ -169,29 +192,40 @@ impl Tail {
         mariadb: bool,
         from: &BinlogPosition,
         target: TailTarget,
-        bootstrap: &str,
-        topic: &str,
+        bare: BareProducers<'_>,
     ) -> Result<Self> {
+        let BareProducers {
+            bootstrap,
+            topic,
+            control,
+        } = bare;
         let conn = replica_conn(url, mariadb).await?;
         let request = BinlogStreamRequest::new(server_id)
             .with_filename(from.file.as_bytes())
             .with_pos(from.pos);
         let mut stream = conn.get_binlog_stream(request).await?;
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("linger.ms", "1")
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("partitioner", "murmur2_random")
-            .create()
-            .context("creating the bare producer")?;
+        let bare_producer = || -> Result<FutureProducer> {
+            ClientConfig::new()
+                .set("bootstrap.servers", bootstrap)
+                .set("linger.ms", "1")
+                .set("enable.idempotence", "true")
+                .set("acks", "all")
+                .set("partitioner", "murmur2_random")
+                .create()
+                .context("creating the bare producer")
+        };
+        let producer = bare_producer()?;
+        let control = if control {
+            Some(bare_producer()?)
+        } else {
+            None
+        };
         let topic = topic.to_owned();
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut out = TailOut::default();
             let mut maps: HashMap<u64, TableMapEvent<'static>> = HashMap::new();
-            let (done_tx, mut done_rx) =
-                tokio::sync::mpsc::unbounded_channel::<(u64, Option<i64>)>();
+            let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Delivered>();
             loop {
                 let ev = tokio::select! {
                     ev = stream.next() => ev,
@@ -228,18 +262,23 @@ impl Tail {
                             };
                             out.arrivals.insert(seq, arrived);
                             let (k, value) = (key_of(seq), payload(arrived, seq, &key_of(seq)));
-                            let sent = now_micros();
-                            match producer
-                                .send_result(FutureRecord::to(&topic).key(&k).payload(&value))
-                            {
-                                Ok(delivery) => {
-                                    let tx = done_tx.clone();
-                                    tokio::spawn(async move {
-                                        let ok = matches!(delivery.await, Ok(Ok(_)));
-                                        let _ = tx.send((seq, ok.then(|| now_micros() - sent)));
-                                    });
+                            let producers = std::iter::once((&producer, false))
+                                .chain(control.iter().map(|c| (c, true)));
+                            for (producer, is_control) in producers {
+                                let sent = now_micros();
+                                match producer
+                                    .send_result(FutureRecord::to(&topic).key(&k).payload(&value))
+                                {
+                                    Ok(delivery) => {
+                                        let tx = done_tx.clone();
+                                        tokio::spawn(async move {
+                                            let ok = matches!(delivery.await, Ok(Ok(_)));
+                                            let us = ok.then(|| now_micros() - sent);
+                                            let _ = tx.send((seq, us, is_control));
+                                        });
+                                    }
+                                    Err(_) => out.produce_failed += 1,
                                 }
-                                Err(_) => out.produce_failed += 1,
                             }
                         }
                     }

@@ -17,7 +17,9 @@
 //! `relay_eos` is the relay with `kafka.delivery = "exactly_once"`),
 //! `BENCH_RELAY_BIN` (`target/release/outbox-relay`), `BENCH_REF_BIN` (the binary of the
 //! `relay_ref` system: another build to compare with, e.g. an earlier commit's; `relay_ref` is
-//! not in the default systems), `BENCH_DEBEZIUM_LIBS` (jars folder of the
+//! not in the default systems), `BENCH_RELAY_NICE` (unset: the nice value every relay the bench
+//! starts runs at, -20 to 19; negative needs root), `BENCH_PAIR_CONTROL` (0; 1: a second bare
+//! producer beside each relay run, the `pair_floor` stage), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
 //! min/median/max of the p99s), `BENCH_WARMUP_SECS` (0: a run of that length at the highest
@@ -109,6 +111,15 @@ struct Settings {
     /// first minutes: without it the first system measured gets a slower broker).
     warmup_secs: u64,
     relay_bin: PathBuf,
+    /// `BENCH_RELAY_NICE` (unset): the nice value (-20..=19) every relay the bench starts runs
+    /// at (through `nice -n`), for the experiment that tells a relay's own work from its wait
+    /// for a core on a machine it shares with the broker and the database; negative values need
+    /// root.
+    relay_nice: Option<i32>,
+    /// `BENCH_PAIR_CONTROL=1`: beside each relay run's bare producer, a second one sending the
+    /// same rows (the `pair_floor` stage: the noise floor of `relay_excess`). Off by default:
+    /// it adds a producer's CPU to the machine the relay is measured on.
+    pair_control: bool,
     /// `BENCH_REF_BIN`: the binary of [`System::RelayRef`].
     ref_bin: Option<PathBuf>,
     debezium_libs: Option<PathBuf>,
@@ -117,6 +128,25 @@ struct Settings {
     bootstrap: String,
     /// The database server measured (`OUTBOX_TEST_SERVER`).
     server: TestServer,
+}
+
+/// `BENCH_RELAY_NICE`: unset or empty is none; else an integer in -20..=19.
+fn relay_nice() -> Result<Option<i32>> {
+    let Some(v) = std::env::var("BENCH_RELAY_NICE")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let n: i32 = v
+        .trim()
+        .parse()
+        .with_context(|| format!("BENCH_RELAY_NICE={v}: expected an integer from -20 to 19"))?;
+    anyhow::ensure!(
+        (-20..=19).contains(&n),
+        "BENCH_RELAY_NICE={n}: expected an integer from -20 to 19"
+    );
+    Ok(Some(n))
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -192,6 +222,8 @@ impl Settings {
                     .display()
                     .to_string(),
             )),
+            relay_nice: relay_nice()?,
+            pair_control: env_or("BENCH_PAIR_CONTROL", "0") == "1",
             ref_bin: std::env::var("BENCH_REF_BIN")
                 .ok()
                 .filter(|b| !b.is_empty())
@@ -388,7 +420,21 @@ impl Bench {
                     }
                     &self.s.relay_bin
                 };
-                let r = RelayProcess::spawn(bin, &toml, &env)?;
+                let r = match self.s.relay_nice {
+                    // `nice` execs the relay: the pid the bench samples stays the relay's,
+                    // and every thread it starts inherits the value.
+                    Some(n) => {
+                        let n = n.to_string();
+                        let bin = bin.display().to_string();
+                        RelayProcess::spawn_args(
+                            "nice",
+                            &["-n", &n, &bin, "run", "--config"],
+                            &toml,
+                            &env,
+                        )?
+                    }
+                    None => RelayProcess::spawn(bin, &toml, &env)?,
+                };
                 r.wait_for_checkpoint_row(db.pool(), &connector, Duration::from_secs(60))
                     .await?;
                 Running::Relay(r, port)
@@ -1037,6 +1083,7 @@ impl Bench {
                     commits: w.commits.clone(),
                     arrivals: out.arrivals,
                     bare_by_row: out.produce_by_row,
+                    control_by_row: out.control_by_row,
                     audit: stages::read_audit(&self.audit_path(sys), &agg),
                     appended: appended.by_seq.iter().copied().collect(),
                     visible: visible
@@ -1115,8 +1162,11 @@ impl Bench {
                 table: "outbox".into(),
                 event_key_column: usize::try_from(column.saturating_sub(1))?,
             },
-            &self.s.bootstrap,
-            &bare,
+            binlog::BareProducers {
+                bootstrap: &self.s.bootstrap,
+                topic: &bare,
+                control: self.s.pair_control,
+            },
         )
         .await
     }
@@ -1147,6 +1197,9 @@ fn repeats(sys: System, rate: u64, txn: u64, runs: &[Value]) -> Value {
         }),
         ("relay_excess_p99_ms", |v: &Value| {
             v["budget"]["relay_excess_p99_ms"].as_f64()
+        }),
+        ("pair_floor_p99_ms", |v: &Value| {
+            v["budget"]["pair_floor_p99_ms"].as_f64()
         }),
     ] {
         let mut xs: Vec<f64> = runs.iter().filter_map(get).collect();
@@ -1511,6 +1564,8 @@ async fn measure(s: Settings) -> Result<Value> {
             "txn_sizes": b.s.txns, "payload_bytes": workload::PAYLOAD_BYTES, "keys": workload::KEYS,
             "partitions": kafka::PARTITIONS, "polling_batch": polling::BATCH,
             "polling_interval_ms": polling::INTERVAL.as_millis() as u64,
+            "relay_nice": b.s.relay_nice,
+            "pair_control": b.s.pair_control,
             "relay_overrides": relay_overrides()
                 .into_iter()
                 .map(|(k, v)| (k, Value::String(v)))

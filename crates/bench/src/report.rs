@@ -560,6 +560,9 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         mc["kafka"].as_str().unwrap_or("?"), mc["loadavg_at_start"].as_str().unwrap_or("?"),
         mc["relay_commit"].as_str().unwrap_or("?"),
     );
+    if let Some(n) = st["relay_nice"].as_i64() {
+        let _ = writeln!(m, "The relays ran at nice {n} (`BENCH_RELAY_NICE`).\n");
+    }
     if let Some(o) = st["relay_overrides"].as_object().filter(|o| !o.is_empty()) {
         let list: Vec<String> = o
             .iter()
@@ -765,9 +768,9 @@ fn repeats_table(m: &mut String, all: &Value) {
     if rows.is_empty() {
         return;
     }
-    m.push_str("\n**Repeated steady runs** (ms, min / median / max over the runs):\n\n");
-    m.push_str("| system | rows/s | rows/txn | runs | p99 | visible p99 | relay share of p99 | paired per row |\n");
-    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    m.push_str("\n**Repeated steady runs** (ms, min / median / max over the runs; `pairing floor`: the p99 of `pair_floor`, two bare producers paired row by row, with `BENCH_PAIR_CONTROL=1`):\n\n");
+    m.push_str("| system | rows/s | rows/txn | runs | p99 | visible p99 | relay share of p99 | paired per row | pairing floor |\n");
+    m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     let mmm = |x: &Value| {
         if x.is_null() {
             "–".to_owned()
@@ -784,7 +787,7 @@ fn repeats_table(m: &mut String, all: &Value) {
         let r = &v["repeats"];
         let _ = writeln!(
             m,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             v["system"].as_str().unwrap_or("?"),
             v["rate"],
             v["txn"],
@@ -793,6 +796,7 @@ fn repeats_table(m: &mut String, all: &Value) {
             mmm(&r["visible_p99_ms"]),
             mmm(&r["relay_share_p99_ms"]),
             mmm(&r["relay_excess_p99_ms"]),
+            mmm(&r["pair_floor_p99_ms"]),
         );
     }
 }
@@ -984,6 +988,9 @@ pub fn budget_markdown(all: &Value, image_dir: &str) -> String {
             mc["relay_commit"].as_str().unwrap_or("?"),
             v["settings"]["steady_secs"],
         );
+        if let Some(n) = v["settings"]["relay_nice"].as_i64() {
+            let _ = writeln!(m, "The relays ran at nice {n} (`BENCH_RELAY_NICE`).");
+        }
         if let Some(line) = tail_sentence(v) {
             let _ = writeln!(m, "\n**Where the tail comes from**: {line}");
         }

@@ -92,6 +92,9 @@ pub struct Points {
     pub arrivals: HashMap<u64, i64>,
     /// Row → the bare producer's send → acknowledgement of its record, µs.
     pub bare_by_row: HashMap<u64, i64>,
+    /// Row → the control producer's send → acknowledgement of its record, µs
+    /// (`BENCH_PAIR_CONTROL`; empty without it).
+    pub control_by_row: HashMap<u64, i64>,
     /// The relay's audit.
     pub audit: Audit,
     /// Row → broker append time (µs, from ms).
@@ -138,6 +141,11 @@ pub const STAGES: &[(&str, &str)] = &[
         "relay_excess",
         "per row: bare arrival → the relay's acknowledgement, less the bare producer's send → \
          acknowledgement of the same row (the relay's own time, paired row by row)",
+    ),
+    (
+        "pair_floor",
+        "per row: a second bare producer's send → acknowledgement, less the first's \
+         (`BENCH_PAIR_CONTROL=1`): what `relay_excess` reads for a relay that adds no time",
     ),
 ];
 
@@ -188,6 +196,16 @@ pub fn budget(p: &Points) -> Value {
     if !p.bare_by_row.is_empty() {
         stages.insert("bare_produce", p.bare_by_row.values().copied().collect());
     }
+    // Two producers that add nothing, paired on the row as `relay_excess` pairs the relay with
+    // the first: whatever this reads is the broker's and the machine's, not a relay's.
+    let floor: Vec<i64> = p
+        .control_by_row
+        .iter()
+        .filter_map(|(seq, c)| Some(c - p.bare_by_row.get(seq)?))
+        .collect();
+    if !floor.is_empty() {
+        stages.insert("pair_floor", floor);
+    }
     let mut out = Map::new();
     let mut p99 = HashMap::new();
     for (name, _) in STAGES {
@@ -212,7 +230,9 @@ pub fn budget(p: &Points) -> Value {
         _ => Value::Null,
     };
     let excess = p99.get("relay_excess").map_or(Value::Null, |v| json!(v));
-    json!({"stages": out, "relay_share_p99_ms": share, "relay_excess_p99_ms": excess})
+    let floor = p99.get("pair_floor").map_or(Value::Null, |v| json!(v));
+    json!({"stages": out, "relay_share_p99_ms": share, "relay_excess_p99_ms": excess,
+        "pair_floor_p99_ms": floor})
 }
 
 /// Now, in ms since the epoch.
@@ -331,6 +351,29 @@ mod tests {
         assert!(s["relay_excess"]["p50_ms"]
             .as_f64()
             .is_some_and(|x| x == 1.5 || x == 3.5));
+        // No control producer: no floor.
+        assert!(s["pair_floor"].is_null());
+        assert!(b["pair_floor_p99_ms"].is_null());
+    }
+
+    #[test]
+    fn the_pairing_floor_is_the_control_producer_less_the_first_per_row() {
+        let mut p = Points {
+            txn: 1,
+            ..Points::default()
+        };
+        p.bare_by_row = HashMap::from([(1, 2_000), (2, 3_000), (3, 1_000)]);
+        // Row 3's control record was not delivered: no pair.
+        p.control_by_row = HashMap::from([(1, 2_500), (2, 1_000)]);
+        let b = budget(&p);
+        let floor = &b["stages"]["pair_floor"];
+        assert_eq!(floor["rows"], 2);
+        assert_eq!(floor["max_ms"], 0.5);
+        assert_eq!(b["pair_floor_p99_ms"], floor["p99_ms"]);
+        // 1,000 - 3,000: the control was the faster one for row 2.
+        assert!(floor["p50_ms"]
+            .as_f64()
+            .is_some_and(|x| x == -2.0 || x == 0.5));
     }
 
     #[test]
