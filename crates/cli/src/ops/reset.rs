@@ -347,7 +347,17 @@ async fn resolve(
             ))
         }
         Target::Latest => {
-            let g = flavor.gtid_at(conn, &end, executed).await?;
+            // MySQL's binlog status row is not one snapshot: it prints Executed_Gtid_Set before
+            // it reads the position (`show_master_status`, sql/rpl_source.cc), and a transaction's
+            // GTID joins that set only at its commit stage, after its events are in the binlog.
+            // Under concurrent commits the set can lack transactions before the position; the
+            // binlog itself says exactly which GTIDs precede it.
+            let scanned = if flavor.gtid_state_from_binlog() && executed.is_some() {
+                scan::check_boundary(config, flavor, &end).await?
+            } else {
+                None
+            };
+            let g = flavor.gtid_at(conn, &end, scanned.or(executed)).await?;
             Ok((end, g, "the server's current end of binlog (latest)".into()))
         }
         Target::Position(p) => {

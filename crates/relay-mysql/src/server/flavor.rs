@@ -233,8 +233,12 @@ impl Flavor {
 
     /// The server's GTID state at its current end of binlog: MariaDB `@@GLOBAL.gtid_binlog_pos`
     /// (as the server prints it, possibly empty); MySQL `executed`, the `Executed_Gtid_Set` of
-    /// the same binlog status row ([`Flavor::executed_gtid_column`]), so the state and the
-    /// position belong together.
+    /// the same binlog status row ([`Flavor::executed_gtid_column`]). That row is not one
+    /// snapshot on MySQL: the set is read before the position and a GTID joins it only at its
+    /// transaction's commit stage, so under concurrent commits the set may lack transactions the
+    /// position already includes (never the reverse): a start from the pair may send those
+    /// again, never skip one. Where the exact state matters (a checkpoint written by `reset`),
+    /// read it from the binlog instead.
     ///
     /// # Errors
     /// The query fails.
