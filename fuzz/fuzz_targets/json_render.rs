@@ -1,7 +1,8 @@
 //! MySQL binary JSON → text (`outbox_relay_mysql::decode::json`).
 //!
 //! The first byte picks what the rest is: a whole binary JSON document as a JSON column holds
-//! it (parsed by mysql_common as the row decoder does, then rendered), an OPAQUE value (type
+//! it (walked in place as the row decoder does, in both styles; or parsed by mysql_common
+//! first, as the conformance tool does), an OPAQUE value (type
 //! byte, then its data: DECIMAL, temporal, base64 paths), or a double (8 bytes, `my_gcvt`
 //! path). Any input may be refused with an error; none may panic.
 #![no_main]
@@ -11,7 +12,10 @@ use mysql_common::binlog::jsonb;
 use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::io::ParseBuf;
-use outbox_relay_mysql::decode::json::{render_binlog_json, render_mysql_json_to_vec};
+use outbox_relay_mysql::decode::json::{
+    render_binlog_json, render_json_binary_debezium, render_json_binary_to_vec,
+    render_mysql_json_to_vec,
+};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -19,7 +23,11 @@ fuzz_target!(|data: &[u8]| {
     };
     match mode % 4 {
         // A document, as the column value's bytes (after the row's 4-byte length).
-        0 | 1 => {
+        0 => {
+            let _ = render_json_binary_to_vec(rest);
+            let _ = render_json_binary_debezium(rest);
+        }
+        1 => {
             if let Ok(v) = ParseBuf(rest).parse::<jsonb::Value<'_>>(()) {
                 let _ = render_binlog_json(&BinlogValue::Jsonb(v));
             }

@@ -83,7 +83,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 pass += 1;
             }
-            Err(e) if !track && e.to_string().contains("layout is unknown") => track = true,
+            Err(e)
+                if !track
+                    && (e.to_string().contains("layout is unknown")
+                        || e.to_string().contains("carries no column names")) =>
+            {
+                track = true
+            }
             Err(e) => return Err(e),
         }
     }

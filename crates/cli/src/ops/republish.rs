@@ -16,7 +16,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
@@ -28,7 +27,7 @@ use outbox_relay_core::outbox::OutboxEvent;
 use outbox_relay_core::position::BinlogPosition;
 use outbox_relay_kafka::publish::{InOrder, Producer};
 use outbox_relay_kafka::route::Router;
-use outbox_relay_mysql::decode::columns::{timestamp_ms, ColumnInfo};
+use outbox_relay_mysql::decode::columns::{timestamp_ms, ColumnInfo, ColumnValue};
 use outbox_relay_mysql::decode::event::{outbox_event, row_values, OutboxColumn};
 
 /// Header every republished record carries: when the republish run started (RFC 3339, UTC).
@@ -412,13 +411,13 @@ pub(crate) fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxE
         .collect();
     let mut values = row.unwrap();
     let mut next = |i: usize| match (values.get_mut(i), infos.get(i)) {
-        (Some(v), Some(info)) => Ok((BinlogValue::Value(std::mem::replace(v, Value::NULL)), info)),
+        (Some(v), Some(info)) => Ok((ColumnValue::Value(std::mem::replace(v, Value::NULL)), info)),
         _ => Err(format!("the row has no column {i}")),
     };
     let now_ms = chrono::Utc::now().timestamp_millis();
     let (created_value, created_info) = next(6)?;
     let column_ms = match (&created_value, m.timestamp) {
-        (BinlogValue::Value(v), TimestampSource::Column) => {
+        (ColumnValue::Value(v), TimestampSource::Column) => {
             // TIMESTAMP values arrive in the connection's zone, UTC.
             let zone = if created_info.column_type == Some(ColumnType::MYSQL_TYPE_TIMESTAMP) {
                 chrono_tz::UTC
@@ -430,9 +429,9 @@ pub(crate) fn event_of(m: &Arc<TableMapping>, row: Row) -> Result<Option<OutboxE
         _ => None,
     };
     let partition = match next(7)? {
-        (BinlogValue::Value(Value::NULL), _) => None,
-        (BinlogValue::Value(Value::Int(p)), _) => i32::try_from(p).ok().filter(|p| *p >= 0),
-        (BinlogValue::Value(Value::UInt(p)), _) => i32::try_from(p).ok(),
+        (ColumnValue::Value(Value::NULL), _) => None,
+        (ColumnValue::Value(Value::Int(p)), _) => i32::try_from(p).ok().filter(|p| *p >= 0),
+        (ColumnValue::Value(Value::UInt(p)), _) => i32::try_from(p).ok(),
         (v, info) => {
             return Err(format!(
                 "column {:?} (outbox.columns.partition) holds {v:?}, not a partition number",

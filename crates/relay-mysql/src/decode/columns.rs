@@ -5,7 +5,6 @@
 //! "TABLE_MAP_EVENT", optional metadata: signedness, character set, ENUM/SET values), as
 //! `mysql_common` attaches it to each row's columns.
 
-use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::Value;
 use mysql_common::collations::{Collation, CollationId};
@@ -73,7 +72,7 @@ impl ColumnInfo {
         let optional = self.nullable;
         match self.column_type {
             Some(ColumnType::MYSQL_TYPE_JSON) => ColumnSchema::json(optional),
-            // SMALLINT UNSIGNED does not fit int16 (Debezium's BinlogValueConverters: int32).
+            // SMALLINT UNSIGNED does not fit int16 (Debezium's ColumnValueConverters: int32).
             Some(ColumnType::MYSQL_TYPE_SHORT) if self.unsigned => {
                 ColumnSchema::integer(Type::Int32, optional)
             }
@@ -133,6 +132,17 @@ pub fn is_unsigned(flags: ColumnFlags) -> bool {
     flags.contains(ColumnFlags::UNSIGNED_FLAG)
 }
 
+/// A column's value as the decoder reads it from a row image, or `republish` from a table row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValue<'a> {
+    /// A value as mysql_common reads it: every column type but a binlog row's JSON.
+    Value(Value),
+    /// A MySQL `JSON` column in a binlog row image: its bytes after their 4-byte length, in
+    /// MySQL's binary format (`json_binary.h`), borrowed from the rows event and rendered as
+    /// text only when the event is built ([`crate::decode::json::render_json_binary`]).
+    Json(&'a [u8]),
+}
+
 /// The text form (UTF-8) of a value used as id, header or key; `None` for NULL.
 ///
 /// Integers in decimal (UNSIGNED as unsigned, so BIGINT UNSIGNED above 2^63 stays positive),
@@ -141,23 +151,18 @@ pub fn is_unsigned(flags: ColumnFlags) -> bool {
 ///
 /// # Errors
 /// A message naming the problem (a character set that cannot be converted, bytes invalid in
-/// their character set, a partial JSON update).
+/// their character set, a malformed binary JSON document).
 pub fn text_form(
-    value: BinlogValue<'_>,
+    value: ColumnValue<'_>,
     info: &ColumnInfo,
     binary: BinaryFormat,
 ) -> Result<Option<Vec<u8>>, String> {
     let value = match value {
-        BinlogValue::Value(v) => v,
-        BinlogValue::Jsonb(j) => {
-            return crate::decode::json::render_mysql_json_to_vec(&j)
+        ColumnValue::Value(v) => v,
+        ColumnValue::Json(doc) => {
+            return crate::decode::json::render_json_binary_to_vec(doc)
                 .map(Some)
                 .map_err(|e| e.to_string())
-        }
-        BinlogValue::JsonDiff(_) => {
-            return Err(
-                "partial JSON update (binlog_row_value_options=PARTIAL_JSON) in an INSERT".into(),
-            )
         }
     };
     Ok(Some(match value {
@@ -181,7 +186,7 @@ pub fn text_form(
         Value::Bytes(b) if info.is_binary() => match binary {
             _ if info.fixed_len.is_some_and(|n| b.len() < n) => {
                 return text_form(
-                    BinlogValue::Value(Value::Bytes(pad_binary(b, info.fixed_len))),
+                    ColumnValue::Value(Value::Bytes(pad_binary(b, info.fixed_len))),
                     &ColumnInfo {
                         fixed_len: None,
                         ..info.clone()
@@ -216,7 +221,7 @@ impl AdditionalFields {
     pub fn place(
         &mut self,
         a: &AdditionalColumn,
-        value: BinlogValue<'_>,
+        value: ColumnValue<'_>,
         info: &ColumnInfo,
         binary: BinaryFormat,
     ) -> Result<(), String> {
@@ -241,12 +246,12 @@ impl AdditionalFields {
 ///
 /// # Errors
 /// As [`text_form`].
-pub fn raw_bytes(value: BinlogValue<'_>, info: &ColumnInfo) -> Result<Option<Vec<u8>>, String> {
+pub fn raw_bytes(value: ColumnValue<'_>, info: &ColumnInfo) -> Result<Option<Vec<u8>>, String> {
     match value {
-        BinlogValue::Value(Value::Bytes(b)) if info.is_binary() => {
+        ColumnValue::Value(Value::Bytes(b)) if info.is_binary() => {
             Ok(Some(pad_binary(b, info.fixed_len)))
         }
-        BinlogValue::Value(Value::Bytes(b)) => Ok(Some(b)),
+        ColumnValue::Value(Value::Bytes(b)) => Ok(Some(b)),
         other => text_form(other, info, BinaryFormat::Raw),
     }
 }
@@ -257,19 +262,19 @@ pub fn raw_bytes(value: BinlogValue<'_>, info: &ColumnInfo) -> Result<Option<Vec
 /// # Errors
 /// As [`text_form`]; also a text form that is not UTF-8.
 pub fn json_field(
-    value: BinlogValue<'_>,
+    value: ColumnValue<'_>,
     info: &ColumnInfo,
     binary: BinaryFormat,
 ) -> Result<Vec<u8>, String> {
-    let is_json = matches!(value, BinlogValue::Jsonb(_));
+    let is_json = matches!(value, ColumnValue::Json(_));
     let is_number = match &value {
-        BinlogValue::Value(Value::UInt(_)) => true,
-        BinlogValue::Value(Value::Int(_)) => !matches!(
+        ColumnValue::Value(Value::UInt(_)) => true,
+        ColumnValue::Value(Value::Int(_)) => !matches!(
             info.column_type,
             Some(ColumnType::MYSQL_TYPE_ENUM | ColumnType::MYSQL_TYPE_SET)
         ),
-        BinlogValue::Value(Value::Float(f)) => f.is_finite(),
-        BinlogValue::Value(Value::Double(f)) => f.is_finite(),
+        ColumnValue::Value(Value::Float(f)) => f.is_finite(),
+        ColumnValue::Value(Value::Double(f)) => f.is_finite(),
         _ => false,
     };
     let Some(text) = text_form(value, info, binary)? else {
@@ -506,7 +511,7 @@ mod tests {
     }
 
     fn text(v: Value, i: &ColumnInfo) -> Option<Vec<u8>> {
-        text_form(BinlogValue::Value(v), i, BinaryFormat::Uuid).expect("converts")
+        text_form(ColumnValue::Value(v), i, BinaryFormat::Uuid).expect("converts")
     }
 
     #[test]
@@ -585,7 +590,7 @@ mod tests {
         let bin = info(ColumnType::MYSQL_TYPE_STRING, BINARY_COLLATION);
         let uuid: Vec<u8> = (0u8..16).collect();
         let t = |v: &[u8], f| {
-            text_form(BinlogValue::Value(Value::Bytes(v.to_vec())), &bin, f).expect("converts")
+            text_form(ColumnValue::Value(Value::Bytes(v.to_vec())), &bin, f).expect("converts")
         };
         assert_eq!(
             t(&uuid, BinaryFormat::Uuid),
@@ -602,7 +607,7 @@ mod tests {
             fixed_len: Some(16),
             ..bin.clone()
         };
-        let short = BinlogValue::Value(Value::Bytes(uuid[..14].to_vec()));
+        let short = ColumnValue::Value(Value::Bytes(uuid[..14].to_vec()));
         let mut padded = uuid[..14].to_vec();
         padded.extend([0, 0]);
         assert_eq!(
@@ -680,7 +685,7 @@ mod tests {
         assert_eq!(collation_charset(4000), None);
         let unknown = info(ColumnType::MYSQL_TYPE_VARCHAR, 0);
         assert!(text_form(
-            BinlogValue::Value(Value::Bytes(vec![0xff])),
+            ColumnValue::Value(Value::Bytes(vec![0xff])),
             &unknown,
             BinaryFormat::Uuid
         )
@@ -711,7 +716,7 @@ mod tests {
     fn envelope_fields_are_typed_json() {
         let int = info(ColumnType::MYSQL_TYPE_LONGLONG, 0);
         let s = info(ColumnType::MYSQL_TYPE_VARCHAR, 45);
-        let j = |v, i: &ColumnInfo| json_field(BinlogValue::Value(v), i, BinaryFormat::Uuid);
+        let j = |v, i: &ColumnInfo| json_field(ColumnValue::Value(v), i, BinaryFormat::Uuid);
         assert_eq!(j(Value::Int(-7), &int), Ok(b"-7".to_vec()));
         assert_eq!(j(Value::NULL, &int), Ok(b"null".to_vec()));
         assert_eq!(

@@ -6,10 +6,9 @@
 
 use std::sync::Arc;
 
-use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::ColumnType;
 
-use crate::decode::columns::{raw_bytes, text_form, AdditionalFields, ColumnInfo};
+use crate::decode::columns::{raw_bytes, text_form, AdditionalFields, ColumnInfo, ColumnValue};
 use outbox_relay_core::config::{KeyFormat, NullPayload};
 use outbox_relay_core::debezium::{AdditionalValue, DebeziumColumns};
 use outbox_relay_core::outbox::mapping::TableMapping;
@@ -69,11 +68,11 @@ pub struct RowValues {
 /// `take`'s, and `fail`'s for a value that cannot be converted.
 pub fn row_values<'v, 'i, E>(
     mapping: &TableMapping,
-    mut take: impl FnMut(OutboxColumn) -> Result<(BinlogValue<'v>, &'i ColumnInfo), E>,
+    mut take: impl FnMut(OutboxColumn) -> Result<(ColumnValue<'v>, &'i ColumnInfo), E>,
     fail: impl Fn(String) -> E,
-    payload_is_json: impl FnOnce(&BinlogValue<'v>, &ColumnInfo) -> bool,
+    payload_is_json: impl FnOnce(&ColumnValue<'v>, &ColumnInfo) -> bool,
 ) -> Result<RowValues, E> {
-    let text = |(v, info): (BinlogValue<'v>, &ColumnInfo)| {
+    let text = |(v, info): (ColumnValue<'v>, &ColumnInfo)| {
         text_form(v, info, mapping.binary_format)
             .map_err(|e| fail(format!("column {:?}: {e}", info.name)))
     };
@@ -85,9 +84,9 @@ pub fn row_values<'v, 'i, E>(
         .is_some()
         .then(|| key_info.debezium_schema());
     // The Debezium profile: a JSON value of any mapped column in Debezium's JSON text.
-    let text_of = |(v, info): (BinlogValue<'v>, &'i ColumnInfo)| {
-        if mapping.debezium.is_some() && matches!(v, BinlogValue::Jsonb(_)) {
-            return crate::decode::json::render_binlog_json_debezium(&v)
+    let text_of = |(v, info): (ColumnValue<'v>, &'i ColumnInfo)| {
+        if let (Some(_), ColumnValue::Json(doc)) = (&mapping.debezium, &v) {
+            return crate::decode::json::render_json_binary_debezium(doc)
                 .map(Some)
                 .map_err(|e| fail(format!("column {:?}: {e}", info.name)));
         }
@@ -112,10 +111,10 @@ pub fn row_values<'v, 'i, E>(
         // The Debezium profile: a MySQL JSON payload in Debezium's JSON text, and every
         // additional column with its schema, NULLs included (null-valued headers).
         let mut payload_schema = payload_info.debezium_schema();
-        values.payload = if let BinlogValue::Jsonb(_) = &payload_value {
+        values.payload = if let ColumnValue::Json(doc) = &payload_value {
             payload_schema = outbox_relay_core::debezium::ColumnSchema::json(payload_info.nullable);
             Some(
-                crate::decode::json::render_binlog_json_debezium(&payload_value)
+                crate::decode::json::render_json_binary_debezium(doc)
                     .map_err(|e| fail(format!("column {:?}: {e}", payload_info.name)))?,
             )
         } else if payload_info.column_type == Some(ColumnType::MYSQL_TYPE_JSON) {
