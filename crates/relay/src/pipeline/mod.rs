@@ -1631,7 +1631,9 @@ impl Reader<'_> {
                         span.failed(&reason);
                     }
                     return Err(RelayError::kafka(format!(
-                        "a held record of table {} (at {}) was refused when its topic accepted                          again: {reason}; the relay resumes from its checkpoint, before the held                          rows, where this row is a row error as usual",
+                        "a held record of table {} (at {}) was refused when its topic accepted \
+                         again: {reason}; the relay resumes from its checkpoint, before the held \
+                         rows, where this row is a row error as usual",
                         held.table, held.position
                     )));
                 }
