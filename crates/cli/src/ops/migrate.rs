@@ -95,7 +95,8 @@ pub async fn migrate(config: &RelayConfig, outbox: bool) -> Result<MigrateReport
             (
                 format!("to upgrade the checkpoint table {table}"),
                 format!(
-                    "CREATE TABLE IF NOT EXISTS {0} (…), then ALTER TABLE {0} …                      (migrations/0002_checkpoint.sql)",
+                    "CREATE TABLE IF NOT EXISTS {0} (…), then ALTER TABLE {0} … \
+                     (migrations/0002_checkpoint.sql)",
                     table.quoted()
                 ),
             )

@@ -326,7 +326,9 @@ impl TopicLimits {
             Err(reason) => {
                 tracing::warn!(
                     topic,
-                    "cannot read the topic's configuration ({reason}); records too large for it                      or with timestamps it refuses are found only when the broker refuses them                      (grant DescribeConfigs on the topic to have them refused before sending)"
+                    "cannot read the topic's configuration ({reason}); records too large for it \
+                     or with timestamps it refuses are found only when the broker refuses them \
+                     (grant DescribeConfigs on the topic to have them refused before sending)"
                 );
                 return;
             }

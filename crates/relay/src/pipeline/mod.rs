@@ -779,7 +779,9 @@ impl Reader<'_> {
                 .refused_topics
                 .insert(Arc::clone(&c.topic), c.reason.clone());
             return Err(RelayError::kafka(format!(
-                "Kafka refused the records of topic {} when they were written ({fatal});                  restarting with a new producer, which holds the tables writing to it                  (dead_letter.refused_topic = \"hold\")",
+                "Kafka refused the records of topic {} when they were written ({fatal}); \
+                 restarting with a new producer, which holds the tables writing to it \
+                 (dead_letter.refused_topic = \"hold\")",
                 c.topic
             )));
         }

@@ -355,7 +355,8 @@ fn new_cutover(config: &RelayConfig, pool: &Pool) -> Result<Option<Cutover>, Rel
     for m in config.table_mappings()? {
         if m.columns.id.is_empty() {
             return Err(RelayError::Config(format!(
-                "[cutover] needs the outbox tables' id column, but {} maps none                  (outbox.columns.id = \"\")",
+                "[cutover] needs the outbox tables' id column, but {} maps none \
+                 (outbox.columns.id = \"\")",
                 m.table
             )));
         }
