@@ -72,7 +72,7 @@ impl ColumnInfo {
         let optional = self.nullable;
         match self.column_type {
             Some(ColumnType::MYSQL_TYPE_JSON) => ColumnSchema::json(optional),
-            // SMALLINT UNSIGNED does not fit int16 (Debezium's ColumnValueConverters: int32).
+            // SMALLINT UNSIGNED does not fit int16 (Debezium's BinlogValueConverters: int32).
             Some(ColumnType::MYSQL_TYPE_SHORT) if self.unsigned => {
                 ColumnSchema::integer(Type::Int32, optional)
             }
