@@ -4,6 +4,7 @@
 //! producer's send → acknowledgement, the latency budget's limits.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -43,7 +44,9 @@ pub struct RawRead {
 }
 
 /// Streams the binlog from `from` up to `to` (an event end) with replica id `server_id`;
-/// `mariadb`: the server is MariaDB (any version string it reports).
+/// `mariadb`: the server is MariaDB (any version string it reports). With `read_bytes`, stores
+/// the event bytes read so far there after each event (for a producer gated on the read, see
+/// [`crate::kafka::ReadGate`]).
 ///
 /// # Errors
 /// The connection or the dump fails, or the stream ends before `to`.
@@ -53,6 +56,7 @@ pub async fn raw_read(
     mariadb: bool,
     from: &BinlogPosition,
     to: &BinlogPosition,
+    read_bytes: Option<&AtomicU64>,
 ) -> Result<RawRead> {
     let conn = replica_conn(url, mariadb).await?;
     let started = Instant::now();
@@ -75,6 +79,9 @@ pub async fn raw_read(
         let h = ev.header();
         out.events += 1;
         out.bytes += u64::from(h.event_size());
+        if let Some(read) = read_bytes {
+            read.store(out.bytes, Ordering::Relaxed);
+        }
         if h.event_type() == Ok(EventType::FORMAT_DESCRIPTION_EVENT) {
             seen_fde = true;
         }

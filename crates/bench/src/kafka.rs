@@ -295,9 +295,30 @@ pub fn prepare(agg: &str, rows: u64) -> Vec<Prepared> {
         .collect()
 }
 
+/// Holds a bare producer behind a bare binlog read of the same rows: record `i` of `n` is sent
+/// only once `i / n` of the range's bytes were read, as a relay can produce a row only after
+/// reading it.
+#[derive(Debug, Clone)]
+pub struct ReadGate {
+    /// Bytes read so far ([`crate::binlog::raw_read`] stores them); `u64::MAX` opens the gate.
+    pub read_bytes: Arc<AtomicU64>,
+    /// The range's size in bytes (as a bare read of it counted).
+    pub total_bytes: u64,
+}
+
+impl ReadGate {
+    /// How many of `n` records the bytes read so far let through.
+    fn allowed(&self, n: u64) -> u64 {
+        let read = u128::from(self.read_bytes.load(Ordering::Relaxed));
+        let allowed = read * u128::from(n) / u128::from(self.total_bytes.max(1));
+        u64::try_from(allowed).unwrap_or(u64::MAX)
+    }
+}
+
 /// Produces `records` (from [`prepare`] for workload `agg`) to `topic` with
 /// [`producer_config`], at most `max_in_flight` unacknowledged (the relay's
-/// `kafka.max_in_flight` default), and times it.
+/// `kafka.max_in_flight` default), and times it; with `gate`, no faster than a binlog read
+/// reaches each record's share of the range.
 ///
 /// # Errors
 /// The producer cannot be created, or a record fails.
@@ -307,6 +328,7 @@ pub async fn raw_produce(
     agg: &str,
     records: Arc<Vec<Prepared>>,
     max_in_flight: u64,
+    gate: Option<ReadGate>,
 ) -> Result<Produced> {
     let (bootstrap, topic, agg) = (bootstrap.to_owned(), topic.to_owned(), agg.to_owned());
     blocking(move || {
@@ -318,7 +340,17 @@ pub async fn raw_produce(
             .context("creating the bare producer")?;
         let started = Instant::now();
         let mut bytes = 0u64;
+        let n = records.len() as u64;
+        let mut allowed = 0u64;
         for (seq, r) in (0u64..).zip(records.iter()) {
+            if let Some(gate) = &gate {
+                while seq >= allowed {
+                    allowed = gate.allowed(n);
+                    if seq >= allowed {
+                        producer.poll(Duration::from_millis(1));
+                    }
+                }
+            }
             bytes += r.value.len() as u64;
             let headers = OwnedHeaders::new_with_capacity(4)
                 .insert(Header {
@@ -503,5 +535,31 @@ impl LiveReader {
         self.handle
             .join()
             .map_err(|_| anyhow::anyhow!("live reader panicked"))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_gate_lets_through_the_share_of_records_read() {
+        let gate = ReadGate {
+            read_bytes: Arc::new(AtomicU64::new(0)),
+            total_bytes: 1_000,
+        };
+        assert_eq!(gate.allowed(400), 0);
+        gate.read_bytes.store(250, Ordering::Relaxed);
+        assert_eq!(gate.allowed(400), 100);
+        gate.read_bytes.store(1_000, Ordering::Relaxed);
+        assert_eq!(gate.allowed(400), 400);
+        // Opened whatever the read did: no record waits for it any more.
+        gate.read_bytes.store(u64::MAX, Ordering::Relaxed);
+        assert!(gate.allowed(400) >= 400);
+        let empty = ReadGate {
+            read_bytes: Arc::new(AtomicU64::new(0)),
+            total_bytes: 0,
+        };
+        assert_eq!(empty.allowed(10), 0);
     }
 }

@@ -46,14 +46,14 @@ mod tenants;
 mod workload;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
-use outbox_relay_testkit::binlog::current_binlog_position;
+use outbox_relay_testkit::binlog::{current_binlog_position, BinlogPosition};
 use outbox_relay_testkit::{
     kafka_bootstrap, mysql_port, next_server_id, test_server, unique_suffix, RelayProcess, TestDb,
     TestServer,
@@ -630,6 +630,7 @@ impl Bench {
             self.s.server.is_mariadb(),
             &from,
             &to,
+            None,
         )
         .await?;
         let read_busy = busy_share(b0, raw.secs);
@@ -655,10 +656,20 @@ impl Bench {
         let mut eos_runs: Vec<Map<String, Value>> = Vec::new();
         for rep in 0..reps {
             let (produce, produce_rate) = self.bare_produce(rep).await?;
-            let limit_rate = read_rate.min(produce_rate);
+            let (both, both_rate) = self
+                .both_at_once(rep, &db, &from, &to, raw.bytes, written.rows)
+                .await?;
+            let limit_rate = read_rate.min(produce_rate).min(both_rate);
+            let bound_by = if limit_rate == both_rate {
+                "both_at_once"
+            } else if limit_rate == read_rate {
+                "binlog_read"
+            } else {
+                "produce"
+            };
             let limit = json!({
-                "binlog_read": read, "produce": produce, "rows_per_s": limit_rate,
-                "bound_by": if read_rate < produce_rate { "binlog_read" } else { "produce" },
+                "binlog_read": read, "produce": produce, "both_at_once": both,
+                "rows_per_s": limit_rate, "bound_by": bound_by,
             });
             if relay {
                 self.run_tag = if rep == 0 {
@@ -666,9 +677,14 @@ impl Bench {
                 } else {
                     format!("_r{rep}")
                 };
-                let r = self
+                let mut r = self
                     .drain_one(System::Relay, &db, &written, limit_rate)
                     .await?;
+                let rate = r["rows_per_s"].as_f64().unwrap_or(0.0);
+                r.insert(
+                    "fraction_of_bare_producer".into(),
+                    json!(rate / produce_rate.max(1.0)),
+                );
                 relay_runs.push(r);
                 if eos {
                     let r = self
@@ -696,6 +712,7 @@ impl Bench {
                         .map(|(r, (_, l))| {
                             json!({"rows_per_s": r["rows_per_s"], "limit_rows_per_s": l,
                                    "fraction_of_limit": r["fraction_of_limit"],
+                                   "fraction_of_bare_producer": r["fraction_of_bare_producer"],
                                    "cpu_s_per_million": r["cpu_s_per_million"],
                                    "peak_rss_mb": r["peak_rss_mb"]})
                         })
@@ -751,8 +768,15 @@ impl Bench {
         );
         let cpu0 = own_cpu();
         let b0 = procs::machine_busy_s().ok();
-        let produced =
-            kafka::raw_produce(&self.s.bootstrap, &limit_topic, "drain", records, 10_000).await?;
+        let produced = kafka::raw_produce(
+            &self.s.bootstrap,
+            &limit_topic,
+            "drain",
+            records,
+            10_000,
+            None,
+        )
+        .await?;
         let busy = busy_share(b0, produced.secs);
         let cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
         let rate = produced.records as f64 / produced.secs;
@@ -761,6 +785,75 @@ impl Bench {
                        "cpu_s_per_million": per_million(cpu, produced.records),
                        "machine_busy": busy});
         log(format!("drain: limit (b): {v}"));
+        settle().await;
+        Ok((v, rate))
+    }
+
+    /// The limit's third side, (c): the bare binlog read and the bare produce of the same rows
+    /// at once on this machine, each record sent only after the read reached it
+    /// ([`kafka::ReadGate`]): what a relay that spends no CPU of its own could reach here,
+    /// since on these cores reading the binlog takes CPU from producing. `range_bytes` is the
+    /// range's size as limit (a) read it. Returns its figures and its rate (rows/s, from the
+    /// dump request to the last acknowledgement).
+    async fn both_at_once(
+        &mut self,
+        rep: usize,
+        db: &TestDb,
+        from: &BinlogPosition,
+        to: &BinlogPosition,
+        range_bytes: u64,
+        rows: u64,
+    ) -> Result<(Value, f64)> {
+        let topic = self.topic("limit", &format!("both{rep}"));
+        kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
+        log("drain: limit (c) bare binlog read and bare produce at once");
+        let records = Arc::clone(
+            self.prepared
+                .get_or_insert_with(|| Arc::new(kafka::prepare("drain", rows))),
+        );
+        let read_bytes = Arc::new(AtomicU64::new(0));
+        let gate = kafka::ReadGate {
+            read_bytes: Arc::clone(&read_bytes),
+            total_bytes: range_bytes,
+        };
+        let cpu0 = own_cpu();
+        let b0 = procs::machine_busy_s().ok();
+        let started = Instant::now();
+        let url = db.url();
+        let read = async {
+            let r = binlog::raw_read(
+                &url,
+                next_server_id(),
+                self.s.server.is_mariadb(),
+                from,
+                to,
+                Some(&read_bytes),
+            )
+            .await;
+            // Opens the gate whatever happened, so that a failed read cannot hold the producer.
+            read_bytes.store(u64::MAX, Ordering::Relaxed);
+            r
+        };
+        let produce = kafka::raw_produce(
+            &self.s.bootstrap,
+            &topic,
+            "drain",
+            records,
+            10_000,
+            Some(gate),
+        );
+        let (read, produced) = tokio::join!(read, produce);
+        let (read, produced) = (read?, produced?);
+        let secs = started.elapsed().as_secs_f64();
+        let busy = busy_share(b0, secs);
+        let cpu = own_cpu().zip(cpu0).map(|(b, a)| b - a);
+        let rate = produced.records as f64 / secs;
+        let v = json!({"secs": secs, "read_secs": read.secs, "produce_secs": produced.secs,
+                       "records": produced.records, "rows_per_s": rate,
+                       "mb_per_s": produced.payload_bytes as f64 / 1e6 / secs,
+                       "cpu_s_per_million": per_million(cpu, produced.records),
+                       "machine_busy": busy});
+        log(format!("drain: limit (c): {v}"));
         settle().await;
         Ok((v, rate))
     }

@@ -513,6 +513,19 @@ fn drain_machine_line(relay: &Value, limit: &Value, cores: f64) -> Option<String
         (r + p) / x,
         busy_x / busy_p,
     ))
+    .map(|mut line| {
+        let both = limit["both_at_once"]["rows_per_s"].as_f64();
+        let bare = limit["produce"]["rows_per_s"].as_f64().filter(|r| *r > 0.0);
+        if let (Some(both), Some(bare)) = (both, bare) {
+            let _ = write!(
+                line,
+                " Measured rather than computed: the bare read and the bare producer at once \
+                 reached {:.2}× the bare producer alone.",
+                both / bare
+            );
+        }
+        line
+    })
 }
 
 /// What the sampler saw during the reported drain (see `sampler.rs`): the records in flight
@@ -598,6 +611,16 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         f(&l["produce"]["cpu_s_per_million"], 2),
         pct(&l["produce"]["machine_busy"]),
     );
+    if l["both_at_once"].is_object() {
+        let _ = writeln!(
+            m,
+            "| limit: both at once (read and produce together, each record after its read) | {} | {} | | {} | | | | | {} |",
+            f(&l["both_at_once"]["rows_per_s"], 0),
+            f(&l["both_at_once"]["mb_per_s"], 1),
+            f(&l["both_at_once"]["cpu_s_per_million"], 2),
+            pct(&l["both_at_once"]["machine_busy"]),
+        );
+    }
     for s in SYSTEMS {
         let r = &d[s];
         if r.is_null() {
@@ -628,17 +651,31 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         let list: Vec<String> = runs
             .iter()
             .map(|r| {
-                format!(
+                let mut run = format!(
                     "{} / {} = {}",
                     f(&r["rows_per_s"], 0),
                     f(&r["limit_rows_per_s"], 0),
                     f(&r["fraction_of_limit"], 2)
-                )
+                );
+                if r["fraction_of_bare_producer"].is_number() {
+                    let _ = write!(
+                        run,
+                        " ({}× the bare producer)",
+                        f(&r["fraction_of_bare_producer"], 2)
+                    );
+                }
+                run
             })
             .collect();
+        let against = if l["both_at_once"].is_object() {
+            "the limit measured right before it (the lowest of the bare read, the bare producer \
+             and the two at once)"
+        } else {
+            "the bare producer measured right before it"
+        };
         let _ = writeln!(
             m,
-            "\nRelay drains, each against the bare producer measured right before it (rows/s; the median is in the table): {}.",
+            "\nRelay drains, each against {against} (rows/s; the median is in the table): {}.",
             list.join("; ")
         );
     }
@@ -1315,6 +1352,16 @@ mod tests {
             )
         );
         assert_eq!(drain_machine_line(&json!({}), &limit, 2.0), None);
+        let mut measured = limit.clone();
+        measured["both_at_once"] = json!({"rows_per_s": 249_000.0});
+        let line = drain_machine_line(&relay, &measured, 2.0).unwrap_or_default();
+        assert!(
+            line.ends_with(
+                "Measured rather than computed: the bare read and the bare producer at once \
+                 reached 0.83× the bare producer alone."
+            ),
+            "{line}"
+        );
     }
 
     #[test]
