@@ -595,31 +595,25 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
     m.push_str("| | rows/s | MB/s | × limit | CPU s / M rows | records / CPU s | peak RSS MB | DB CPU s | DB queries/s | machine busy |\n");
     m.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     let l = &d["limit"];
-    let _ = writeln!(
-        m,
-        "| limit: bare binlog read | {} | {} | | {} | | | | | {} |",
-        f(&l["binlog_read"]["rows_per_s"], 0),
-        f(&l["binlog_read"]["mb_per_s"], 1),
-        f(&l["binlog_read"]["cpu_s_per_million"], 2),
-        pct(&l["binlog_read"]["machine_busy"]),
-    );
-    let _ = writeln!(
-        m,
-        "| limit: bare producer | {} | {} | | {} | | | | | {} |",
-        f(&l["produce"]["rows_per_s"], 0),
-        f(&l["produce"]["mb_per_s"], 1),
-        f(&l["produce"]["cpu_s_per_million"], 2),
-        pct(&l["produce"]["machine_busy"]),
-    );
-    if l["both_at_once"].is_object() {
-        let _ = writeln!(
-            m,
-            "| limit: both at once (read and produce together, each record after its read) | {} | {} | | {} | | | | | {} |",
-            f(&l["both_at_once"]["rows_per_s"], 0),
-            f(&l["both_at_once"]["mb_per_s"], 1),
-            f(&l["both_at_once"]["cpu_s_per_million"], 2),
-            pct(&l["both_at_once"]["machine_busy"]),
-        );
+    for (key, label) in [
+        ("binlog_read", "bare binlog read"),
+        ("produce", "bare producer"),
+        (
+            "both_at_once",
+            "both at once (read and produce together, each record after its read)",
+        ),
+    ] {
+        let v = &l[key];
+        if v.is_object() {
+            let _ = writeln!(
+                m,
+                "| limit: {label} | {} | {} | | {} | | | | | {} |",
+                f(&v["rows_per_s"], 0),
+                f(&v["mb_per_s"], 1),
+                f(&v["cpu_s_per_million"], 2),
+                pct(&v["machine_busy"]),
+            );
+        }
     }
     for s in SYSTEMS {
         let r = &d[s];
