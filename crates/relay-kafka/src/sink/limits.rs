@@ -25,7 +25,7 @@
 //! [`TopicLimits::timestamp_refusal`] says so before sending.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -289,6 +289,63 @@ pub struct TopicLimits {
     /// The smallest limit learnt so far (`u64::MAX` when none): a record whose batch is not
     /// larger skips the per-topic lookup.
     smallest: AtomicU64,
+    /// The tightest timestamp bounds of the topics learnt so far (see [`Bounds`]): a record
+    /// within them skips the per-topic lookup, which was a lock, a hash and a clock read per
+    /// record on the pipeline's thread.
+    bounds: Bounds,
+}
+
+/// How far ahead of and behind the relay's clock (ms) every topic learnt so far takes a
+/// record's timestamp, slack included; `i64::MAX` for both while no `CreateTime` topic is
+/// known. A positive timestamp within both is taken by every topic: the per-topic rules are
+/// read only for one outside them.
+#[derive(Debug)]
+struct Bounds {
+    ahead_ms: AtomicI64,
+    behind_ms: AtomicI64,
+}
+
+impl Bounds {
+    fn none() -> Self {
+        Self {
+            ahead_ms: AtomicI64::new(i64::MAX),
+            behind_ms: AtomicI64::new(i64::MAX),
+        }
+    }
+
+    /// Recomputed from all the rules known (not just narrowed: a topic's rules may be read
+    /// again, wider).
+    fn set<'a>(&self, rules: impl Iterator<Item = &'a TimestampRules>) {
+        let (mut ahead, mut behind) = (i64::MAX, i64::MAX);
+        for r in rules.filter(|r| !r.log_append_time) {
+            ahead = ahead.min(
+                r.after_max_ms
+                    .saturating_sub(timestamp_slack(r.after_max_ms)),
+            );
+            behind = behind.min(
+                r.before_max_ms
+                    .saturating_sub(timestamp_slack(r.before_max_ms)),
+            );
+        }
+        self.ahead_ms.store(ahead, Ordering::Relaxed);
+        self.behind_ms.store(behind, Ordering::Relaxed);
+    }
+
+    /// `true` when every topic learnt so far takes `timestamp_ms`.
+    fn take(&self, timestamp_ms: i64) -> bool {
+        if timestamp_ms <= 0 {
+            return false;
+        }
+        let (ahead, behind) = (
+            self.ahead_ms.load(Ordering::Relaxed),
+            self.behind_ms.load(Ordering::Relaxed),
+        );
+        if ahead == i64::MAX && behind == i64::MAX {
+            return true;
+        }
+        let now = now_ms();
+        timestamp_ms.saturating_sub(now) <= ahead && now.saturating_sub(timestamp_ms) <= behind
+    }
 }
 
 impl TopicLimits {
@@ -303,6 +360,7 @@ impl TopicLimits {
             auto_create: Mutex::new(None),
             asked: Mutex::new(HashMap::new()),
             smallest: AtomicU64::new(u64::MAX),
+            bounds: Bounds::none(),
         }
     }
 
@@ -333,8 +391,8 @@ impl TopicLimits {
                 return;
             }
         };
-        if let (Some(rules), Ok(mut timestamps)) = (config.timestamps, self.timestamps.lock()) {
-            timestamps.insert(topic.to_owned(), rules);
+        if let Some(rules) = config.timestamps {
+            self.remember_timestamps(topic, rules);
         }
         if self.producer.compresses {
             return;
@@ -360,10 +418,21 @@ impl TopicLimits {
         }
     }
 
+    /// Keeps `topic`'s timestamp rules (and the bounds every known topic takes).
+    fn remember_timestamps(&self, topic: &str, rules: TimestampRules) {
+        if let Ok(mut timestamps) = self.timestamps.lock() {
+            timestamps.insert(topic.to_owned(), rules);
+            self.bounds.set(timestamps.values());
+        }
+    }
+
     /// Why `topic` would refuse a record stamped `timestamp_ms`, by its rules as last read and
     /// the relay's clock; `None` when it takes it or its rules are unknown (only a timestamp no
     /// topic takes is refused then, see [`invalid_timestamp`]).
     pub fn timestamp_refusal(&self, topic: &str, timestamp_ms: i64) -> Option<String> {
+        if self.bounds.take(timestamp_ms) {
+            return None;
+        }
         let rules = self.timestamps.lock().ok()?.get(topic).copied();
         match rules {
             Some(rules) => rules.refusal(topic, timestamp_ms, now_ms()),
@@ -665,5 +734,70 @@ mod tests {
         // Over message.max.bytes too: left to librdkafka's own refusal.
         let huge = vec![0u8; 1_000_001];
         assert_eq!(l.refusal("t", b"", Some(&huge), NO_HEADERS), None);
+    }
+
+    #[test]
+    fn timestamp_refusal_by_the_topics_rules_past_the_bounds_of_all() {
+        let hour = 3_600_000;
+        let now = now_ms();
+        let l = TopicLimits::new(&config(&[]));
+        // No rules known: only what no topic takes.
+        assert_eq!(l.timestamp_refusal("t", now + 8 * hour), None);
+        assert!(l.timestamp_refusal("t", 0).is_some());
+        assert!(l.timestamp_refusal("t", -1).is_some());
+        l.remember_timestamps(
+            "t",
+            TimestampRules {
+                log_append_time: false,
+                before_max_ms: i64::MAX,
+                after_max_ms: hour,
+            },
+        );
+        l.remember_timestamps(
+            "old",
+            TimestampRules {
+                log_append_time: false,
+                before_max_ms: 24 * hour,
+                after_max_ms: i64::MAX,
+            },
+        );
+        l.remember_timestamps(
+            "append",
+            TimestampRules {
+                log_append_time: true,
+                before_max_ms: 1,
+                after_max_ms: 1,
+            },
+        );
+        // Within the bounds of every topic: taken, without the per-topic rules.
+        for topic in ["t", "old", "append", "unknown"] {
+            assert_eq!(l.timestamp_refusal(topic, now), None, "{topic}");
+            assert!(l.timestamp_refusal(topic, 0).is_some(), "{topic}");
+        }
+        // Past one topic's bound: each topic's own rules decide.
+        let ahead = now + 2 * hour;
+        let reason = l.timestamp_refusal("t", ahead).expect("refused");
+        assert!(
+            reason.contains("ahead of the relay's clock, and topic t"),
+            "{reason}"
+        );
+        assert_eq!(l.timestamp_refusal("old", ahead), None);
+        assert_eq!(l.timestamp_refusal("append", ahead), None);
+        assert_eq!(l.timestamp_refusal("unknown", ahead), None);
+        let behind = now - 48 * hour;
+        let reason = l.timestamp_refusal("old", behind).expect("refused");
+        assert!(reason.contains("48 h 0 min behind"), "{reason}");
+        assert_eq!(l.timestamp_refusal("t", behind), None);
+        // Read again wider: the bounds widen too.
+        l.remember_timestamps(
+            "t",
+            TimestampRules {
+                log_append_time: false,
+                before_max_ms: i64::MAX,
+                after_max_ms: 10 * hour,
+            },
+        );
+        assert_eq!(l.timestamp_refusal("t", ahead), None);
+        assert!(l.bounds.take(ahead), "every topic takes it now");
     }
 }
