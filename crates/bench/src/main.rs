@@ -656,9 +656,7 @@ impl Bench {
         let mut eos_runs: Vec<Map<String, Value>> = Vec::new();
         for rep in 0..reps {
             let (produce, produce_rate) = self.bare_produce(rep).await?;
-            let (both, both_rate) = self
-                .both_at_once(rep, &db, &from, &to, raw.bytes, written.rows)
-                .await?;
+            let (both, both_rate) = self.both_at_once(rep, &db, &from, &to, raw.bytes).await?;
             let limit_rate = read_rate.min(produce_rate).min(both_rate);
             let bound_by = if limit_rate == both_rate {
                 "both_at_once"
@@ -761,11 +759,7 @@ impl Bench {
         let limit_topic = self.topic("limit", &format!("drain{rep}"));
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&limit_topic)).await?;
         log("drain: limit (b) bare produce");
-        let rows = self.s.rows;
-        let records = Arc::clone(
-            self.prepared
-                .get_or_insert_with(|| Arc::new(kafka::prepare("drain", rows))),
-        );
+        let records = self.drain_records();
         let cpu0 = own_cpu();
         let b0 = procs::machine_busy_s().ok();
         let produced = kafka::raw_produce(
@@ -789,6 +783,15 @@ impl Bench {
         Ok((v, rate))
     }
 
+    /// The backlog's records for the bare producers (built once, before the first one runs).
+    fn drain_records(&mut self) -> Arc<Vec<kafka::Prepared>> {
+        let rows = self.s.rows;
+        Arc::clone(
+            self.prepared
+                .get_or_insert_with(|| Arc::new(kafka::prepare("drain", rows))),
+        )
+    }
+
     /// The limit's third side, (c): the bare binlog read and the bare produce of the same rows
     /// at once on this machine, each record sent only after the read reached it
     /// ([`kafka::ReadGate`]): what a relay that spends no CPU of its own could reach here,
@@ -802,15 +805,11 @@ impl Bench {
         from: &BinlogPosition,
         to: &BinlogPosition,
         range_bytes: u64,
-        rows: u64,
     ) -> Result<(Value, f64)> {
         let topic = self.topic("limit", &format!("both{rep}"));
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&topic)).await?;
         log("drain: limit (c) bare binlog read and bare produce at once");
-        let records = Arc::clone(
-            self.prepared
-                .get_or_insert_with(|| Arc::new(kafka::prepare("drain", rows))),
-        );
+        let records = self.drain_records();
         let read_bytes = Arc::new(AtomicU64::new(0));
         let gate = kafka::ReadGate {
             read_bytes: Arc::clone(&read_bytes),
