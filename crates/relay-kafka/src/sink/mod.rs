@@ -951,6 +951,8 @@ fn acked(topic: &str, partition: i32, offset: i64) -> Result<Delivered, RelayErr
 /// checkpoint).
 fn delivery_outcome(report: &DeliveryResult<'_>) -> Result<Delivered, RelayError> {
     match report {
+        // The topic's name (a strlen and a UTF-8 check per report) only for the error.
+        Ok(msg) if msg.offset() >= 0 => Ok(Delivered::Acked(msg.partition(), msg.offset())),
         Ok(msg) => acked(msg.topic(), msg.partition(), msg.offset()),
         Err((KafkaError::MessageProduction(code), msg)) if is_permanent(*code) => {
             Ok(refused(*code, msg))
