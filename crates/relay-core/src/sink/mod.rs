@@ -235,11 +235,14 @@ pub trait RecordSink: Sync {
     fn fatal(&self) -> Option<(FatalCause, String)>;
     /// `true` when rows that cannot be relayed go to a dead-letter topic.
     fn has_dead_letter(&self) -> bool;
-    /// Prepares `topic` before its first record (leaders, size limits).
+    /// Prepares `topic` before its first record (leaders, size limits). `true` when the topic
+    /// is ready: the sink remembers it for good, and every later call for it returns `true` at
+    /// once (so a caller may skip those calls); `false` when it was found missing, refused or
+    /// without leaders (its records are sent anyway, and refused as the sink says).
     ///
     /// # Errors
     /// [`RelayError::Kafka`] when the metadata request fails.
-    fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send;
+    fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<bool, RelayError>> + Send;
     /// [`RecordSink::ensure_topic`] for the dead-letter topic, when there is one.
     ///
     /// # Errors
@@ -251,7 +254,7 @@ pub trait RecordSink: Sync {
     ///
     /// # Errors
     /// As [`RecordSink::ensure_topic`].
-    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<bool, RelayError>> + Send {
         self.ensure_topic(topic)
     }
     /// After a refusal for size: whether `record` fits now that its topic's limit was read

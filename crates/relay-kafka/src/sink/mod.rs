@@ -297,21 +297,25 @@ impl KafkaSink {
     /// without storing it (librdkafka issue #3712). Seen here as one missing record in a fresh
     /// topic's partition. Waiting for the leaders first avoids the window.
     ///
+    /// `true` once the topic is ready, which it then stays for this producer (later calls
+    /// return `true` at once); `false` for a topic found missing or refused, or without leaders
+    /// after the wait.
+    ///
     /// # Errors
     /// Never for a topic that does not become ready (the send then fails as usual: unknown
     /// topic, a permanent refusal); [`RelayError::Kafka`] when the metadata task fails.
-    pub async fn ensure_topic(&self, topic: &str) -> Result<(), RelayError> {
+    pub async fn ensure_topic(&self, topic: &str) -> Result<bool, RelayError> {
         if self
             .ready_topics
             .lock()
             .map(|set| set.contains(topic))
             .unwrap_or(false)
         {
-            return Ok(());
+            return Ok(true);
         }
         if let Some(reason) = self.missing_reason(topic) {
             tracing::debug!(topic, "{reason}");
-            return Ok(());
+            return Ok(false);
         }
         // A topic the brokers refuse to describe, or that is missing while they create no
         // topics, will not become ready: say so at once (send refuses its records) instead
@@ -333,7 +337,7 @@ impl KafkaSink {
             if let Ok(mut map) = self.missing_topics.lock() {
                 map.insert(topic.to_owned(), (std::time::Instant::now(), reason));
             }
-            return Ok(());
+            return Ok(false);
         }
         let (ready, _, _) = self.topic_state(topic, TOPIC_READY_TIMEOUT).await?;
         if ready {
@@ -344,7 +348,7 @@ impl KafkaSink {
         } else {
             tracing::warn!(topic, "the topic's partitions have no leader yet (or it does not exist and auto-creation is off); sending anyway");
         }
-        Ok(())
+        Ok(ready)
     }
 
     /// [`KafkaSink::ensure_topic`] after forgetting that `topic` was found missing or not
@@ -353,7 +357,7 @@ impl KafkaSink {
     ///
     /// # Errors
     /// As [`KafkaSink::ensure_topic`].
-    pub async fn recheck_topic(&self, topic: &str) -> Result<(), RelayError> {
+    pub async fn recheck_topic(&self, topic: &str) -> Result<bool, RelayError> {
         if let Ok(mut map) = self.missing_topics.lock() {
             map.remove(topic);
         }
@@ -618,7 +622,7 @@ impl KafkaSink {
     /// As [`KafkaSink::ensure_topic`].
     pub async fn ensure_dead_letter_topic(&self) -> Result<(), RelayError> {
         match &self.dead_letter_topic {
-            Some(topic) => self.ensure_topic(topic).await,
+            Some(topic) => self.ensure_topic(topic).await.map(|_| ()),
             None => Ok(()),
         }
     }

@@ -25,10 +25,10 @@ impl RecordSink for KafkaSink {
     fn has_dead_letter(&self) -> bool {
         KafkaSink::has_dead_letter(self)
     }
-    fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+    fn ensure_topic(&self, topic: &str) -> impl Future<Output = Result<bool, RelayError>> + Send {
         KafkaSink::ensure_topic(self, topic)
     }
-    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<(), RelayError>> + Send {
+    fn recheck_topic(&self, topic: &str) -> impl Future<Output = Result<bool, RelayError>> + Send {
         KafkaSink::recheck_topic(self, topic)
     }
     fn ensure_dead_letter_topic(&self) -> impl Future<Output = Result<(), RelayError>> + Send {

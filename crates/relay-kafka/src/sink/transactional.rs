@@ -402,7 +402,7 @@ impl RecordSink for TransactionalSink {
     fn ensure_topic(
         &self,
         topic: &str,
-    ) -> impl std::future::Future<Output = Result<(), RelayError>> + Send {
+    ) -> impl std::future::Future<Output = Result<bool, RelayError>> + Send {
         self.inner.ensure_topic(topic)
     }
     fn ensure_dead_letter_topic(
