@@ -11,21 +11,12 @@ use outbox_relay_kafka::sink::KafkaSink;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
-fn bootstrap() -> String {
-    let port = std::env::var("KAFKA_PORT")
-        .ok()
-        .and_then(|p| p.parse::<u16>().ok())
-        .unwrap_or(9092);
-    format!("127.0.0.1:{port}")
-}
+mod common;
+use common::{bootstrap, unique_topic};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_with_leaders_is_ready_and_stays_ready() {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let topic = format!("ensure-topic-{}-{nanos}", std::process::id());
+    let topic = unique_topic("ensure-topic");
     // The topic exists with a leader once a record is acknowledged in it.
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())

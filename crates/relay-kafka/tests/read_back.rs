@@ -11,13 +11,8 @@ use outbox_relay_kafka::sink::{ReadBack, ReadBackRequest, ReadBackResult};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
-fn bootstrap() -> String {
-    let port = std::env::var("KAFKA_PORT")
-        .ok()
-        .and_then(|p| p.parse::<u16>().ok())
-        .unwrap_or(9092);
-    format!("127.0.0.1:{port}")
-}
+mod common;
+use common::{bootstrap, unique_topic};
 
 /// Waits for the result of `seq`.
 async fn result_of(read_back: &ReadBack, seq: u64) -> ReadBackResult {
@@ -35,11 +30,7 @@ async fn result_of(read_back: &ReadBack, seq: u64) -> ReadBackResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_record_is_proven_and_a_missing_offset_is_not() {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let topic: Arc<str> = Arc::from(format!("readback-{}-{nanos}", std::process::id()).as_str());
+    let topic: Arc<str> = Arc::from(unique_topic("readback").as_str());
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")
