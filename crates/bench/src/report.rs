@@ -554,6 +554,25 @@ fn drain_sampled_line(s: &Value) -> Option<String> {
             r * 100.0
         );
     }
+    if let (Some(full), Some(open)) = (
+        s["pipeline_asleep_window_full_share"].as_f64(),
+        s["pipeline_asleep_window_open_share"].as_f64(),
+    ) {
+        let _ = write!(
+            line,
+            ", asleep with the window at three quarters or more (waiting for acknowledgements) \
+             in {:.0} % and below it (waiting for the reader) in {:.0} %",
+            full * 100.0,
+            open * 100.0
+        );
+    }
+    if let Some(r) = s["reader_runnable_share"].as_f64() {
+        let _ = write!(
+            line,
+            "; the binlog-reader thread runnable in {:.0} %",
+            r * 100.0
+        );
+    }
     line.push('.');
     Some(line)
 }
@@ -1370,6 +1389,21 @@ mod tests {
                  median 900, p90 4000 of at most 10000 (below a quarter of it in 70 % of \
                  samples); the pipeline's thread runnable (running or waiting for a core) in \
                  90 %."
+            )
+        );
+        let s = json!({"samples": 80, "max_in_flight": 10000.0, "in_flight_p50": 900.0,
+                       "in_flight_p90": 10000.0, "pipeline_runnable_share": 0.7,
+                       "pipeline_asleep_window_full_share": 0.1,
+                       "pipeline_asleep_window_open_share": 0.2,
+                       "reader_runnable_share": 0.35});
+        assert_eq!(
+            drain_sampled_line(&s).as_deref(),
+            Some(
+                "Sampled every 50 ms during the reported drain (80 samples): records in flight \
+                 median 900, p90 10000 of at most 10000; the pipeline's thread runnable \
+                 (running or waiting for a core) in 70 %, asleep with the window at three \
+                 quarters or more (waiting for acknowledgements) in 10 % and below it (waiting \
+                 for the reader) in 20 %; the binlog-reader thread runnable in 35 %."
             )
         );
         assert_eq!(drain_sampled_line(&Value::Null), None);

@@ -1,9 +1,12 @@
 //! What a draining relay waits on, sampled: every [`EVERY`] its records in flight (the
 //! `outbox_relay_records_in_flight` gauge of its `/metrics`) and whether its pipeline's thread
 //! (the process's main thread: routing, producing, acknowledgements) is runnable, i.e. running
-//! or waiting for a core (state `R` in `/proc/<pid>/stat`, proc(5)). A window that stays full
-//! says Kafka's acknowledgements bound the drain; a window far from full with the pipeline's
-//! thread nearly always runnable says that thread's CPU does.
+//! or waiting for a core (state `R` in `/proc/<pid>/stat`, proc(5)), and so is its
+//! `binlog-reader` thread. A window that stays full says Kafka's acknowledgements bound the
+//! drain; a window far from full with the pipeline's thread nearly always runnable says that
+//! thread's CPU does. A pipeline thread asleep is told apart by the window at that sample: at
+//! three quarters of `max_in_flight` or more the reader is paused and the pipeline waits for
+//! acknowledgements; below, it takes events and waits for the reader to decode one.
 
 use std::time::Duration;
 
@@ -23,12 +26,23 @@ pub struct Samples {
     pub pipeline_samples: u32,
     /// Of those, the samples that found it runnable.
     pub pipeline_runnable: u32,
+    /// Samples that read the `binlog-reader` thread's state.
+    pub reader_samples: u32,
+    /// Of those, the samples that found it runnable.
+    pub reader_runnable: u32,
+    /// Samples with the pipeline's thread asleep and the window at three quarters of
+    /// `max_in_flight` or more (waiting for acknowledgements).
+    pub asleep_window_full: u32,
+    /// Samples with the pipeline's thread asleep and the window below that (waiting for the
+    /// reader).
+    pub asleep_window_open: u32,
 }
 
 impl Samples {
     /// The figures for the report: sample count, the in-flight median and 90th percentile and
-    /// the share of samples below a quarter of `max_in_flight`, and the pipeline thread's
-    /// runnable share; `Null` without samples.
+    /// the share of samples below a quarter of `max_in_flight`, the pipeline and reader
+    /// threads' runnable shares, and the shares of the pipeline's samples asleep with the
+    /// window full or open; `Null` without samples.
     pub fn summary(&self, max_in_flight: f64) -> Value {
         if self.in_flight.is_empty() && self.pipeline_samples == 0 {
             return Value::Null;
@@ -48,6 +62,12 @@ impl Samples {
             "share_below_quarter": (!v.is_empty()).then(|| below as f64 / v.len() as f64),
             "pipeline_runnable_share": (self.pipeline_samples > 0)
                 .then(|| f64::from(self.pipeline_runnable) / f64::from(self.pipeline_samples)),
+            "reader_runnable_share": (self.reader_samples > 0)
+                .then(|| f64::from(self.reader_runnable) / f64::from(self.reader_samples)),
+            "pipeline_asleep_window_full_share": (self.pipeline_samples > 0)
+                .then(|| f64::from(self.asleep_window_full) / f64::from(self.pipeline_samples)),
+            "pipeline_asleep_window_open_share": (self.pipeline_samples > 0)
+                .then(|| f64::from(self.asleep_window_open) / f64::from(self.pipeline_samples)),
         })
     }
 }
@@ -59,9 +79,9 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Samples process `pid`, whose metrics are at `http://127.0.0.1:<port>/metrics`, until
-    /// [`Sampler::finish`].
-    pub fn start(pid: u32, port: u16) -> Self {
+    /// Samples process `pid`, whose metrics are at `http://127.0.0.1:<port>/metrics` and
+    /// whose window is `max_in_flight` records, until [`Sampler::finish`].
+    pub fn start(pid: u32, port: u16, max_in_flight: f64) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let client = reqwest::Client::builder()
@@ -70,6 +90,8 @@ impl Sampler {
                 .ok();
             let url = format!("http://127.0.0.1:{port}/metrics");
             let mut out = Samples::default();
+            // The reader thread of the run sampled (a restart starts another).
+            let mut reader: Option<String> = None;
             let mut tick = tokio::time::interval(EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
@@ -77,17 +99,31 @@ impl Sampler {
                     _ = stopped.changed() => return out,
                     _ = tick.tick() => {}
                 }
-                if let Some(state) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| thread_state(&s))
-                {
+                let pipeline = state_of(&format!("/proc/{pid}/stat"));
+                if let Some(state) = pipeline {
                     out.pipeline_samples += 1;
                     out.pipeline_runnable += u32::from(state == 'R');
+                }
+                let mut reader_state = reader.as_deref().and_then(state_of);
+                if reader_state.is_none() {
+                    reader = reader_stat(pid);
+                    reader_state = reader.as_deref().and_then(state_of);
+                }
+                if let Some(state) = reader_state {
+                    out.reader_samples += 1;
+                    out.reader_runnable += u32::from(state == 'R');
                 }
                 let Some(client) = &client else { continue };
                 if let Ok(resp) = client.get(&url).send().await {
                     if let Some(n) = resp.text().await.ok().as_deref().and_then(in_flight_of) {
                         out.in_flight.push(n);
+                        if pipeline.is_some_and(|s| s != 'R') {
+                            if n >= max_in_flight * 0.75 {
+                                out.asleep_window_full += 1;
+                            } else {
+                                out.asleep_window_open += 1;
+                            }
+                        }
                     }
                 }
             }
@@ -123,6 +159,25 @@ pub fn in_flight_of(text: &str) -> Option<f64> {
         }
     }
     found
+}
+
+/// The state letter of the thread or process whose `stat` file is at `path`.
+fn state_of(path: &str) -> Option<char> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| thread_state(&s))
+}
+
+/// The `stat` file of process `pid`'s `binlog-reader` thread, when it has one.
+fn reader_stat(pid: u32) -> Option<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .map(|task| task.path())
+        .find(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "binlog-reader")
+        })
+        .map(|task| task.join("stat").to_string_lossy().into_owned())
 }
 
 /// The state letter of a `/proc/<pid>/stat` line (the field after the parenthesised command
@@ -166,6 +221,10 @@ mod tests {
             in_flight: vec![100.0, 4000.0, 300.0, 200.0, 10000.0],
             pipeline_samples: 4,
             pipeline_runnable: 3,
+            reader_samples: 5,
+            reader_runnable: 1,
+            asleep_window_full: 1,
+            asleep_window_open: 0,
         };
         let v = s.summary(10000.0);
         assert_eq!(v["samples"], 5);
@@ -173,6 +232,9 @@ mod tests {
         assert_eq!(v["in_flight_p90"], 10000.0);
         assert_eq!(v["share_below_quarter"], 0.6);
         assert_eq!(v["pipeline_runnable_share"], 0.75);
+        assert_eq!(v["reader_runnable_share"], 0.2);
+        assert_eq!(v["pipeline_asleep_window_full_share"], 0.25);
+        assert_eq!(v["pipeline_asleep_window_open_share"], 0.0);
         assert_eq!(Samples::default().summary(10.0), Value::Null);
     }
 }
