@@ -621,6 +621,10 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
             "both_at_once",
             "both at once (read and produce together, each record after its read)",
         ),
+        (
+            "both_at_once_after",
+            "both at once, right after the relay's drain (the limit takes the mean of the two)",
+        ),
     ] {
         let v = &l[key];
         if v.is_object() {
