@@ -175,7 +175,8 @@ fn reader_stat(pid: u32) -> Option<String> {
         .flatten()
         .map(|task| task.path())
         .find(|task| {
-            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "binlog-reader")
+            std::fs::read_to_string(task.join("comm"))
+                .is_ok_and(|c| crate::procs::thread_class(c.trim(), false) == "binlog_reader")
         })
         .map(|task| task.join("stat").to_string_lossy().into_owned())
 }
