@@ -45,6 +45,11 @@ pub const MAX_EVENTS_AHEAD: usize = 4096;
 /// About the most bytes decoded and not yet taken by the pipeline (2 MiB; see [`room_for`]).
 pub const MAX_BYTES_AHEAD: usize = 2 << 20;
 
+/// The room a reader thread out of room waits for before it reads on: a quarter of
+/// [`MAX_BYTES_AHEAD`] (about 50 rows events of a backlog of 500-byte payloads), so that it
+/// wakes once per many events the pipeline takes.
+const REFILL_AHEAD: u32 = (MAX_BYTES_AHEAD / 4) as u32;
+
 /// What one decoded row costs besides its payload and key (its record's fields, headers and
 /// allocations), counted against [`MAX_BYTES_AHEAD`].
 const ROW_OVERHEAD: usize = 256;
@@ -213,10 +218,7 @@ async fn read<E: EventSource>(
         let room = tokio::select! {
             biased;
             () = tx.closed() => break,
-            room = Arc::clone(&room).acquire_many_owned(permits) => match room {
-                Ok(room) => room,
-                Err(_) => break, // never closed
-            },
+            room = take_room(&room, permits) => room,
         };
         let (undecided_xa, _) = decoder.undecided_xa();
         let item = Item::Event(DecodedEvent {
@@ -233,6 +235,25 @@ async fn read<E: EventSource>(
         }
     }
     (source, decoder)
+}
+
+/// Takes `permits` of `room`: at once when they are free; else once [`REFILL_AHEAD`] (or
+/// `permits`, when more) are, the rest going back at once for the events read next.
+///
+/// Why not only `permits`: woken at each event the pipeline took, the reader thread and the
+/// pipeline's took turns, a wake-up and a context switch per event on both (issue 30's
+/// profile: an eighth of the pipeline thread's samples while draining a backlog).
+async fn take_room(room: &Arc<Semaphore>, permits: u32) -> OwnedSemaphorePermit {
+    if let Ok(taken) = Arc::clone(room).try_acquire_many_owned(permits) {
+        return taken;
+    }
+    let want = permits.max(REFILL_AHEAD);
+    let Ok(mut taken) = Arc::clone(room).acquire_many_owned(want).await else {
+        // Never closed: wait for the pipeline to close the channel instead.
+        return std::future::pending().await;
+    };
+    drop(taken.split((want - permits) as usize));
+    taken
 }
 
 /// The share of [`MAX_BYTES_AHEAD`] an event of `event_size` bytes with `rows` holds: its rows'
@@ -320,6 +341,49 @@ mod tests {
             room_for(&[failure(MAX_BYTES_AHEAD)], 10),
             MAX_BYTES_AHEAD as u32
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_out_of_room_waits_for_a_quarter_of_the_budget() {
+        let room = Arc::new(Semaphore::new(MAX_BYTES_AHEAD));
+        // Room to spare: taken at once.
+        let first = take_room(&room, 1_000).await;
+        assert_eq!(room.available_permits(), MAX_BYTES_AHEAD - 1_000);
+        let rest = Arc::clone(&room)
+            .try_acquire_many_owned(u32::try_from(MAX_BYTES_AHEAD - 1_000).expect("fits"))
+            .expect("the rest of the budget");
+        // Out of room: the event's share alone freed is not enough to read on.
+        let waiting = tokio::spawn({
+            let room = Arc::clone(&room);
+            async move { take_room(&room, 1_000).await }
+        });
+        // (The test's runtime has one thread: the spawned reader runs at each yield.)
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "taken without room");
+        drop(first);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "woken by one event's share");
+        // A quarter of the budget freed: it takes its share and gives the rest back.
+        drop(rest);
+        let taken = waiting.await.expect("the waiting reader");
+        assert_eq!(taken.num_permits(), 1_000);
+        assert_eq!(room.available_permits(), MAX_BYTES_AHEAD - 1_000);
+        // An event larger than a quarter waits for its own share.
+        let all = Arc::clone(&room)
+            .try_acquire_many_owned(u32::try_from(MAX_BYTES_AHEAD - 1_000).expect("fits"))
+            .expect("the budget");
+        drop(taken);
+        let big = REFILL_AHEAD + 5;
+        let waiting = tokio::spawn({
+            let room = Arc::clone(&room);
+            async move { take_room(&room, big).await }
+        });
+        drop(all);
+        let taken = waiting.await.expect("the waiting reader");
+        assert_eq!(taken.num_permits(), big as usize);
+        assert_eq!(room.available_permits(), MAX_BYTES_AHEAD - big as usize);
     }
 
     #[tokio::test]
