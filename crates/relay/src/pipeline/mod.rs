@@ -69,7 +69,7 @@ use acks::{AckQueue, Done, RecordInfo};
 pub use hold::HoldSettings;
 use hold::{Held, Holds};
 use outbox_relay_mysql::cutover::{self, Cutover};
-use read_ahead::ReadAhead;
+use read_ahead::{ReadAhead, Spent};
 
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
@@ -600,6 +600,7 @@ pub async fn run<S: CheckpointStore, E: EventSource + Send + 'static, K: RecordS
         decoder_state: (false, 0),
         table: None,
         ready_topic: None,
+        spent: Spent::default(),
         refusals,
         last_sent: None,
         drain_after: false,
@@ -725,6 +726,8 @@ struct Reader<'a> {
     /// replaces the sink's locked lookup by name (4 % of the pipeline thread draining a
     /// backlog).
     ready_topic: Option<Arc<str>>,
+    /// Sent records' buffers, freed on the reader thread that allocated them.
+    spent: Spent,
     /// Kept by the supervisor across runs.
     refusals: &'a mut Refusals,
     /// The last row whose record this run sent.
@@ -891,6 +894,7 @@ impl Reader<'_> {
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
     ) -> Result<(), RelayError> {
+        self.spent = source.spent();
         let mut tick = tokio::time::interval(self.settings.checkpoint_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Commits by time, only for a sink whose records are delivered at commit.
@@ -1376,7 +1380,8 @@ impl Reader<'_> {
                 if let Some(span) = held.span.as_deref_mut() {
                     span.produced();
                 }
-                let (done, mut info) = record_info(held, alone, None);
+                let (done, mut info, record) = record_info(held, alone, None);
+                self.spent.put(record);
                 if self
                     .settings
                     .ack_audit
@@ -1533,7 +1538,8 @@ impl Reader<'_> {
                     inflight.push_boundary(base, advances);
                 }
                 let seq = inflight.next_seq();
-                let (done, info) = record_info(held, false, Some(id));
+                let (done, info, record) = record_info(held, false, Some(id));
+                self.spent.put(record);
                 inflight.push_record(done, info);
                 // Filed where the sink files its own reports: audit, spans, read-back and the
                 // hold's count see it as any released record.
@@ -1624,7 +1630,8 @@ impl Reader<'_> {
                     if let Some(span) = held.span.as_deref_mut() {
                         span.produced();
                     }
-                    let (done, info) = record_info(held, false, Some(id));
+                    let (done, info, record) = record_info(held, false, Some(id));
+                    self.spent.put(record);
                     inflight.push_record(done, info);
                     self.records_in_flight += 1;
                     self.settings.metrics.set_in_flight(self.records_in_flight);
@@ -1812,12 +1819,12 @@ impl Reader<'_> {
 }
 
 /// The acknowledgement entry of `held`, sent (alone: see [`RecordInfo::alone`]; `released`:
-/// the hold that released it).
-fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordInfo) {
+/// the hold that released it), and its record, for [`Spent`].
+fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordInfo, Record) {
     (
         held.done,
         RecordInfo {
-            topic: held.record.topic,
+            topic: Arc::clone(&held.record.topic),
             bytes: held.bytes,
             event_time: held.event_time,
             read_at: held.read_at,
@@ -1829,6 +1836,7 @@ fn record_info(held: Held, alone: bool, released: Option<u64>) -> (Done, RecordI
             released,
             sent_at: None,
         },
+        held.record,
     )
 }
 

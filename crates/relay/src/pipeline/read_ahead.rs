@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use outbox_relay_core::error::RelayError;
 use outbox_relay_core::observe::metrics::Metrics;
+use outbox_relay_core::sink::Record;
 use outbox_relay_mysql::binlog::EventSource;
 use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
 
@@ -90,6 +91,8 @@ pub struct ReadAhead<E> {
     back: oneshot::Receiver<(E, Decoder)>,
     /// `true` while the pipeline takes nothing: the thread reads no further.
     paused: watch::Sender<bool>,
+    /// Where [`Spent`] sends sent records' buffers back to the thread.
+    spent: std::sync::mpsc::Sender<Vec<Vec<u8>>>,
 }
 
 impl<E: EventSource + Send + 'static> ReadAhead<E> {
@@ -102,6 +105,7 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
         let (tx, events) = mpsc::channel(MAX_EVENTS_AHEAD);
         let (give_back, back) = oneshot::channel();
         let (paused, pause) = watch::channel(false);
+        let (spent, to_free) = std::sync::mpsc::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -109,7 +113,7 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
         std::thread::Builder::new()
             .name("binlog-reader".to_owned())
             .spawn(move || {
-                let parts = runtime.block_on(read(source, decoder, tx, pause, metrics));
+                let parts = runtime.block_on(read(source, decoder, tx, pause, metrics, to_free));
                 // Nobody waiting (the run is over): dropped here.
                 let _ = give_back.send(parts);
             })
@@ -119,7 +123,17 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
             over: false,
             back,
             paused,
+            spent,
         })
+    }
+
+    /// Where the pipeline puts the records it handed to the producer, so that their buffers
+    /// are freed on this thread, which allocated them.
+    pub fn spent(&self) -> Spent {
+        Spent {
+            buffers: Vec::with_capacity(SPENT_BATCH),
+            back: Some(self.spent.clone()),
+        }
     }
 
     /// The next decoded event; `Ok(None)` once the source ended (and forever after).
@@ -176,9 +190,14 @@ async fn read<E: EventSource>(
     tx: mpsc::Sender<Item>,
     mut pause: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    to_free: std::sync::mpsc::Receiver<Vec<Vec<u8>>>,
 ) -> (E, Decoder) {
     let room = Arc::new(Semaphore::new(MAX_BYTES_AHEAD));
     loop {
+        // Freed here, where they were allocated (see `Spent`).
+        while let Ok(buffers) = to_free.try_recv() {
+            drop(buffers);
+        }
         if *pause.borrow_and_update() {
             tokio::select! {
                 biased;
@@ -235,6 +254,50 @@ async fn read<E: EventSource>(
         }
     }
     (source, decoder)
+}
+
+/// Buffers a [`Spent`] sends back to the reader thread at once.
+const SPENT_BATCH: usize = 1024;
+
+/// Sent records' byte buffers on their way back to the reader thread, which frees them
+/// before its next event ([`ReadAhead::spent`]).
+///
+/// Why: the reader thread allocates a row's key, value and header values; freed on the
+/// pipeline's thread, each was a cross-thread free, which mimalloc queues on the page and the
+/// allocating thread collects later. Draining a backlog, those frees and their collection were
+/// about a tenth of each thread's CPU (issue 30's profile). A batch of buffers costs the
+/// pipeline's thread one push each and one send per [`SPENT_BATCH`]. Buffers of other
+/// threads (a JSON envelope's value) may come along; they are freed as before, from
+/// another thread.
+#[derive(Default)]
+pub struct Spent {
+    buffers: Vec<Vec<u8>>,
+    /// `None`: freed in place (no reader thread, or it ended).
+    back: Option<std::sync::mpsc::Sender<Vec<Vec<u8>>>>,
+}
+
+impl Spent {
+    /// Takes `record`'s key, value and header values (after it was handed to the producer).
+    pub fn put(&mut self, record: Record) {
+        let Some(back) = &self.back else { return };
+        let Record {
+            key,
+            value,
+            headers,
+            ..
+        } = record;
+        self.buffers.push(key);
+        self.buffers.extend(value);
+        self.buffers
+            .extend(headers.into_iter().filter_map(|(_, v)| v));
+        if self.buffers.len() >= SPENT_BATCH {
+            let full = std::mem::replace(&mut self.buffers, Vec::with_capacity(SPENT_BATCH));
+            if back.send(full).is_err() {
+                // The thread ended: free them here from now on.
+                self.back = None;
+            }
+        }
+    }
 }
 
 /// Takes `permits` of `room`: at once when they are free; else once [`REFILL_AHEAD`] (or
@@ -341,6 +404,55 @@ mod tests {
             room_for(&[failure(MAX_BYTES_AHEAD)], 10),
             MAX_BYTES_AHEAD as u32
         );
+    }
+
+    fn record(n: u8) -> Record {
+        Record {
+            topic: Arc::from("orders"),
+            key: vec![n],
+            value: Some(vec![n; 3]),
+            headers: vec![
+                (Arc::from("id"), Some(vec![n; 2])),
+                (Arc::from("none"), None),
+            ],
+            partition: None,
+            timestamp_ms: 0,
+            column_timestamp: false,
+            fallback_ms: None,
+        }
+    }
+
+    #[test]
+    fn spent_buffers_go_back_in_batches_and_are_freed_in_place_once_nobody_takes_them() {
+        let (back, to_free) = std::sync::mpsc::channel();
+        let mut spent = Spent {
+            buffers: Vec::new(),
+            back: Some(back),
+        };
+        // Three buffers per record: key, value, the header with a value.
+        let per_batch = SPENT_BATCH.div_ceil(3);
+        for i in 0..per_batch - 1 {
+            spent.put(record(u8::try_from(i % 200).expect("small")));
+        }
+        assert!(
+            to_free.try_recv().is_err(),
+            "nothing goes back before a batch is full"
+        );
+        spent.put(record(7));
+        let batch = to_free.try_recv().expect("a full batch");
+        assert_eq!(batch.len(), per_batch * 3);
+        assert_eq!(&batch[..3], &[vec![0], vec![0; 3], vec![0; 2]]);
+        assert_eq!(
+            &batch[batch.len() - 3..],
+            &[vec![7], vec![7; 3], vec![7; 2]]
+        );
+        // The reader thread ended: the next full batch is freed here, and so is the rest.
+        drop(to_free);
+        for _ in 0..2 * per_batch {
+            spent.put(record(1));
+        }
+        assert!(spent.back.is_none());
+        assert!(spent.buffers.len() < SPENT_BATCH);
     }
 
     #[tokio::test]
