@@ -136,8 +136,8 @@ pub(super) struct AckQueue {
     reports: Vec<DeliveryReport>,
     /// Entries refused at delivery whose dead letter is not enqueued yet.
     unsent: usize,
-    /// The metric counters of the last acknowledged record's topic.
-    topic_counters: Option<(Arc<str>, metrics::TopicCounters)>,
+    /// The acknowledgement series, counted here and flushed after each batch of reports.
+    tally: metrics::AckTally,
     /// The first record refused by a broker in a way that stopped the producer.
     pub fatal_refusal: Option<FatalRefusal>,
     /// `[audit]`: where each acknowledgement is written, and the lines of the current batch.
@@ -165,6 +165,7 @@ impl AckQueue {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
+            tally: metrics.ack_tally(),
             metrics,
             entries: VecDeque::new(),
             first_seq: 0,
@@ -173,7 +174,6 @@ impl AckQueue {
             refusal_fails_commit: sink.delivery_mode().refusal_fails_commit(),
             reports: Vec::new(),
             unsent: 0,
-            topic_counters: None,
             fatal_refusal: None,
             audit: audit.map(|a| (a, String::new())),
             read_back,
@@ -418,16 +418,9 @@ impl AckQueue {
                                 times,
                             );
                         }
-                        let counters = match &self.topic_counters {
-                            // By content: the router makes a new Arc when the topic changes back.
-                            Some((topic, c)) if *topic == info.topic => c,
-                            _ => {
-                                let c = self.metrics.topic_counters(&info.topic);
-                                &self.topic_counters.insert((Arc::clone(&info.topic), c)).1
-                            }
-                        };
-                        self.metrics.record_acked_on(
-                            counters,
+                        self.tally.acked(
+                            &self.metrics,
+                            &info.topic,
                             info.bytes,
                             info.event_time,
                             info.read_at,
@@ -551,6 +544,7 @@ impl AckQueue {
                 _ => {} // a second report for one record: librdkafka sends one
             }
         }
+        self.tally.flush();
         if let Some((audit, lines)) = &mut self.audit {
             audit.write(lines);
         }
