@@ -228,9 +228,9 @@ pub struct Metrics {
 }
 
 /// `records_produced_total` and `bytes_produced_total` of one `topic` label value, looked up
-/// once ([`Metrics::topic_counters`]) and kept by the caller for the topic's next records.
+/// once ([`Metrics::topic_counters`]) and kept by an [`AckTally`] for the topic's next records.
 #[derive(Clone)]
-pub struct TopicCounters {
+struct TopicCounters {
     records: IntCounter,
     bytes: IntCounter,
 }
@@ -1030,14 +1030,21 @@ impl Metrics {
     }
 
     /// Kafka acknowledged a record of `bytes` bytes on `topic`, whose row's binlog event has
-    /// timestamp `event_time` (s since the epoch; 0 if unknown) and which was read at `read_at`.
+    /// timestamp `event_time` (s since the epoch; 0 if unknown) and which was read at `read_at`:
+    /// one record's [`AckTally`], flushed at once.
     pub fn record_acked(&self, topic: &str, bytes: u64, event_time: u32, read_at: Instant) {
-        let counters = self.topic_counters(topic);
-        self.record_acked_on(&counters, bytes, event_time, read_at, &AckClock::now());
+        self.ack_tally().acked(
+            self,
+            &Arc::from(topic),
+            bytes,
+            event_time,
+            read_at,
+            &AckClock::now(),
+        );
     }
 
-    /// The counters of `topic`, for [`Metrics::record_acked_on`].
-    pub fn topic_counters(&self, topic: &str) -> TopicCounters {
+    /// The counters of `topic`, for [`AckTally`].
+    fn topic_counters(&self, topic: &str) -> TopicCounters {
         let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = topics.get(topic) {
             return c.clone();
@@ -1065,25 +1072,6 @@ impl Metrics {
             topic: None,
             read_to_ack: self.read_to_ack.local(),
             binlog_to_ack: self.binlog_to_ack.local(),
-        }
-    }
-
-    /// [`Metrics::record_acked`] with the topic's counters and the time already at hand.
-    pub fn record_acked_on(
-        &self,
-        counters: &TopicCounters,
-        bytes: u64,
-        event_time: u32,
-        read_at: Instant,
-        clock: &AckClock,
-    ) {
-        counters.records.inc();
-        counters.bytes.inc_by(bytes);
-        self.read_to_ack
-            .observe(clock.now.saturating_duration_since(read_at).as_secs_f64());
-        if event_time != 0 {
-            self.binlog_to_ack
-                .observe((clock.unix_s - f64::from(event_time)).max(0.0));
         }
     }
 
