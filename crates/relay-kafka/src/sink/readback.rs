@@ -35,6 +35,9 @@ use outbox_relay_core::observe::metrics::Metrics;
 /// Longest wait for one record to be read back before it counts as not stored.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Longest wait for the metadata of a read-back's topic (see [`read_back`]).
+const LEADER_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One read-back: the record acknowledged at (`topic`, `partition`, `offset`), entry `seq` of
 /// the acknowledgement queue.
 #[derive(Debug, Clone)]
@@ -189,6 +192,14 @@ fn read_back(
     if let Err(e) = assigned {
         return Err(format!("the read-back consumer could not be assigned: {e}"));
     }
+    // The partition's leader, asked for now: librdkafka otherwise looks up the leader of a
+    // topic new to this consumer at its next periodic scan, up to a second later, and the
+    // acknowledgement queue waits behind this record all that time (issue 30: 0.8 s of a
+    // 4-5 s drain, the window full and the machine idle). Only a hint: on an error the poll
+    // below waits for the scan as before.
+    if let Err(e) = consumer.fetch_metadata(Some(&request.topic), LEADER_QUERY_TIMEOUT) {
+        tracing::debug!(topic = %request.topic, error = %e, "read-back: no metadata yet");
+    }
     let verdict = loop {
         if started.elapsed() > READ_TIMEOUT {
             break Err(format!(
@@ -225,6 +236,9 @@ fn read_back(
         }
     };
     let _ = consumer.unassign();
+    tracing::debug!(topic = %request.topic, partition = request.partition,
+        offset = request.offset, ms = started.elapsed().as_millis() as u64,
+        found = verdict.is_ok(), "read back");
     // Deleted since (retention, DeleteRecords) is stored all the same.
     verdict.or_else(|why| {
         match consumer.fetch_watermarks(&request.topic, request.partition, READ_TIMEOUT) {
