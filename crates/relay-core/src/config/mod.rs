@@ -225,8 +225,7 @@ pub struct HttpConfig {
     /// (exit code 2).
     pub listen: String,
     /// `/readyz` answers 503 when no binlog event or heartbeat was read for this long (the stream
-    /// is stalled, or reading waits for Kafka's acknowledgements: reading stops half a second
-    /// after `kafka.max_in_flight` records are unacknowledged). Must exceed
+    /// is stalled, or reading waits for Kafka's acknowledgements). Must exceed
     /// `mysql.heartbeat_interval_ms`.
     pub ready_stall_ms: u64,
     /// `/readyz` answers 503 when no Kafka broker answered the relay's metadata probe for this

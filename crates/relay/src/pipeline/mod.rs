@@ -13,9 +13,8 @@
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that no event is taken
 //! from the reader thread (module `read_ahead`, which reads and decodes the binlog at most
-//! 4,096 events, about 2 MiB, ahead) until Kafka acknowledges the oldest. The thread goes on
-//! decoding up to that bound meanwhile, and stops reading once nothing was taken for
-//! half a second ([`read_ahead::ReaderPause`]). A full librdkafka queue is handled the same way.
+//! 4,096 events, about 2 MiB, ahead) and that thread stops reading, until Kafka acknowledges
+//! the oldest. A full librdkafka queue is handled the same way.
 //!
 //! # Rows that cannot be relayed
 //! A row that cannot become a record, or that Kafka refuses for good (too large, topic missing
@@ -70,7 +69,7 @@ use acks::{AckQueue, Done, RecordInfo};
 pub use hold::HoldSettings;
 use hold::{Held, Holds};
 use outbox_relay_mysql::cutover::{self, Cutover};
-use read_ahead::{PauseTurn, ReadAhead, ReaderPause, Spent};
+use read_ahead::{ReadAhead, Spent};
 
 use outbox_relay_core::config::TableName;
 use outbox_relay_core::error::RelayError;
@@ -916,26 +915,21 @@ impl Reader<'_> {
             Arc::clone(&self.settings.metrics),
             progress.stats.records_acked,
         );
-        let mut reader_pause = ReaderPause::default();
         loop {
             if *shutdown.borrow() {
                 return Ok(());
             }
             let held_full = self.holds.as_ref().is_some_and(Holds::full);
             let takes = self.records_in_flight < self.settings.max_in_flight && !held_full;
-            let pause_at = match reader_pause.turn(
-                takes,
-                self.records_in_flight,
-                self.settings.max_in_flight,
-                Instant::now,
-            ) {
-                PauseTurn::Read => {
-                    source.pause(false);
-                    None
-                }
-                PauseTurn::Keep => None,
-                PauseTurn::PauseAt(at) => Some(at).filter(|_| !source.is_paused()),
-            };
+            // The reader thread stops reading while no event is taken (see `read_ahead`), and
+            // reads on once a quarter of max_in_flight was acknowledged: a relay at its bound
+            // would otherwise wake that thread at every acknowledgement.
+            let max = self.settings.max_in_flight;
+            if !takes {
+                source.pause(true);
+            } else if self.records_in_flight <= max - max / 4 {
+                source.pause(false);
+            }
             tokio::select! {
                 biased;
                 // A dropped sender also means stop: the loop re-checks the flag.
@@ -943,12 +937,11 @@ impl Reader<'_> {
                     tracing::info!(in_transaction = self.decoder_state.0, undecided_xa = self.decoder_state.1, "stop requested");
                     if shutdown.has_changed().is_err() { return Ok(()); }
                 }
-                () = sleep_until_some(self.holds.as_ref().and_then(Holds::next_try)),
+                () = hold_retry(self.holds.as_ref().and_then(Holds::next_try)),
                     if self.holds.as_ref().is_some_and(Holds::any) =>
                 {
                     self.retry_holds(sink, progress, inflight).await?;
                 }
-                () = sleep_until_some(pause_at), if pause_at.is_some() => source.pause(true),
                 Some(ack) = inflight.next(sink), if !inflight.is_empty() => {
                     self.on_ack(ack, inflight.is_empty(), progress)?;
                     // Those already filed with it, in one go: a turn of this loop per
@@ -1858,8 +1851,8 @@ async fn next_tick(timer: &mut Option<tokio::time::Interval>) -> Duration {
     }
 }
 
-/// Resolves at `at` (a held table's next retry, the reader's pause); never without one.
-async fn sleep_until_some(at: Option<Instant>) {
+/// Resolves at `at` (a held table's next retry); never without one.
+async fn hold_retry(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,

@@ -18,13 +18,10 @@
 //! it stops reading the dump until the pipeline takes the oldest: `kafka.max_in_flight` still
 //! bounds what is unacknowledged, this what is decoded but not yet produced.
 //!
-//! When the pipeline has taken nothing for [`PAUSE_READER_AFTER`] (`kafka.max_in_flight`
-//! records unacknowledged, or `dead_letter.hold_max_records` held) it says so
-//! ([`ReadAhead::pause`], [`ReaderPause`]) and the thread stops reading before its next event:
-//! heartbeats then stay unread too, so `/readyz` sees the stall as it did when the pipeline
-//! read the dump itself. Not at once: draining a backlog, the window is full for a few
-//! milliseconds at a time, and the thread meanwhile decodes what the pipeline takes when it
-//! opens again.
+//! While the pipeline takes nothing (`kafka.max_in_flight` records unacknowledged, or
+//! `dead_letter.hold_max_records` held) it says so ([`ReadAhead::pause`]) and the thread stops
+//! reading before its next event: heartbeats then stay unread too, so `/readyz` sees the stall
+//! as it did when the pipeline read the dump itself.
 //!
 //! # Order of failures
 //! An error of the source or the decoder reaches the pipeline after every event before it,
@@ -57,66 +54,6 @@ const REFILL_AHEAD: u32 = (MAX_BYTES_AHEAD / 4) as u32;
 /// What one decoded row costs besides its payload and key (its record's fields, headers and
 /// allocations), counted against [`MAX_BYTES_AHEAD`].
 const ROW_OVERHEAD: usize = 256;
-
-/// How long the pipeline takes no event before the reader thread stops reading
-/// ([`ReaderPause`]).
-pub const PAUSE_READER_AFTER: Duration = Duration::from_millis(500);
-
-/// When the reader thread stops reading and reads again ([`ReadAhead::pause`]), from what the
-/// pipeline sees at each turn of its loop: whether it takes events (fewer than
-/// `kafka.max_in_flight` records unacknowledged, held tables not full) and how many records
-/// are unacknowledged.
-///
-/// - It stops once the pipeline has taken nothing for [`PAUSE_READER_AFTER`]. Why not at
-///   once: draining a backlog, the window fills and opens again every few milliseconds, and a
-///   reader stopped at each of those moments left the pipeline nothing decoded when the
-///   acknowledgements came back (issue 30: the pipeline thread asleep with the window open or
-///   full for 14-22 % of a drain, a quarter of the machine idle, small batches to
-///   librdkafka). Until then the reader still stops at its read-ahead bound.
-/// - After that long a stall is a stall: heartbeats stay unread, so `/readyz` sees it.
-/// - It reads again once a quarter of `max_in_flight` was acknowledged: a relay at its bound
-///   would otherwise wake the thread at every acknowledgement.
-#[derive(Debug, Default)]
-pub struct ReaderPause {
-    /// Since when the pipeline takes no event.
-    not_taking_since: Option<Instant>,
-}
-
-/// What the pipeline does with the reader at a turn of its loop ([`ReaderPause::turn`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseTurn {
-    /// Let it read (`pause(false)`).
-    Read,
-    /// Leave it as it is.
-    Keep,
-    /// Stop it at this instant, unless it is stopped already (`pause(true)`).
-    PauseAt(Instant),
-}
-
-impl ReaderPause {
-    /// The turn's decision. `takes`: the pipeline takes events now; `in_flight` of `max`
-    /// records unacknowledged; `now` is called only while nothing is taken (no clock read per
-    /// event while draining).
-    pub fn turn(
-        &mut self,
-        takes: bool,
-        in_flight: usize,
-        max: usize,
-        now: impl FnOnce() -> Instant,
-    ) -> PauseTurn {
-        if takes {
-            self.not_taking_since = None;
-            if in_flight <= max - max / 4 {
-                PauseTurn::Read
-            } else {
-                PauseTurn::Keep
-            }
-        } else {
-            let since = *self.not_taking_since.get_or_insert_with(now);
-            PauseTurn::PauseAt(since + PAUSE_READER_AFTER)
-        }
-    }
-}
 
 /// One binlog event that carries outbox rows or ends a transaction, decoded. Events with
 /// neither (table maps, other tables' rows, a transaction's start) are read and counted
@@ -234,11 +171,6 @@ impl<E: EventSource + Send + 'static> ReadAhead<E> {
     pub fn pause(&self, paused: bool) {
         self.paused
             .send_if_modified(|p| std::mem::replace(p, paused) != paused);
-    }
-
-    /// Whether [`ReadAhead::pause`] last said `true`.
-    pub fn is_paused(&self) -> bool {
-        *self.paused.borrow()
     }
 
     /// Stops the reader thread and returns the source and the decoder (`None` when the thread
@@ -449,35 +381,6 @@ mod tests {
 
     fn metrics() -> Arc<Metrics> {
         Arc::new(Metrics::new())
-    }
-
-    #[test]
-    fn the_reader_stops_only_after_the_pipeline_took_nothing_for_half_a_second() {
-        let t0 = Instant::now();
-        let mut pause = ReaderPause::default();
-        // Taking, at most three quarters of the window unacknowledged: read.
-        assert_eq!(pause.turn(true, 7_500, 10_000, || t0), PauseTurn::Read);
-        // Window full: stop half a second later, not now.
-        let at = t0 + Duration::from_millis(500);
-        assert_eq!(
-            pause.turn(false, 10_000, 10_000, || t0),
-            PauseTurn::PauseAt(at)
-        );
-        // Still full 100 ms on: the same instant, not half a second from then.
-        let later = t0 + Duration::from_millis(100);
-        assert_eq!(
-            pause.turn(false, 10_000, 10_000, || later),
-            PauseTurn::PauseAt(at)
-        );
-        // Open again, more than three quarters unacknowledged: leave the reader as it is.
-        assert_eq!(pause.turn(true, 9_999, 10_000, || later), PauseTurn::Keep);
-        // Full again: half a second from now, the earlier wait forgotten.
-        let t1 = t0 + Duration::from_millis(200);
-        assert_eq!(
-            pause.turn(false, 10_000, 10_000, || t1),
-            PauseTurn::PauseAt(t1 + Duration::from_millis(500))
-        );
-        assert_eq!(pause.turn(true, 100, 10_000, || t1), PauseTurn::Read);
     }
 
     #[test]
