@@ -1031,8 +1031,10 @@ impl Metrics {
 
     /// Kafka acknowledged a record of `bytes` bytes on `topic`, whose row's binlog event has
     /// timestamp `event_time` (s since the epoch; 0 if unknown) and which was read at `read_at`:
-    /// one record's [`AckTally`], flushed at once.
-    pub fn record_acked(&self, topic: &str, bytes: u64, event_time: u32, read_at: Instant) {
+    /// one record's [`AckTally`], flushed at once. The relay itself tallies per batch of
+    /// delivery reports; this is the tests' shorthand.
+    #[cfg(test)]
+    fn record_acked(&self, topic: &str, bytes: u64, event_time: u32, read_at: Instant) {
         self.ack_tally().acked(
             self,
             &Arc::from(topic),

@@ -236,16 +236,17 @@ fn read_back(
         }
     };
     let _ = consumer.unassign();
-    tracing::debug!(topic = %request.topic, partition = request.partition,
-        offset = request.offset, ms = started.elapsed().as_millis() as u64,
-        found = verdict.is_ok(), "read back");
     // Deleted since (retention, DeleteRecords) is stored all the same.
-    verdict.or_else(|why| {
+    let verdict = verdict.or_else(|why| {
         match consumer.fetch_watermarks(&request.topic, request.partition, READ_TIMEOUT) {
             Ok((low, _)) if low > request.offset => Ok(()),
             _ => Err(why),
         }
-    })
+    });
+    tracing::debug!(topic = %request.topic, partition = request.partition,
+        offset = request.offset, ms = started.elapsed().as_millis() as u64,
+        stored = verdict.is_ok(), "read back");
+    verdict
 }
 
 fn is_not_authorized(e: &KafkaError) -> bool {
