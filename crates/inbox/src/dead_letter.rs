@@ -111,7 +111,8 @@ fn admin_setting(key: &str) -> bool {
 /// Makes sure `topic` exists before the first dead letter needs it (`inbox/CONTRACT.md`, "Dead
 /// letters"): asks the brokers to create it with their defaults (partitions, replication) through
 /// the admin CreateTopics request; a topic that already exists (or that the broker refuses to
-/// create but serves) counts as there. [`crate::InboxConsumer::run`] calls it for the inbox's
+/// create but serves) counts as there. It returns once the broker's metadata serves the topic,
+/// so a consumer subscribing next finds it. [`crate::InboxConsumer::run`] calls it for the inbox's
 /// dead-letter topic before its first poll; call it yourself with your own poll loop.
 /// `config`: the client settings (`bootstrap.servers` at least; only connection and security
 /// settings are used).
@@ -148,33 +149,59 @@ pub async fn ensure_topic(
         )
         .await
         .map_err(|e| refused(e.to_string()))?;
+    let admin = std::sync::Arc::new(admin);
     let why = match created.into_iter().next() {
-        Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => return Ok(()),
+        Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
+            // CreateTopics answers once the controller created the topic; the brokers learn of
+            // it a moment later. A consumer subscribing meanwhile is told it does not exist,
+            // and librdkafka asks again only at `topic.metadata.refresh.interval.ms` (5
+            // minutes by default): return once the topic is served.
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                if served(&admin, topic, Duration::from_secs(1)).await {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(refused(format!(
+                        "created, but the broker did not serve it within {timeout:?}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         Some(Err((_, code))) => code.to_string(),
         None => "no answer for the topic".to_owned(),
     };
     // Refused: still fine when the broker serves the topic (CREATE denied on an existing one).
-    let exists = {
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
-            admin
-                .inner()
-                .fetch_metadata(Some(&topic), timeout)
-                .ok()
-                .and_then(|m| {
-                    m.topics()
-                        .iter()
-                        .find(|t| t.name() == topic)
-                        .map(|t| t.error().is_none() && !t.partitions().is_empty())
-                })
-                .unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false)
-    };
-    if exists {
+    if served(&admin, topic, timeout).await {
         Ok(())
     } else {
         Err(refused(why))
     }
+}
+
+/// Whether the broker's metadata serves `topic` with its partitions (asked within `timeout`;
+/// `false` when it cannot be asked).
+async fn served(
+    admin: &std::sync::Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+    topic: &str,
+    timeout: Duration,
+) -> bool {
+    let admin = std::sync::Arc::clone(admin);
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        admin
+            .inner()
+            .fetch_metadata(Some(&topic), timeout)
+            .ok()
+            .and_then(|m| {
+                m.topics()
+                    .iter()
+                    .find(|t| t.name() == topic)
+                    .map(|t| t.error().is_none() && !t.partitions().is_empty())
+            })
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap_or(false)
 }

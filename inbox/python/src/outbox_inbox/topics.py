@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -38,7 +40,8 @@ def ensure_topic(
 ) -> None:
     """Make sure ``topic`` exists: read its metadata and, when the broker does not know it,
     create it with the broker's defaults (partitions, replication) through the admin
-    CreateTopics request; a topic another client created meanwhile counts as there.
+    CreateTopics request; a topic another client created meanwhile counts as there. Returns
+    once the broker's metadata serves the topic, so a consumer subscribing next finds it.
     ``config``: librdkafka properties (``bootstrap.servers`` at least; consumer-only ones are
     ignored). Raises :class:`DeadLetterTopicError` naming the topic and the fix when the broker
     refuses (an invalid name, a creation policy, no CREATE permission) or cannot be asked.
@@ -57,9 +60,35 @@ def ensure_topic(
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+        _wait_until_served(admin, topic, timeout)
     except KafkaException as error:
         raise DeadLetterTopicError(
             f"{role} {topic!r} does not exist and the broker refused to create it: "
             f"{error}; create it (kafka-topics.sh --create --topic {topic}), grant this client "
             f"CREATE on it, or {fix} (a valid name: at most 249 of [a-zA-Z0-9._-])"
         ) from error
+
+
+def _wait_until_served(admin: AdminClient, topic: str, timeout: float) -> None:
+    """Wait until the broker's metadata serves ``topic`` with its partitions.
+
+    CreateTopics answers once the controller created the topic, and the brokers learn of it a
+    moment later. A consumer that subscribes meanwhile is told the topic does not exist, and
+    librdkafka asks again only at ``topic.metadata.refresh.interval.ms`` (5 minutes by default),
+    so records in a just-created retry tier would wait that long. Raises ``KafkaException``
+    when the topic is still not served after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        known = admin.list_topics(topic=topic, timeout=max(remaining, 0.1)).topics.get(topic)
+        if known is not None and known.error is None and known.partitions:
+            return
+        if remaining <= 0:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    f"created, but the broker did not serve it within {timeout} s",
+                )
+            )
+        time.sleep(min(0.05, max(remaining, 0)))
