@@ -1,8 +1,11 @@
 //! Dead letters: the record unchanged plus `dlq_*` headers (`inbox/CONTRACT.md`, "Dead
 //! letters"), produced with `acks=all` and awaited.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -126,8 +129,7 @@ pub async fn ensure_topic(
     topic: &str,
     timeout: Duration,
 ) -> Result<(), InboxError> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
     use rdkafka::types::RDKafkaErrorCode;
 
     let mut admin_config = ClientConfig::new();
@@ -149,7 +151,7 @@ pub async fn ensure_topic(
         )
         .await
         .map_err(|e| refused(e.to_string()))?;
-    let admin = std::sync::Arc::new(admin);
+    let admin = Arc::new(admin);
     let why = match created.into_iter().next() {
         Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
             // CreateTopics answers once the controller created the topic; the brokers learn of
@@ -183,11 +185,11 @@ pub async fn ensure_topic(
 /// Whether the broker's metadata serves `topic` with its partitions (asked within `timeout`;
 /// `false` when it cannot be asked).
 async fn served(
-    admin: &std::sync::Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+    admin: &Arc<AdminClient<DefaultClientContext>>,
     topic: &str,
     timeout: Duration,
 ) -> bool {
-    let admin = std::sync::Arc::clone(admin);
+    let admin = Arc::clone(admin);
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         admin

@@ -91,4 +91,4 @@ def _wait_until_served(admin: AdminClient, topic: str, timeout: float) -> None:
                     f"created, but the broker did not serve it within {timeout} s",
                 )
             )
-        time.sleep(min(0.05, max(remaining, 0)))
+        time.sleep(min(0.05, remaining))
