@@ -442,3 +442,36 @@ async fn wait_for_signal() {
         }
     }
 }
+
+#[cfg(test)]
+mod allocator_tests {
+    use std::ffi::c_void;
+
+    #[allow(unsafe_code)]
+    extern "C" {
+        fn malloc(size: usize) -> *mut c_void;
+        fn free(p: *mut c_void);
+        fn mi_is_in_heap_region(p: *const c_void) -> bool;
+    }
+
+    /// librdkafka frees a record's value with free(3) (relay-kafka's `sink/served.rs`,
+    /// `RD_KAFKA_MSG_F_FREE`), a buffer Rust's global allocator allocated: free(3) must be
+    /// mimalloc's. It is when mimalloc's `override` replaced malloc(3) and free(3) in this
+    /// binary; without it, glibc would free mimalloc's memory.
+    #[test]
+    #[allow(unsafe_code)]
+    fn librdkafka_frees_what_the_global_allocator_allocated() {
+        let rust = Vec::<u8>::with_capacity(64);
+        // SAFETY: plain C allocation calls; the block is freed once.
+        unsafe {
+            assert!(mi_is_in_heap_region(rust.as_ptr().cast()));
+            let c = malloc(64);
+            assert!(!c.is_null());
+            assert!(
+                mi_is_in_heap_region(c),
+                "malloc(3) is not mimalloc's: librdkafka's free(3) would not be either"
+            );
+            free(c);
+        }
+    }
+}

@@ -260,11 +260,13 @@ pub trait RecordSink: Sync {
     /// After a refusal for size: whether `record` fits now that its topic's limit was read
     /// again.
     fn recheck_topic_limit(&self, record: &Record) -> impl Future<Output = bool> + Send;
-    /// Enqueues `record` under `seq`.
+    /// Enqueues `record` under `seq`. On success the sink may have taken the record's value
+    /// (the Kafka sink hands it to its producer without a copy): only its other fields are
+    /// left to read. On an error the record is as it was, to send again or dead-letter.
     ///
     /// # Errors
     /// See [`SendError`].
-    fn send(&self, record: &Record, seq: u64) -> Result<(), SendError>;
+    fn send(&self, record: &mut Record, seq: u64) -> Result<(), SendError>;
     /// Enqueues a dead letter under `seq`.
     ///
     /// # Errors

@@ -23,6 +23,7 @@
 //! errors are not held back while no pipeline runs (start-up, a stopped run).
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -190,6 +191,9 @@ pub struct KafkaSink {
     fallback_topics: Arc<Mutex<HashSet<String>>>,
     /// Topics found missing (auto-creation off) or not authorized: when, and the refusal.
     missing_topics: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>>,
+    /// `missing_topics` has an entry: [`KafkaSink::send`] takes its lock only then (set under
+    /// that lock).
+    any_missing: Arc<std::sync::atomic::AtomicBool>,
     /// The source's metrics.
     metrics: Arc<Metrics>,
     /// Sends a record alone, without risking the producer (see the module `trial`).
@@ -281,6 +285,7 @@ impl KafkaSink {
             topic_limits: Arc::new(TopicLimits::new(config)),
             fallback_topics: Arc::new(Mutex::new(HashSet::new())),
             missing_topics: Arc::default(),
+            any_missing: Arc::default(),
             metrics,
             trial,
         })
@@ -336,6 +341,7 @@ impl KafkaSink {
         if let Some(reason) = missing {
             if let Ok(mut map) = self.missing_topics.lock() {
                 map.insert(topic.to_owned(), (std::time::Instant::now(), reason));
+                self.any_missing.store(true, Ordering::Relaxed);
             }
             return Ok(false);
         }
@@ -360,6 +366,7 @@ impl KafkaSink {
     pub async fn recheck_topic(&self, topic: &str) -> Result<bool, RelayError> {
         if let Ok(mut map) = self.missing_topics.lock() {
             map.remove(topic);
+            self.any_missing.store(!map.is_empty(), Ordering::Relaxed);
         }
         self.ensure_topic(topic).await
     }
@@ -367,11 +374,17 @@ impl KafkaSink {
     /// Why records for `topic` are refused without sending: it was found missing (with
     /// auto-creation off) or not authorized less than [`MISSING_TOPIC_RECHECK`] ago.
     fn missing_reason(&self, topic: &str) -> Option<String> {
+        // Relaxed: the flag is set and cleared under the map's lock, and a record racing an
+        // ensure_topic of another task is refused by the broker if not here.
+        if !self.any_missing.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut map = self.missing_topics.lock().ok()?;
         match map.get(topic) {
             Some((at, reason)) if at.elapsed() < MISSING_TOPIC_RECHECK => Some(reason.clone()),
             Some(_) => {
                 map.remove(topic);
+                self.any_missing.store(!map.is_empty(), Ordering::Relaxed);
                 None
             }
             None => None,
@@ -498,7 +511,7 @@ impl KafkaSink {
     /// [`KafkaSink::ensure_topic`] learnt it; [`SendError::Permanent`] for one Kafka can never
     /// take for another reason (a partition the topic does not have); [`SendError::Failed`]
     /// otherwise.
-    pub fn send(&self, record: &Record, seq: u64) -> Result<(), SendError> {
+    pub fn send(&self, record: &mut Record, seq: u64) -> Result<(), SendError> {
         if let Some(reason) = self.missing_reason(&record.topic) {
             return Err(SendError::BrokerRefused(reason));
         }
@@ -510,27 +523,36 @@ impl KafkaSink {
         ) {
             return Err(SendError::TooLarge(reason));
         }
-        let (timestamp, headers) = self.stamped(record)?;
-        let mut br: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(&record.topic, opaque(seq))
-                .key(record.key.as_slice())
-                .headers(headers)
-                .timestamp(timestamp);
-        if let Some(partition) = record.partition {
-            br = br.partition(partition);
-        }
-        if let Some(value) = &record.value {
-            br = br.payload(value.as_slice());
-        }
-        let size = record_size(&record.key, record.value.as_deref(), &record.headers);
-        self.producer
-            .producer
-            .send(br)
-            .map_err(|(e, _)| classify_send_error(e, &record.topic, size))
+        let (timestamp_ms, fallback) = self.timestamp_of(record)?;
+        let Record {
+            topic,
+            key,
+            value,
+            headers,
+            partition,
+            ..
+        } = record;
+        let produce = served::Produce {
+            topic,
+            partition: *partition,
+            key,
+            timestamp_ms,
+            headers,
+            extra_header: fallback
+                .as_deref()
+                .map(|f| (TIMESTAMP_FALLBACK_HEADER, f.as_bytes())),
+            opaque: opaque(seq),
+        };
+        self.producer.produce(&produce, value).map_err(|e| {
+            // Refused: the record is whole again, so its size is the one it was sent with.
+            let size = record_size(&record.key, record.value.as_deref(), &record.headers);
+            classify_send_error(e, &record.topic, size)
+        })
     }
 
     /// The timestamp to send `record` with and its headers (with [`TIMESTAMP_FALLBACK_HEADER`]
-    /// when that timestamp is its commit time instead of a refused `created_at`).
+    /// when that timestamp is its commit time instead of a refused `created_at`), for rdkafka's
+    /// own producers (the trial producer's).
     ///
     /// # Errors
     /// As [`KafkaSink::timestamp_of`].
@@ -1118,7 +1140,7 @@ mod tests {
             ..KafkaConfig::default()
         };
         let sink = KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer");
-        let record = Record {
+        let mut record = Record {
             topic: "t.orders".into(),
             key: b"order-1".to_vec(),
             value: Some(b"{}".to_vec()),
@@ -1128,7 +1150,7 @@ mod tests {
             column_timestamp: false,
             fallback_ms: None,
         };
-        sink.send(&record, 7).expect("enqueued");
+        sink.send(&mut record, 7).expect("enqueued");
         let mut reports = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while reports.is_empty() {
@@ -1145,6 +1167,43 @@ mod tests {
             matches!(outcome, Err(RelayError::Kafka(m)) if m.contains("delivery failed")),
             "{outcome:?}"
         );
+    }
+
+    /// The producer takes a record's value only when it enqueued the record: a refused one
+    /// (here: librdkafka's queue is full) keeps it, to send again or dead-letter. An empty
+    /// value is copied, so it stays an empty value, not a tombstone.
+    #[test]
+    fn the_producer_takes_the_value_only_of_a_record_it_enqueued() {
+        let config = KafkaConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            max_in_flight: 10,
+            properties: [("queue.buffering.max.messages".to_owned(), "2".to_owned())].into(),
+            ..KafkaConfig::default()
+        };
+        let sink = KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer");
+        let record = |value: &[u8]| Record {
+            topic: "t.orders".into(),
+            key: b"order-1".to_vec(),
+            value: Some(value.to_vec()),
+            headers: vec![("id".into(), Some(b"1".to_vec())), ("trace".into(), None)],
+            partition: None,
+            timestamp_ms: 1_700_000_000_000,
+            column_timestamp: false,
+            fallback_ms: None,
+        };
+        let mut empty = record(b"");
+        sink.send(&mut empty, 1).expect("enqueued");
+        assert_eq!(empty.value, Some(Vec::new()), "an empty value is copied");
+        let mut sent = record(b"{\"total\":42}");
+        sink.send(&mut sent, 2).expect("enqueued");
+        assert_eq!(sent.value, None, "the producer owns the value now");
+        let mut refused = record(b"{\"total\":43}");
+        let err = sink
+            .send(&mut refused, 3)
+            .expect_err("the queue holds two records");
+        assert!(matches!(err, SendError::QueueFull), "{err:?}");
+        assert_eq!(refused.value.as_deref(), Some(&b"{\"total\":43}"[..]));
+        assert_eq!(refused.headers.len(), 2, "the record is whole");
     }
 
     #[test]

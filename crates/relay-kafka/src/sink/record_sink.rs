@@ -37,7 +37,7 @@ impl RecordSink for KafkaSink {
     fn recheck_topic_limit(&self, record: &Record) -> impl Future<Output = bool> + Send {
         KafkaSink::recheck_topic_limit(self, record)
     }
-    fn send(&self, record: &Record, seq: u64) -> Result<(), SendError> {
+    fn send(&self, record: &mut Record, seq: u64) -> Result<(), SendError> {
         KafkaSink::send(self, record, seq)
     }
     fn send_dead_letter(&self, dl: &DeadLetter, seq: u64) -> Result<(), SendError> {

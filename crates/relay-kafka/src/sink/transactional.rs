@@ -416,14 +416,12 @@ impl RecordSink for TransactionalSink {
     ) -> impl std::future::Future<Output = bool> + Send {
         self.inner.recheck_topic_limit(record)
     }
-    fn send(&self, record: &Record, seq: u64) -> Result<(), SendError> {
+    fn send(&self, record: &mut Record, seq: u64) -> Result<(), SendError> {
         self.begin()?;
+        // Measured first: the producer takes the value.
+        let size = record_size(&record.key, record.value.as_deref(), &record.headers);
         self.inner.send(record, seq)?;
-        self.count(record_size(
-            &record.key,
-            record.value.as_deref(),
-            &record.headers,
-        ));
+        self.count(size);
         Ok(())
     }
     fn send_dead_letter(&self, dl: &DeadLetter, seq: u64) -> Result<(), SendError> {

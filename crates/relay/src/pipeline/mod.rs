@@ -731,7 +731,7 @@ struct Reader<'a> {
     /// Kept by the supervisor across runs.
     refusals: &'a mut Refusals,
     /// The last row whose record this run sent.
-    last_sent: Option<RowRef>,
+    last_sent: Option<Done>,
     /// The record just sent was sent alone: wait for its report before reading on.
     drain_after: bool,
     /// The cutover filter, while `[cutover]` is configured.
@@ -829,7 +829,7 @@ impl Reader<'_> {
                 )))
             }
             None => {
-                let through = self.last_sent.clone();
+                let through = self.last_sent.as_ref().map(RowRef::of);
                 if let Some(last) = &through {
                     self.refusals.learnt += 1;
                     let known = self.refusals.isolate_through.take();
@@ -1273,8 +1273,13 @@ impl Reader<'_> {
             Box::new(span)
         });
         let bytes = record_bytes(&record);
-        let row = RowRef::of(&done);
-        if let Some(refusal) = self.refusals.refused.get(&row).cloned() {
+        // A row's reference (a copy of its binlog file name) only when refusals are known:
+        // otherwise, for every row, it cost an allocation and a cross-thread free.
+        let known_refusals = !self.refusals.refused.is_empty();
+        if let Some(refusal) = known_refusals
+            .then(|| self.refusals.refused.get(&RowRef::of(&done)).cloned())
+            .flatten()
+        {
             // Refused alone by a broker in an earlier run: not sent again.
             let err = RelayError::Row {
                 position: position.clone(),
@@ -1329,7 +1334,8 @@ impl Reader<'_> {
             self.start_hold(topic, reason, held, progress);
             return Ok(false);
         }
-        let alone = self.refusals.isolates(&row);
+        let alone = self.refusals.isolate_through.is_some()
+            && self.refusals.isolates(&RowRef::of(&held.done));
         let topic = &held.record.topic;
         if !self
             .ready_topic
@@ -1345,11 +1351,12 @@ impl Reader<'_> {
         // The rare paths' futures are boxed (here and below): this future is built and moved
         // for every row, and with them inline it was 3.4 KB, whose copies were about a third
         // of the pipeline thread's CPU draining a backlog.
-        let mut sent = match self.send_once(sink, inflight, |s, seq| s.send(&held.record, seq)) {
+        let mut sent = match self.send_once(sink, inflight, |s, seq| s.send(&mut held.record, seq))
+        {
             Err(SendError::QueueFull) => {
                 Box::pin(
                     self.send_with_backpressure(sink, progress, inflight, |s, seq| {
-                        s.send(&held.record, seq)
+                        s.send(&mut held.record, seq)
                     }),
                 )
                 .await
@@ -1364,7 +1371,7 @@ impl Reader<'_> {
             // The topic's max.message.bytes was raised since it was read.
             sent = Box::pin(
                 self.send_with_backpressure(sink, progress, inflight, |s, seq| {
-                    s.send(&held.record, seq)
+                    s.send(&mut held.record, seq)
                 }),
             )
             .await;
@@ -1382,6 +1389,7 @@ impl Reader<'_> {
                 }
                 let (done, mut info, record) = record_info(held, alone, None);
                 self.spent.put(record);
+                self.last_sent = Some(done.clone());
                 if self
                     .settings
                     .ack_audit
@@ -1391,7 +1399,6 @@ impl Reader<'_> {
                     info.sent_at = Some(Instant::now());
                 }
                 inflight.push_record(done, info);
-                self.last_sent = Some(row);
                 // Its acknowledgement is awaited once it counts as in flight (see `stream`).
                 self.drain_after = alone;
                 Ok(true)
@@ -1622,7 +1629,7 @@ impl Reader<'_> {
             }
             let sent = self
                 .send_with_backpressure(sink, progress, inflight, |s, seq| {
-                    s.send(&held.record, seq)
+                    s.send(&mut held.record, seq)
                 })
                 .await;
             match sent {
@@ -1785,10 +1792,10 @@ impl Reader<'_> {
         sink: &K,
         progress: &mut Progress<'_, S>,
         inflight: &mut AckQueue,
-        send: impl Fn(&K, u64) -> Result<(), SendError>,
+        mut send: impl FnMut(&K, u64) -> Result<(), SendError>,
     ) -> Result<(), Refusal> {
         loop {
-            match self.send_once(sink, inflight, &send) {
+            match self.send_once(sink, inflight, &mut send) {
                 Ok(()) => return Ok(()),
                 Err(SendError::QueueFull) => match inflight.next(sink).await {
                     Some(ack) => {
@@ -1809,7 +1816,7 @@ impl Reader<'_> {
         &self,
         sink: &K,
         inflight: &AckQueue,
-        send: impl Fn(&K, u64) -> Result<(), SendError>,
+        mut send: impl FnMut(&K, u64) -> Result<(), SendError>,
     ) -> Result<(), SendError> {
         if let Some(clock) = &self.lease_clock {
             clock.check().map_err(SendError::Failed)?;
