@@ -233,6 +233,15 @@ test-inbox-batch: services-up inbox
 bench-budget: services-up
 	tests/bench/budget.sh
 
+## Instructions per row by thread (not part of `make bench`, about a minute per server): a
+## BENCH_ROWS (100000) row drain under callgrind, per server of BENCH_SERVERS; BENCH_REF_BIN=<an
+## older outbox-relay binary> counts that build too. Run-to-run noise is under 1 %, where a drain's
+## rows/s vary by a third (tests/bench/instructions.sh; docs/src/benchmark.md, "Instructions per
+## row").
+.PHONY: bench-instructions
+bench-instructions: services-up
+	tests/bench/instructions.sh
+
 ## The inbox's cost alone (also the last step of `make bench`): each helper's scenario consumer
 ## with and without the inbox on the same BENCH_INBOX_RECORDS (20000) records of one partition
 ## (tests/bench/inbox-bench.sh; docs/src/benchmark.md, "The inbox's cost").
