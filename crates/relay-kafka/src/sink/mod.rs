@@ -190,10 +190,7 @@ pub struct KafkaSink {
     /// Topics whose timestamp fallback was logged.
     fallback_topics: Arc<Mutex<HashSet<String>>>,
     /// Topics found missing (auto-creation off) or not authorized: when, and the refusal.
-    missing_topics: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>>,
-    /// `missing_topics` has an entry: [`KafkaSink::send`] takes its lock only then (set under
-    /// that lock).
-    any_missing: Arc<std::sync::atomic::AtomicBool>,
+    missing_topics: Arc<MissingTopics>,
     /// The source's metrics.
     metrics: Arc<Metrics>,
     /// Sends a record alone, without risking the producer (see the module `trial`).
@@ -226,6 +223,51 @@ const COMMIT_TIMESTAMP_FIX: &str = "raise the topic's message.timestamp.before.m
     after.max.ms) so that it takes the source's commit times, or set its \
     message.timestamp.type=LogAppendTime; check the clocks of the database server, the relay \
     and the brokers";
+
+/// Topics found missing (auto-creation off) or not authorized: when, and the refusal.
+#[derive(Default)]
+struct MissingTopics {
+    topics: Mutex<std::collections::HashMap<String, (std::time::Instant, String)>>,
+    /// `topics` has an entry, set and cleared under its lock: [`KafkaSink::send`] takes the lock
+    /// only then (on every record it was a lock and an unlock).
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl MissingTopics {
+    fn insert(&self, topic: &str, reason: String) {
+        if let Ok(mut topics) = self.topics.lock() {
+            topics.insert(topic.to_owned(), (std::time::Instant::now(), reason));
+            self.any.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn forget(&self, topic: &str) {
+        if let Ok(mut topics) = self.topics.lock() {
+            topics.remove(topic);
+            self.any.store(!topics.is_empty(), Ordering::Relaxed);
+        }
+    }
+
+    /// Why records for `topic` are refused without sending: it was found missing (with
+    /// auto-creation off) or not authorized less than [`MISSING_TOPIC_RECHECK`] ago.
+    fn reason(&self, topic: &str) -> Option<String> {
+        // Relaxed: a record racing another task's ensure_topic is refused by the broker if not
+        // here.
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut topics = self.topics.lock().ok()?;
+        match topics.get(topic) {
+            Some((at, reason)) if at.elapsed() < MISSING_TOPIC_RECHECK => Some(reason.clone()),
+            Some(_) => {
+                topics.remove(topic);
+                self.any.store(!topics.is_empty(), Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+}
 
 impl KafkaSink {
     /// Creates the producer. Does not contact the brokers; see [`KafkaSink::check_reachable`].
@@ -285,7 +327,6 @@ impl KafkaSink {
             topic_limits: Arc::new(TopicLimits::new(config)),
             fallback_topics: Arc::new(Mutex::new(HashSet::new())),
             missing_topics: Arc::default(),
-            any_missing: Arc::default(),
             metrics,
             trial,
         })
@@ -318,7 +359,7 @@ impl KafkaSink {
         {
             return Ok(true);
         }
-        if let Some(reason) = self.missing_reason(topic) {
+        if let Some(reason) = self.missing_topics.reason(topic) {
             tracing::debug!(topic, "{reason}");
             return Ok(false);
         }
@@ -339,10 +380,7 @@ impl KafkaSink {
             _ => None,
         };
         if let Some(reason) = missing {
-            if let Ok(mut map) = self.missing_topics.lock() {
-                map.insert(topic.to_owned(), (std::time::Instant::now(), reason));
-                self.any_missing.store(true, Ordering::Relaxed);
-            }
+            self.missing_topics.insert(topic, reason);
             return Ok(false);
         }
         let (ready, _, _) = self.topic_state(topic, TOPIC_READY_TIMEOUT).await?;
@@ -364,31 +402,8 @@ impl KafkaSink {
     /// # Errors
     /// As [`KafkaSink::ensure_topic`].
     pub async fn recheck_topic(&self, topic: &str) -> Result<bool, RelayError> {
-        if let Ok(mut map) = self.missing_topics.lock() {
-            map.remove(topic);
-            self.any_missing.store(!map.is_empty(), Ordering::Relaxed);
-        }
+        self.missing_topics.forget(topic);
         self.ensure_topic(topic).await
-    }
-
-    /// Why records for `topic` are refused without sending: it was found missing (with
-    /// auto-creation off) or not authorized less than [`MISSING_TOPIC_RECHECK`] ago.
-    fn missing_reason(&self, topic: &str) -> Option<String> {
-        // Relaxed: the flag is set and cleared under the map's lock, and a record racing an
-        // ensure_topic of another task is refused by the broker if not here.
-        if !self.any_missing.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut map = self.missing_topics.lock().ok()?;
-        match map.get(topic) {
-            Some((at, reason)) if at.elapsed() < MISSING_TOPIC_RECHECK => Some(reason.clone()),
-            Some(_) => {
-                map.remove(topic);
-                self.any_missing.store(!map.is_empty(), Ordering::Relaxed);
-                None
-            }
-            None => None,
-        }
     }
 
     /// Asks for `topic`'s metadata until every partition has a leader or `wait` has passed
@@ -512,7 +527,7 @@ impl KafkaSink {
     /// take for another reason (a partition the topic does not have); [`SendError::Failed`]
     /// otherwise.
     pub fn send(&self, record: &mut Record, seq: u64) -> Result<(), SendError> {
-        if let Some(reason) = self.missing_reason(&record.topic) {
+        if let Some(reason) = self.missing_topics.reason(&record.topic) {
             return Err(SendError::BrokerRefused(reason));
         }
         if let Some(reason) = self.topic_limits.refusal(
@@ -1129,17 +1144,23 @@ mod tests {
         );
     }
 
+    /// A sink whose broker never answers (nothing listens on its address), with one more
+    /// producer property.
+    fn unreachable_sink(property: &str, value: &str) -> KafkaSink {
+        let config = KafkaConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            max_in_flight: 10,
+            properties: [(property.to_owned(), value.to_owned())].into(),
+            ..KafkaConfig::default()
+        };
+        KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer")
+    }
+
     /// The pipeline sleeps on `events()` and serves the queue itself: a delivery report must
     /// wake it. No broker listens on the address, so the record fails at `message.timeout.ms`.
     #[tokio::test]
     async fn a_delivery_report_wakes_the_waiter_and_is_filed_by_serve() {
-        let config = KafkaConfig {
-            bootstrap_servers: "127.0.0.1:1".into(),
-            max_in_flight: 10,
-            properties: [("message.timeout.ms".to_owned(), "300".to_owned())].into(),
-            ..KafkaConfig::default()
-        };
-        let sink = KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer");
+        let sink = unreachable_sink("message.timeout.ms", "300");
         let mut record = Record {
             topic: "t.orders".into(),
             key: b"order-1".to_vec(),
@@ -1174,13 +1195,7 @@ mod tests {
     /// value is copied, so it stays an empty value, not a tombstone.
     #[test]
     fn the_producer_takes_the_value_only_of_a_record_it_enqueued() {
-        let config = KafkaConfig {
-            bootstrap_servers: "127.0.0.1:1".into(),
-            max_in_flight: 10,
-            properties: [("queue.buffering.max.messages".to_owned(), "2".to_owned())].into(),
-            ..KafkaConfig::default()
-        };
-        let sink = KafkaSink::new(&config, None, Arc::new(Metrics::new())).expect("producer");
+        let sink = unreachable_sink("queue.buffering.max.messages", "2");
         let record = |value: &[u8]| Record {
             topic: "t.orders".into(),
             key: b"order-1".to_vec(),

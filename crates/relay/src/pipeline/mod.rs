@@ -168,10 +168,23 @@ impl Refusals {
         self.learnt
     }
 
-    fn isolates(&self, row: &RowRef) -> bool {
+    /// The row `done` is sent alone (it is in the isolated range).
+    ///
+    /// Its [`RowRef`] (a copy of its binlog file name) is built only when there is a range: for
+    /// every row it cost an allocation and a cross-thread free.
+    fn isolates(&self, done: &Done) -> bool {
         self.isolate_through
             .as_ref()
-            .is_some_and(|last| row.not_after(last))
+            .is_some_and(|last| RowRef::of(done).not_after(last))
+    }
+
+    /// How a broker refused the row `done` alone in an earlier run, if it did (its
+    /// [`RowRef`] built only when some row was refused, as in [`Refusals::isolates`]).
+    fn refusal_of(&self, done: &Done) -> Option<BrokerRefusal> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        self.refused.get(&RowRef::of(done)).cloned()
     }
 }
 
@@ -1273,13 +1286,7 @@ impl Reader<'_> {
             Box::new(span)
         });
         let bytes = record_bytes(&record);
-        // A row's reference (a copy of its binlog file name) only when refusals are known:
-        // otherwise, for every row, it cost an allocation and a cross-thread free.
-        let known_refusals = !self.refusals.refused.is_empty();
-        if let Some(refusal) = known_refusals
-            .then(|| self.refusals.refused.get(&RowRef::of(&done)).cloned())
-            .flatten()
-        {
+        if let Some(refusal) = self.refusals.refusal_of(&done) {
             // Refused alone by a broker in an earlier run: not sent again.
             let err = RelayError::Row {
                 position: position.clone(),
@@ -1334,8 +1341,7 @@ impl Reader<'_> {
             self.start_hold(topic, reason, held, progress);
             return Ok(false);
         }
-        let alone = self.refusals.isolate_through.is_some()
-            && self.refusals.isolates(&RowRef::of(&held.done));
+        let alone = self.refusals.isolates(&held.done);
         let topic = &held.record.topic;
         if !self
             .ready_topic
