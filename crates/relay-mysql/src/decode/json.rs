@@ -347,12 +347,7 @@ impl Renderer<'_> {
                 self.separator();
             }
             self.quoted(key.value_raw());
-            self.out
-                .extend_from_slice(if self.style == Style::Debezium {
-                    b":"
-                } else {
-                    b": "
-                });
+            self.colon();
             self.value(&item, depth)
                 .map_err(|e| e.within(&member_leg(key.value_raw())))?;
         }
@@ -369,13 +364,21 @@ impl Renderer<'_> {
         }
     }
 
+    // Separators: a constant slice per style, so the copy is a store rather than a `memcpy`
+    // call of a length only known at run time.
     fn separator(&mut self) {
-        self.out
-            .extend_from_slice(if self.style == Style::Debezium {
-                b","
-            } else {
-                b", "
-            });
+        match self.style {
+            Style::Mysql => self.out.extend_from_slice(b", "),
+            Style::Debezium => self.out.push(b','),
+        }
+    }
+
+    /// Between an object member's key and its value.
+    fn colon(&mut self) {
+        match self.style {
+            Style::Mysql => self.out.extend_from_slice(b": "),
+            Style::Debezium => self.out.push(b':'),
+        }
     }
 
     /// A JSON string: MySQL's `double_quote`, or Debezium's `JsonStringFormatter.appendString`
@@ -655,12 +658,7 @@ impl Renderer<'_> {
                         ))
                     })?;
                 self.quoted(key);
-                self.out
-                    .extend_from_slice(if self.style == Style::Debezium {
-                        b":"
-                    } else {
-                        b": "
-                    });
+                self.colon();
             }
             let entry = values_at + i * value_entry;
             let ty = data[entry];
@@ -694,6 +692,7 @@ impl Renderer<'_> {
 }
 
 /// The error for a value cut short by the end of its bytes.
+#[cold]
 fn short(what: &str) -> JsonRenderError {
     JsonRenderError::malformed(format!("{what} value cut short"))
 }
@@ -706,12 +705,19 @@ fn fixed<const N: usize>(data: &[u8], what: &str) -> Result<[u8; N], JsonRenderE
 }
 
 /// The offset or size at `at`: 2 bytes little-endian in the small format, 4 in the large one.
+/// Inlined: a container reads two or three of these per element.
+#[inline]
 fn offset_at(data: &[u8], at: usize, large: bool) -> Result<usize, JsonRenderError> {
-    let rest = data.get(at..).unwrap_or_default();
     let n = if large {
-        u32::from_le_bytes(fixed(rest, "offset")?)
+        match data.get(at..at.saturating_add(4)) {
+            Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+            _ => return Err(short("offset")),
+        }
     } else {
-        u32::from(u16::from_le_bytes(fixed(rest, "offset")?))
+        match data.get(at..at.saturating_add(2)) {
+            Some(&[a, b]) => u32::from(u16::from_le_bytes([a, b])),
+            _ => return Err(short("offset")),
+        }
     };
     usize::try_from(n).map_err(|_| JsonRenderError::malformed("offset beyond the address space"))
 }
@@ -762,17 +768,26 @@ fn member_leg(key: &[u8]) -> String {
 }
 
 /// MySQL's `double_quote`: the bytes in double quotes, escaping `"`, `\` and bytes <= 0x1F.
+#[inline]
 fn write_quoted(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Most strings need no escape: one scan (which the compiler vectorizes) and one copy, not
+    // a branch per byte (this was 4.6 % of the relay's CPU draining a MySQL backlog).
+    if needs_escape(bytes) {
+        write_escaped(out, bytes);
+        return;
+    }
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(bytes);
+    out.push(b'"');
+}
+
+/// [`write_quoted`] of bytes that need an escape.
+#[cold]
+fn write_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(bytes.len() + 2);
     out.push(b'"');
-    // Most strings need no escape: one scan (which the compiler vectorizes) and one copy, not
-    // a branch per byte (this was 4.6 % of the relay's CPU draining a MySQL backlog).
-    if !needs_escape(bytes) {
-        out.extend_from_slice(bytes);
-        out.push(b'"');
-        return;
-    }
     let mut plain = 0; // start of the run of bytes copied as they are
     for (i, &b) in bytes.iter().enumerate() {
         let escape: &[u8] = match b {
@@ -802,35 +817,76 @@ fn write_quoted(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Whether `bytes` hold a byte that a JSON string escapes (a control character, `"`, `\\`).
-/// Each 32-byte chunk is tested without an early exit, which the compiler turns into vector
-/// compares; `Iterator::any` over bytes stayed a branch per byte.
+/// Whole 16-byte chunks are tested without an early exit, which the compiler turns into
+/// vector compares (`Iterator::any` over bytes stays a branch per byte). The last 0-15 bytes
+/// (all of an object key, usually) go through one or two 8-byte words ([`word_escapes`]):
+/// two overlapping loads for 8-15 bytes, two overlapping 4-byte halves for 4-7, and for 1-3
+/// the first, middle and last byte padded with `A`, which needs no escape.
+#[inline]
 fn needs_escape(bytes: &[u8]) -> bool {
-    bytes.chunks(32).any(|chunk| {
-        chunk.iter().fold(false, |hit, &b| {
-            hit | (b < 0x20) | (b == b'"') | (b == b'\\')
-        })
-    })
-}
-
-fn write_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut pos = buf.len();
-    loop {
-        pos -= 1;
-        buf[pos] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+    let escapes = |b: u8| (b < 0x20) | (b == b'"') | (b == b'\\');
+    let mut chunks = bytes.chunks_exact(16);
+    for chunk in &mut chunks {
+        if chunk.iter().fold(false, |hit, &b| hit | escapes(b)) {
+            return true;
         }
     }
-    out.extend_from_slice(&buf[pos..]);
+    let rest = chunks.remainder();
+    let n = rest.len();
+    let word = if n >= 8 {
+        if word_escapes(le_u64(&rest[..8])) {
+            return true;
+        }
+        le_u64(&rest[n - 8..])
+    } else if n >= 4 {
+        u64::from(le_u32(&rest[..4])) | u64::from(le_u32(&rest[n - 4..])) << 32
+    } else if n > 0 {
+        const PAD: u64 = 0x4141_4141_4100_0000; // five `A`s above three bytes
+        PAD | u64::from(rest[0]) | u64::from(rest[n / 2]) << 8 | u64::from(rest[n - 1]) << 16
+    } else {
+        return false;
+    };
+    word_escapes(word)
+}
+
+/// Whether one of the 8 bytes of `x` is below 0x20, `"` or `\\`: the word-at-a-time tests of
+/// Bit Twiddling Hacks ("Determine if a word has a byte less than n", exact for n <= 128, and
+/// "has a zero byte" of `x` XOR the byte repeated). Each test may flag bytes above a true hit
+/// but never flags a word without one, so the answer for the word is exact.
+#[inline]
+fn word_escapes(x: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below_space = x.wrapping_sub(ONES * 0x20) & !x;
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let backslash = x ^ (ONES * u64::from(b'\\'));
+    let zero_quote = quote.wrapping_sub(ONES) & !quote;
+    let zero_backslash = backslash.wrapping_sub(ONES) & !backslash;
+    (below_space | zero_quote | zero_backslash) & HIGH != 0
+}
+
+/// The first 8 bytes of `b` (at least 8), little-endian.
+#[inline]
+fn le_u64(b: &[u8]) -> u64 {
+    let mut word = [0; 8];
+    word.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(word)
+}
+
+/// The first 4 bytes of `b` (at least 4), little-endian.
+#[inline]
+fn le_u32(b: &[u8]) -> u32 {
+    let mut word = [0; 4];
+    word.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(word)
+}
+
+fn write_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 fn write_i64(out: &mut Vec<u8>, n: i64) {
-    if n < 0 {
-        out.push(b'-');
-    }
-    write_u64(out, n.unsigned_abs());
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `MY_GCVT_MAX_FIELD_WIDTH`: `DBL_DIG + 4 + max(5, MAX_DECPT_FOR_F_FORMAT)`.
@@ -2419,12 +2475,47 @@ mod tests {
         })
     }
 
+    /// The byte-at-a-time answer [`needs_escape`] must give.
+    fn escapes_somewhere(bytes: &[u8]) -> bool {
+        bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+    }
+
+    /// Every byte value at every position of every length up to 40 (each word-load case, and
+    /// two 16-byte chunks and a tail), amid bytes that border the escaped ones.
+    #[test]
+    fn needs_escape_finds_every_escaped_byte_wherever_it_is() {
+        for background in [b'a', b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff] {
+            for len in 0..=40 {
+                let plain = vec![background; len];
+                assert!(!needs_escape(&plain), "{len} x {background:#04x}");
+                for at in 0..len {
+                    for b in 0..=255u8 {
+                        let mut bytes = plain.clone();
+                        bytes[at] = b;
+                        assert_eq!(
+                            needs_escape(&bytes),
+                            escapes_somewhere(&bytes),
+                            "{b:#04x} at {at} of {len} amid {background:#04x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
         #[test]
         fn random_documents_round_trip(doc in arb_doc()) {
             check_round_trip(&doc, &encode(&doc))?;
+        }
+
+        #[test]
+        fn needs_escape_agrees_with_a_byte_at_a_time_scan(
+            bytes in prop::collection::vec(prop_oneof![40 => 0x23u8.., 1 => any::<u8>()], 0..70),
+        ) {
+            prop_assert_eq!(needs_escape(&bytes), escapes_somewhere(&bytes));
         }
 
         /// The in-place walk the decoder uses prints what the walk over mysql_common's parse
