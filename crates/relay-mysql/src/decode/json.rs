@@ -293,12 +293,12 @@ impl Renderer<'_> {
             jsonb::Value::Null => self.out.extend_from_slice(b"null"),
             jsonb::Value::Bool(true) => self.out.extend_from_slice(b"true"),
             jsonb::Value::Bool(false) => self.out.extend_from_slice(b"false"),
-            jsonb::Value::I16(x) => write_i64(self.out, i64::from(*x)),
-            jsonb::Value::I32(x) => write_i64(self.out, i64::from(*x)),
-            jsonb::Value::I64(x) => write_i64(self.out, *x),
-            jsonb::Value::U16(x) => write_u64(self.out, u64::from(*x)),
-            jsonb::Value::U32(x) => write_u64(self.out, u64::from(*x)),
-            jsonb::Value::U64(x) => write_u64(self.out, *x),
+            jsonb::Value::I16(x) => write_int(self.out, *x),
+            jsonb::Value::I32(x) => write_int(self.out, *x),
+            jsonb::Value::I64(x) => write_int(self.out, *x),
+            jsonb::Value::U16(x) => write_int(self.out, *x),
+            jsonb::Value::U32(x) => write_int(self.out, *x),
+            jsonb::Value::U64(x) => write_int(self.out, *x),
             jsonb::Value::F64(x) => self.double(*x),
             jsonb::Value::String(s) => self.quoted(s.str_raw()),
             jsonb::Value::SmallArray(a) => self.array(a.iter(), depth)?,
@@ -480,7 +480,7 @@ impl Renderer<'_> {
             ty => {
                 let mut text = Vec::with_capacity(16 + data.len() / 3 * 4 + data.len() / 57 + 4);
                 text.extend_from_slice(b"base64:type");
-                write_u64(&mut text, u64::from(ty as u8));
+                write_int(&mut text, u64::from(ty as u8));
                 text.push(b':');
                 write_base64(&mut text, data);
                 write_quoted(self.out, &text);
@@ -547,24 +547,12 @@ impl Renderer<'_> {
                 }
                 None => return Err(short("literal")),
             },
-            INT16 => write_i64(
-                self.out,
-                i64::from(i16::from_le_bytes(fixed(data, "int16")?)),
-            ),
-            UINT16 => write_u64(
-                self.out,
-                u64::from(u16::from_le_bytes(fixed(data, "uint16")?)),
-            ),
-            INT32 => write_i64(
-                self.out,
-                i64::from(i32::from_le_bytes(fixed(data, "int32")?)),
-            ),
-            UINT32 => write_u64(
-                self.out,
-                u64::from(u32::from_le_bytes(fixed(data, "uint32")?)),
-            ),
-            INT64 => write_i64(self.out, i64::from_le_bytes(fixed(data, "int64")?)),
-            UINT64 => write_u64(self.out, u64::from_le_bytes(fixed(data, "uint64")?)),
+            INT16 => write_int(self.out, i16::from_le_bytes(fixed(data, "int16")?)),
+            UINT16 => write_int(self.out, u16::from_le_bytes(fixed(data, "uint16")?)),
+            INT32 => write_int(self.out, i32::from_le_bytes(fixed(data, "int32")?)),
+            UINT32 => write_int(self.out, u32::from_le_bytes(fixed(data, "uint32")?)),
+            INT64 => write_int(self.out, i64::from_le_bytes(fixed(data, "int64")?)),
+            UINT64 => write_int(self.out, u64::from_le_bytes(fixed(data, "uint64")?)),
             DOUBLE => self.double(f64::from_le_bytes(fixed(data, "double")?)),
             STRING => {
                 let (len, rest) = variable_length(data)?;
@@ -698,6 +686,7 @@ fn short(what: &str) -> JsonRenderError {
 }
 
 /// The first `N` bytes of `data`.
+#[inline]
 fn fixed<const N: usize>(data: &[u8], what: &str) -> Result<[u8; N], JsonRenderError> {
     data.get(..N)
         .and_then(|b| <[u8; N]>::try_from(b).ok())
@@ -708,16 +697,11 @@ fn fixed<const N: usize>(data: &[u8], what: &str) -> Result<[u8; N], JsonRenderE
 /// Inlined: a container reads two or three of these per element.
 #[inline]
 fn offset_at(data: &[u8], at: usize, large: bool) -> Result<usize, JsonRenderError> {
+    let rest = data.get(at..).unwrap_or_default();
     let n = if large {
-        match data.get(at..at.saturating_add(4)) {
-            Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
-            _ => return Err(short("offset")),
-        }
+        u32::from_le_bytes(fixed(rest, "offset")?)
     } else {
-        match data.get(at..at.saturating_add(2)) {
-            Some(&[a, b]) => u32::from(u16::from_le_bytes([a, b])),
-            _ => return Err(short("offset")),
-        }
+        u32::from(u16::from_le_bytes(fixed(rest, "offset")?))
     };
     usize::try_from(n).map_err(|_| JsonRenderError::malformed("offset beyond the address space"))
 }
@@ -881,11 +865,8 @@ fn le_u32(b: &[u8]) -> u32 {
     u32::from_le_bytes(word)
 }
 
-fn write_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-}
-
-fn write_i64(out: &mut Vec<u8>, n: i64) {
+/// `n` in decimal (`-` for a negative one).
+fn write_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
@@ -963,7 +944,7 @@ fn write_double(out: &mut Vec<u8>, x: f64) {
         if exp < 0 {
             out.push(b'-');
         }
-        write_u64(out, u64::from(exp.unsigned_abs()));
+        write_int(out, u64::from(exp.unsigned_abs()));
     }
     if !out[start..].iter().any(|&c| c == b'.' || c == b'e') {
         out.extend_from_slice(b".0");
@@ -1219,7 +1200,7 @@ fn write_temporal(out: &mut Vec<u8>, ty: ColumnType, packed: i64) {
         if hour < 10 {
             out.push(b'0');
         }
-        write_u64(out, u64::from(hour));
+        write_int(out, u64::from(hour));
         out.push(b':');
         write_two_digits(out, u64::from(minute));
         out.push(b':');
