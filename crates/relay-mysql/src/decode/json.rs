@@ -532,10 +532,10 @@ impl Renderer<'_> {
     fn binary(&mut self, ty: u8, data: &[u8], depth: usize) -> Result<(), JsonRenderError> {
         use jsonb_type::*;
         match ty {
-            SMALL_OBJECT => self.container(data, false, true, depth)?,
-            LARGE_OBJECT => self.container(data, true, true, depth)?,
-            SMALL_ARRAY => self.container(data, false, false, depth)?,
-            LARGE_ARRAY => self.container(data, true, false, depth)?,
+            SMALL_OBJECT => self.container::<false>(data, true, depth)?,
+            LARGE_OBJECT => self.container::<true>(data, true, depth)?,
+            SMALL_ARRAY => self.container::<false>(data, false, depth)?,
+            LARGE_ARRAY => self.container::<true>(data, false, depth)?,
             LITERAL => match data.first() {
                 Some(0) => self.out.extend_from_slice(b"null"),
                 Some(1) => self.out.extend_from_slice(b"true"),
@@ -597,17 +597,17 @@ impl Renderer<'_> {
     /// — type byte, then the value's offset or, for literals and 16-bit integers (and 32-bit
     /// ones in the large format), the value itself). Offsets and sizes take 2 bytes in the
     /// small format and 4 in the large one, and count from the container's first byte.
-    fn container(
+    fn container<const LARGE: bool>(
         &mut self,
         data: &[u8],
-        large: bool,
         object: bool,
         depth: usize,
     ) -> Result<(), JsonRenderError> {
         let depth = enter(depth)?;
-        let word = if large { 4 } else { 2 };
-        let count = offset_at(data, 0, large)?;
-        let size = offset_at(data, word, large)?;
+        // The format as a constant: each entry's offsets are then loads of a known width.
+        let word = if LARGE { 4 } else { 2 };
+        let count = offset_at(data, 0, LARGE)?;
+        let size = offset_at(data, word, LARGE)?;
         let data = data.get(..size).ok_or_else(|| {
             JsonRenderError::malformed(format!(
                 "container of {size} bytes where {} remain",
@@ -623,17 +623,21 @@ impl Renderer<'_> {
                 "{count} elements do not fit in a container of {size} bytes"
             )));
         }
+        // Both entry tables lie within the header, checked above: walked as exact chunks, an
+        // entry's fields are read without a bounds check each.
+        let value_entries = data[values_at..header].chunks_exact(value_entry);
+        let mut key_entries = data[2 * word..values_at].chunks_exact(key_entry.max(1));
         self.out.push(if object { b'{' } else { b'[' });
-        for i in 0..count {
+        for (i, entry) in value_entries.enumerate() {
             if i > 0 {
                 self.separator();
             }
             let mut key: &[u8] = &[];
             if object {
-                let entry = 2 * word + i * key_entry;
-                let key_offset = offset_at(data, entry, large)?;
+                let key_fields = key_entries.next().unwrap_or_default();
+                let key_offset = offset_at(key_fields, 0, LARGE)?;
                 let key_len = usize::from(u16::from_le_bytes(fixed(
-                    &data[entry + word..],
+                    key_fields.get(word..).unwrap_or_default(),
                     "key length",
                 )?));
                 key = data
@@ -648,17 +652,15 @@ impl Renderer<'_> {
                 self.quoted(key);
                 self.colon();
             }
-            let entry = values_at + i * value_entry;
-            let ty = data[entry];
-            let slot = &data[entry + 1..entry + value_entry];
+            let (&ty, slot) = entry.split_first().unwrap_or((&0, &[]));
             let inlined = matches!(
                 ty,
                 jsonb_type::LITERAL | jsonb_type::INT16 | jsonb_type::UINT16
-            ) || (large && matches!(ty, jsonb_type::INT32 | jsonb_type::UINT32));
+            ) || (LARGE && matches!(ty, jsonb_type::INT32 | jsonb_type::UINT32));
             let result = if inlined {
                 self.binary(ty, slot, depth)
             } else {
-                let at = offset_at(slot, 0, large)?;
+                let at = offset_at(slot, 0, LARGE)?;
                 match data.get(at..).filter(|_| at >= header) {
                     Some(value) => self.binary(ty, value, depth),
                     None => Err(JsonRenderError::malformed(format!(
@@ -2809,4 +2811,5 @@ mod tests {
             check_round_trip(&doc, &bytes)?;
         }
     }
+
 }
