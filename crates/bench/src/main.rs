@@ -895,9 +895,12 @@ impl Bench {
         let clock = Instant::now();
         let mut run = self.start(sys, db, "dbz_drain", false).await?;
         let sampler = match &run {
-            Running::Relay(r, port) => {
-                Some(sampler::Sampler::start(r.pid(), *port, max_in_flight()))
-            }
+            Running::Relay(r, port) => Some(sampler::Sampler::start(
+                r.pid(),
+                *port,
+                max_in_flight(),
+                self.db_pid,
+            )),
             _ => None,
         };
         let timeout = Duration::from_secs((self.s.rows / 500).max(600));

@@ -573,6 +573,19 @@ fn drain_sampled_line(s: &Value) -> Option<String> {
             r * 100.0
         );
     }
+    if let Some(r) = s["server_dump_runnable_share"].as_f64() {
+        let _ = write!(
+            line,
+            "; the database's busiest thread (its binlog dump) runnable in {:.0} %",
+            r * 100.0
+        );
+        if let (Some(wchan), Some(w)) = (
+            s["server_dump_asleep_in"].as_str(),
+            s["server_dump_asleep_in_share"].as_f64(),
+        ) {
+            let _ = write!(line, ", asleep in `{wchan}` in {:.0} %", w * 100.0);
+        }
+    }
     line.push('.');
     Some(line)
 }
@@ -1408,6 +1421,20 @@ mod tests {
                  (running or waiting for a core) in 70 %, asleep with the window at three \
                  quarters or more (waiting for acknowledgements) in 10 % and below it (waiting \
                  for the reader) in 20 %; the binlog-reader thread runnable in 35 %."
+            )
+        );
+        let s = json!({"samples": 80, "max_in_flight": 10000.0, "in_flight_p50": 900.0,
+                       "in_flight_p90": 10000.0, "reader_runnable_share": 0.8,
+                       "server_dump_runnable_share": 0.1,
+                       "server_dump_asleep_in": "poll_schedule_timeout",
+                       "server_dump_asleep_in_share": 0.85});
+        assert_eq!(
+            drain_sampled_line(&s).as_deref(),
+            Some(
+                "Sampled every 50 ms during the reported drain (80 samples): records in flight \
+                 median 900, p90 10000 of at most 10000; the binlog-reader thread runnable in \
+                 80 %; the database's busiest thread (its binlog dump) runnable in 10 %, asleep \
+                 in `poll_schedule_timeout` in 85 %."
             )
         );
         assert_eq!(drain_sampled_line(&Value::Null), None);

@@ -7,7 +7,15 @@
 //! thread's CPU does. A pipeline thread asleep is told apart by the window at that sample: at
 //! three quarters of `max_in_flight` or more the reader is paused and the pipeline waits for
 //! acknowledgements; below, it takes events and waits for the reader to decode one.
+//!
+//! With the database server's pid, every thread of the server is sampled too, and the one that
+//! used the most CPU over the drain (the binlog dump thread serving the relay) is reported: how
+//! often it was runnable, and where the kernel had it asleep (`/proc/<pid>/task/<tid>/wchan`,
+//! proc(5)). A dump thread asleep waiting to send (`poll_schedule_timeout` on MySQL, with a full
+//! socket) while the reader thread runs says the relay's reading and decoding bound the drain,
+//! not the server.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -36,13 +44,32 @@ pub struct Samples {
     /// Samples with the pipeline's thread asleep and the window below that (waiting for the
     /// reader).
     pub asleep_window_open: u32,
+    /// The database server's threads, by thread id.
+    pub server_threads: BTreeMap<u32, ServerThread>,
+}
+
+/// What the samples found of one thread of the database server.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ServerThread {
+    /// Its CPU time (clock ticks, user + system) at its first and last sample.
+    pub first_ticks: u64,
+    /// See `first_ticks`.
+    pub last_ticks: u64,
+    /// Samples that read its state.
+    pub samples: u32,
+    /// Of those, the samples that found it runnable.
+    pub runnable: u32,
+    /// The samples that found it asleep, by the kernel function it waited in (its `wchan`).
+    pub asleep_in: BTreeMap<String, u32>,
 }
 
 impl Samples {
     /// The figures for the report: sample count, the in-flight median and 90th percentile and
     /// the share of samples below a quarter of `max_in_flight`, the pipeline and reader
     /// threads' runnable shares, and the shares of the pipeline's samples asleep with the
-    /// window full or open; `Null` without samples.
+    /// window full or open; of the database server's busiest thread, its runnable share and
+    /// the kernel function it was most often asleep in with that share; `Null` without
+    /// samples.
     pub fn summary(&self, max_in_flight: f64) -> Value {
         if self.in_flight.is_empty() && self.pipeline_samples == 0 {
             return Value::Null;
@@ -54,6 +81,16 @@ impl Samples {
                 .copied()
         };
         let below = v.iter().filter(|x| **x < max_in_flight / 4.0).count();
+        let dump = self
+            .server_threads
+            .values()
+            .filter(|t| t.samples > 0)
+            .max_by_key(|t| t.last_ticks.saturating_sub(t.first_ticks));
+        let share = |n: u32, of: u32| f64::from(n) / f64::from(of.max(1));
+        let dump_wait = dump.and_then(|t| {
+            let (wchan, n) = t.asleep_in.iter().max_by_key(|(_, n)| **n)?;
+            Some((wchan.clone(), share(*n, t.samples)))
+        });
         json!({
             "samples": v.len(),
             "max_in_flight": max_in_flight,
@@ -68,6 +105,9 @@ impl Samples {
                 .then(|| f64::from(self.asleep_window_full) / f64::from(self.pipeline_samples)),
             "pipeline_asleep_window_open_share": (self.pipeline_samples > 0)
                 .then(|| f64::from(self.asleep_window_open) / f64::from(self.pipeline_samples)),
+            "server_dump_runnable_share": dump.map(|t| share(t.runnable, t.samples)),
+            "server_dump_asleep_in": dump_wait.as_ref().map(|(w, _)| w.clone()),
+            "server_dump_asleep_in_share": dump_wait.map(|(_, s)| s),
         })
     }
 }
@@ -80,8 +120,9 @@ pub struct Sampler {
 
 impl Sampler {
     /// Samples process `pid`, whose metrics are at `http://127.0.0.1:<port>/metrics` and
-    /// whose window is `max_in_flight` records, until [`Sampler::finish`].
-    pub fn start(pid: u32, port: u16, max_in_flight: f64) -> Self {
+    /// whose window is `max_in_flight` records, and the threads of the database server `server`
+    /// when known, until [`Sampler::finish`].
+    pub fn start(pid: u32, port: u16, max_in_flight: f64, server: Option<u32>) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let client = reqwest::Client::builder()
@@ -112,6 +153,9 @@ impl Sampler {
                 if let Some(state) = reader_state {
                     out.reader_samples += 1;
                     out.reader_runnable += u32::from(state == 'R');
+                }
+                if let Some(server) = server {
+                    sample_server(server, &mut out.server_threads);
                 }
                 let Some(client) = &client else { continue };
                 if let Ok(resp) = client.get(&url).send().await {
@@ -159,6 +203,56 @@ pub fn in_flight_of(text: &str) -> Option<f64> {
         }
     }
     found
+}
+
+/// Adds one sample of every thread of process `server` to `threads`.
+fn sample_server(server: u32, threads: &mut BTreeMap<u32, ServerThread>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{server}/task")) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some((state, ticks)) = std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .as_deref()
+            .and_then(thread_state_and_ticks)
+        else {
+            continue;
+        };
+        let t = threads.entry(tid).or_insert_with(|| ServerThread {
+            first_ticks: ticks,
+            ..ServerThread::default()
+        });
+        t.last_ticks = ticks;
+        t.samples += 1;
+        if state == 'R' {
+            t.runnable += 1;
+        } else if let Ok(wchan) = std::fs::read_to_string(task.path().join("wchan")) {
+            let wchan = match wchan.trim() {
+                "" | "0" => "-",
+                w => w,
+            };
+            *t.asleep_in.entry(wchan.to_owned()).or_default() += 1;
+        }
+    }
+}
+
+/// The state letter and the CPU time (clock ticks: `utime` + `stime`, fields 14 and 15 of
+/// proc(5)'s `/proc/<pid>/stat`) of a `stat` line.
+pub fn thread_state_and_ticks(stat: &str) -> Option<(char, u64)> {
+    let (_, after) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    // After the command: field 3 (state) is index 0, so utime (14) and stime (15) are 11, 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((state, utime + stime))
 }
 
 /// The state letter of the thread or process whose `stat` file is at `path`.
@@ -226,6 +320,33 @@ mod tests {
             reader_runnable: 1,
             asleep_window_full: 1,
             asleep_window_open: 0,
+            server_threads: BTreeMap::from([
+                // An idle thread, always asleep in one place.
+                (
+                    7,
+                    ServerThread {
+                        first_ticks: 10,
+                        last_ticks: 11,
+                        samples: 4,
+                        runnable: 0,
+                        asleep_in: BTreeMap::from([("do_epoll_wait".to_owned(), 4)]),
+                    },
+                ),
+                // The dump thread: the most CPU between its first and last sample.
+                (
+                    9,
+                    ServerThread {
+                        first_ticks: 100,
+                        last_ticks: 400,
+                        samples: 5,
+                        runnable: 1,
+                        asleep_in: BTreeMap::from([
+                            ("poll_schedule_timeout".to_owned(), 3),
+                            ("-".to_owned(), 1),
+                        ]),
+                    },
+                ),
+            ]),
         };
         let v = s.summary(10000.0);
         assert_eq!(v["samples"], 5);
@@ -236,6 +357,26 @@ mod tests {
         assert_eq!(v["reader_runnable_share"], 0.2);
         assert_eq!(v["pipeline_asleep_window_full_share"], 0.25);
         assert_eq!(v["pipeline_asleep_window_open_share"], 0.0);
+        assert_eq!(v["server_dump_runnable_share"], 0.2);
+        assert_eq!(v["server_dump_asleep_in"], "poll_schedule_timeout");
+        assert_eq!(v["server_dump_asleep_in_share"], 0.6);
         assert_eq!(Samples::default().summary(10.0), Value::Null);
+        let no_server = Samples {
+            pipeline_samples: 1,
+            ..Samples::default()
+        };
+        assert_eq!(
+            no_server.summary(10.0)["server_dump_asleep_in"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn state_and_ticks_come_from_their_proc_fields() {
+        // proc(5): pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt
+        // cmajflt utime stime ...
+        let stat = "4242 (connection) S 1 4242 4242 0 -1 4194368 12 0 0 0 250 75 0 0 20 0";
+        assert_eq!(thread_state_and_ticks(stat), Some(('S', 325)));
+        assert_eq!(thread_state_and_ticks("1 (x) R 1 2"), None);
     }
 }

@@ -2811,5 +2811,4 @@ mod tests {
             check_round_trip(&doc, &bytes)?;
         }
     }
-
 }
