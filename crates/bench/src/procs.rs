@@ -87,7 +87,7 @@ pub fn thread_class(comm: &str, main: bool) -> &'static str {
 }
 
 /// utime + stime of a `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line, in seconds.
-fn stat_cpu_s(stat: &str) -> Option<f64> {
+pub fn stat_cpu_s(stat: &str) -> Option<f64> {
     let (_, after) = stat.rsplit_once(')')?;
     let f: Vec<&str> = after.split_whitespace().collect();
     let tick = |i: usize| Some(f.get(i)?.parse::<f64>().ok()? / TICKS);

@@ -547,13 +547,11 @@ fn drain_sampled_line(s: &Value) -> Option<String> {
             b * 100.0
         );
     }
-    if let Some(r) = s["pipeline_runnable_share"].as_f64() {
-        let _ = write!(
-            line,
-            "; the pipeline's thread runnable (running or waiting for a core) in {:.0} %",
-            r * 100.0
-        );
-    }
+    push_share(
+        &mut line,
+        &s["pipeline_runnable_share"],
+        "; the pipeline's thread runnable (running or waiting for a core) in",
+    );
     if let (Some(full), Some(open)) = (
         s["pipeline_asleep_window_full_share"].as_f64(),
         s["pipeline_asleep_window_open_share"].as_f64(),
@@ -566,28 +564,36 @@ fn drain_sampled_line(s: &Value) -> Option<String> {
             open * 100.0
         );
     }
-    if let Some(r) = s["reader_runnable_share"].as_f64() {
-        let _ = write!(
-            line,
-            "; the binlog-reader thread runnable in {:.0} %",
-            r * 100.0
-        );
-    }
-    if let Some(r) = s["server_dump_runnable_share"].as_f64() {
-        let _ = write!(
-            line,
-            "; the database's busiest thread (its binlog dump) runnable in {:.0} %",
-            r * 100.0
-        );
-        if let (Some(wchan), Some(w)) = (
-            s["server_dump_asleep_in"].as_str(),
-            s["server_dump_asleep_in_share"].as_f64(),
-        ) {
-            let _ = write!(line, ", asleep in `{wchan}` in {:.0} %", w * 100.0);
+    push_share(
+        &mut line,
+        &s["reader_runnable_share"],
+        "; the binlog-reader thread runnable in",
+    );
+    if push_share(
+        &mut line,
+        &s["server_dump_runnable_share"],
+        "; the database's busiest thread (its binlog dump) runnable in",
+    ) {
+        if let Some(wchan) = s["server_dump_asleep_in"].as_str() {
+            push_share(
+                &mut line,
+                &s["server_dump_asleep_in_share"],
+                &format!(", asleep in `{wchan}` in"),
+            );
         }
     }
     line.push('.');
     Some(line)
+}
+
+/// Appends `text` and `share` (a fraction) as a whole percentage, `"{text} {:.0} %"`, when
+/// `share` is a number; says whether it was.
+fn push_share(line: &mut String, share: &Value, text: &str) -> bool {
+    let Some(share) = share.as_f64() else {
+        return false;
+    };
+    let _ = write!(line, "{text} {:.0} %", share * 100.0);
+    true
 }
 
 /// The Markdown report of one server's figures: drain, limit, steady state, targets, and the

@@ -51,10 +51,10 @@ pub struct Samples {
 /// What the samples found of one thread of the database server.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ServerThread {
-    /// Its CPU time (clock ticks, user + system) at its first and last sample.
-    pub first_ticks: u64,
-    /// See `first_ticks`.
-    pub last_ticks: u64,
+    /// Its CPU time (seconds, user + system) at its first and last sample.
+    pub first_cpu_s: f64,
+    /// See `first_cpu_s`.
+    pub last_cpu_s: f64,
     /// Samples that read its state.
     pub samples: u32,
     /// Of those, the samples that found it runnable.
@@ -85,7 +85,9 @@ impl Samples {
             .server_threads
             .values()
             .filter(|t| t.samples > 0)
-            .max_by_key(|t| t.last_ticks.saturating_sub(t.first_ticks));
+            .max_by(|a, b| {
+                (a.last_cpu_s - a.first_cpu_s).total_cmp(&(b.last_cpu_s - b.first_cpu_s))
+            });
         let share = |n: u32, of: u32| f64::from(n) / f64::from(of.max(1));
         let dump_wait = dump.and_then(|t| {
             let (wchan, n) = t.asleep_in.iter().max_by_key(|(_, n)| **n)?;
@@ -218,18 +220,18 @@ fn sample_server(server: u32, threads: &mut BTreeMap<u32, ServerThread>) {
         else {
             continue;
         };
-        let Some((state, ticks)) = std::fs::read_to_string(task.path().join("stat"))
-            .ok()
-            .as_deref()
-            .and_then(thread_state_and_ticks)
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (Some(state), Some(cpu_s)) = (thread_state(&stat), crate::procs::stat_cpu_s(&stat))
         else {
             continue;
         };
         let t = threads.entry(tid).or_insert_with(|| ServerThread {
-            first_ticks: ticks,
+            first_cpu_s: cpu_s,
             ..ServerThread::default()
         });
-        t.last_ticks = ticks;
+        t.last_cpu_s = cpu_s;
         t.samples += 1;
         if state == 'R' {
             t.runnable += 1;
@@ -241,18 +243,6 @@ fn sample_server(server: u32, threads: &mut BTreeMap<u32, ServerThread>) {
             *t.asleep_in.entry(wchan.to_owned()).or_default() += 1;
         }
     }
-}
-
-/// The state letter and the CPU time (clock ticks: `utime` + `stime`, fields 14 and 15 of
-/// proc(5)'s `/proc/<pid>/stat`) of a `stat` line.
-pub fn thread_state_and_ticks(stat: &str) -> Option<(char, u64)> {
-    let (_, after) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    // After the command: field 3 (state) is index 0, so utime (14) and stime (15) are 11, 12.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((state, utime + stime))
 }
 
 /// The state letter of the thread or process whose `stat` file is at `path`.
@@ -325,8 +315,8 @@ mod tests {
                 (
                     7,
                     ServerThread {
-                        first_ticks: 10,
-                        last_ticks: 11,
+                        first_cpu_s: 0.10,
+                        last_cpu_s: 0.11,
                         samples: 4,
                         runnable: 0,
                         asleep_in: BTreeMap::from([("do_epoll_wait".to_owned(), 4)]),
@@ -336,8 +326,8 @@ mod tests {
                 (
                     9,
                     ServerThread {
-                        first_ticks: 100,
-                        last_ticks: 400,
+                        first_cpu_s: 1.0,
+                        last_cpu_s: 4.0,
                         samples: 5,
                         runnable: 1,
                         asleep_in: BTreeMap::from([
@@ -369,14 +359,5 @@ mod tests {
             no_server.summary(10.0)["server_dump_asleep_in"],
             Value::Null
         );
-    }
-
-    #[test]
-    fn state_and_ticks_come_from_their_proc_fields() {
-        // proc(5): pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt
-        // cmajflt utime stime ...
-        let stat = "4242 (connection) S 1 4242 4242 0 -1 4194368 12 0 0 0 250 75 0 0 20 0";
-        assert_eq!(thread_state_and_ticks(stat), Some(('S', 325)));
-        assert_eq!(thread_state_and_ticks("1 (x) R 1 2"), None);
     }
 }
