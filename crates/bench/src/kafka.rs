@@ -138,35 +138,55 @@ pub async fn wait_for_count(
     }
 }
 
-/// The largest broker append time (ms since the epoch) among the last records of `topic`'s
-/// partitions: when the last record was acknowledged.
+/// Which end of a topic [`append_ms`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edge {
+    /// The partitions' first records: the earliest append time among them, when the first
+    /// record was acknowledged.
+    First,
+    /// The partitions' last records: the latest append time among them, when the last record
+    /// was acknowledged.
+    Last,
+}
+
+/// The broker append time (ms since the epoch) of `topic`'s first or last record, as `edge`
+/// says (the topics are created with `LogAppendTime`).
 ///
 /// # Errors
 /// The topic is empty or cannot be read.
-pub async fn last_append_ms(bootstrap: &str, topic: &str) -> Result<i64> {
+pub async fn append_ms(bootstrap: &str, topic: &str, edge: Edge) -> Result<i64> {
     let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
     blocking(move || {
         let c = consumer(&bootstrap)?;
         let mut best = None;
         for p in 0..PARTITIONS {
-            let (_, hi) = c.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
-            if hi == 0 {
+            let (lo, hi) = c.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
+            if hi <= lo {
                 continue;
             }
+            let at = match edge {
+                Edge::First => lo,
+                Edge::Last => hi - 1,
+            };
             let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&topic, p, Offset::Offset(hi - 1))?;
+            tpl.add_partition_offset(&topic, p, Offset::Offset(at))?;
             c.assign(&tpl)?;
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 match c.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) if m.partition() == p => {
                         if let Some(ms) = m.timestamp().to_millis() {
-                            best = Some(best.map_or(ms, |b: i64| b.max(ms)));
+                            best = Some(best.map_or(ms, |b: i64| match edge {
+                                Edge::First => b.min(ms),
+                                Edge::Last => b.max(ms),
+                            }));
                         }
                         break;
                     }
                     Some(Err(e)) => bail!("reading {topic}/{p}: {e}"),
-                    _ if Instant::now() > deadline => bail!("no record at the end of {topic}/{p}"),
+                    _ if Instant::now() > deadline => {
+                        bail!("no record at offset {at} of {topic}/{p}")
+                    }
                     _ => {}
                 }
             }
