@@ -921,9 +921,12 @@ impl Bench {
             None => Value::Null,
         };
         // Where the relay's CPU went, by thread (the reader, the pipeline, librdkafka).
-        let threads = match (&run, run.pid()) {
-            (Running::Relay(..), Some(pid)) => procs::thread_cpu(pid).ok(),
-            _ => None,
+        let (threads, waits) = match (&run, run.pid()) {
+            (Running::Relay(..), Some(pid)) => (
+                procs::thread_cpu(pid).ok(),
+                procs::thread_runq_wait(pid).ok(),
+            ),
+            _ => (None, None),
         };
         let wall = clock.elapsed().as_secs_f64();
         let db_cpu1 = self.db_cpu();
@@ -994,6 +997,9 @@ impl Bench {
         }
         if let Some(threads) = threads {
             r.insert("cpu_s_by_thread".into(), json!(threads));
+        }
+        if let Some(waits) = waits {
+            r.insert("runq_wait_s_by_thread".into(), json!(waits));
         }
         if let Some((q, u)) = counters {
             r.insert("db_queries".into(), json!(q));

@@ -53,24 +53,48 @@ pub fn usage(pid: u32) -> Result<Usage> {
 /// # Errors
 /// The process does not exist (any more).
 pub fn thread_cpu(pid: u32) -> Result<std::collections::BTreeMap<&'static str, f64>> {
+    by_thread_class(pid, |task| {
+        stat_cpu_s(&std::fs::read_to_string(task.join("stat")).ok()?)
+    })
+}
+
+/// Seconds a process's threads have spent runnable but waiting for a core so far (the
+/// scheduler's run-queue wait, `/proc/<pid>/task/<tid>/schedstat`'s second field, ns; see the
+/// kernel's Documentation/scheduler/sched-stats.rst), summed as [`thread_cpu`] sums CPU. A
+/// thread that waits about as long as it runs is on a machine with no core to spare.
+///
+/// # Errors
+/// The process does not exist (any more).
+pub fn thread_runq_wait(pid: u32) -> Result<std::collections::BTreeMap<&'static str, f64>> {
+    by_thread_class(pid, |task| {
+        schedstat_wait_s(&std::fs::read_to_string(task.join("schedstat")).ok()?)
+    })
+}
+
+/// `figure` of each live thread of `pid`, summed by [`thread_class`].
+fn by_thread_class(
+    pid: u32,
+    figure: impl Fn(&std::path::Path) -> Option<f64>,
+) -> Result<std::collections::BTreeMap<&'static str, f64>> {
     let mut by = std::collections::BTreeMap::new();
     let dir = format!("/proc/{pid}/task");
     for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
         let path = entry?.path();
-        let (Ok(comm), Ok(stat)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("stat")),
-        ) else {
+        let (Ok(comm), Some(value)) = (std::fs::read_to_string(path.join("comm")), figure(&path))
+        else {
             continue; // ended meanwhile
         };
         let tid = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let Some(cpu_s) = stat_cpu_s(&stat) else {
-            continue;
-        };
         *by.entry(thread_class(comm.trim(), tid == pid.to_string()))
-            .or_insert(0.0) += cpu_s;
+            .or_insert(0.0) += value;
     }
     Ok(by)
+}
+
+/// The run-queue wait of a `schedstat` line (`<run ns> <wait ns> <timeslices>`), seconds.
+pub fn schedstat_wait_s(schedstat: &str) -> Option<f64> {
+    let ns: f64 = schedstat.split_whitespace().nth(1)?.parse().ok()?;
+    Some(ns / 1e9)
 }
 
 /// The part of the relay a thread named `comm` belongs to (see [`thread_cpu`]).
@@ -151,5 +175,14 @@ mod tests {
     fn this_process_has_a_pipeline_thread() {
         let by = thread_cpu(std::process::id()).expect("own /proc");
         assert!(by.contains_key("pipeline"), "{by:?}");
+        let waits = thread_runq_wait(std::process::id()).expect("own /proc");
+        assert!(waits["pipeline"] >= 0.0, "{waits:?}");
+    }
+
+    #[test]
+    fn a_schedstat_line_gives_the_run_queue_wait() {
+        assert_eq!(schedstat_wait_s("1500000000 250000000 42\n"), Some(0.25));
+        assert_eq!(schedstat_wait_s("1500000000"), None);
+        assert_eq!(schedstat_wait_s("1 x 2"), None);
     }
 }

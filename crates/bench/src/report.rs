@@ -459,6 +459,30 @@ fn drain_cpu_line(relay: &Value, limit: &Value) -> Option<String> {
         let _ = write!(line, " (the bare producer: {v:.2} of its own)");
     }
     let _ = write!(line, "; machine busy {}.", pct(&relay["machine_busy"]));
+    // Run-queue waits say whether a thread could have run more: on a machine with a core to
+    // spare they stay small beside its CPU.
+    if let Some(waits) = relay["runq_wait_s_by_thread"].as_object() {
+        let wait = |name: &str| waits.get(name).and_then(Value::as_f64);
+        let cpu = |name: &str| threads.get(name).and_then(Value::as_f64);
+        let parts: Vec<String> = [("binlog_reader", "reader"), ("pipeline", "pipeline")]
+            .iter()
+            .filter_map(|(key, label)| {
+                let (w, c) = (wait(key)?, cpu(key)?);
+                Some(format!(
+                    "{label} {:.2} s ({:.2} of its CPU)",
+                    w / rows,
+                    w / c.max(1e-9)
+                ))
+            })
+            .collect();
+        if !parts.is_empty() {
+            let _ = write!(
+                line,
+                " Runnable but waiting for a core, s per million rows: {}.",
+                parts.join(", ")
+            );
+        }
+    }
     // What the relay spends beyond the two jobs it cannot skip (reading the binlog, producing
     // the records), each measured bare on the same rows: its own work (decoding, routing,
     // checkpoints). On a machine whose cores are all busy, the drain's rate falls with the sum.
@@ -1371,6 +1395,16 @@ mod tests {
             )
         );
         assert_eq!(drain_cpu_line(&json!({"records": 10}), &limit), None);
+        let mut waited = relay.clone();
+        waited["runq_wait_s_by_thread"] = json!({"binlog_reader": 2.0, "pipeline": 3.0});
+        let line = drain_cpu_line(&waited, &limit).expect("a line");
+        assert!(
+            line.contains(
+                "Runnable but waiting for a core, s per million rows: reader 1.00 s (0.50 of \
+                 its CPU), pipeline 1.50 s (1.00 of its CPU)."
+            ),
+            "{line}"
+        );
     }
 
     #[test]
@@ -1454,21 +1488,24 @@ mod tests {
     #[test]
     fn the_drain_table_gives_startup_and_the_streaming_rate_the_limit_compares() {
         let all = json!({"machine": {}, "settings": {}, "steady": [], "drain": {
-            "limit": {"produce": {"rows_per_s": 400_000.0}},
-            "relay": {"rows_per_s": 300_000.0, "startup_secs": 0.31,
-                      "streaming_rows_per_s": 330_000.0, "fraction_of_limit": 0.825},
-            "relay_runs": [
-                {"rows_per_s": 300_000.0, "streaming_rows_per_s": 330_000.0,
-                 "limit_rows_per_s": 400_000.0, "fraction_of_limit": 0.825},
-                {"rows_per_s": 290_000.0, "streaming_rows_per_s": 320_000.0,
-                 "limit_rows_per_s": 400_000.0, "fraction_of_limit": 0.8},
-            ]}});
+        "limit": {"produce": {"rows_per_s": 400_000.0}},
+        "relay": {"rows_per_s": 300_000.0, "startup_secs": 0.31,
+                  "streaming_rows_per_s": 330_000.0, "fraction_of_limit": 0.825},
+        "relay_runs": [
+            {"rows_per_s": 300_000.0, "streaming_rows_per_s": 330_000.0,
+             "limit_rows_per_s": 400_000.0, "fraction_of_limit": 0.825},
+            {"rows_per_s": 290_000.0, "streaming_rows_per_s": 320_000.0,
+             "limit_rows_per_s": 400_000.0, "fraction_of_limit": 0.8},
+        ]}});
         let md = markdown(&all, None);
         assert!(
             md.contains("| **relay** | 300000 | 0.31 | 330000 | – | 0.82 |"),
             "{md}"
         );
-        assert!(md.contains("330000 / 400000 = 0.82; 320000 / 400000 = 0.80"), "{md}");
+        assert!(
+            md.contains("330000 / 400000 = 0.82; 320000 / 400000 = 0.80"),
+            "{md}"
+        );
     }
 
     #[test]
