@@ -361,7 +361,7 @@ pub fn markdown_all(all: &Value, image_dir: &str) -> String {
         .collect();
     rates.sort_unstable();
     rates.dedup();
-    m.push_str("**Per server** (drain: rows/s; steady: the relay's p99 commit -> ack in ms, the larger of the transaction sizes):\n\n");
+    m.push_str("**Per server** (drain: rows/s from each system's start; × limit from the relay's first record on; steady: the relay's p99 commit -> ack in ms, the larger of the transaction sizes):\n\n");
     m.push_str("| server | relay | × limit | relay exactly-once | EO / ALO | polling | debezium | relay / debezium |");
     for r in &rates {
         let _ = write!(m, " p99 at {r}/s |");
@@ -654,7 +654,7 @@ pub fn markdown(all: &Value, image: Option<&str>) -> String {
         "**Backlog drain** ({} rows, {}-byte JSON payloads, {} keys, transactions of 1–100 rows; written in {} s):\n",
         st["rows"], st["payload_bytes"], st["keys"], f(&d["backlog"]["write_secs"], 1)
     );
-    m.push_str("rows/s: from the system's start to its last record on Kafka; startup: its start to its first record; streaming rows/s: its first record to its last, timed as the limit is (from its dump request, connections made), and the rate × limit compares.\n\n");
+    m.push_str("rows/s: from the system's start to its last record on Kafka; startup: its start to its first record; streaming rows/s: its first record to its last, the rate × limit compares (the limit's clock starts as its tools connect, not at a process start; it also counts the wait for its first record, about 1 % of it, in the relay's favour).\n\n");
     m.push_str("| | rows/s | startup s | streaming rows/s | MB/s | × limit | CPU s / M rows | records / CPU s | peak RSS MB | DB CPU s | DB queries/s | machine busy |\n");
     m.push_str(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
@@ -1501,6 +1501,18 @@ mod tests {
         assert!(
             md.contains("| **relay** | 300000 | 0.31 | 330000 | – | 0.82 |"),
             "{md}"
+        );
+        // Every line of the drain table has the header's number of cells.
+        let table: Vec<&str> = md
+            .lines()
+            .skip_while(|l| !l.starts_with("| | rows/s | startup s"))
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        assert!(table.len() >= 4, "header, separator, limit, relay: {md}");
+        let cells = |l: &str| l.matches('|').count();
+        assert!(
+            table.iter().all(|l| cells(l) == cells(table[0])),
+            "{table:#?}"
         );
         assert!(
             md.contains("330000 / 400000 = 0.82; 320000 / 400000 = 0.80"),
