@@ -969,15 +969,11 @@ impl Bench {
             .ok()
             .map(|ms| ms * 1000)
             .filter(|first| *first < end_us);
-        let streaming = match first_us {
-            Some(first) => {
-                let streaming = n.saturating_sub(1) as f64 / ((end_us - first) as f64 / 1e6);
-                r.insert("startup_secs".into(), json!((first - t0) as f64 / 1e6));
-                r.insert("streaming_rows_per_s".into(), json!(streaming));
-                streaming
-            }
-            None => rate,
-        };
+        if let Some(first) = first_us {
+            let streaming = n.saturating_sub(1) as f64 / ((end_us - first) as f64 / 1e6);
+            r.insert("startup_secs".into(), json!((first - t0) as f64 / 1e6));
+            r.insert("streaming_rows_per_s".into(), json!(streaming));
+        }
         r.insert("records".into(), json!(n));
         r.insert("secs".into(), json!(secs));
         r.insert("rows_per_s".into(), json!(rate));
@@ -985,7 +981,10 @@ impl Bench {
             "mb_per_s".into(),
             json!(written.payload_bytes as f64 / 1e6 / secs),
         );
-        r.insert("fraction_of_limit".into(), json!(streaming / limit_rate));
+        r.insert(
+            "fraction_of_limit".into(),
+            json!(compared_rate(&r) / limit_rate),
+        );
         r.insert("machine_busy".into(), json!(machine_busy));
         if !sampled.is_null() {
             r.insert("sampled".into(), sampled);
