@@ -172,12 +172,14 @@ pub fn text_form(
             (Some(ColumnType::MYSQL_TYPE_SET), Some(labels)) => set_members(i, labels),
             // A negative value in an UNSIGNED column was decoded without signedness metadata:
             // read the same bits as unsigned (two's complement), as the server stored them.
-            _ if info.unsigned && i < 0 => {
-                unsigned_bits(i, info.column_type).to_string().into_bytes()
-            }
-            _ => i.to_string().into_bytes(),
+            // itoa rather than `to_string`: no formatter machinery for the id of every row.
+            _ if info.unsigned && i < 0 => itoa::Buffer::new()
+                .format(unsigned_bits(i, info.column_type))
+                .as_bytes()
+                .to_vec(),
+            _ => itoa::Buffer::new().format(i).as_bytes().to_vec(),
         },
-        Value::UInt(u) => u.to_string().into_bytes(),
+        Value::UInt(u) => itoa::Buffer::new().format(u).as_bytes().to_vec(),
         Value::Float(f) => f.to_string().into_bytes(),
         Value::Double(f) => f.to_string().into_bytes(),
         v @ (Value::Date(..) | Value::Time(..)) => {
