@@ -901,7 +901,7 @@ pub struct KafkaConfig {
     pub bootstrap_servers: String,
     /// Most records sent but not yet acknowledged. When reached, reading the binlog pauses until
     /// Kafka acknowledges the oldest (backpressure; the reader thread has decoded at most 4,096
-    /// events, about 16 MiB, ahead): this bounds the relay's memory.
+    /// events, about 2 MiB, ahead): this bounds the relay's memory.
     #[serde(default = "default_max_in_flight")]
     #[schemars(range(min = 1))]
     pub max_in_flight: usize,

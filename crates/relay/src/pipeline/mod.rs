@@ -13,7 +13,7 @@
 //! # Backpressure
 //! At most `kafka.max_in_flight` records are unacknowledged; beyond that no event is taken
 //! from the reader thread (module `read_ahead`, which reads and decodes the binlog at most
-//! 4,096 events, about 16 MiB, ahead) and that thread stops reading, until Kafka acknowledges
+//! 4,096 events, about 2 MiB, ahead) and that thread stops reading, until Kafka acknowledges
 //! the oldest. A full librdkafka queue is handled the same way.
 //!
 //! # Rows that cannot be relayed

@@ -43,18 +43,16 @@ use outbox_relay_mysql::decode::{DecodedRow, Decoder, TxBoundary};
 /// (two events each: rows, commit), about 400 ms, longer than an exactly-once commit's stall.
 pub const MAX_EVENTS_AHEAD: usize = 4096;
 
-/// About the most bytes decoded and not yet taken by the pipeline (16 MiB; see [`room_for`]).
+/// About the most bytes decoded and not yet taken by the pipeline (2 MiB; see [`room_for`]).
 ///
-/// Why 16 and not 2 MiB: draining a MySQL backlog, 2 MiB was about 9 ms of rows, and the
-/// database's dump thread pauses for longer (it was seen waiting on a page or a lock while
-/// both relay threads waited for it); the pipeline then had nothing to produce in 19–31 % of
-/// the drain's samples, against 10–11 % with 16 MiB, and the drain's share of its limit rose
-/// from a median of 0.87 to 0.885 of ten drains each (issue 30). It costs about 25 MB of peak
-/// RSS in such a drain, per source.
-pub const MAX_BYTES_AHEAD: usize = 16 << 20;
+/// Why not more: 4 and 16 MiB were measured draining a MySQL backlog (issue 30, fifteen
+/// drains each); the pipeline waited for the reader less often, but the drain's share of its
+/// limit did not move beyond the runs' spread, and the drain's peak RSS rose from 55–62 MB to
+/// 60–67 and 77–88 MB, past the bench's 64 MB target.
+pub const MAX_BYTES_AHEAD: usize = 2 << 20;
 
 /// The room a reader thread out of room waits for before it reads on: a quarter of
-/// [`MAX_BYTES_AHEAD`] (hundreds of rows events of a backlog of 500-byte payloads), so that it
+/// [`MAX_BYTES_AHEAD`] (about 50 rows events of a backlog of 500-byte payloads), so that it
 /// wakes once per many events the pipeline takes.
 const REFILL_AHEAD: u32 = (MAX_BYTES_AHEAD / 4) as u32;
 
