@@ -47,8 +47,8 @@ pub const MAX_EVENTS_AHEAD: usize = 4096;
 ///
 /// Why not more: 4 and 16 MiB were measured draining a MySQL backlog (issue 30, fifteen
 /// drains each); the pipeline waited for the reader less often, but the drain's share of its
-/// limit did not move beyond the runs' spread, and the drain's peak RSS rose from 55–62 MB to
-/// 60–67 and 77–88 MB, past the bench's 64 MB target.
+/// limit did not move beyond the runs' spread, and the drain's peak RSS rose from 58–64 MB to
+/// 60–67 and 79–88 MB, past the bench's 64 MB target.
 pub const MAX_BYTES_AHEAD: usize = 2 << 20;
 
 /// The room a reader thread out of room waits for before it reads on: a quarter of
