@@ -6,7 +6,8 @@
 # MARIADB11_PORT, MYSQL8_PORT), on Kafka at KAFKA_PORT. It starts Kafka and those servers when
 # they are not running (tests/services/*.sh) and leaves them running. Per server: Debezium's
 # connector for it (tests/bench/debezium.sh <server>; that server's run goes on without Debezium
-# when that fails), the measurement (`outbox-relay-bench measure`), then a purge of that server's
+# when that fails), a wait for a quiet machine (wait_quiet in prelude.sh: BENCH_MAX_LOAD,
+# BENCH_QUIET_WAIT), the measurement (`outbox-relay-bench measure`), then a purge of that server's
 # binary logs. At the end `outbox-relay-bench report` combines the servers' figures into
 # tests/bench/results/ (latest.json as {"servers": {"<server>": {...}}, ...}, latest.md,
 # latency-<server>.png) and the README's bench section. A server whose run fails is reported as
@@ -64,7 +65,7 @@ for server in "${servers[@]}"; do
       && [ "$(cat "$libs/.connector-class" 2>/dev/null)" != io.debezium.connector.mariadb.MariaDbConnector ]; then
     masquerade "$server"
   fi
-  log "$server: load before the run: $(cat /proc/loadavg)"
+  wait_quiet "$server"
   if OUTBOX_TEST_SERVER="$server" BENCH_DEBEZIUM_LIBS="$libs" \
       target/release/outbox-relay-bench measure "$runs/$server.json"; then
     :

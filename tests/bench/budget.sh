@@ -41,15 +41,10 @@ runs="$(mktemp -d)"
 trap 'tests/services/kafka.sh down || true; rm -rf "$KAFKA_DIR" "$runs"' EXIT
 tests/services/kafka.sh up
 
-max_load="${BENCH_MAX_LOAD:-1.0}"
-quiet() { awk -v max="$max_load" '{ exit !($1 < max) }' /proc/loadavg; }
 files=()
 for server in "${servers[@]}"; do
   tests/services/server.sh "$server" up
-  deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-600}))
-  until quiet || [ $SECONDS -ge $deadline ]; do sleep 5; done
-  quiet || log "the 1-minute load is still $(cut -d' ' -f1 /proc/loadavg) (above $max_load): its runs start on a busier machine"
-  log "$server: load before the run: $(cat /proc/loadavg)"
+  wait_quiet "$server"
   OUTBOX_TEST_SERVER="$server" BENCH_PHASES=steady BENCH_SYSTEMS="$systems" \
     BENCH_RATES="${BENCH_RATES:-1000,5000}" BENCH_TXN_SIZES=1 \
     BENCH_STEADY_SECS="${BENCH_STEADY_SECS:-15}" BENCH_STEADY_REPEAT="${BENCH_STEADY_REPEAT:-3}" \

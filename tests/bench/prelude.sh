@@ -11,3 +11,16 @@ done
 apt_install fonts-dejavu-core
 log "building outbox-relay and the bench harness (release)"
 ${CARGO:-cargo} build --release -p outbox-relay -p outbox-relay-bench
+
+# wait_quiet <server>: waits (up to BENCH_QUIET_WAIT seconds, default 600) for the machine's
+# 1-minute load to drop below BENCH_MAX_LOAD (1.0), so each server's runs start on a quiet
+# machine rather than in the wake of the previous server's runs (whose load the average keeps
+# for minutes), then logs the load the runs start at; says so when it is still above.
+wait_quiet() {
+  local max="${BENCH_MAX_LOAD:-1.0}" deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-600}))
+  quiet() { awk -v max="$max" '{ exit !($1 < max) }' /proc/loadavg; }
+  quiet || log "$1: waiting up to ${BENCH_QUIET_WAIT:-600} s for the 1-minute load ($(cut -d' ' -f1 /proc/loadavg)) to drop below $max"
+  until quiet || [ $SECONDS -ge $deadline ]; do sleep 5; done
+  quiet || log "the 1-minute load is still $(cut -d' ' -f1 /proc/loadavg) (above $max): $1's runs start on a busier machine"
+  log "$1: load before the run: $(cat /proc/loadavg)"
+}
