@@ -1,6 +1,6 @@
 # Sourced by tests/bench/bench.sh and budget.sh: the services' settings, the repository as the
 # working folder, BENCH_SERVERS (default mariadb10,mysql8) checked into the array `servers`,
-# the plots' font, and the relay and the bench harness built in release.
+# the plots' font, the relay and the bench harness built in release, and wait_quiet (below).
 source "$(dirname "${BASH_SOURCE[0]}")/../services/common.sh"
 cd "$REPO_ROOT"
 BENCH_SERVERS="${BENCH_SERVERS:-mariadb10,mysql8}"
