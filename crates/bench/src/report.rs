@@ -557,9 +557,16 @@ fn drain_machine_line(relay: &Value, limit: &Value, cores: f64) -> Option<String
 /// without samples.
 fn drain_sampled_line(s: &Value) -> Option<String> {
     let n = s["samples"].as_u64().filter(|n| *n > 0)?;
+    // Older results have no count of startup ticks: their samples began at the relay's start.
+    let from = match s["skipped_before_first_record"].as_u64() {
+        Some(k) => format!(
+            "from its first record in flight on ({n} samples; {k} of its startup not counted)"
+        ),
+        None => format!("({n} samples)"),
+    };
     let mut line = format!(
-        "Sampled every 50 ms during the reported drain ({n} samples): records in flight median \
-         {}, p90 {} of at most {}",
+        "Sampled every 50 ms during the reported drain {from}: records in flight median {}, \
+         p90 {} of at most {}",
         f(&s["in_flight_p50"], 0),
         f(&s["in_flight_p90"], 0),
         f(&s["max_in_flight"], 0),
@@ -1480,6 +1487,16 @@ mod tests {
                  median 900, p90 10000 of at most 10000; the binlog-reader thread runnable in \
                  80 %; the database's busiest thread (its binlog dump) runnable in 10 %, asleep \
                  in `poll_schedule_timeout` in 85 %."
+            )
+        );
+        let s = json!({"samples": 70, "max_in_flight": 10000.0, "in_flight_p50": 900.0,
+                       "in_flight_p90": 10000.0, "skipped_before_first_record": 26});
+        assert_eq!(
+            drain_sampled_line(&s).as_deref(),
+            Some(
+                "Sampled every 50 ms during the reported drain from its first record in flight \
+                 on (70 samples; 26 of its startup not counted): records in flight median 900, \
+                 p90 10000 of at most 10000."
             )
         );
         assert_eq!(drain_sampled_line(&Value::Null), None);
