@@ -1,5 +1,5 @@
-//! What a draining relay waits on, sampled from its first record in flight on (the ticks of
-//! its startup are only counted): every [`EVERY`] its records in flight (the
+//! What a draining relay waits on, sampled from its first record in flight on (its startup's
+//! ticks are counted apart): every [`EVERY`] its records in flight (the
 //! `outbox_relay_records_in_flight` gauge of its `/metrics`) and whether its pipeline's thread
 //! (the process's main thread: routing, producing, acknowledgements) is runnable, i.e. running
 //! or waiting for a core (state `R` in `/proc/<pid>/stat`, proc(5)), and so is its
@@ -153,6 +153,14 @@ impl Sampler {
                     _ = stopped.changed() => return out,
                     _ = tick.tick() => {}
                 }
+                // The relay's thread states before its metrics are fetched: serving the
+                // request wakes the relay, which would make its threads look runnable.
+                let pipeline = state_of(&format!("/proc/{pid}/stat"));
+                let mut reader_state = reader.as_deref().and_then(state_of);
+                if reader_state.is_none() {
+                    reader = reader_stat(pid);
+                    reader_state = reader.as_deref().and_then(state_of);
+                }
                 let metrics = match &client {
                     Some(client) => match client.get(&url).send().await {
                         Ok(resp) => resp.text().await.ok().as_deref().and_then(in_flight_of),
@@ -168,15 +176,9 @@ impl Sampler {
                         continue;
                     }
                 }
-                let pipeline = state_of(&format!("/proc/{pid}/stat"));
                 if let Some(state) = pipeline {
                     out.pipeline_samples += 1;
                     out.pipeline_runnable += u32::from(state == 'R');
-                }
-                let mut reader_state = reader.as_deref().and_then(state_of);
-                if reader_state.is_none() {
-                    reader = reader_stat(pid);
-                    reader_state = reader.as_deref().and_then(state_of);
                 }
                 if let Some(state) = reader_state {
                     out.reader_samples += 1;
