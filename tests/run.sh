@@ -31,6 +31,14 @@ run() {
            /^$/ { f = 0 } /^    `.*--test [^`]+`$|^--- FAIL: |^FAILED |^\[ERROR\] Tests run/' "$log" |
         sort -u | head -40
     )
+    # What the failed tests said: an `Err` returned by a test prints "Error: …", a panic
+    # "thread '…' panicked at …" and its message on the next line (the first 10, cut at 400
+    # characters; a test's relay output can hold such lines too, so they are hints, not a verdict).
+    while IFS= read -r line; do summary+=("           $line"); done < <(
+      awk '/^Error: / { print; next }
+           p { print "  " prev " " $0; p = 0; next }
+           /^thread .* panicked at / { prev = $0; p = 1 }' "$log" | cut -c1-400 | head -10
+    )
   fi
 }
 
