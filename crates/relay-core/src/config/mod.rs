@@ -322,9 +322,7 @@ pub struct MysqlConfig {
 #[serde(rename_all = "lowercase")]
 pub enum ResumeMode {
     /// By GTID when the checkpoint has a GTID position (MariaDB `@slave_connect_state`; MySQL
-    /// `COM_BINLOG_DUMP_GTID`, naming the checkpoint's file and position too when the server is
-    /// the one that wrote it, so the server need not read that binlog file from its start), else
-    /// by binlog file and position.
+    /// `COM_BINLOG_DUMP_GTID`), else by binlog file and position.
     #[default]
     Auto,
     /// Always by GTID (an error when the checkpoint has none): lets the relay continue on another

@@ -33,17 +33,7 @@ pub enum StartFrom {
     MariadbGtid(MariadbGtidPos),
     /// After the given MySQL GTID set (COM_BINLOG_DUMP_GTID): the server sends every
     /// transaction not in it, from any server of the topology.
-    ///
-    /// The position, when given, is where on this server the dump starts reading: a point
-    /// before which every transaction is in the set (the checkpoint's own position, on the
-    /// server that wrote it). Without it the server reads from the start of the first binlog
-    /// file not wholly in the set, skipping what the set holds: up to a whole file (1 GiB by
-    /// default, `max_binlog_size`) read before the first event sent. With it the server seeks
-    /// there and still leaves out every transaction in the set (MySQL source,
-    /// `Binlog_sender::check_start_file`: a named file is used as is, the GTID set filters
-    /// what follows; mysql-binlog-connector-java's `useBinlogFilenamePositionInGtidMode` does
-    /// the same).
-    MysqlGtid(MysqlGtidSet, Option<BinlogPosition>),
+    MysqlGtid(MysqlGtidSet),
 }
 
 /// A dump from a GTID state starts after it (in the state's form).
@@ -51,7 +41,7 @@ impl From<GtidState> for StartFrom {
     fn from(state: GtidState) -> Self {
         match state {
             GtidState::MariaDb(pos) => Self::MariadbGtid(pos),
-            GtidState::MySql(set) => Self::MysqlGtid(set, None),
+            GtidState::MySql(set) => Self::MysqlGtid(set),
         }
     }
 }
@@ -62,7 +52,7 @@ impl StartFrom {
         match self {
             Self::Position(_) => None,
             Self::MariadbGtid(pos) => Some(GtidState::MariaDb(pos.clone())),
-            Self::MysqlGtid(set, _) => Some(GtidState::MySql(set.clone())),
+            Self::MysqlGtid(set) => Some(GtidState::MySql(set.clone())),
         }
     }
 }
@@ -72,8 +62,7 @@ impl std::fmt::Display for StartFrom {
         match self {
             Self::Position(p) => write!(f, "binlog position {p}"),
             Self::MariadbGtid(g) => write!(f, "GTID position {g}"),
-            Self::MysqlGtid(g, None) => write!(f, "GTID set {g}"),
-            Self::MysqlGtid(g, Some(p)) => write!(f, "GTID set {g} (reading from {p})"),
+            Self::MysqlGtid(g) => write!(f, "GTID set {g}"),
         }
     }
 }
@@ -257,8 +246,7 @@ impl BinlogSource {
                     .await?;
                 (String::new(), 4)
             }
-            StartFrom::MysqlGtid(_, Some(p)) => (p.file.clone(), p.pos),
-            StartFrom::MysqlGtid(_, None) => (String::new(), 4),
+            StartFrom::MysqlGtid(_) => (String::new(), 4),
         };
         // Heartbeat period is in nanoseconds (MySQL Internals, COM_BINLOG_DUMP).
         conn.query_drop(format!(
@@ -270,7 +258,7 @@ impl BinlogSource {
             .with_hostname(report_host.as_bytes())
             .with_filename(file.as_bytes())
             .with_pos(pos);
-        if let StartFrom::MysqlGtid(set, _) = start {
+        if let StartFrom::MysqlGtid(set) = start {
             let sids = set
                 .to_sids()
                 .map_err(|e| RelayError::binlog(format!("checkpoint GTID set: {e}")))?;
@@ -279,7 +267,7 @@ impl BinlogSource {
         let stream = match conn.get_binlog_stream(request).await {
             Ok(stream) => stream,
             Err(e) => {
-                let e = unavailable(e, start, true, &opts, flavor, read_timeout).await;
+                let e = unavailable(e, start, &opts, flavor, read_timeout).await;
                 return Err(purged_instead(e, start, &opts, read_timeout).await);
             }
         };
@@ -343,9 +331,8 @@ impl BinlogSource {
                     return Err(self.before_any_event(e).await);
                 }
                 Ok(Some(Err(e))) => {
-                    let (opts, flavor, first) = (&self.opts, self.flavor, !self.received);
-                    let e =
-                        unavailable(e, &self.start, first, opts, flavor, self.read_timeout).await;
+                    let (opts, flavor) = (&self.opts, self.flavor);
+                    let e = unavailable(e, &self.start, opts, flavor, self.read_timeout).await;
                     return Err(self.before_any_event(e).await);
                 }
                 Ok(Some(Ok(event))) => event,
@@ -539,12 +526,10 @@ fn uncompress(event: Event, position: &BinlogPosition) -> Result<Event, RelayErr
 
 /// Maps error 1236 (the server cannot send from there) to a definite error naming the start
 /// point, what the server still has (asked on a new connection, see [`binlog_history`]) and the
-/// recovery commands; other errors as usual. Before any event of a MySQL GTID dump that named
-/// the checkpoint's position, a retryable [`RelayError::Mysql`] instead.
+/// recovery commands; other errors as usual.
 async fn unavailable(
     e: mysql_async::Error,
     start: &StartFrom,
-    before_any_event: bool,
     opts: &Opts,
     flavor: Flavor,
     timeout: Duration,
@@ -554,15 +539,6 @@ async fn unavailable(
     };
     if s.code != ER_MASTER_FATAL_ERROR_READING_BINLOG {
         return e.into();
-    }
-    if let (StartFrom::MysqlGtid(_, Some(p)), true) = (start, before_any_event) {
-        // The start-up checks found the file a moment ago (a PURGE in between): retried, and
-        // the next attempt's checks leave the position out when the file is gone.
-        return RelayError::mysql(format!(
-            "the server cannot start the dump at {p}, the checkpoint's position on this server \
-             (error 1236: {}); retrying, by the GTID set alone if that file is gone",
-            s.message
-        ));
     }
     let history = async {
         let mut conn = Conn::new(opts.clone()).await?;

@@ -86,25 +86,13 @@ pub(super) async fn prepare(
              information_schema. If an outbox table's columns changed after this position, move \
              the checkpoint past that change (or SET GLOBAL binlog_row_metadata=FULL)");
     }
-    let mut from = start_from(config.mysql.resume, &server, &start)?;
-    match &mut from {
+    let from = start_from(config.mysql.resume, &server, &start)?;
+    match &from {
         StartFrom::Position(p) => {
             preflight::check_position_available(&mut conn, server.flavor, p).await?;
         }
-        StartFrom::MysqlGtid(set, seek) => {
-            // The server skips these checks when the dump names a file (see `StartFrom`).
+        StartFrom::MysqlGtid(set) => {
             preflight::check_gtid_set_available(&mut conn, &set.to_string()).await?;
-            if let Some(p) = seek.as_ref() {
-                if preflight::check_position_available(&mut conn, server.flavor, p)
-                    .await
-                    .is_err()
-                {
-                    tracing::info!(position = %p,
-                        "the checkpoint's binlog file is not readable here (purged, or shorter \
-                         than the position): the server finds where the GTID set ends by itself");
-                    *seek = None;
-                }
-            }
         }
         StartFrom::MariadbGtid(pos) => {
             preflight::check_mariadb_gtid_available(&mut conn, pos).await?;
@@ -161,6 +149,7 @@ pub(super) async fn store_first_start(
     Ok(())
 }
 
+/// Chooses how to resume from `start` under `mode`.
 /// A checkpoint inside a transaction (`rows_acked` > 0) resumed by GTID on another server than
 /// the one it was written on (a failover): its `rows_acked` becomes 0, so that transaction's
 /// first rows are sent again rather than trusted.
@@ -175,7 +164,7 @@ pub(super) fn forget_rows_acked_on_another_server(
     server: &ServerInfo,
     from: &StartFrom,
 ) {
-    let by_gtid = matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(..));
+    let by_gtid = matches!(from, StartFrom::MariadbGtid(_) | StartFrom::MysqlGtid(_));
     let other_server = start.source_server_id != server.server_id
         || matches!((&start.source_server_uuid, &server.server_uuid), (Some(a), Some(b)) if a != b);
     if by_gtid && other_server && start.rows_acked > 0 {
@@ -191,17 +180,6 @@ pub(super) fn forget_rows_acked_on_another_server(
     }
 }
 
-/// Whether `server` is the one `start` was written on: the same `server_id` and, both known,
-/// the same `server_uuid` (MySQL).
-fn same_server(start: &Checkpoint, server: &ServerInfo) -> bool {
-    start.source_server_id == server.server_id
-        && matches!((&start.source_server_uuid, &server.server_uuid), (Some(a), Some(b)) if a == b)
-}
-
-/// How to resume from `start` under `mode`. A MySQL GTID resume on the server the checkpoint was
-/// written on also names the checkpoint's binlog position, where every transaction before is in
-/// its GTID set, so the server reads from there instead of from the start of the file holding it
-/// (see [`StartFrom::MysqlGtid`]); on another server the GTID set alone.
 pub(super) fn start_from(
     mode: ResumeMode,
     server: &ServerInfo,
@@ -230,12 +208,6 @@ pub(super) fn start_from(
             }
             Ok(StartFrom::Position(start.position.clone()))
         }
-        (ResumeMode::Gtid | ResumeMode::Auto, Some(StartFrom::MysqlGtid(set, _))) => {
-            Ok(StartFrom::MysqlGtid(
-                set,
-                same_server(start, server).then(|| start.position.clone()),
-            ))
-        }
         (ResumeMode::Gtid | ResumeMode::Auto, Some(from)) => Ok(from),
         (ResumeMode::Gtid, None) => Err(RelayError::Config(
             "mysql.resume = \"gtid\" but the checkpoint has no gtid_set (MySQL needs \
@@ -248,60 +220,6 @@ pub(super) fn start_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mysql_gtid_resume_names_the_checkpoints_position_only_on_its_own_server() {
-        const UUID: &str = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
-        let server = |id: u32, uuid: &str| ServerInfo {
-            flavor: outbox_relay_mysql::server::Flavor::MySql,
-            version: "8.0.40".into(),
-            server_id: id,
-            server_uuid: Some(uuid.to_owned()),
-            row_metadata_full: true,
-        };
-        let position = outbox_relay_core::position::BinlogPosition::new("mysql-bin.000036", 4711);
-        let checkpoint = |id: u32, uuid: Option<&str>| Checkpoint {
-            position: position.clone(),
-            rows_acked: 0,
-            gtid_set: Some(format!("{UUID}:1-50")),
-            source_server_id: id,
-            source_server_uuid: uuid.map(str::to_owned),
-            table_layouts: None,
-        };
-        let set: outbox_relay_core::position::gtid::MysqlGtidSet =
-            format!("{UUID}:1-50").parse().expect("gtid set");
-        let from = |mode, cp: &Checkpoint, s: &ServerInfo| start_from(mode, s, cp).expect("start");
-        let here = server(1, UUID);
-        for mode in [ResumeMode::Auto, ResumeMode::Gtid] {
-            // Written here: the server may seek to the position, the set still filters.
-            assert_eq!(
-                from(mode, &checkpoint(1, Some(UUID)), &here),
-                StartFrom::MysqlGtid(set.clone(), Some(position.clone()))
-            );
-            // Another server_uuid (a failover, or a clone with the same server_id): the set alone.
-            assert_eq!(
-                from(
-                    mode,
-                    &checkpoint(1, Some("aaaaaaaa-71ca-11e1-9e33-c80aa9429562")),
-                    &here
-                ),
-                StartFrom::MysqlGtid(set.clone(), None)
-            );
-            // Another server_id, or a checkpoint that does not know its server's uuid.
-            assert_eq!(
-                from(mode, &checkpoint(2, Some(UUID)), &here),
-                StartFrom::MysqlGtid(set.clone(), None)
-            );
-            assert_eq!(
-                from(mode, &checkpoint(1, None), &here),
-                StartFrom::MysqlGtid(set.clone(), None)
-            );
-        }
-        assert_eq!(
-            from(ResumeMode::Position, &checkpoint(1, Some(UUID)), &here),
-            StartFrom::Position(position.clone())
-        );
-    }
 
     #[test]
     fn rows_acked_is_kept_only_on_the_checkpoints_own_server_or_by_position() {
