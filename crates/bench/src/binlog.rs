@@ -18,6 +18,7 @@ use outbox_relay_testkit::binlog::BinlogPosition;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use crate::txn_bare::TxnBare;
 use crate::workload::{key_of, now_micros, payload};
 
 /// A connection ready to ask for a binlog dump, as the relay's: on MariaDB GTID-aware
@@ -132,6 +133,11 @@ pub struct TailOut {
     pub control_by_row: HashMap<u64, i64>,
     /// Records the bare producer could not deliver.
     pub produce_failed: u64,
+    /// Exactly-once runs ([`BareProducers::transactional`]): row → when the bare transactional
+    /// producer's transaction holding its record committed, µs since the epoch.
+    pub committed_by_row: HashMap<u64, i64>,
+    /// Exactly-once runs: transactions the bare transactional producer committed.
+    pub bare_transactions: u64,
 }
 
 impl TailOut {
@@ -172,8 +178,11 @@ pub struct BareProducers<'a> {
     pub topic: &'a str,
     /// A second bare producer (its own connection, the same settings) sends each row's record
     /// right after the first: the per-row difference of two producers that add nothing is the
-    /// noise floor of the relay's paired figure (`pair_floor`).
+    /// noise floor of the relay's paired figure (`pair_floor`). Not with `transactional`.
     pub control: bool,
+    /// The bare producer is transactional and commits as an exactly-once relay does
+    /// ([`crate::txn_bare`]): the limit of an exactly-once relay's visibility.
+    pub transactional: bool,
 }
 
 /// Where the tail finds a row's sequence number: the outbox table and its `event_key` column
@@ -205,6 +214,7 @@ impl Tail {
             bootstrap,
             topic,
             control,
+            transactional,
         } = bare;
         let conn = replica_conn(url, mariadb).await?;
         let request = BinlogStreamRequest::new(server_id)
@@ -221,8 +231,14 @@ impl Tail {
                 .create()
                 .context("creating the bare producer")
         };
-        let producer = bare_producer()?;
-        let control = if control {
+        // One bare producer: at-least-once (a future per record), or transactional.
+        let (producer, txn) = if transactional {
+            let id = format!("outbox-relay-bench-{topic}");
+            (None, Some(TxnBare::start(bootstrap, topic, &id).await?))
+        } else {
+            (Some(bare_producer()?), None)
+        };
+        let control = if control && !transactional {
             Some(bare_producer()?)
         } else {
             None
@@ -269,7 +285,13 @@ impl Tail {
                             };
                             out.arrivals.insert(seq, arrived);
                             let (k, value) = (key_of(seq), payload(arrived, seq, &key_of(seq)));
-                            let producers = std::iter::once((&producer, false))
+                            if let Some(txn) = &txn {
+                                txn.send(seq, k, value);
+                                continue;
+                            }
+                            let producers = producer
+                                .iter()
+                                .map(|p| (p, false))
                                 .chain(control.iter().map(|c| (c, true)));
                             for (producer, is_control) in producers {
                                 let sent = now_micros();
@@ -307,6 +329,13 @@ impl Tail {
                     },
                     () = &mut wait => break,
                 }
+            }
+            if let Some(txn) = txn {
+                let t = txn.finish().await?;
+                out.produce_by_row = t.acked_by_row;
+                out.committed_by_row = t.committed_by_row;
+                out.bare_transactions = t.transactions;
+                out.produce_failed += t.failed;
             }
             Ok(out)
         });

@@ -389,23 +389,14 @@ pub async fn raw_produce(
                     key: "aggregate_type",
                     value: Some(agg.as_bytes()),
                 });
-            let mut record = BaseRecord::to(&topic)
+            let record = BaseRecord::to(&topic)
                 .key(r.key.as_bytes())
                 .payload(r.value.as_bytes())
                 .headers(headers);
             while seq - producer.context().acked.load(Ordering::Relaxed) >= max_in_flight {
                 producer.poll(Duration::from_millis(1));
             }
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
-                        producer.poll(Duration::from_millis(1));
-                    }
-                    Err((e, _)) => bail!("bare producer: {e}"),
-                }
-            }
+            send_waiting(&producer, record).context("bare producer")?;
             if seq % 256 == 0 {
                 producer.poll(Duration::ZERO);
             }
@@ -425,6 +416,27 @@ pub async fn raw_produce(
         })
     })
     .await
+}
+
+/// Sends `record`, serving the producer's queue while it is full (librdkafka's
+/// `queue.buffering.max.messages`) instead of failing.
+///
+/// # Errors
+/// The producer refuses the record for any other reason.
+pub fn send_waiting<C: ProducerContext>(
+    producer: &BaseProducer<C>,
+    mut record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+) -> Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                producer.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => bail!("{e}"),
+        }
+    }
 }
 
 /// Percentile `q` (0–1) of sorted `v`, in ms.

@@ -43,6 +43,7 @@ mod sampler;
 mod sources;
 mod stages;
 mod tenants;
+mod txn_bare;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -1161,10 +1162,11 @@ impl Bench {
             .await?;
         }
         // The budget's limits on the same rows: a bare replica and a bare producer.
-        let tail = if relay {
-            Some(self.start_tail(db, sys, &agg).await?)
+        let (tail, bare_live) = if relay {
+            let (tail, bare_live) = self.start_tail(db, sys, &agg).await?;
+            (Some(tail), bare_live)
         } else {
-            None
+            (None, None)
         };
         let machine = machine_state().await;
         log(format!(
@@ -1216,12 +1218,24 @@ impl Bench {
         let budget = match tail {
             Some(tail) => {
                 let out = tail.finish().await?;
+                // The bare transactional producer committed everything it sent before
+                // `finish` returned; its reader gets the last of it within a fetch or two.
+                let bare_visible = match bare_live {
+                    Some(live) => {
+                        let sent = out.committed_by_row.len() as u64;
+                        live.wait_for(sent, wait, || Ok(())).await?;
+                        live.finish()?.0.by_seq.into_iter().collect()
+                    }
+                    None => std::collections::HashMap::new(),
+                };
                 let points = stages::Points {
                     txn,
                     commits: w.commits.clone(),
                     arrivals: out.arrivals,
                     bare_by_row: out.produce_by_row,
                     control_by_row: out.control_by_row,
+                    bare_committed: out.committed_by_row,
+                    bare_visible,
                     audit: stages::read_audit(&self.audit_path(sys), &agg),
                     appended: appended.by_seq.iter().copied().collect(),
                     visible: visible
@@ -1276,9 +1290,21 @@ impl Bench {
 impl Bench {
     /// Starts the bare tail of `db`'s outbox (from the binlog's current end), producing to a
     /// topic of its own.
-    async fn start_tail(&mut self, db: &TestDb, sys: System, agg: &str) -> Result<binlog::Tail> {
+    /// Exactly-once: the bare producer is transactional, and a `read_committed` reader of its
+    /// topic (returned too) times each row's arrival → visible.
+    async fn start_tail(
+        &mut self,
+        db: &TestDb,
+        sys: System,
+        agg: &str,
+    ) -> Result<(binlog::Tail, Option<kafka::LiveReader>)> {
         let bare = self.topic(&format!("bare_{}", sys.name()), agg);
         kafka::create_topics(&self.s.bootstrap, std::slice::from_ref(&bare)).await?;
+        let bare_live = if sys == System::RelayEos {
+            Some(kafka::LiveReader::start(&self.s.bootstrap, &bare)?)
+        } else {
+            None
+        };
         let mut conn = db.pool().get_conn().await?;
         let column: Option<u64> = conn
             .exec_first(
@@ -1304,9 +1330,11 @@ impl Bench {
                 bootstrap: &self.s.bootstrap,
                 topic: &bare,
                 control: self.s.pair_control,
+                transactional: sys == System::RelayEos,
             },
         )
         .await
+        .map(|tail| (tail, bare_live))
     }
 }
 

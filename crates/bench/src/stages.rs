@@ -101,6 +101,12 @@ pub struct Points {
     pub appended: HashMap<u64, i64>,
     /// Row → arrival at the read_committed live reader.
     pub visible: HashMap<u64, i64>,
+    /// Exactly-once runs: row → when the bare transactional producer's transaction holding its
+    /// record committed (µs since the epoch).
+    pub bare_committed: HashMap<u64, i64>,
+    /// Exactly-once runs: row → the bare transactional producer's record of it reached a
+    /// read_committed reader (µs since the epoch).
+    pub bare_visible: HashMap<u64, i64>,
 }
 
 /// The stage names in timeline order, each with what it spans.
@@ -141,6 +147,20 @@ pub const STAGES: &[(&str, &str)] = &[
         "relay_excess",
         "per row: bare arrival → the relay's acknowledgement, less the bare producer's send → \
          acknowledgement of the same row (the relay's own time, paired row by row)",
+    ),
+    (
+        "bare_txn_commit",
+        "exactly-once runs: bare arrival → a bare transactional producer (the relay's group \
+         commit) committed the transaction holding the row's record",
+    ),
+    (
+        "bare_visible",
+        "exactly-once runs: bare arrival → that record reached a read_committed reader",
+    ),
+    (
+        "relay_eos_excess",
+        "per row: bare arrival → visible for the relay's record, less bare arrival → visible \
+         for the bare transactional producer's (the exactly-once relay's own time, paired)",
     ),
     (
         "pair_floor",
@@ -191,6 +211,17 @@ pub fn budget(p: &Points) -> Value {
             if let Some(&v) = p.visible.get(&seq) {
                 push("commit_to_visible", v - commit);
             }
+            if let Some(a) = arrival {
+                if let Some(&c) = p.bare_committed.get(&seq) {
+                    push("bare_txn_commit", c - a);
+                }
+                if let Some(&bv) = p.bare_visible.get(&seq) {
+                    push("bare_visible", bv - a);
+                    if let Some(&v) = p.visible.get(&seq) {
+                        push("relay_eos_excess", v - bv);
+                    }
+                }
+            }
         }
     }
     if !p.bare_by_row.is_empty() {
@@ -231,8 +262,22 @@ pub fn budget(p: &Points) -> Value {
     };
     let excess = p99.get("relay_excess").map_or(Value::Null, |v| json!(v));
     let floor = p99.get("pair_floor").map_or(Value::Null, |v| json!(v));
+    // Exactly-once: the same split, with the transactional bare producer's arrival → visible
+    // as the limit (what one transactional producer's commits cost on this broker).
+    let eos_share = match (
+        p99.get("commit_to_visible"),
+        p99.get("binlog_arrival"),
+        p99.get("bare_visible"),
+    ) {
+        (Some(total), Some(arrival), Some(bare)) => json!(total - (arrival + bare)),
+        _ => Value::Null,
+    };
+    let eos_excess = p99
+        .get("relay_eos_excess")
+        .map_or(Value::Null, |v| json!(v));
     json!({"stages": out, "relay_share_p99_ms": share, "relay_excess_p99_ms": excess,
-        "pair_floor_p99_ms": floor})
+        "pair_floor_p99_ms": floor, "relay_eos_share_p99_ms": eos_share,
+        "relay_eos_excess_p99_ms": eos_excess})
 }
 
 /// Now, in ms since the epoch.
@@ -354,6 +399,42 @@ mod tests {
         // No control producer: no floor.
         assert!(s["pair_floor"].is_null());
         assert!(b["pair_floor_p99_ms"].is_null());
+    }
+
+    #[test]
+    fn the_exactly_once_share_is_taken_against_the_bare_transactional_producer() {
+        let mut p = Points {
+            txn: 1,
+            commits: vec![(1, 0, 1_000), (2, 0, 2_000)],
+            ..Points::default()
+        };
+        // Arrival 500 µs after each commit; the relay's record visible 40/50 ms after the
+        // commit, the bare transactional producer's 30/45 ms after the arrival, its commit
+        // 25/40 ms after it.
+        for (seq, commit, relay, bare, bare_commit) in [
+            (1u64, 1_000i64, 40_000i64, 30_000i64, 25_000i64),
+            (2, 2_000, 50_000, 45_000, 40_000),
+        ] {
+            let arrival = commit + 500;
+            p.arrivals.insert(seq, arrival);
+            p.visible.insert(seq, commit + relay);
+            p.bare_visible.insert(seq, arrival + bare);
+            p.bare_committed.insert(seq, arrival + bare_commit);
+        }
+        let b = budget(&p);
+        let s = &b["stages"];
+        assert_eq!(s["bare_txn_commit"]["p99_ms"], 40.0);
+        assert_eq!(s["bare_visible"]["p99_ms"], 45.0);
+        assert_eq!(s["commit_to_visible"]["p99_ms"], 50.0);
+        // 50 - (0.5 + 45)
+        let share = b["relay_eos_share_p99_ms"].as_f64().expect("share");
+        assert!((share - 4.5).abs() < 1e-9, "{share}");
+        // Per row, the relay's visible time less the bare one's: 41,000 - 31,500 = 9.5 ms and
+        // 52,000 - 47,500 = 4.5 ms.
+        assert_eq!(s["relay_eos_excess"]["rows"], 2);
+        assert_eq!(b["relay_eos_excess_p99_ms"], 9.5);
+        // No at-least-once bare producer in this run: no at-least-once share.
+        assert!(b["relay_share_p99_ms"].is_null());
     }
 
     #[test]
