@@ -12,8 +12,8 @@
 # (25: a run starting while more than this % of the CPUs is busy is flagged busy in the report), BENCH_KAFKA_PORT (9292; its controller the next port),
 # BENCH_REF_COMMIT (a commit to build once into target/bench-ref/<commit> and run as relay_ref,
 # e.g. ec800a1) or BENCH_REF_BIN (a relay binary to run as relay_ref). The harness's own settings
-# pass through too: BENCH_PAIR_CONTROL=1 (a second bare producer: the `pair_floor` stage, the
-# noise floor of the relay's paired figure), BENCH_RELAY_NICE=N (the relays' priority).
+# pass through too: BENCH_PAIR_CONTROL=1 (a second bare producer in at-least-once runs: the
+# `pair_floor` stage, the noise floor of the relay's paired figure), BENCH_RELAY_NICE=N (the relays' priority).
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 systems="relay,relay_eos"

@@ -18,7 +18,7 @@ use outbox_relay_testkit::binlog::BinlogPosition;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::txn_bare::TxnBare;
+use crate::txn_bare::{TxnBare, PRIME};
 use crate::workload::{key_of, now_micros, payload};
 
 /// A connection ready to ask for a binlog dump, as the relay's: on MariaDB GTID-aware
@@ -122,12 +122,14 @@ pub async fn raw_read(
 
 /// What the bare tail saw while a steady workload ran: per outbox row (by its sequence number),
 /// when its rows event arrived, and the bare producer's send → acknowledgement of a record of
-/// the same size and key sent at that moment.
+/// the same size and key sent at that moment (exactly-once runs: sent in the transactional
+/// producer's next transaction, and when that transaction committed).
 #[derive(Debug, Default)]
 pub struct TailOut {
     /// Row sequence number → arrival of its rows event, µs since the epoch.
     pub arrivals: HashMap<u64, i64>,
-    /// Row sequence number → the bare producer's send → acknowledgement of its record, µs.
+    /// Row sequence number → the bare producer's send → acknowledgement of its record, µs
+    /// (exactly-once runs: the transactional producer's, inside its transaction).
     pub produce_by_row: HashMap<u64, i64>,
     /// The same for the control producer (`BENCH_PAIR_CONTROL`), empty without it.
     pub control_by_row: HashMap<u64, i64>,
@@ -138,6 +140,9 @@ pub struct TailOut {
     pub committed_by_row: HashMap<u64, i64>,
     /// Exactly-once runs: transactions the bare transactional producer committed.
     pub bare_transactions: u64,
+    /// Exactly-once runs: why the bare transactional producer stopped early, if it did (the
+    /// rows it committed before are measured; the relay's run is not failed for it).
+    pub bare_error: Option<String>,
 }
 
 impl TailOut {
@@ -164,7 +169,8 @@ type Delivered = (u64, Option<i64>, bool);
 /// the relay runs: a second replica connection (as the relay connects: mysql_async, GTID-aware
 /// on MariaDB) that decodes only the outbox table's rows, and a bare producer (the relay's
 /// producer settings: idempotent, `acks=all`, `linger.ms=1`) that sends a record of each row
-/// as soon as it arrives.
+/// as soon as it arrives; in exactly-once runs a transactional one ([`crate::txn_bare`]),
+/// which sends it at once or, while a commit is in flight, in the next transaction.
 pub struct Tail {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<TailOut>>,
@@ -174,11 +180,12 @@ pub struct Tail {
 pub struct BareProducers<'a> {
     /// Kafka's bootstrap servers.
     pub bootstrap: &'a str,
-    /// The topic both send to.
+    /// The topic the bare producers send to.
     pub topic: &'a str,
     /// A second bare producer (its own connection, the same settings) sends each row's record
     /// right after the first: the per-row difference of two producers that add nothing is the
-    /// noise floor of the relay's paired figure (`pair_floor`). Not with `transactional`.
+    /// noise floor of the relay's paired figure (`pair_floor`). At-least-once runs only: not
+    /// with `transactional`.
     pub control: bool,
     /// The bare producer is transactional and commits as an exactly-once relay does
     /// ([`crate::txn_bare`]): the limit of an exactly-once relay's visibility.
@@ -243,6 +250,16 @@ impl Tail {
         } else {
             None
         };
+        // Primed as the relay's topic is: a new topic's first record waits for its metadata
+        // (up to a second), and every record sent meanwhile with it.
+        for p in producer.iter().chain(&control) {
+            p.send(
+                FutureRecord::<[u8], [u8]>::to(topic).payload(PRIME),
+                Duration::from_secs(60),
+            )
+            .await
+            .map_err(|(e, _)| anyhow::anyhow!("priming the bare producer: {e}"))?;
+        }
         let topic = topic.to_owned();
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
@@ -335,7 +352,7 @@ impl Tail {
                 out.produce_by_row = t.acked_by_row;
                 out.committed_by_row = t.committed_by_row;
                 out.bare_transactions = t.transactions;
-                out.produce_failed += t.failed;
+                out.bare_error = t.error;
             }
             Ok(out)
         });

@@ -465,7 +465,16 @@ pub fn summary(v: &[i64]) -> BTreeMap<&'static str, f64> {
 pub struct LiveReader {
     stop: Arc<std::sync::atomic::AtomicBool>,
     count: Arc<AtomicU64>,
-    handle: std::thread::JoinHandle<Result<(Latencies, i64)>>,
+    /// `None` once [`LiveReader::finish`] took it.
+    handle: Option<std::thread::JoinHandle<Result<(Latencies, i64)>>>,
+}
+
+/// A reader dropped unfinished (an error on the way) stops too: its thread would fetch every
+/// few ms for the rest of the bench, a load on the runs after it.
+impl Drop for LiveReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl LiveReader {
@@ -528,7 +537,7 @@ impl LiveReader {
         Ok(Self {
             stop,
             count,
-            handle,
+            handle: Some(handle),
         })
     }
 
@@ -562,9 +571,11 @@ impl LiveReader {
     ///
     /// # Errors
     /// The reader failed.
-    pub fn finish(self) -> Result<(Latencies, i64)> {
+    pub fn finish(mut self) -> Result<(Latencies, i64)> {
         self.stop.store(true, Ordering::Relaxed);
         self.handle
+            .take()
+            .context("live reader already finished")?
             .join()
             .map_err(|_| anyhow::anyhow!("live reader panicked"))?
     }

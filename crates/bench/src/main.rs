@@ -19,7 +19,7 @@
 //! `relay_ref` system: another build to compare with, e.g. an earlier commit's; `relay_ref` is
 //! not in the default systems), `BENCH_RELAY_NICE` (unset: the nice value every relay the bench
 //! starts runs at, -20 to 19; negative needs root), `BENCH_PAIR_CONTROL` (0; 1: a second bare
-//! producer beside each relay run, the `pair_floor` stage), `BENCH_DEBEZIUM_LIBS` (jars folder of the
+//! producer beside each at-least-once relay run, the `pair_floor` stage), `BENCH_DEBEZIUM_LIBS` (jars folder of the
 //! server's Debezium connector, from tests/bench/debezium.sh; no Debezium when unset or empty),
 //! `BENCH_STEADY_REPEAT` (1: steady runs per system, rate and transaction size; more give
 //! min/median/max of the p99s), `BENCH_WARMUP_SECS` (0: a run of that length at the highest
@@ -117,8 +117,8 @@ struct Settings {
     /// for a core on a machine it shares with the broker and the database; negative values need
     /// root.
     relay_nice: Option<i32>,
-    /// `BENCH_PAIR_CONTROL=1`: beside each relay run's bare producer, a second one sending the
-    /// same rows (the `pair_floor` stage: the noise floor of `relay_excess`). Off by default:
+    /// `BENCH_PAIR_CONTROL=1`: beside each at-least-once relay run's bare producer, a second
+    /// one sending the same rows (the `pair_floor` stage: the noise floor of `relay_excess`). Off by default:
     /// it adds a producer's CPU to the machine the relay is measured on.
     pair_control: bool,
     /// `BENCH_REF_BIN`: the binary of [`System::RelayRef`].
@@ -1222,7 +1222,13 @@ impl Bench {
                 // `finish` returned; its reader gets the last of it within a fetch or two.
                 let bare_visible = match bare_live {
                     Some(live) => {
-                        let sent = out.committed_by_row.len() as u64;
+                        if let Some(e) = &out.bare_error {
+                            log(format!(
+                                "steady: the bare transactional producer stopped: {e}"
+                            ));
+                        }
+                        // And its priming record.
+                        let sent = out.committed_by_row.len() as u64 + 1;
                         live.wait_for(sent, wait, || Ok(())).await?;
                         live.finish()?.0.by_seq.into_iter().collect()
                     }

@@ -141,7 +141,8 @@ pub const STAGES: &[(&str, &str)] = &[
     ),
     (
         "bare_produce",
-        "a bare producer's send → acknowledgement, same rows",
+        "a bare producer's send → acknowledgement, same rows (exactly-once runs: the bare \
+         transactional producer's, inside its transactions, as the relay's acknowledgements are)",
     ),
     (
         "relay_excess",
@@ -433,7 +434,7 @@ mod tests {
         // 52,000 - 47,500 = 4.5 ms.
         assert_eq!(s["relay_eos_excess"]["rows"], 2);
         assert_eq!(b["relay_eos_excess_p99_ms"], 9.5);
-        // No at-least-once bare producer in this run: no at-least-once share.
+        // No relay acknowledgements among these points: no acknowledgement share.
         assert!(b["relay_share_p99_ms"].is_null());
     }
 

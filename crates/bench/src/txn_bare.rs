@@ -4,24 +4,31 @@
 //! visibility can be split into what one transactional producer costs on this broker and what
 //! the relay adds.
 //!
-//! Why the relay cannot overlap its commits with sends: librdkafka refuses `produce` while a
-//! transaction is committing (`rd_kafka_txn_may_enq_msg` is false from `commit_transaction`
-//! until it returns; librdkafka `INTRODUCTION.md`, "Transactional Producer"), and a second
-//! producer would have a `transactional.id` of its own, which fencing cannot tie to the same
-//! checkpoint. This producer has the same constraint, so it is the bound.
+//! Why the relay cannot overlap its commits with sends: librdkafka enqueues a transactional
+//! producer's records only in a transaction that is open, not while one commits (its source,
+//! `rdkafka_txnmgr.c`: `rd_kafka_txn_may_enq_msg`), and a second producer would have a
+//! `transactional.id` of its own, which fencing cannot tie to the same checkpoint. This
+//! producer has the same constraint, so it is the bound. It commits no progress record, which
+//! the relay's transactions also carry: that append counts as the relay's.
+//!
+//! A failure of this producer does not fail the relay's run: its transaction is aborted, the
+//! rows measured so far are kept and the error is reported beside them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 use crate::kafka::{producer_config, send_waiting};
 use crate::workload::now_micros;
+
+/// The priming record's value: no `ts` or `seq`, so readers count it as unusable, not as a row.
+pub const PRIME: &[u8] = b"{}";
 
 /// Longest wait for `init_transactions` and each `commit_transaction`.
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -36,14 +43,16 @@ pub struct TxnBareOut {
     pub committed_by_row: HashMap<u64, i64>,
     /// Transactions committed.
     pub transactions: u64,
-    /// Records not delivered.
-    pub failed: u64,
+    /// Why the producer stopped before the run's end (begin, send or commit failed; its
+    /// transaction was aborted, its rows are not in `committed_by_row`); `None`: it did not.
+    pub error: Option<String>,
 }
 
 /// Delivery reports: the row and its send time travel as the record's opaque.
 #[derive(Default)]
 struct Timed {
     acked: Mutex<Vec<(u64, i64)>>,
+    /// Records whose delivery failed (their transaction cannot commit).
     failed: AtomicU64,
 }
 
@@ -75,22 +84,38 @@ pub struct TxnBare {
 
 impl TxnBare {
     /// Creates the producer (the relay's producer settings, `transactional.id` `id`), calls
-    /// `init_transactions` and starts its thread, which sends each row given to
-    /// [`TxnBare::send`] to `topic`.
+    /// `init_transactions`, commits one priming record ([`PRIME`]) to `topic` and starts its
+    /// thread, which sends each row given to [`TxnBare::send`] to `topic`.
+    ///
+    /// Why the priming record: a topic's first record waits for its metadata (up to a second
+    /// for a topic just created), and with group commit every row arriving meanwhile would
+    /// wait behind it; the relay's topic is primed the same way before a run.
     ///
     /// # Errors
-    /// The producer cannot be created or `init_transactions` fails.
+    /// The producer cannot be created, or `init_transactions` or the priming transaction fails.
     pub async fn start(bootstrap: &str, topic: &str, id: &str) -> Result<Self> {
         let producer: BaseProducer<Timed> = producer_config(bootstrap)
             .set("transactional.id", id)
             .set("message.timeout.ms", "60000")
             .create_with_context(Timed::default())
             .context("creating the bare transactional producer")?;
-        let producer = tokio::task::spawn_blocking(move || {
+        let primed_topic = topic.to_owned();
+        let producer = tokio::task::spawn_blocking(move || -> Result<BaseProducer<Timed>> {
             producer
                 .init_transactions(TXN_TIMEOUT)
-                .map(|()| producer)
-                .context("the bare transactional producer's init_transactions")
+                .context("the bare transactional producer's init_transactions")?;
+            producer.begin_transaction()?;
+            let record =
+                BaseRecord::with_opaque_to(&primed_topic, Box::new((u64::MAX, 0))).payload(PRIME);
+            send_waiting(&producer, record).context("priming the bare transactional producer")?;
+            producer
+                .commit_transaction(TXN_TIMEOUT)
+                .context("priming the bare transactional producer")?;
+            // The priming record's report is not a row's.
+            if let Ok(mut acked) = producer.context().acked.lock() {
+                acked.clear();
+            }
+            Ok(producer)
         })
         .await
         .context("init_transactions task")??;
@@ -110,10 +135,11 @@ impl TxnBare {
         let _ = self.rows.send((seq, key, value));
     }
 
-    /// Commits what is open and returns the measurements.
+    /// Commits what is open and returns the measurements (a failure of the producer is in
+    /// [`TxnBareOut::error`]).
     ///
     /// # Errors
-    /// A send, a commit or the thread failed.
+    /// The thread panicked.
     pub async fn finish(self) -> Result<TxnBareOut> {
         drop(self.rows);
         tokio::task::spawn_blocking(move || {
@@ -127,13 +153,33 @@ impl TxnBare {
 }
 
 /// The thread: waits for a row, begins a transaction, sends it and every row already waiting,
-/// commits; until the sender is dropped.
+/// commits; until the sender is dropped or the producer fails (then it aborts what is open and
+/// says why in the result).
 fn run(
     producer: &BaseProducer<Timed>,
     topic: &str,
     rx: &mpsc::Receiver<Row>,
 ) -> Result<TxnBareOut> {
     let mut out = TxnBareOut::default();
+    if let Err(e) = transactions(producer, topic, rx, &mut out) {
+        // An open transaction would hold back its partitions' last stable offset until
+        // transaction.timeout.ms, and with it the relay's reader if they shared a partition.
+        let _ = producer.abort_transaction(TXN_TIMEOUT);
+        out.error = Some(format!("{e:#}"));
+    }
+    if let Ok(mut acked) = producer.context().acked.lock() {
+        out.acked_by_row.extend(acked.drain(..));
+    }
+    Ok(out)
+}
+
+/// [`run`]'s loop.
+fn transactions(
+    producer: &BaseProducer<Timed>,
+    topic: &str,
+    rx: &mpsc::Receiver<Row>,
+    out: &mut TxnBareOut,
+) -> Result<()> {
     loop {
         let first = match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(row) => row,
@@ -141,7 +187,7 @@ fn run(
                 producer.poll(Duration::ZERO);
                 continue;
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
         };
         producer
             .begin_transaction()
@@ -156,10 +202,16 @@ fn run(
         }
         // Served here until every record is acknowledged, as the relay does: rdkafka's
         // commit_transaction flushes first, polling in steps of 100 ms, which would add up to
-        // 100 ms to every commit for no reason of the broker's.
-        let flushed_by = std::time::Instant::now() + TXN_TIMEOUT;
-        while producer.in_flight_count() > 0 && std::time::Instant::now() < flushed_by {
-            producer.poll(Duration::from_millis(5));
+        // 100 ms to every commit for no reason of the broker's. (`poll` with a timeout serves
+        // until the timeout passes, so: no timeout, and a short sleep between.)
+        let flushed_by = Instant::now() + TXN_TIMEOUT;
+        while producer.in_flight_count() > 0 && Instant::now() < flushed_by {
+            producer.poll(Duration::ZERO);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let failed = producer.context().failed.swap(0, Ordering::Relaxed);
+        if failed > 0 {
+            bail!("{failed} records of the bare transactional producer were not delivered");
         }
         producer
             .commit_transaction(TXN_TIMEOUT)
@@ -169,10 +221,4 @@ fn run(
         out.committed_by_row
             .extend(seqs.into_iter().map(|s| (s, committed)));
     }
-    let ctx = producer.context();
-    out.failed = ctx.failed.load(Ordering::Relaxed);
-    if let Ok(mut acked) = ctx.acked.lock() {
-        out.acked_by_row.extend(acked.drain(..));
-    }
-    Ok(out)
 }
