@@ -251,7 +251,8 @@ impl Tail {
             None
         };
         // Primed as the relay's topic is: a new topic's first record waits for its metadata
-        // (up to a second), and every record sent meanwhile with it.
+        // (up to a second), and every record sent meanwhile with it. (The duration is the wait
+        // for room in the queue; the delivery is bounded by `message.timeout.ms`.)
         for p in producer.iter().chain(&control) {
             p.send(
                 FutureRecord::<[u8], [u8]>::to(topic).payload(PRIME),

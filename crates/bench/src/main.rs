@@ -1217,12 +1217,13 @@ impl Bench {
         };
         let budget = match tail {
             Some(tail) => {
-                let out = tail.finish().await?;
+                let mut out = tail.finish().await?;
+                let bare_error = out.bare_error.take();
                 // The bare transactional producer committed everything it sent before
                 // `finish` returned; its reader gets the last of it within a fetch or two.
                 let bare_visible = match bare_live {
                     Some(live) => {
-                        if let Some(e) = &out.bare_error {
+                        if let Some(e) = &bare_error {
                             log(format!(
                                 "steady: the bare transactional producer stopped: {e}"
                             ));
@@ -1249,7 +1250,12 @@ impl Bench {
                         .map(|v| v.by_seq.iter().copied().collect())
                         .unwrap_or_default(),
                 };
-                Some(stages::budget(&points))
+                let mut budget = stages::budget(&points);
+                // Its figures then cover only the rows before it stopped.
+                if let Some(e) = bare_error {
+                    budget["bare_error"] = json!(e);
+                }
+                Some(budget)
             }
             None => None,
         };

@@ -1005,6 +1005,13 @@ fn budget_table(m: &mut String, all: &Value) {
             "{head} **relay share of p99** | | **{}** | |",
             f(&b["relay_share_p99_ms"], 2)
         );
+        if let Some(e) = b["bare_error"].as_str() {
+            let _ = writeln!(
+                m,
+                "{head} **the bare transactional producer stopped** (its figures cover the rows before): {} | | | |",
+                e.replace('|', "/")
+            );
+        }
         if !b["relay_eos_share_p99_ms"].is_null() {
             let _ = writeln!(
                 m,

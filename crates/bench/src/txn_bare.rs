@@ -11,8 +11,9 @@
 //! producer has the same constraint, so it is the bound. It commits no progress record, which
 //! the relay's transactions also carry: that append counts as the relay's.
 //!
-//! A failure of this producer does not fail the relay's run: its transaction is aborted, the
-//! rows measured so far are kept and the error is reported beside them.
+//! A failure of this producer once started does not fail the relay's run: its transaction is
+//! aborted, the rows it committed before are measured, and the error goes into the run's
+//! budget (`bare_error`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +22,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
+};
 use rdkafka::ClientContext;
 
 use crate::kafka::{producer_config, send_waiting};
@@ -29,6 +32,9 @@ use crate::workload::now_micros;
 
 /// The priming record's value: no `ts` or `seq`, so readers count it as unusable, not as a row.
 pub const PRIME: &[u8] = b"{}";
+
+/// The priming record's sequence number in its delivery report: no row's.
+const PRIME_SEQ: u64 = u64::MAX;
 
 /// Longest wait for `init_transactions` and each `commit_transaction`.
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,6 +68,9 @@ impl ProducerContext for Timed {
     type DeliveryOpaque = Box<(u64, i64)>;
     fn delivery(&self, r: &DeliveryResult<'_>, sent: Box<(u64, i64)>) {
         let (seq, at) = *sent;
+        if seq == PRIME_SEQ {
+            return; // not a row's
+        }
         match r {
             Ok(_) => {
                 if let Ok(mut acked) = self.acked.lock() {
@@ -106,15 +115,11 @@ impl TxnBare {
                 .context("the bare transactional producer's init_transactions")?;
             producer.begin_transaction()?;
             let record =
-                BaseRecord::with_opaque_to(&primed_topic, Box::new((u64::MAX, 0))).payload(PRIME);
+                BaseRecord::with_opaque_to(&primed_topic, Box::new((PRIME_SEQ, 0))).payload(PRIME);
             send_waiting(&producer, record).context("priming the bare transactional producer")?;
             producer
                 .commit_transaction(TXN_TIMEOUT)
                 .context("priming the bare transactional producer")?;
-            // The priming record's report is not a row's.
-            if let Ok(mut acked) = producer.context().acked.lock() {
-                acked.clear();
-            }
             Ok(producer)
         })
         .await
@@ -163,12 +168,20 @@ fn run(
     let mut out = TxnBareOut::default();
     if let Err(e) = transactions(producer, topic, rx, &mut out) {
         // An open transaction would hold back its partitions' last stable offset until
-        // transaction.timeout.ms, and with it the relay's reader if they shared a partition.
+        // transaction.timeout.ms. The abort flushes and only this thread serves the queue
+        // (rdkafka's abort_transaction does not), so: purge what is queued, serve the reports
+        // of what is in flight, then abort.
+        producer.purge(PurgeConfig::default().queue());
+        serve_until_acknowledged(producer);
         let _ = producer.abort_transaction(TXN_TIMEOUT);
         out.error = Some(format!("{e:#}"));
     }
     if let Ok(mut acked) = producer.context().acked.lock() {
-        out.acked_by_row.extend(acked.drain(..));
+        // Only rows whose transaction committed: an aborted one's records were acknowledged
+        // but never visible.
+        let committed = &out.committed_by_row;
+        out.acked_by_row
+            .extend(acked.drain(..).filter(|(s, _)| committed.contains_key(s)));
     }
     Ok(out)
 }
@@ -202,13 +215,8 @@ fn transactions(
         }
         // Served here until every record is acknowledged, as the relay does: rdkafka's
         // commit_transaction flushes first, polling in steps of 100 ms, which would add up to
-        // 100 ms to every commit for no reason of the broker's. (`poll` with a timeout serves
-        // until the timeout passes, so: no timeout, and a short sleep between.)
-        let flushed_by = Instant::now() + TXN_TIMEOUT;
-        while producer.in_flight_count() > 0 && Instant::now() < flushed_by {
-            producer.poll(Duration::ZERO);
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        // 100 ms to every commit for no reason of the broker's.
+        serve_until_acknowledged(producer);
         let failed = producer.context().failed.swap(0, Ordering::Relaxed);
         if failed > 0 {
             bail!("{failed} records of the bare transactional producer were not delivered");
@@ -220,5 +228,15 @@ fn transactions(
         out.transactions += 1;
         out.committed_by_row
             .extend(seqs.into_iter().map(|s| (s, committed)));
+    }
+}
+
+/// Serves the producer's queue until nothing is in flight (or [`TXN_TIMEOUT`]). `poll` with a
+/// timeout serves until the timeout passes, so: no timeout, and a short sleep between.
+fn serve_until_acknowledged(producer: &BaseProducer<Timed>) {
+    let until = Instant::now() + TXN_TIMEOUT;
+    while producer.in_flight_count() > 0 && Instant::now() < until {
+        producer.poll(Duration::ZERO);
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
