@@ -138,8 +138,6 @@ pub struct TailOut {
     /// Exactly-once runs ([`BareProducers::transactional`]): row → when the bare transactional
     /// producer's transaction holding its record committed, µs since the epoch.
     pub committed_by_row: HashMap<u64, i64>,
-    /// Exactly-once runs: transactions the bare transactional producer committed.
-    pub bare_transactions: u64,
     /// Exactly-once runs: why the bare transactional producer stopped early, if it did (the
     /// rows it committed before are measured; the relay's run is not failed for it).
     pub bare_error: Option<String>,
@@ -352,7 +350,6 @@ impl Tail {
                 let t = txn.finish().await?;
                 out.produce_by_row = t.acked_by_row;
                 out.committed_by_row = t.committed_by_row;
-                out.bare_transactions = t.transactions;
                 out.bare_error = t.error;
             }
             Ok(out)

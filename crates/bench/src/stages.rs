@@ -253,26 +253,21 @@ pub fn budget(p: &Points) -> Value {
         p99.insert(*name, summary(v)["p99_ms"]);
         out.insert((*name).to_owned(), Value::Object(s));
     }
-    let share = match (
-        p99.get("commit_to_ack"),
+    // A relay's p99 less the bare arrival's and its bare limit's, when all three were measured.
+    let share_of = |total: &str, bare: &str| match (
+        p99.get(total),
         p99.get("binlog_arrival"),
-        p99.get("bare_produce"),
-    ) {
-        (Some(total), Some(arrival), Some(produce)) => json!(total - (arrival + produce)),
-        _ => Value::Null,
-    };
-    let excess = p99.get("relay_excess").map_or(Value::Null, |v| json!(v));
-    let floor = p99.get("pair_floor").map_or(Value::Null, |v| json!(v));
-    // Exactly-once: the same split, with the transactional bare producer's arrival → visible
-    // as the limit (what one transactional producer's commits cost on this broker).
-    let eos_share = match (
-        p99.get("commit_to_visible"),
-        p99.get("binlog_arrival"),
-        p99.get("bare_visible"),
+        p99.get(bare),
     ) {
         (Some(total), Some(arrival), Some(bare)) => json!(total - (arrival + bare)),
         _ => Value::Null,
     };
+    let share = share_of("commit_to_ack", "bare_produce");
+    let excess = p99.get("relay_excess").map_or(Value::Null, |v| json!(v));
+    let floor = p99.get("pair_floor").map_or(Value::Null, |v| json!(v));
+    // Exactly-once: the same split, with the transactional bare producer's arrival → visible
+    // as the limit (what one transactional producer's commits cost on this broker).
+    let eos_share = share_of("commit_to_visible", "bare_visible");
     let eos_excess = p99
         .get("relay_eos_excess")
         .map_or(Value::Null, |v| json!(v));

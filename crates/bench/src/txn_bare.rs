@@ -47,8 +47,6 @@ pub struct TxnBareOut {
     /// When the transaction holding the row's record committed (`commit_transaction`
     /// returned), µs since the epoch.
     pub committed_by_row: HashMap<u64, i64>,
-    /// Transactions committed.
-    pub transactions: u64,
     /// Why the producer stopped before the run's end (begin, send or commit failed; its
     /// transaction was aborted, its rows are not in `committed_by_row`); `None`: it did not.
     pub error: Option<String>,
@@ -225,7 +223,6 @@ fn transactions(
             .commit_transaction(TXN_TIMEOUT)
             .context("the bare transactional producer's commit_transaction")?;
         let committed = now_micros();
-        out.transactions += 1;
         out.committed_by_row
             .extend(seqs.into_iter().map(|s| (s, committed)));
     }
